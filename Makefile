@@ -1,0 +1,68 @@
+# Two commands for a newcomer: `make trace SCHED=gpipe M=8` and `make test`. Every target sets up
+# .venv first (once; again only when pyproject.toml changes).
+
+SCHED  ?= gpipe        # gpipe | 1f1b | interleaved | zb   (ENGINE=torch adds zbv, dualpipev)
+M      ?= 8            # microbatches per step
+P      ?= 4            # pipeline ranks (one process each)
+V      ?= 1            # chunks per rank (interleaved)
+PRESET ?=              # model size: seed (GPU) | cpu; empty = seed on CUDA, cpu otherwise
+ENGINE ?= native       # native (runners/execute.py) | torch (torch.distributed.pipelining)
+STEPS  ?= 3            # profiled steps per run
+MS     ?= 1 2 4 8 16 32
+RUN    ?= traces/latest
+# On a CPU-only machine torch==2.13.0 resolves to the CPU build on disk; on a GPU machine to PyPI's
+# CUDA build. Override to pick another build, e.g. TORCH_SPEC="torch==2.13.0 --index-url ...".
+TORCH_SPEC ?= torch==2.13.0
+
+PY := .venv/bin/python
+RUN_ARGS = --sched $(strip $(SCHED)) --p $(strip $(P)) --v $(strip $(V)) --engine $(strip $(ENGINE)) \
+           --steps $(strip $(STEPS)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET)))
+
+.PHONY: setup trace sweep analyze merge report bench test fuzz browser clean
+.DEFAULT_GOAL := trace
+
+.venv/.installed: pyproject.toml
+	python3 -m venv .venv
+	.venv/bin/pip install -q --disable-pip-version-check $(TORCH_SPEC)
+	.venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+setup: .venv/.installed
+
+trace: setup
+	$(PY) -m runners trace $(RUN_ARGS) --m $(strip $(M))
+	$(PY) -m analysis analyze traces/latest
+	$(PY) -m analysis merge traces/latest
+	$(PY) -m analysis report
+
+sweep: setup
+	$(PY) -m runners sweep $(RUN_ARGS) --ms "$(strip $(MS))"
+	$(PY) -m analysis report
+
+analyze: setup
+	$(PY) -m analysis analyze $(RUN)
+
+merge: setup
+	$(PY) -m analysis merge $(RUN)
+
+report: setup
+	$(PY) -m analysis report
+
+bench: setup
+	$(PY) -m analysis bench
+
+# Headless Chromium for the report's browser test (Debian's package); the test skips, saying why,
+# where it cannot be installed.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+	  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
+	  echo "warning: chromium not installed; the browser test will be skipped"; }
+
+test: setup browser
+	$(PY) -m pytest -q
+
+fuzz: setup
+	FUZZ_EXAMPLES=20000 $(PY) -m pytest -q tests -k fuzz
+
+clean:
+	find traces reports -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

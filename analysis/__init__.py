@@ -1,0 +1,1 @@
+"""Analyse pipeline-parallel Chrome traces: cells, idle-time classes, the deviation from the formula."""
