@@ -1,0 +1,29 @@
+"""Pipeline schedules as pure data (no torch): build, lower, validate, simulate, draw.
+
+    schedule = build("1f1b", p=4, m=8)        # compute actions per rank, in order
+    validate(lower(schedule))                 # with SEND/RECV; raises ScheduleError showing the grid
+    print(grid(schedule, simulate(schedule))) # unit-time picture, bubbles as blanks
+"""
+
+from .actions import Action, ActionParseError, Kind
+from .dependencies import dependencies
+from .generate import SCHEDULES, build
+from .grid import grid
+from .lower import lower
+from .schedule import Schedule, ScheduleError
+from .simulate import Timeline, simulate
+
+__all__ = [
+    "SCHEDULES",
+    "Action",
+    "ActionParseError",
+    "Kind",
+    "Schedule",
+    "ScheduleError",
+    "Timeline",
+    "build",
+    "dependencies",
+    "grid",
+    "lower",
+    "simulate",
+]
