@@ -1,0 +1,70 @@
+"""`python -m analysis report`: reports/index.html and one page per run, from every run under traces/.
+
+The pages work offline from file://: scripts come from reports/assets/, chart data from a script
+file beside each page (browsers refuse fetch() on file:// URLs, but load <script src>).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from analysis.report import index_page, run_page
+from analysis.report.assets import write_assets
+from analysis.report.pages import assets_path, chart_script, document
+from analysis.report.runs import Run, load_run, run_directories
+from analysis.report.site import RUNS_DIR, page_stem, remove_stale_pages, write_atomic
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--traces", type=Path, default=Path("traces"), help="folder of run directories")
+    parser.add_argument("--out", type=Path, default=Path("reports"), help="where index.html goes")
+
+
+def run(args: argparse.Namespace) -> int:
+    index = build_report(args.traces, args.out)
+    print(index)
+    return 0
+
+
+def _write_page(path: Path, title: str, body: str, figures: list, depth: int) -> None:
+    script = path.with_suffix(".charts.js")
+    write_atomic(script, chart_script(figures))
+    write_atomic(path, document(title, body, script.name, assets_path(depth)))
+
+
+def _write_run_page(run: Run, out: Path, stem: str) -> None:
+    page = out / RUNS_DIR / f"{stem}.html"
+    merged = run.merged_trace
+    merged_href = Path(os.path.relpath(merged.resolve(), page.parent.resolve())).as_posix() if merged else None
+    body, figures = run_page.body(run, merged_href)
+    _write_page(page, f"{run.run_id}: pipeline run", body, figures, depth=1)
+
+
+def build_report(traces: Path, out: Path) -> Path:
+    """Write every page (only what changed) and return the index's path."""
+    runs = [load_run(path) for path in run_directories(traces)]
+    stems = _unique_stems([r.run_id for r in runs])
+    write_assets(out)
+    for run in runs:
+        if run.error is None:
+            _write_run_page(run, out, stems[run.run_id])
+    remove_stale_pages(out / RUNS_DIR, {f"{stems[r.run_id]}{suffix}" for r in runs if r.error is None
+                                        for suffix in (".html", ".charts.js")})
+    pages = {run_id: f"{RUNS_DIR}/{stem}.html" for run_id, stem in stems.items()}
+    body, figures = index_page.body(runs, pages)
+    _write_page(out / "index.html", "Pipeline runs", body, figures, depth=0)
+    return out / "index.html"
+
+
+def _unique_stems(run_ids: list[str]) -> dict[str, str]:
+    """File stems per run; two ids that clean up to the same stem get numbered apart."""
+    stems: dict[str, str] = {}
+    for run_id in sorted(run_ids):
+        stem, n = page_stem(run_id), 1
+        while stem in stems.values():
+            n += 1
+            stem = f"{page_stem(run_id)}-{n}"
+        stems[run_id] = stem
+    return stems

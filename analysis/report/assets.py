@@ -1,0 +1,58 @@
+"""The offline scripts every page loads from `reports/assets/`: vega, vega-lite, vega-embed, and ours.
+
+`vl_convert.javascript_bundle()` is one classic (non-module) script that sets window.vegaEmbed,
+window.vega and window.vegaLite, with every dependency inside, so pages need no network and no
+module loader. It is about 0.9 MB: written once per vl-convert version, never inlined into pages.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import vl_convert
+
+from analysis.report.site import ASSETS_DIR, write_atomic
+
+# Renders the charts the page's data script listed in window.REPORT_CHARTS, then marks <body> so a
+# test (or a person) can tell "still rendering" from "done" and "failed".
+EMBED_JS = """\
+(function () {
+  var charts = window.REPORT_CHARTS || [];
+  Promise.all(charts.map(function (chart) {
+    return vegaEmbed("#" + chart.id, chart.spec, {actions: false, renderer: chart.renderer});
+  })).then(function () {
+    document.body.dataset.charts = "rendered";
+  }).catch(function (error) {
+    document.body.dataset.charts = "failed";
+    console.error(error);
+  });
+})();
+"""
+
+STYLE_CSS = """\
+body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em 2em; color: #222; max-width: 1400px; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
+h3 { font-size: 1.05em; margin-top: 1.2em; }
+table { border-collapse: collapse; margin: 0.5em 0 1em; }
+th, td { padding: 3px 10px; border-bottom: 1px solid #ddd; text-align: right; white-space: nowrap; }
+th { background: #f4f4f4; cursor: help; } td.text, th.text { text-align: left; }
+tr.error td { background: #fff0f0; } td.error { text-align: left; white-space: normal; color: #a00; }
+.caption, .note { color: #555; max-width: 70em; margin: 0.3em 0 0.8em; }
+.chart { margin: 0.5em 0 0.3em; } .figures { display: flex; gap: 2.5em; flex-wrap: wrap; }
+.figure b { font-size: 1.35em; display: block; } .figure { cursor: help; }
+code { background: #f4f4f4; padding: 0 3px; }
+"""
+
+
+def bundle_name() -> str:
+    return f"vega-bundle-{vl_convert.__version__}.js"
+
+
+def write_assets(out: Path) -> None:
+    """Write the bundle once (its name carries the version) and keep our small files current."""
+    assets = out / ASSETS_DIR
+    bundle = assets / bundle_name()
+    if not bundle.is_file():
+        write_atomic(bundle, vl_convert.javascript_bundle())
+    write_atomic(assets / "embed.js", EMBED_JS)
+    write_atomic(assets / "report.css", STYLE_CSS)

@@ -1,0 +1,158 @@
+"""One run's page: key figures, measured timeline over the simulated ideal, waterfall, per-rank parts,
+memory, thresholds and the merged Perfetto trace."""
+
+from __future__ import annotations
+
+import html
+
+import polars as pl
+
+from analysis.report import charts
+from analysis.report.frames import (RANK_PARTS, largest_deviation, rank_parts_frame, representative_step,
+                                    timeline_frame, waterfall_frame)
+from analysis.report.ideal import ideal_timeline
+from analysis.report.pages import Column, Figure, number, table
+from analysis.report.runs import Run
+
+CONFIG_FIELDS = ("schedule", "engine", "device", "p", "m", "v", "preset", "dims", "dtype", "backend",
+                 "threads_per_rank", "host", "git_revision", "versions")
+PART_MEANINGS = {
+    "compute_ms": "useful compute at reference (full-batch) efficiency; measured compute where no reference exists",
+    "small_gemm_ms": "compute beyond the reference: smaller microbatch GEMMs run less efficiently (— = no reference)",
+    "bubble_ms": "idle because the producer had not produced yet: schedule geometry plus delays from upstream",
+    "p2p_wait_ms": "idle after the peer had already sent: transfer and latency",
+    "launch_overhead_ms": "device idle while the host had not yet issued the next work",
+    "other_ms": "idle time no rule explains",
+}
+
+
+def figures_html(summary: dict) -> str:
+    """The headline numbers, each with its meaning in a tooltip."""
+    p, m, v = summary.get("p"), summary.get("m"), summary.get("v") or 1
+    items = [
+        ("step time", summary.get("step_time_ms"), " ms", "measured: median over the analysed profiled steps"),
+        ("simulated step", summary.get("simulated_step_time_ms"), " ms",
+         "the schedule replayed with the measured cell durations and p2p latencies"),
+        ("bubble (formula)", summary.get("bubble_formula"), "",
+         f"(p-1)/(v*m+p-1) = ({p}-1)/({v}*{m}+{p}-1): idle fraction of the step by schedule geometry alone"),
+        ("bubble (measured)", summary.get("bubble_measured"), "",
+         "1 - sum over ranks of busy time / (p * step time): the fraction of the step devices were not computing"),
+        ("steps analysed", summary.get("steps_analyzed"), "", "profiled steps the figures are taken over"),
+    ]
+    parts = []
+    for label, value, unit, meaning in items:
+        shown = "—" if value is None else (f"{value:.3f}{unit}" if isinstance(value, float) else f"{value}{unit}")
+        parts.append(f'<div class="figure" title="{html.escape(meaning)}"><b>{html.escape(shown)}</b>'
+                     f"{html.escape(label)}</div>")
+    return f'<div class="figures">{"".join(parts)}</div>'
+
+
+def config_html(run: Run) -> str:
+    shown = {**{k: run.summary.get(k) for k in ("schedule", "engine", "device", "p", "m", "v")}, **run.config}
+    rows = [[key, shown[key]] for key in CONFIG_FIELDS if shown.get(key) not in (None, "", {})]
+    columns = [Column("setting", "as recorded in run.json (or the summary)", text=True),
+               Column("value", "the setting's value", show=_plain, text=True)]
+    return table(columns, rows)
+
+
+def _plain(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, list):
+        return " x ".join(map(str, value))
+    return str(value)
+
+
+def timeline_figure(run: Run) -> Figure | None:
+    """Measured cells and gaps of a typical step above the ideal replay of the same schedule."""
+    if run.cells is None or run.cells.is_empty():
+        return None
+    step = representative_step(run.cells)
+    measured = timeline_frame(run.cells, run.gaps, step)
+    ideal, ideal_caption = ideal_timeline({**run.summary, "calibration": run.config.get("calibration")}, run.cells)
+    ranks = measured["rank"].n_unique()
+    inferred = run.cells.filter(pl.col("inferred")).height if "inferred" in run.cells.columns else 0
+    caption = (f"Measured: step {step} (the step of median length), {measured.height} cells and gaps; each rank's row "
+               "has three tracks: compute cells (F/B/I/W), p2p cells (SEND/RECV spans, including blocking waits) and "
+               f"the idle gaps by class. {inferred} of the run's cells were inferred from the op stream rather than "
+               f"read from PP: labels. {ideal_caption} Hover a cell for its action, microbatch and duration.")
+    return Figure("timeline", charts.timelines(measured, ideal, ranks, "simulated ideal"), caption, "canvas")
+
+
+def waterfall_figure(summary: dict) -> Figure:
+    deviation = largest_deviation(summary)
+    largest = f" The largest deviation is {deviation[0]} ({deviation[1]:.3f} ms)." if deviation else ""
+    caption = ("Where the step time went, in ms: ideal (the work at reference efficiency, evenly split) plus the "
+               "formula bubble is the formula's step time; imbalance (unequal stages), small_gemm (microbatch GEMMs "
+               "slower than full-batch ones), launch_overhead, p2p_wait and the residual take it to the measured "
+               "step time, the last bar. Each term is the difference between two rungs of a ladder of replays of "
+               f"the schedule.{largest}")
+    return Figure("waterfall", charts.waterfall(waterfall_frame(summary)), caption)
+
+
+def parts_html(summary: dict) -> str:
+    """Per-rank table: each rank's parts sum to the step time (the closure column shows it)."""
+    columns = [Column("rank", "pipeline rank (one process)"), Column("stages", "global stage indices on this rank",
+                                                                      show=_plain, text=True)]
+    columns += [Column(part.removesuffix("_ms") + " (ms)", PART_MEANINGS[part], show=number(3)) for part in RANK_PARTS]
+    columns += [Column("sum (ms)", "sum of the parts: equals the step time when the split closes", show=number(3)),
+                Column("peak activations (MiB)", "largest live activation memory held for backward",
+                       show=number(2))]
+    rows = []
+    for rank in summary.get("ranks") or []:
+        parts = [rank.get(part) for part in RANK_PARTS]
+        peak = rank.get("peak_activation_bytes")
+        rows.append([rank.get("rank"), rank.get("stage_ids"), *parts, sum(x or 0.0 for x in parts),
+                     None if peak is None else peak / 2**20])
+    return table(columns, rows)
+
+
+def memory_figure(summary: dict) -> Figure | None:
+    ranks = [r for r in summary.get("ranks") or [] if r.get("peak_activation_bytes") is not None]
+    if not ranks:
+        return None
+    frame = pl.DataFrame({"rank": [r["rank"] for r in ranks], "stage_ids": [_plain(r.get("stage_ids")) for r in ranks],
+                          "peak_mib": [r["peak_activation_bytes"] / 2**20 for r in ranks]})
+    caption = ("Peak activation memory per rank in MiB: the most bytes held for backward at once (GPipe holds all m "
+               "microbatches' activations, 1F1B at most p - s on stage s).")
+    return Figure("memory", charts.memory_per_rank(frame), caption)
+
+
+def rules_html(summary: dict) -> str:
+    rules = summary.get("rules") or {}
+    columns = [Column("threshold", "name of the classification rule's parameter", text=True),
+               Column("value", "the value this analysis used", show=_plain, text=True)]
+    return table(columns, [[name, value] for name, value in rules.items()]) if rules else "<p>none recorded</p>"
+
+
+def merged_html(merged_href: str | None) -> str:
+    if merged_href is None:
+        return ("<p>No merged trace yet: <code>python -m analysis merge RUN_DIR</code> writes "
+                "<code>merged.json.gz</code>, all ranks in one Perfetto-loadable trace.</p>")
+    return (f'<p><a href="{html.escape(merged_href)}">merged.json.gz</a>: all ranks in one trace, with send-to-recv '
+            "arrows. To look at it, open https://ui.perfetto.dev, choose <i>Open trace file</i> and pick this file "
+            "(it is read in your browser, not uploaded).</p>")
+
+
+def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
+    """The run page's HTML body and the figures it places."""
+    summary = run.summary
+    timeline = timeline_figure(run)
+    waterfall = waterfall_figure(summary)
+    parts = Figure("parts", charts.rank_parts(rank_parts_frame(summary)),
+                   "Each rank's step split into its parts in ms (they sum to the step time): compute at reference "
+                   "efficiency, small-GEMM excess, bubble, p2p wait, launch overhead, other idle.")
+    memory = memory_figure(summary)
+    sections = [
+        '<p><a href="../index.html">all runs</a></p>',
+        f"<h1>{html.escape(run.run_id)}</h1>",
+        figures_html(summary),
+        "<h2>Timeline</h2>", timeline.html() if timeline else "<p>No cells table: the timeline cannot be drawn.</p>",
+        "<h2>Waterfall: from the formula to the measurement</h2>", waterfall.html(),
+        "<h2>Per rank</h2>", parts_html(summary), parts.html(),
+        "<h2>Activation memory</h2>", memory.html() if memory else "<p>This run recorded no activation memory.</p>",
+        "<h2>Thresholds used</h2>", rules_html(summary),
+        "<h2>Merged trace</h2>", merged_html(merged_href),
+        "<h2>Configuration</h2>", config_html(run),
+    ]
+    return "\n".join(sections), [f for f in (timeline, waterfall, parts, memory) if f is not None]

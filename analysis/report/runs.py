@@ -1,0 +1,91 @@
+"""The report's input: every run directory under traces/, with its analysis (made here if missing).
+
+A run that cannot be read or analysed becomes a Run with `error` set: the index lists it with the
+message and the rest of the report is built.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from analysis.errors import InputError
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    path: Path
+    config: dict  # run.json, or {} where the run has none (traces written by someone else)
+    summary: dict | None = None
+    cells: pl.DataFrame | None = None
+    gaps: pl.DataFrame | None = None
+    error: str | None = None
+
+    @property
+    def merged_trace(self) -> Path | None:
+        merged = self.path / "merged.json.gz"
+        return merged if merged.is_file() else None
+
+
+def is_run_directory(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and any(path.glob("rank*.json*"))
+
+
+def run_directories(traces: Path) -> list[Path]:
+    """Run directories newest first: by when run.json (else the directory) was written, then by name."""
+    if not traces.is_dir():
+        raise InputError(traces, "no such traces directory")
+    runs = [path for path in traces.iterdir() if is_run_directory(path)]
+
+    def written(path: Path) -> tuple[int, str]:
+        stamp = path / "run.json" if (path / "run.json").is_file() else path
+        return stamp.stat().st_mtime_ns, path.name
+
+    return sorted(runs, key=written, reverse=True)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputError(path, f"not readable JSON ({error})") from error
+    if not isinstance(data, dict):
+        raise InputError(path, "expected a JSON object")
+    return data
+
+
+def _read_table(path: Path) -> pl.DataFrame | None:
+    if not path.is_file():
+        return None
+    try:
+        return pl.read_parquet(path)
+    except Exception as error:  # polars raises several unrelated types for a broken file
+        raise InputError(path, f"not a readable parquet table ({error})") from error
+
+
+def _analyse(path: Path) -> None:
+    """Run the analysis for a run that has none yet; imported here so a broken analysis costs one row."""
+    from analysis.summary import analyze_run
+
+    analyze_run(path)
+
+
+def load_run(path: Path) -> Run:
+    """Read one run's config and analysis, analysing it first if needed; any failure -> error row."""
+    config: dict = {}
+    try:
+        if (path / "run.json").is_file():
+            config = _read_json(path / "run.json")
+        analysis = path / "analysis"
+        if not (analysis / "summary.json").is_file():
+            _analyse(path)
+        summary = _read_json(analysis / "summary.json")
+        return Run(path.name, path, config, summary, _read_table(analysis / "cells.parquet"),
+                   _read_table(analysis / "gaps.parquet"))
+    except Exception as error:  # one bad run must not stop the report; the index shows why
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return Run(path.name, path, config, error=f"{type(error).__name__}: {message}")

@@ -1,0 +1,102 @@
+"""Frames for the index: one row per analysed run, and the sweep views built from them.
+
+A family is one (schedule, p, v, engine, device) measured at several m. Where a setting was measured
+more than once, the newest run stands for it (rows arrive newest first).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from analysis.report.frames import WATERFALL_TERMS
+
+RUN_COLUMNS = {
+    "run_id": pl.String, "schedule": pl.String, "engine": pl.String, "device": pl.String, "p": pl.Int64,
+    "m": pl.Int64, "v": pl.Int64, "step_time_ms": pl.Float64, "bubble_formula": pl.Float64,
+    "bubble_measured": pl.Float64, "peak_activation_bytes": pl.Float64,
+    **{term: pl.Float64 for term in WATERFALL_TERMS},
+}
+
+
+def run_row(run_id: str, summary: dict) -> dict:
+    """The index's numbers for one analysed run, flat."""
+    waterfall = summary.get("waterfall_ms") or {}
+    peaks = [r.get("peak_activation_bytes") for r in summary.get("ranks") or []]
+    peaks = [peak for peak in peaks if peak is not None]
+    row = {name: summary.get(name) for name in RUN_COLUMNS if name in summary}
+    return row | {"run_id": run_id, "v": summary.get("v") or 1, "peak_activation_bytes": max(peaks, default=None),
+                  **{term: waterfall.get(term) for term in WATERFALL_TERMS}}
+
+
+def runs_frame(rows: list[dict]) -> pl.DataFrame:
+    """All analysed runs, newest first, with the family and schedule labels the charts group by."""
+    frame = pl.DataFrame(rows, schema=RUN_COLUMNS)
+    return frame.with_columns(
+        family=pl.format("{} p={} v={} ({}, {})", "schedule", "p", "v", "engine", "device"),
+        schedule_label=pl.when(pl.col("v") > 1).then(pl.format("{} v={}", "schedule", "v")).otherwise("schedule"),
+    )
+
+
+def families(runs: pl.DataFrame) -> pl.DataFrame:
+    """Runs whose family was measured at two or more values of m."""
+    return runs.filter(pl.col("m").n_unique().over("family") >= 2)
+
+
+def formula_curve(family_runs: pl.DataFrame) -> pl.DataFrame:
+    """(p-1)/(v*m+p-1) at every integer m from 1 to the family's largest m."""
+    return (
+        family_runs.group_by("family").agg(pl.col("p").first(), pl.col("v").first(), top=pl.col("m").max())
+        .with_columns(m=pl.int_ranges(1, pl.col("top") + 1)).explode("m")
+        .with_columns(bubble=(pl.col("p") - 1) / (pl.col("v") * pl.col("m") + pl.col("p") - 1))
+        .select("family", "m", "bubble").sort("family", "m")
+    )
+
+
+def newest_per_m(family_runs: pl.DataFrame) -> pl.DataFrame:
+    return family_runs.unique(subset=["family", "m"], keep="first", maintain_order=True).sort("family", "m")
+
+
+def _terms_long(frame: pl.DataFrame, index: list[str]) -> pl.DataFrame:
+    """Waterfall terms in long form with their stacking order; a null term (not measurable) counts 0."""
+    return (
+        frame.select(*index, *[pl.col(t).fill_null(0.0) for t in WATERFALL_TERMS])
+        .unpivot(index=index, variable_name="term", value_name="ms")
+        .with_columns(order=pl.col("term").replace_strict(list(WATERFALL_TERMS), list(range(len(WATERFALL_TERMS)))))
+    )
+
+
+def step_terms(newest: pl.DataFrame) -> pl.DataFrame:
+    return _terms_long(newest, ["family", "m"])
+
+
+def measured_steps(newest: pl.DataFrame) -> pl.DataFrame:
+    """Measured step time per (family, m), with the family's best m flagged."""
+    return newest.select(
+        "family", "m", "step_time_ms", best=pl.col("step_time_ms") == pl.col("step_time_ms").min().over("family"))
+
+
+def schedule_comparison(runs: pl.DataFrame) -> pl.DataFrame:
+    """Waterfall terms per schedule, for every (p, m, engine, device) measured with several schedules."""
+    labelled = runs.with_columns(setting=pl.format("p={} m={} ({}, {})", "p", "m", "engine", "device"))
+    newest = labelled.unique(subset=["setting", "schedule_label"], keep="first", maintain_order=True)
+    shared = newest.filter(pl.col("schedule_label").n_unique().over("setting") >= 2)
+    terms = _terms_long(shared, ["setting", "schedule_label", "run_id"])
+    return terms.rename({"schedule_label": "schedule"}).sort("setting", "schedule", "order")
+
+
+def engine_pairs(runs: pl.DataFrame) -> pl.DataFrame:
+    """Native and torch.distributed.pipelining runs of one configuration side by side, with their ratio."""
+    key = ["schedule", "p", "m", "v", "device"]
+    newest = runs.unique(subset=[*key, "engine"], keep="first", maintain_order=True)
+    both = newest.filter(pl.col("engine").is_in(["native", "torch"])).pivot(
+        on="engine", index=key, values="step_time_ms")
+    if not {"native", "torch"} <= set(both.columns):
+        return pl.DataFrame(schema={**{k: RUN_COLUMNS[k] for k in key}, "native": pl.Float64, "torch": pl.Float64,
+                                    "ratio": pl.Float64})
+    return both.drop_nulls(["native", "torch"]).with_columns(ratio=pl.col("torch") / pl.col("native")).sort(key)
+
+
+def peak_memory(family_runs: pl.DataFrame) -> pl.DataFrame:
+    """Peak activation memory per (family, m) in MiB, where the runs recorded it."""
+    return newest_per_m(family_runs).drop_nulls("peak_activation_bytes").select(
+        "family", "m", peak_mib=pl.col("peak_activation_bytes") / 2**20)
