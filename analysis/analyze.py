@@ -1,0 +1,173 @@
+"""One run's analysis from its traces: cells -> clock -> gaps and classes -> parts -> waterfall.
+
+Pure apart from `read_run`, which reads the run directory. The summary is the median step's (the
+lower median when the count is even, so it is a step that happened and its parts close exactly).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from analysis import clock
+from analysis.cells import RankCells, is_gpu, rank_cells
+from analysis.classify import Rules, classify, split_waits
+from analysis.decompose import BARS, PARTS, Reference, rank_parts, reference, waterfall
+from analysis.errors import InputError
+from analysis.gaps import timeline, windows
+from analysis.load import read_trace
+from analysis.shape import from_run_json, infer
+from analysis.simulate import measure
+from runners.schedules import Schedule
+
+NS_PER_MS = 1e6
+
+
+@dataclass(frozen=True)
+class RunInput:
+    path: Path
+    frames: dict[int, pl.DataFrame]  # rank -> loaded trace frame
+    sources: dict[int, Path]  # rank -> trace file
+    run_json: dict | None
+
+
+@dataclass(frozen=True)
+class Analysis:
+    cells: pl.DataFrame
+    gaps: pl.DataFrame
+    ranks: pl.DataFrame  # per (rank, step) parts in ms
+    summary: dict
+
+
+def read_run(path: Path) -> RunInput:
+    """The traces of a run directory (rank from distributedInfo, else the file name) and run.json."""
+    if not path.is_dir():
+        raise InputError(path, "not a run directory")
+    files = sorted(f for f in path.iterdir() if f.name.endswith((".json", ".json.gz")) and f.name != "run.json"
+                   and not f.name.startswith("merged"))
+    if not files:
+        raise InputError(path, "no trace files (rank*.json or rank*.json.gz)")
+    traces = [read_trace(f) for f in files]
+    ranks = [t.rank if t.rank is not None else i for i, t in enumerate(traces)]
+    if len(set(ranks)) != len(ranks):
+        raise InputError(path, f"two trace files claim the same rank: {sorted(ranks)}")
+    frames = {r: t.frame.with_columns(rank=pl.lit(r, pl.Int64)) for r, t in zip(ranks, traces)}
+    run_json = None
+    if (path / "run.json").exists():
+        try:
+            run_json = json.loads((path / "run.json").read_text())
+        except ValueError as error:
+            raise InputError(path / "run.json", f"not valid JSON: {error}") from None
+    return RunInput(path, frames, {r: t.path for r, t in zip(ranks, traces)}, run_json)
+
+
+def _shift(rank: RankCells, offset: int) -> RankCells:
+    times = ("start_ns", "end_ns", "launch_ns")
+
+    def moved(frame: pl.DataFrame | None) -> pl.DataFrame | None:
+        if frame is None:
+            return None
+        return frame.with_columns(pl.col(c) + offset for c in times if c in frame.columns)
+
+    return RankCells(moved(rank.cells), moved(rank.waits), moved(rank.steps), moved(rank.kernels))
+
+
+def _on_one_clock(per_rank: list[RankCells], frames: dict[int, pl.DataFrame]) -> tuple[list[RankCells], dict | None]:
+    """Shift ranks onto one clock, but only when causality says their clocks differ."""
+    cells = pl.concat([r.cells for r in per_rank])
+    pairs = clock.transfers(cells)
+    if pairs.filter(pl.col("send_start_ns") > pl.col("recv_end_ns")).height == 0:
+        return per_rank, None
+    found = clock.estimate(sorted(frames), cells, pl.concat(list(frames.values()), how="diagonal_relaxed"))
+    shifted = [_shift(r, found.offset_ns(int(r.cells["rank"][0]))) for r in per_rank]
+    return shifted, found.to_json()
+
+
+def _common_steps(per_rank: list[RankCells]) -> list[RankCells]:
+    """Keep the steps every rank has cells for (a step cut off on one rank cannot be compared)."""
+    common = set.intersection(*(set(r.cells["step"].unique()) for r in per_rank))
+    keep = pl.col("step").is_in(sorted(common))
+    return [RankCells(r.cells.filter(keep), r.waits.filter(keep), r.steps.filter(keep),
+                      None if r.kernels is None else r.kernels.filter(keep)) for r in per_rank]
+
+
+def _schedule(run: RunInput, cells: pl.DataFrame, schedule: str | None, m: int | None) -> Schedule:
+    p = len(run.frames)
+    if run.run_json is None or schedule is not None or m is not None:
+        inferred = infer(cells, p, run.path, schedule, m)
+        if run.run_json is not None and from_run_json(run.run_json, run.path) != inferred:
+            raise InputError(run.path / "run.json", f"says {run.run_json.get('schedule')}, the hints {inferred.name}")
+        return inferred
+    return from_run_json(run.run_json, run.path)
+
+
+def analyze_run(run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()) -> Analysis:
+    per_rank = [rank_cells(run.frames[r], run.sources.get(r)) for r in sorted(run.frames)]
+    if any(r.cells.height == 0 for r in per_rank):
+        empty = next(run.sources.get(r) for r, rc in zip(sorted(run.frames), per_rank) if rc.cells.height == 0)
+        raise InputError(empty, "no PP:<action> labels inside a profiled step")
+    per_rank, clocks = _on_one_clock(_common_steps(per_rank), run.frames)
+    cells = pl.concat([r.cells for r in per_rank])
+    if cells.height == 0:
+        raise InputError(run.path, "no step has labelled actions on every rank")
+    waits = pl.concat([r.waits for r in per_rank])
+    split = split_waits(cells, waits)
+    on_gpu = any(is_gpu(frame) for frame in run.frames.values())
+    gaps = pl.concat([classify(timeline(r, split), rules, on_gpu) for r in per_rank])
+    spans = pl.concat([windows(r) for r in per_rank])
+    shape = _schedule(run, cells, schedule, m)
+    ref = reference(cells, (run.run_json or {}).get("calibration"), shape.m)
+    parts = rank_parts(cells, gaps, spans, ref)
+    summary = _summary(run, shape, cells, waits, spans, parts, ref, on_gpu)
+    summary.update(rules=rules.to_json(), clock=clocks)
+    ranks_ms = parts.with_columns(pl.col("step_ns", *PARTS) / NS_PER_MS).rename(
+        {"step_ns": "step_ms", **{part: f"{part}_ms" for part in PARTS}}
+    )
+    return Analysis(cells.sort("rank", "start_ns"), gaps.sort("rank", "start_ns"), ranks_ms, summary)
+
+
+def _median_step(parts: pl.DataFrame) -> int:
+    per_step = parts.group_by("step").agg(pl.col("step_ns").first()).sort("step_ns", "step")
+    return int(per_step["step"][(per_step.height - 1) // 2])
+
+
+def _summary(run: RunInput, shape: Schedule, cells, waits, spans, parts, ref: Reference, on_gpu: bool) -> dict:
+    step = _median_step(parts)
+    chosen = parts.filter(pl.col("step") == step).sort("rank")
+    step_ns = float(chosen["step_ns"][0])
+    origin = spans.filter((pl.col("step") == step) & (pl.col("rank") == shape.rank_of(0)))["start_ns"][0]
+    this = pl.col("step") == step
+    measured = measure(shape, cells.filter(this), waits.filter(this), origin)
+    # Uncalibrated, the reference is this step's own median per (stage, kind), not other steps'.
+    step_ref = ref if ref.calibrated else reference(cells.filter(this), None, shape.m)
+    bars = waterfall(shape, measured, step_ref, step_ns)
+    busy = chosen.select(pl.col("compute") + pl.col("small_gemm").fill_null(0)).to_series().sum()
+    simulated = step_ns - bars["residual"]
+    config = run.run_json or {}
+    return {
+        "schedule": shape.name,
+        "engine": config.get("engine"),
+        "device": config.get("device", "cuda" if on_gpu else "cpu"),
+        "p": shape.p,
+        "m": shape.m,
+        "v": shape.v,
+        "steps_analyzed": parts["step"].n_unique(),
+        "median_step": step,
+        "step_time_ms": step_ns / NS_PER_MS,
+        "bubble_formula": (shape.p - 1) / (shape.v * shape.m + shape.p - 1),
+        "bubble_measured": 1 - busy / (shape.p * step_ns),
+        "simulated_step_time_ms": simulated / NS_PER_MS,
+        "waterfall_ms": {bar: None if bars[bar] is None else bars[bar] / NS_PER_MS for bar in BARS},
+        "ranks": [_rank_entry(row, shape) for row in chosen.iter_rows(named=True)],
+    }
+
+
+def _rank_entry(row: dict, shape: Schedule) -> dict:
+    entry = {"rank": row["rank"], "stage_ids": list(shape.stages_of(row["rank"]))}
+    for part in PARTS:
+        entry[f"{part}_ms"] = None if row[part] is None else row[part] / NS_PER_MS
+    entry["peak_activation_bytes"] = None  # not in the traces (needs profile_memory); unknown, not 0
+    return entry

@@ -1,0 +1,169 @@
+"""One row per executed pipeline action, from a rank's loaded trace frame (analysis.load.load_trace).
+
+A cell is a `PP:<action>` label. On CPU traces the label's span is the cell; on GPU traces the
+kernels launched inside the label (runtime launch -> kernel, matched by correlation id) give the
+device span, which is what counts. Time a cell spends blocked on a peer (a gloo recv on CPU, an NCCL
+kernel on GPU) is kept as `waits`, one row per blocked interval, clipped to its cell.
+
+Unlabelled traces yield no cells here; inferring cells from op patterns is a separate later pass that
+appends rows with `inferred=True` (the column exists so that pass needs no schema change).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from analysis.errors import InputError
+from runners.schedules.actions import Action, ActionParseError
+
+LABEL_PREFIX = "PP:"
+STEP_PREFIX = "ProfilerStep#"
+# Blocking p2p waits on the host thread (the span covers the wait until the data arrived).
+HOST_WAIT_NAMES = ("gloo:recv",)
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+CELL_SCHEMA = {
+    "rank": pl.Int64,
+    "step": pl.Int64,
+    "stage": pl.Int64,
+    "kind": pl.Utf8,
+    "microbatch": pl.Int64,
+    "start_ns": pl.Int64,
+    "end_ns": pl.Int64,
+    "blocked_ns": pl.Int64,
+    "inferred": pl.Boolean,
+}
+CELL_KEY = ["rank", "step", "stage", "kind", "microbatch"]
+
+
+@dataclass(frozen=True)
+class RankCells:
+    """A rank's cells, the p2p waits inside them, its step spans and (GPU only) the cells' kernels."""
+
+    cells: pl.DataFrame
+    waits: pl.DataFrame  # CELL_KEY + start_ns, end_ns
+    steps: pl.DataFrame  # rank, step, start_ns, end_ns
+    kernels: pl.DataFrame | None  # GPU: CELL_KEY + start_ns, end_ns, launch_ns, is_p2p; None on CPU
+
+
+def is_gpu(frame: pl.DataFrame) -> bool:
+    return frame.filter(pl.col("cat").str.to_lowercase() == "kernel").height > 0
+
+
+def step_spans(frame: pl.DataFrame) -> pl.DataFrame:
+    """`ProfilerStep#N` spans; on GPU traces the device-side annotation when the trace has one."""
+    steps = frame.filter(pl.col("name").str.starts_with(STEP_PREFIX) & (pl.col("ph") == "X"))
+    on_gpu = steps.filter(pl.col("cat") == "gpu_user_annotation")
+    chosen = on_gpu if on_gpu.height else steps.filter(pl.col("cat") != "gpu_user_annotation")
+    return (
+        chosen.select(
+            "rank",
+            pl.col("name").str.strip_prefix(STEP_PREFIX).cast(pl.Int64, strict=False).alias("step"),
+            "start_ns",
+            "end_ns",
+        )
+        .drop_nulls("step")
+        .group_by("rank", "step")
+        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+        .sort("rank", "start_ns")
+    )
+
+
+def label_spans(frame: pl.DataFrame, source: str | Path | None = None) -> pl.DataFrame:
+    """Host-side `PP:` labels parsed into stage, kind, microbatch; one row per label."""
+    labels = frame.filter(
+        pl.col("name").str.starts_with(LABEL_PREFIX) & (pl.col("cat") != "gpu_user_annotation")
+    ).select("rank", "tid", "name", "start_ns", "end_ns")
+    actions = [_parse(name, source) for name in labels["name"].str.strip_prefix(LABEL_PREFIX)]
+    return labels.drop("name").with_columns(
+        pl.Series("stage", [a.stage for a in actions], dtype=pl.Int64),
+        pl.Series("kind", [a.kind.value for a in actions], dtype=pl.Utf8),
+        pl.Series("microbatch", [a.microbatch for a in actions], dtype=pl.Int64),
+    )
+
+
+def _parse(text: str, source: str | Path | None) -> Action:
+    try:
+        return Action.parse(text)
+    except ActionParseError as error:
+        raise InputError(source, f"bad pipeline label {LABEL_PREFIX}{text}: {error}") from None
+
+
+def _assign_steps(spans: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Each span belongs to the step whose span contains its start; spans outside every step drop."""
+    if steps.height == 0:  # a trace without ProfilerStep spans is one step
+        return spans.with_columns(pl.lit(0, dtype=pl.Int64).alias("step"))
+    joined = spans.sort("start_ns").join_asof(
+        steps.rename({"start_ns": "step_start", "end_ns": "step_end"}).sort("step_start"),
+        left_on="start_ns",
+        right_on="step_start",
+        by="rank",
+        check_sortedness=False,
+    )
+    return joined.filter(pl.col("start_ns") < pl.col("step_end")).drop("step_start", "step_end")
+
+
+def _events_in_labels(events: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+    """Host events that start inside a label on the same thread (PP labels never overlap there)."""
+    keyed = labels.select("rank", "tid", *CELL_KEY[1:], label_start="start_ns", label_end="end_ns")
+    return (
+        events.sort("start_ns")
+        .join_asof(keyed.sort("label_start"), left_on="start_ns", right_on="label_start", by=["rank", "tid"],
+                   check_sortedness=False)
+        .filter(pl.col("start_ns") < pl.col("label_end"))
+    )
+
+
+def _host_waits(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+    waits = frame.filter(pl.col("name").is_in(HOST_WAIT_NAMES)).select("rank", "tid", "start_ns", "end_ns")
+    return _events_in_labels(waits, labels).select(
+        *CELL_KEY, "start_ns", pl.min_horizontal("end_ns", "label_end").alias("end_ns")
+    )
+
+
+def device_events(frame: pl.DataFrame) -> pl.DataFrame:
+    """GPU events with the host launch that issued them (start of the runtime call, same correlation)."""
+    launches = frame.filter(
+        pl.col("cat").str.to_lowercase().str.contains("runtime|driver") & pl.col("correlation").is_not_null()
+    ).select("rank", "tid", "correlation", launch_ns="start_ns")
+    kernels = frame.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_CATS)).select(
+        "rank", "correlation", "start_ns", "end_ns", is_p2p=pl.col("name").str.to_lowercase().str.contains("nccl")
+    )
+    return kernels.join(launches, on=["rank", "correlation"], how="left")
+
+
+def _device_cells(labels: pl.DataFrame, device: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Cell span = its kernels' span (host span where it launched none); waits = its NCCL kernels."""
+    launched = device.drop_nulls("launch_ns").rename({"start_ns": "k_start", "end_ns": "k_end"})
+    owned = _events_in_labels(launched.with_columns(start_ns="launch_ns"), labels)
+    spans = owned.group_by(CELL_KEY).agg(pl.col("k_start").min(), pl.col("k_end").max())
+    cells = (
+        labels.join(spans, on=CELL_KEY, how="left")
+        .with_columns(start_ns=pl.coalesce("k_start", "start_ns"), end_ns=pl.coalesce("k_end", "end_ns"))
+        .drop("k_start", "k_end")
+    )
+    waits = owned.filter("is_p2p").select(*CELL_KEY, start_ns="k_start", end_ns="k_end")
+    kernels = owned.select(*CELL_KEY, "launch_ns", "is_p2p", start_ns="k_start", end_ns="k_end")
+    return cells, waits, kernels
+
+
+def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells:
+    """The cells of one rank's trace frame; `source` names the file in error messages."""
+    steps = step_spans(frame)
+    labels = _assign_steps(label_spans(frame, source), steps)
+    if is_gpu(frame):
+        labels, waits, kernels = _device_cells(labels, device_events(frame))
+    else:
+        kernels = None
+        waits = _host_waits(frame, labels)
+    blocked = waits.group_by(CELL_KEY).agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("blocked_ns"))
+    cells = (
+        labels.join(blocked, on=CELL_KEY, how="left")
+        .with_columns(pl.col("blocked_ns").fill_null(0), pl.lit(False).alias("inferred"))
+        .select(pl.col(name).cast(dtype) for name, dtype in CELL_SCHEMA.items())
+        .sort("rank", "start_ns")
+    )
+    return RankCells(cells=cells, waits=waits.sort("rank", "start_ns"), steps=steps, kernels=kernels)

@@ -1,0 +1,105 @@
+"""Name every idle nanosecond of a rank's step: bubble, p2p_wait, launch_overhead or other.
+
+A wait on a peer (a RECV's blocked interval) is matched to the peer's SEND of the same microbatch on
+the other rank: the part of the wait before the SEND started is bubble (the producer had not produced
+yet), the rest is p2p_wait (transfer and latency). Idle time that is not a wait is launch overhead
+when the host had not yet issued the next work (GPU: no launched kernel pending, HTA's host-wait rule;
+CPU: framework time inside comm actions or between actions up to a threshold), else other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import polars as pl
+
+from analysis.cells import CELL_KEY
+from analysis.gaps import INTERVAL, runs
+
+CLASSES = ("bubble", "p2p_wait", "launch_overhead", "other")
+GAP_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "class": pl.Utf8}
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Classification thresholds; echoed into summary.json `rules`."""
+
+    # CPU: idle between two actions up to this long is framework overhead (launch_overhead); a longer
+    # stretch outside every action (optimizer step, data loading) is `other`.
+    host_gap_max_ns: int = 1_000_000
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# RECV kind -> (stage step to the producer, the producer's SEND kind, its compute kinds by preference)
+_PRODUCER = {"RECV_F": (-1, "SEND_F", ("F",)), "RECV_B": (1, "SEND_B", ("B", "I"))}
+
+
+def _producer_starts(cells: pl.DataFrame) -> pl.DataFrame:
+    """Per RECV cell: when its producer began sending (None if unknown); all ranks on one clock.
+
+    The SEND's start where the trace has SEND labels, else the producing compute cell's end.
+    """
+    marks = cells.select(
+        "step", "stage", "kind", "microbatch",
+        sent_ns=pl.when(pl.col("kind").str.starts_with("SEND")).then("start_ns").otherwise("end_ns"),
+    )
+    recvs = cells.filter(pl.col("kind").is_in(list(_PRODUCER)))
+    candidates = []
+    for recv_kind, (stage_step, send_kind, compute_kinds) in _PRODUCER.items():
+        for preference, kind in enumerate((send_kind, *compute_kinds)):
+            candidates.append(
+                recvs.filter(pl.col("kind") == recv_kind)
+                .with_columns(peer_stage=pl.col("stage") + stage_step, peer_kind=pl.lit(kind))
+                .join(marks, left_on=["step", "peer_stage", "peer_kind", "microbatch"],
+                      right_on=["step", "stage", "kind", "microbatch"])
+                .select(*CELL_KEY, "sent_ns", preference=pl.lit(preference))
+            )
+    return pl.concat(candidates).sort("preference").group_by(CELL_KEY).agg(pl.col("sent_ns").first())
+
+
+def split_waits(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
+    """Blocked intervals of all ranks as wait layers: bubble_wait before the peer sent, p2p_wait after.
+
+    Waits inside SEND cells (the peer was not receiving yet) are p2p_wait; a RECV wait whose producer
+    is not in the traces is unmatched_wait (classed `other`). `cells` and `waits` of all ranks, with
+    times already on one clock (analysis.clock).
+    """
+    sent = waits.join(_producer_starts(cells), on=CELL_KEY, how="left")
+    cut = pl.col("sent_ns").clip(pl.col("start_ns"), pl.col("end_ns"))
+    is_recv = pl.col("kind").str.starts_with("RECV")
+    bubble = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(end_ns=cut, layer=pl.lit("bubble_wait"))
+    after = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(start_ns=cut, layer=pl.lit("p2p_wait"))
+    sends = sent.filter(~is_recv).with_columns(layer=pl.lit("p2p_wait"))
+    unmatched = sent.filter(is_recv & pl.col("sent_ns").is_null()).with_columns(layer=pl.lit("unmatched_wait"))
+    parts = pl.concat([frame.select(INTERVAL) for frame in (bubble, after, sends, unmatched)])
+    return parts.filter(pl.col("end_ns") > pl.col("start_ns"))
+
+
+def _segment_class(on_gpu: bool) -> pl.Expr:
+    idle_kind = (
+        pl.when(pl.col("issued") > 0).then(pl.lit("other")).otherwise(pl.lit("launch_overhead"))
+        if on_gpu
+        else pl.when(pl.col("action") > 0).then(pl.lit("launch_overhead")).otherwise(pl.lit("between"))
+    )
+    return (
+        pl.when(~pl.col("idle")).then(pl.lit("busy"))
+        .when(pl.col("bubble_wait") > 0).then(pl.lit("bubble"))
+        .when(pl.col("p2p_wait") > 0).then(pl.lit("p2p_wait"))
+        .when(pl.col("unmatched_wait") > 0).then(pl.lit("other"))
+        .otherwise(idle_kind)
+        .alias("class")
+    )
+
+
+def classify(timeline: pl.DataFrame, rules: Rules, on_gpu: bool) -> pl.DataFrame:
+    """The gaps table: maximal idle stretches of one class (GAP_SCHEMA), busy time left out."""
+    labelled = runs(timeline.with_columns(_segment_class(on_gpu)), "class")
+    short = (pl.col("end_ns") - pl.col("start_ns")) <= rules.host_gap_max_ns
+    between = pl.when(short).then(pl.lit("launch_overhead")).otherwise(pl.lit("other"))
+    resolved = labelled.with_columns(
+        pl.when(pl.col("class") == "between").then(between).otherwise("class").alias("class")
+    )
+    gaps = runs(resolved, "class").filter(pl.col("class") != "busy")
+    return gaps.select(pl.col(name).cast(dtype) for name, dtype in GAP_SCHEMA.items())

@@ -1,0 +1,124 @@
+"""A rank's device timeline per step: when it computed, and the idle gaps in between.
+
+Busy is the device doing schedule work: on GPU the non-NCCL kernels of compute cells, on CPU the
+main thread inside compute cells minus any time blocked on a peer there. Everything else in the
+rank's step span is idle. Other facts about the timeline (waits on a peer, host actions, launched
+but not yet running kernels) come in as named layers; the timeline is cut into elementary segments
+where every layer's coverage is constant, so classification is a per-segment expression.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from analysis.cells import CELL_KEY, RankCells
+
+COMPUTE_KINDS = ("F", "B", "I", "W")
+INTERVAL = ["rank", "step", "layer", "start_ns", "end_ns"]
+
+
+def layer(frame: pl.DataFrame, name: str) -> pl.DataFrame:
+    """Intervals (rank, step, start_ns, end_ns) tagged as one named layer."""
+    return frame.select("rank", "step", pl.lit(name).alias("layer"), "start_ns", "end_ns")
+
+
+def busy_intervals(rank: RankCells) -> pl.DataFrame:
+    """What the device computed: the `busy` layer (minus blocked time, which the segments subtract)."""
+    compute = pl.col("kind").is_in(COMPUTE_KINDS)
+    if rank.kernels is not None:
+        return layer(rank.kernels.filter(compute & ~pl.col("is_p2p")), "busy")
+    return layer(rank.cells.filter(compute), "busy")
+
+
+def issued_intervals(rank: RankCells) -> pl.DataFrame:
+    """GPU only: from a compute kernel's launch on the host to its start (work queued, not running)."""
+    if rank.kernels is None:
+        return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "layer": pl.Utf8,
+                                    "start_ns": pl.Int64, "end_ns": pl.Int64})
+    queued = rank.kernels.filter(~pl.col("is_p2p")).select(*CELL_KEY, start_ns="launch_ns", end_ns="start_ns")
+    return layer(queued, "issued")
+
+
+def segments(intervals: pl.DataFrame, windows: pl.DataFrame, names: tuple[str, ...]) -> pl.DataFrame:
+    """Cut each (rank, step) window at every interval edge; one column per layer with its coverage.
+
+    `intervals` has INTERVAL columns; `windows` has rank, step, start_ns, end_ns. Intervals are clipped
+    to their step's window. Coverage is a running sum of +1 at starts and -1 at ends.
+    """
+    bounds = windows.rename({"start_ns": "w0", "end_ns": "w1"})
+    clipped = (
+        intervals.join(bounds, on=["rank", "step"])
+        .with_columns(start_ns=pl.max_horizontal("start_ns", "w0"), end_ns=pl.min_horizontal("end_ns", "w1"))
+        .filter(pl.col("end_ns") > pl.col("start_ns"))
+    )
+    edges = pl.concat(
+        [
+            clipped.select("rank", "step", "layer", t="start_ns", delta=pl.lit(1)),
+            clipped.select("rank", "step", "layer", t="end_ns", delta=pl.lit(-1)),
+            bounds.select("rank", "step", layer=pl.lit(None, pl.Utf8), t="w0", delta=pl.lit(0)),
+            bounds.select("rank", "step", layer=pl.lit(None, pl.Utf8), t="w1", delta=pl.lit(0)),
+        ]
+    )
+    coverage = [
+        pl.when(pl.col("layer") == name).then(pl.col("delta")).otherwise(0).sum().alias(name) for name in names
+    ]
+    return (
+        edges.group_by("rank", "step", "t")
+        .agg(coverage)
+        .sort("rank", "step", "t")
+        .with_columns(pl.col(list(names)).cum_sum().over("rank", "step"))
+        .with_columns(end_ns=pl.col("t").shift(-1).over("rank", "step"))
+        .rename({"t": "start_ns"})
+        .filter(pl.col("end_ns").is_not_null() & (pl.col("end_ns") > pl.col("start_ns")))
+        .select("rank", "step", "start_ns", "end_ns", *names)
+    )
+
+
+def runs(labelled: pl.DataFrame, column: str) -> pl.DataFrame:
+    """Merge adjacent segments of a (rank, step) that carry the same value of `column`."""
+    return (
+        labelled.sort("rank", "step", "start_ns")
+        .with_columns(
+            run=(
+                (pl.col(column) != pl.col(column).shift(1))
+                | (pl.col("start_ns") != pl.col("end_ns").shift(1))
+            )
+            .fill_null(True)
+            .cum_sum()
+            .over("rank", "step")
+        )
+        .group_by("rank", "step", "run")
+        .agg(pl.col(column).first(), pl.col("start_ns").min(), pl.col("end_ns").max())
+        .sort("rank", "step", "start_ns")
+        .drop("run")
+    )
+
+
+WAIT_LAYERS = ("bubble_wait", "p2p_wait", "unmatched_wait")
+LAYERS = ("busy", "issued", "action", *WAIT_LAYERS)
+
+
+def windows(rank: RankCells) -> pl.DataFrame:
+    """The rank's analysed steps: ProfilerStep spans holding cells (one span if the trace has none)."""
+    if rank.steps.height == 0:
+        return rank.cells.group_by("rank", "step").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+    return rank.steps.join(rank.cells.select("rank", "step").unique(), on=["rank", "step"])
+
+
+def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
+    """Elementary segments of each step window with coverage of LAYERS.
+
+    `waits` are this rank's blocked intervals already split into WAIT_LAYERS (classify.split_waits),
+    INTERVAL columns. A segment is idle when nothing busy covers it or a wait does.
+    """
+    intervals = pl.concat(
+        [
+            busy_intervals(rank),
+            issued_intervals(rank),
+            layer(rank.cells, "action"),
+            waits.select(INTERVAL),
+        ],
+        how="vertical_relaxed",
+    )
+    cut = segments(intervals, windows(rank), LAYERS)
+    return cut.with_columns(idle=(pl.col("busy") == 0) | (pl.sum_horizontal(WAIT_LAYERS) > 0))

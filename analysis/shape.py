@@ -1,0 +1,68 @@
+"""Which schedule a run executed: from run.json, or inferred from the traces' labels.
+
+Without run.json: p is the number of ranks, v the stages per rank, m the microbatches seen, and the
+schedule the generator whose per-rank compute order matches the first analysed step's. Hints
+(`--schedule`, `--m`) must agree with what the traces show, else the traces are not what the user
+thinks they are: an InputError.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from analysis.errors import InputError
+from analysis.gaps import COMPUTE_KINDS
+from runners.schedules import SCHEDULES, Action, Kind, Schedule, ScheduleError, build
+
+
+def compute_orders(cells: pl.DataFrame, step: int, p: int) -> tuple[tuple[Action, ...], ...]:
+    """Per rank, the compute actions of `step` in the order they started."""
+    chosen = cells.filter((pl.col("step") == step) & pl.col("kind").is_in(COMPUTE_KINDS)).sort("rank", "start_ns")
+    orders: list[list[Action]] = [[] for _ in range(p)]
+    for rank, stage, kind, microbatch in chosen.select("rank", "stage", "kind", "microbatch").iter_rows():
+        orders[rank].append(Action(stage, Kind(kind), microbatch))
+    return tuple(tuple(order) for order in orders)
+
+
+def _candidates(p: int, m: int, v: int) -> list[Schedule]:
+    found = []
+    for name in SCHEDULES:
+        try:
+            found.append(build(name, p, m, v))
+        except ScheduleError:
+            continue
+    return found
+
+
+def infer(cells: pl.DataFrame, p: int, path: Path, schedule: str | None = None, m: int | None = None) -> Schedule:
+    """The schedule the traces ran; `schedule`/`m` are hints that must agree with them."""
+    compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
+    if compute.height == 0:
+        raise InputError(path, "no PP:<action> labels in any trace; cannot tell the schedule")
+    stages = compute["stage"].n_unique()
+    seen_m = compute["microbatch"].n_unique()
+    if m is not None and m != seen_m:
+        raise InputError(path, f"--m {m} disagrees with the traces, which show {seen_m} microbatches")
+    if stages % p:
+        raise InputError(path, f"{stages} stages do not divide over {p} ranks")
+    step = compute["step"].min()
+    measured = compute_orders(compute, step, p)
+    matches = [s for s in _candidates(p, seen_m, stages // p) if s.orders == measured]
+    names = [s.name for s in matches]
+    if schedule is not None:
+        if schedule not in names:
+            shown = ", ".join(names) or "none of " + ", ".join(SCHEDULES)
+            raise InputError(path, f"--schedule {schedule} disagrees with the traces' order (it matches {shown})")
+        return next(s for s in matches if s.name == schedule)
+    if not matches:
+        raise InputError(path, f"the traces' action order matches none of {', '.join(SCHEDULES)} (p={p}, m={seen_m})")
+    return matches[0]
+
+
+def from_run_json(run: dict, path: Path) -> Schedule:
+    try:
+        return build(run["schedule"], int(run["p"]), int(run["m"]), int(run.get("v", 1)))
+    except (KeyError, TypeError, ValueError) as error:
+        raise InputError(path / "run.json", f"no usable schedule/p/m/v: {error}") from None

@@ -1,0 +1,77 @@
+"""`python -m analysis analyze DIR`: cells, gaps, per-rank parts and summary.json for one run.
+
+Writes DIR/analysis/{summary.json, cells.parquet, gaps.parquet, ranks.parquet} into a temporary
+directory first and renames it into place, so a crash never leaves a half-written analysis/ behind.
+Keys of summary.json are those of DESIGN.md section 3, plus:
+  median_step        the ProfilerStep number whose time is the (lower) median; ranks and waterfall
+                     are that step's, so they close exactly on step_time_ms
+  clock              per-rank clock offsets applied (analysis.clock), or null when all ranks share
+                     one clock (no transfer ends before it began)
+ranks.parquet holds every analysed step's parts (ms), one row per rank and step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from analysis.decompose import BARS
+from analysis.errors import InputError
+from analysis.analyze import Analysis, analyze_run, read_run
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="DIR", help="run directory with rank*.json[.gz] traces")
+    parser.add_argument("--schedule", help="schedule name when DIR has no run.json (must match the traces)")
+    parser.add_argument("--m", type=int, help="microbatches per step when DIR has no run.json (must match)")
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = args.run_dir.resolve()
+    result = analyze_run(read_run(run_dir), schedule=args.schedule, m=args.m)
+    write(run_dir / "analysis", result)
+    print(table(result.summary))
+    return 0
+
+
+def write(target: Path, result: Analysis) -> None:
+    """All four files into a fresh temporary sibling, then one rename over the old directory."""
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".analysis.", dir=target.parent))
+    except OSError as error:
+        raise InputError(target.parent, f"cannot write the analysis: {error.strerror}") from None
+    try:
+        (staging / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+        result.cells.write_parquet(staging / "cells.parquet")
+        result.gaps.write_parquet(staging / "gaps.parquet")
+        result.ranks.write_parquet(staging / "ranks.parquet")
+        if target.exists():
+            old = target.with_name(f".analysis.old.{os.getpid()}")
+            os.replace(target, old)
+            os.replace(staging, target)
+            shutil.rmtree(old)
+        else:
+            os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def table(summary: dict) -> str:
+    """Formula vs measured bubble, then the waterfall bars with their share of the step."""
+    step = summary["step_time_ms"]
+    lines = [
+        f"{summary['schedule']} p={summary['p']} m={summary['m']} v={summary['v']} "
+        f"({summary['device']}, {summary['steps_analyzed']} steps)",
+        f"  step time      {step:10.3f} ms   simulated {summary['simulated_step_time_ms']:.3f} ms",
+        f"  bubble         formula {summary['bubble_formula']:.3f}   measured {summary['bubble_measured']:.3f}",
+        "  waterfall",
+    ]
+    for bar in BARS:
+        value = summary["waterfall_ms"][bar]
+        shown = "   unknown (no calibration)" if value is None else f"{value:10.3f} ms  {value / step:6.1%}"
+        lines.append(f"    {bar:16s}{shown}")
+    return "\n".join(lines)
