@@ -1,0 +1,197 @@
+"""`python -m analysis merge RUN`: one Perfetto-loadable trace of every rank, on one aligned clock.
+
+Each rank becomes one process (pid = rank, named `rank r · stage s, s'`), its CPU threads and GPU
+streams become that process's threads, so OS pids and GPU device indices of different ranks or hosts
+cannot collide. Flow ids are renumbered densely across the file, so a profiler's launch arrows stay in
+their rank, and each pipeline transfer gets an arrow from the sender's SEND (GPU: its NCCL kernel) to
+the receiver's RECV. Clocks are aligned by analysis.clock; the offsets go into the trace's metadata
+and into `analysis/clock.json` beside the output. Slices that overlap without nesting (real traces
+have them) go to a named overlap thread instead of being silently moved by Perfetto.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+import polars as pl
+
+from analysis import clock
+from analysis.cells import rank_cells, step_spans
+from analysis.errors import InputError
+from analysis.load import RawTrace, read_trace
+from analysis.merge_tracks import analysis_slices, layout, p2p_flows, profiler_flows
+
+BROWSER_LIMIT_BYTES = 1 << 30  # Perfetto's UI struggles to open JSON traces past about this size
+_SKIPPED_NAMES = ("run.json", "merged.json", "merged.json.gz")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="RUN", type=Path, help="run directory (rank*.json.gz), a folder of traces, or one trace")
+    parser.add_argument("--steps", type=_int_list, help="profiler steps to keep, e.g. 3,4 or 3-5 (default: all)")
+    parser.add_argument("--ranks", type=_int_list, help="ranks to keep, e.g. 0,1 or 0-3 (default: all)")
+    parser.add_argument("--out", type=Path, help="output file (default: RUN/merged.json.gz)")
+    parser.add_argument("--no-align", action="store_true", help="keep each rank's own clock")
+
+
+def run(args: argparse.Namespace) -> int:
+    began = time.perf_counter()
+    files = trace_files(args.source)
+    traces = read_ranks(files, args.ranks)
+    out = args.out or (args.source if args.source.is_dir() else args.source.parent) / "merged.json.gz"
+    analysis_dir = args.source / "analysis" if args.source.is_dir() else None
+    merged, estimate = merge(traces, args.steps, analysis_dir, align=not args.no_align)
+    size = write_json_gz(out, merged)
+    write_json(out.parent / "analysis" / "clock.json", estimate.to_json())
+    notes = merged["pipelineMerge"]
+    print(f"{out}: {len(traces)} rank(s), {notes['events']} events, {size / 1e6:.1f} MB of JSON, "
+          f"{time.perf_counter() - began:.2f} s; {notes['limited']}")  # fmt: skip
+    for line in notes["notes"]:
+        print(f"note: {line}", file=sys.stderr)
+    return 0
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """"3,4" or "3-5" or "1,4-6" -> the integers, in order."""
+    values: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            values.extend(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r} (e.g. 3,4 or 3-5)") from None
+    return tuple(values)
+
+
+def trace_files(path: Path) -> list[Path]:
+    """The trace files of a run directory or folder (not its subfolders), or the one file given."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise InputError(path, "no such file or directory")
+    found = sorted(
+        p for p in path.iterdir()
+        if p.is_file() and p.name.endswith((".json", ".json.gz")) and p.name not in _SKIPPED_NAMES
+    )  # fmt: skip
+    if not found:
+        raise InputError(path, "no trace files (*.json, *.json.gz) in this directory")
+    return found
+
+
+def read_ranks(files: list[Path], ranks: tuple[int, ...] | None) -> dict[int, RawTrace]:
+    """rank -> its trace; one file without any rank is rank 0; two files claiming a rank is an error."""
+    traces: dict[int, RawTrace] = {}
+    for path in files:
+        trace = read_trace(path)
+        rank = trace.rank if trace.rank is not None else 0 if len(files) == 1 else None
+        if rank is None:
+            raise InputError(path, "cannot tell its rank (no distributedInfo.rank, no rank or worker number in the name)")
+        if rank in traces:
+            raise InputError(path, f"rank {rank} is also claimed by {traces[rank].path.name}: not one run")
+        if ranks is None or rank in ranks:
+            traces[rank] = trace
+    if not traces:
+        raise InputError(files[0].parent, f"none of the traces is one of ranks {list(ranks or [])}")
+    return dict(sorted(traces.items()))
+
+
+def merge(
+    traces: dict[int, RawTrace], steps: tuple[int, ...] | None, analysis_dir: Path | None, align: bool = True
+) -> tuple[dict, clock.ClockEstimate]:
+    """The merged Chrome trace (as a dict) and the clock estimate that aligned it."""
+    frames = {rank: trace.frame.with_columns(rank=pl.lit(rank, pl.Int64)) for rank, trace in traces.items()}
+    cells = _pipeline_cells(traces, frames)
+    events = pl.concat([f.select("rank", "name", "cat", "ph", "start_ns", "end_ns") for f in frames.values()])
+    estimate = clock.estimate(list(traces), cells if align else None, events if align else events.clear())
+    notes: list[str] = []
+    kept = {rank: _within_steps(frame, steps, notes) for rank, frame in frames.items()}
+    tracks = {rank: layout(frame, traces[rank].events()) for rank, frame in kept.items()}
+    shift = {rank: estimate.offset_ns(rank) for rank in traces}
+    origin = min(t.slices["start_ns"].min() + shift[r] for r, t in tracks.items() if t.slices.height)
+    out: list[dict] = []
+    next_id = 0
+    for rank, track in tracks.items():
+        stages = sorted(set(cells.filter(pl.col("rank") == rank)["stage"].to_list())) if cells is not None else []
+        out.extend(track.metadata_events(rank, _process_name(rank, stages)))
+        out.extend(track.slice_events(rank, shift[rank] - origin))
+        flows, next_id = profiler_flows(track, rank, shift[rank] - origin, next_id)
+        out.extend(flows)
+    if cells is not None:
+        arrows, next_id = p2p_flows(clock.transfers(cells), tracks, shift, origin, next_id)
+        out.extend(arrows)
+    out.extend(analysis_slices(analysis_dir, tracks, shift, origin, steps, notes))
+    limited = _limits(steps, traces)
+    meta = {"clock": estimate.to_json(), "origin_ns": origin, "limited": limited, "notes": notes,
+            "events": len(out), "sources": {str(r): t.path.name for r, t in traces.items()}}  # fmt: skip
+    return {"traceEvents": out, "displayTimeUnit": "ns", "pipelineMerge": meta}, estimate
+
+
+def _pipeline_cells(traces: dict[int, RawTrace], frames: dict[int, pl.DataFrame]) -> pl.DataFrame | None:
+    """All ranks' cells (analysis.cells), or None when no trace carries PP: labels."""
+    found = [rank_cells(frames[r], traces[r].path).cells for r in traces]
+    cells = pl.concat(found) if found else None
+    return cells if cells is not None and cells.height else None
+
+
+def _within_steps(frame: pl.DataFrame, steps: tuple[int, ...] | None, notes: list[str]) -> pl.DataFrame:
+    """Events overlapping the chosen profiler steps (metadata always kept); all events when no choice."""
+    if steps is None:
+        return frame
+    windows = step_spans(frame).filter(pl.col("step").is_in(steps))
+    rank = frame["rank"][0]
+    if windows.height == 0:
+        notes.append(f"rank {rank}: none of steps {list(steps)} is in the trace; rank left empty")
+    inside = pl.lit(False)
+    for start, end in windows.select("start_ns", "end_ns").iter_rows():
+        inside = inside | ((pl.col("start_ns") <= end) & (pl.col("end_ns") >= start))
+    return frame.filter(inside | (pl.col("ph") == "M"))
+
+
+def _process_name(rank: int, stages: list[int]) -> str:
+    if not stages:
+        return f"rank {rank}"
+    return f"rank {rank} · stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))}"
+
+
+def _limits(steps: tuple[int, ...] | None, traces: dict[int, RawTrace]) -> str:
+    which = f"steps {list(steps)}" if steps is not None else "all steps"
+    return f"{which} of ranks {list(traces)}" + (" (limited by --steps/--ranks)" if steps is not None else "")
+
+
+def write_json_gz(path: Path, document: dict) -> int:
+    """Gzipped JSON written to a temporary file in the same folder, then renamed: readers never see half.
+
+    Returns the size of the uncompressed JSON, the number the browser's limit applies to.
+    """
+    data = msgspec.json.encode(document)
+    _atomic_write(path, gzip.compress(data, compresslevel=5))
+    if len(data) > BROWSER_LIMIT_BYTES:
+        print(f"warning: {path} is {len(data) / 1e9:.1f} GB of JSON; Perfetto's UI may not open it. "
+              "Limit it with --steps or --ranks.", file=sys.stderr)  # fmt: skip
+    return len(data)
+
+
+def write_json(path: Path, document: dict) -> None:
+    _atomic_write(path, msgspec.json.format(msgspec.json.encode(document)) + b"\n")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as error:
+        raise InputError(path.parent, f"cannot write here ({error.strerror}); choose another place with --out") from None
+    try:
+        os.chmod(temporary, 0o644)  # mkstemp makes it private; a trace is for sharing
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise

@@ -1,0 +1,222 @@
+"""The pieces of a merged trace for one rank: its threads, slices, flows, and the analysis tracks.
+
+A rank's track is an original (pid, tid) pair: a CPU thread or a GPU stream. Slices that overlap on a
+track without nesting are spread over numbered overlap threads (first one that fits), which is what
+Perfetto would do unasked; here the overlap threads are named and flows stay bound to their slices.
+Times are integer nanoseconds until the last step, where `_us` writes Chrome's microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+# Event categories that live on a GPU stream (current Kineto and the 2021 capitalised form).
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "memcpy", "memset")
+_TRANSFER_KINDS = "SEND_F|RECV_F|SEND_B|RECV_B"
+
+
+def _us(ns: int) -> float:
+    return ns / 1000
+
+
+@dataclass(frozen=True)
+class RankTracks:
+    slices: pl.DataFrame  # index, name, cat, pid_key, tid_key, start_ns, end_ns, tid (the new thread)
+    flow_ends: pl.DataFrame  # index, ph, cat, flow_id, start_ns, pid_key, tid_key
+    instants: pl.DataFrame  # index, start_ns, tid
+    threads: tuple[tuple[int, str], ...]  # (new tid, name), in display order
+    events: list[dict]  # the rank's raw events, indexed by `index`
+
+    def metadata_events(self, rank: int, process_name: str) -> list[dict]:
+        process = [
+            {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": process_name}},
+            {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
+        ]
+        return process + thread_events(rank, self.threads)
+
+    def slice_events(self, rank: int, shift_ns: int) -> list[dict]:
+        out = []
+        for index, tid, start, end in self.slices.select("index", "tid", "start_ns", "end_ns").iter_rows():
+            raw = self.events[index]
+            out.append({"ph": "X", "name": raw.get("name", ""), "cat": raw.get("cat") or "", "pid": rank, "tid": tid,
+                        "ts": _us(start + shift_ns), "dur": _us(end - start), "args": raw.get("args") or {}})  # fmt: skip
+        for index, start, tid in self.instants.iter_rows():
+            raw = self.events[index]
+            out.append({"ph": "i", "s": "t", "name": raw.get("name", ""), "cat": raw.get("cat") or "", "pid": rank,
+                        "tid": tid, "ts": _us(start + shift_ns), "args": raw.get("args") or {}})  # fmt: skip
+        return out
+
+
+def thread_events(rank: int, threads) -> list[dict]:
+    return [
+        event
+        for tid, name in threads
+        for event in (
+            {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}},
+            {"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "args": {"sort_index": tid}},
+        )
+    ]
+
+
+def layout(frame: pl.DataFrame, events: list[dict]) -> RankTracks:
+    """Assign every kept event of one rank's frame (analysis.load) to a thread of the merged process."""
+    keys = pl.DataFrame(
+        {"index": range(len(events)), "pid_key": [str(e.get("pid")) for e in events],
+         "tid_key": [str(e.get("tid")) for e in events]},  # fmt: skip
+        schema={"index": pl.Int64, "pid_key": pl.String, "tid_key": pl.String},
+    )
+    keyed = frame.join(keys, on="index", how="left")
+    device = keyed.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_CATS)).select("pid_key", "tid_key").unique()
+    slices = keyed.filter(pl.col("ph") == "X").sort(
+        ["pid_key", "tid_key", "start_ns", "end_ns"], descending=[False, False, False, True]
+    )
+    slices = slices.with_columns(pl.Series("layer", _layers(slices), dtype=pl.Int64))
+    threads = _thread_table(slices, device, _thread_names(events))
+    slices = slices.join(threads.select("pid_key", "tid_key", "layer", "tid"), on=["pid_key", "tid_key", "layer"])
+    base = threads.filter(pl.col("layer") == 0).select("pid_key", "tid_key", "tid")
+    instants = keyed.filter(pl.col("ph") == "i").join(base, on=["pid_key", "tid_key"]).select("index", "start_ns", "tid")
+    flow_ends = keyed.filter(pl.col("ph").is_in(["s", "f"]) & pl.col("flow_id").is_not_null()).select(
+        "index", "ph", "cat", "flow_id", "start_ns", "pid_key", "tid_key"
+    )
+    return RankTracks(
+        slices=slices.select("index", "name", "cat", "pid_key", "tid_key", "start_ns", "end_ns", "tid"),
+        flow_ends=flow_ends,
+        instants=instants,
+        threads=tuple(threads.select("tid", "thread").iter_rows()),
+        events=events,
+    )
+
+
+def _layers(slices: pl.DataFrame) -> list[int]:
+    """For slices sorted by track, start, longest first: the first overlap layer where each one nests.
+
+    Sequential by nature (a stack of open slices per layer), so a plain loop over the columns.
+    """
+    layers: list[int] = []
+    open_ends: list[list[int]] = []
+    track = None
+    for pid, tid, start, end in slices.select("pid_key", "tid_key", "start_ns", "end_ns").iter_rows():
+        if (pid, tid) != track:
+            track, open_ends = (pid, tid), []
+        for depth, stack in enumerate(open_ends):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or end <= stack[-1]:
+                stack.append(end)
+                layers.append(depth)
+                break
+        else:
+            open_ends.append([end])
+            layers.append(len(open_ends) - 1)
+    return layers
+
+
+def _thread_names(events: list[dict]) -> dict[tuple[str, str], str]:
+    return {
+        (str(e.get("pid")), str(e.get("tid"))): str((e.get("args") or {}).get("name", ""))
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+
+
+def _thread_table(slices: pl.DataFrame, device: pl.DataFrame, names: dict) -> pl.DataFrame:
+    """One row per (track, layer): CPU threads first, then GPU streams, each by its original ids."""
+    tracks = slices.select("pid_key", "tid_key", "layer").unique().join(
+        device.with_columns(on_device=pl.lit(True)), on=["pid_key", "tid_key"], how="left"
+    ).with_columns(pl.col("on_device").fill_null(False))
+    numeric = [pl.col(c).cast(pl.Int64, strict=False).alias(f"{c}_n") for c in ("pid_key", "tid_key")]
+    tracks = tracks.with_columns(numeric).sort("on_device", "pid_key_n", "pid_key", "tid_key_n", "tid_key", "layer")
+    labels = []
+    for pid, tid, layer, on_device in tracks.select("pid_key", "tid_key", "layer", "on_device").iter_rows():
+        original = names.get((pid, tid), "")
+        label = f"GPU {pid} stream {tid.removeprefix('stream ')}" if on_device else original or f"thread {tid}"
+        labels.append(label + (f" · overlap {layer}" if layer else ""))
+    return tracks.with_columns(pl.Series("thread", labels, dtype=pl.String), pl.int_range(1, pl.len() + 1).alias("tid"))
+
+
+def _bind(ends: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame:
+    """Each flow end joined to the innermost slice on its track that starts at or before it and contains it."""
+    innermost_last = slices.sort(["start_ns", "end_ns"], descending=[False, True])
+    return (
+        ends.sort("start_ns")
+        .join_asof(
+            innermost_last.select("pid_key", "tid_key", "start_ns", slice_end="end_ns", tid="tid"),
+            on="start_ns", by=["pid_key", "tid_key"], check_sortedness=False,
+        )  # fmt: skip
+        .filter(pl.col("slice_end") >= pl.col("start_ns"))
+    )
+
+
+def profiler_flows(tracks: RankTracks, rank: int, shift_ns: int, next_id: int) -> tuple[list[dict], int]:
+    """The trace's own flows (launch -> kernel, forward -> backward) with fresh ids; both ends bound or dropped."""
+    bound = _bind(tracks.flow_ends, tracks.slices)
+    complete = bound.filter(
+        (pl.len().over("cat", "flow_id") == 2) & (pl.col("ph").n_unique().over("cat", "flow_id") == 2)
+    ).sort("cat", "flow_id", pl.col("ph").replace_strict({"s": 0, "f": 1}))
+    out = []
+    for number, (ph, cat, start, tid) in enumerate(complete.select("ph", "cat", "start_ns", "tid").iter_rows()):
+        event = {"ph": ph, "id": next_id + number // 2, "pid": rank, "tid": tid, "ts": _us(start + shift_ns),
+                 "cat": cat or "flow", "name": cat or "flow"}  # fmt: skip
+        out.append(event | ({"bp": "e"} if ph == "f" else {}))
+    return out, next_id + complete.height // 2
+
+
+def _transfer_slices(tracks: RankTracks) -> pl.DataFrame:
+    """Slices a transfer arrow can start or end on, by start time: the NCCL kernel first, else the PP label."""
+    kernel = (pl.col("cat").str.to_lowercase() == "kernel") & pl.col("name").str.to_lowercase().str.contains("nccl")
+    label = pl.col("name").str.starts_with("PP:") & pl.col("name").str.contains(_TRANSFER_KINDS)
+    return (
+        tracks.slices.filter(kernel | label)
+        .with_columns(priority=pl.when(kernel).then(0).otherwise(1))
+        .sort("priority")
+        .unique("start_ns", keep="first")
+        .select("start_ns", "tid")
+    )
+
+
+def p2p_flows(pairs: pl.DataFrame, tracks: dict[int, RankTracks], shift: dict[int, int], origin: int,
+              next_id: int) -> tuple[list[dict], int]:  # fmt: skip
+    """One arrow per transfer (analysis.clock.transfers) from the SEND slice to the RECV slice."""
+    ends = {rank: _transfer_slices(t) for rank, t in tracks.items()}
+    out = []
+    for row in pairs.iter_rows(named=True):
+        src, dst = row["src_rank"], row["dst_rank"]
+        if src not in ends or dst not in ends:
+            continue
+        send = ends[src].filter(pl.col("start_ns") == row["send_start_ns"])
+        recv = ends[dst].filter(pl.col("start_ns") == row["recv_start_ns"])
+        if not (send.height and recv.height):
+            continue
+        name = f"{row['send_kind']} mb {row['microbatch']} → stage {row['recv_stage']}"
+        common = {"id": next_id, "cat": "p2p", "name": name}
+        out.append({"ph": "s", "pid": src, "tid": send["tid"][0], "ts": _us(row["send_start_ns"] + shift[src] - origin)} | common)
+        out.append({"ph": "f", "bp": "e", "pid": dst, "tid": recv["tid"][0],
+                    "ts": _us(row["recv_start_ns"] + shift[dst] - origin)} | common)  # fmt: skip
+        next_id += 1
+    return out, next_id
+
+
+def analysis_slices(analysis_dir: Path | None, tracks: dict[int, RankTracks], shift: dict[int, int], origin: int,
+                    steps: tuple[int, ...] | None, notes: list[str]) -> list[dict]:  # fmt: skip
+    """Per rank a `gaps` thread with the classified idle time (analysis/gaps.parquet), when it exists."""
+    path = analysis_dir / "gaps.parquet" if analysis_dir is not None else None
+    if path is None or not path.exists():
+        notes.append("no analysis/gaps.parquet beside the traces: gap tracks left out (run `python -m analysis analyze`)")
+        return []
+    gaps = pl.read_parquet(path)
+    if steps is not None:
+        gaps = gaps.filter(pl.col("step").is_in(steps))
+    out = []
+    for rank, track in tracks.items():
+        tid = max((t for t, _ in track.threads), default=0) + 1
+        out.extend(thread_events(rank, [(tid, "analysis · gaps (bubble, p2p wait, launch overhead, other)")]))
+        rows = gaps.filter(pl.col("rank") == rank).select("class", "start_ns", "end_ns", "step").iter_rows()
+        out.extend(
+            {"ph": "X", "name": kind, "cat": "analysis", "pid": rank, "tid": tid, "ts": _us(start + shift[rank] - origin),
+             "dur": _us(end - start), "args": {"step": step}}  # fmt: skip
+            for kind, start, end, step in rows
+        )
+    return out
