@@ -10,8 +10,10 @@ from .dependencies import dependencies
 from .generate import SCHEDULES, build
 from .grid import grid
 from .lower import lower
+from .memory import in_flight
 from .schedule import Schedule, ScheduleError
 from .simulate import Timeline, simulate
+from .validate import validate
 
 __all__ = [
     "SCHEDULES",
@@ -24,6 +26,8 @@ __all__ = [
     "build",
     "dependencies",
     "grid",
+    "in_flight",
     "lower",
     "simulate",
+    "validate",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 from .actions import Action, Kind
 from .dependencies import dependencies, matching_send, receiving
@@ -28,15 +29,23 @@ Edge = tuple[Action, bool]  # (action waited for, crosses ranks)
 class Timeline:
     rows: tuple[tuple[int, Action, float, float], ...]  # (rank, action, start, end), by rank then order
 
-    @property
+    @cached_property
     def makespan(self) -> float:
         return max((end for _, _, _, end in self.rows), default=0.0) - min(
             (start for _, _, start, _ in self.rows), default=0.0
         )
 
+    @cached_property
+    def _busy(self) -> dict[int, float]:
+        busy: dict[int, float] = {}
+        for rank, action, start, end in self.rows:
+            if action.kind.is_compute:
+                busy[rank] = busy.get(rank, 0.0) + end - start
+        return busy
+
     def busy(self, rank: int) -> float:
         """Time the rank spends in compute actions (comm actions are waiting, not work)."""
-        return sum(end - start for r, a, start, end in self.rows if r == rank and a.kind.is_compute)
+        return self._busy.get(rank, 0.0)
 
 
 def _edges(schedule: Schedule, rank: int, action: Action) -> tuple[Edge, ...]:
@@ -59,53 +68,64 @@ def _unit(_rank: int, action: Action) -> float:
     return 1.0 if action.kind.is_compute else 0.0
 
 
+def _positions(schedule: Schedule) -> list[list[tuple[tuple[int, int, bool, Action], ...]]]:
+    """Each action's edges as (rank, step, crosses, action) of what it waits for; step -1 if absent."""
+    where = {action: (r, k) for r, order in enumerate(schedule.orders) for k, action in enumerate(order)}
+    return [
+        [
+            tuple((*where.get(dep, (r, -1)), crosses, dep) for dep, crosses in _edges(schedule, r, action))
+            for action in order
+        ]
+        for r, order in enumerate(schedule.orders)
+    ]
+
+
 def simulate(
     schedule: Schedule, duration: Duration | None = None, latency: Latency | None = None, gap: Gap | None = None
 ) -> Timeline:
-    """Replay `schedule`; by default every compute action takes 1 unit, comm 0, no latency, no gaps."""
+    """Replay `schedule`; by default every compute action takes 1 unit, comm 0, no latency, no gaps.
+
+    An action is done once its rank's position has passed it, so waiting is a comparison of positions.
+    """
     duration = duration or _unit
-    edges = [[_edges(schedule, r, a) for a in order] for r, order in enumerate(schedule.orders)]
-    ends: dict[Action, float] = {}
-    rows: list[list[tuple[int, Action, float, float]]] = [[] for _ in schedule.orders]
-    position = [0] * schedule.p
+    edges = _positions(schedule)
+    ends: list[list[float]] = [[] for _ in schedule.orders]  # per rank, end time by step
+    rows: list[tuple[int, Action, float, float]] = []
     free = [0.0] * schedule.p
     progress = True
     while progress:
         progress = False
         for r, order in enumerate(schedule.orders):
-            k = position[r]
-            while k < len(order):
-                action = order[k]
-                ready = free[r]
-                for dep, crosses in edges[r][k]:
-                    end = ends.get(dep)
-                    if end is None:
+            done = ends[r]
+            while len(done) < len(order):
+                action, ready = order[len(done)], free[r]
+                for dep_rank, dep_step, crosses, dep in edges[r][len(done)]:
+                    if not 0 <= dep_step < len(ends[dep_rank]):
                         break
+                    end = ends[dep_rank][dep_step]
                     if crosses and latency is not None:
                         end += latency(dep, action)
                     ready = max(ready, end)
                 else:
                     start = ready + (gap(r, action) if gap is not None else 0.0)
-                    free[r] = ends[action] = start + duration(r, action)
-                    rows[r].append((r, action, start, free[r]))
-                    k += 1
+                    free[r] = start + duration(r, action)
+                    done.append(free[r])
+                    rows.append((r, action, start, free[r]))
                     progress = True
                     continue
                 break
-            position[r] = k
-    if any(k < len(order) for k, order in zip(position, schedule.orders)):
-        raise _deadlock(schedule, position, edges, ends)
-    return Timeline(tuple(row for rank_rows in rows for row in rank_rows))
+    if any(len(done) < len(order) for done, order in zip(ends, schedule.orders)):
+        raise _deadlock(schedule, [len(done) for done in ends], edges)
+    return Timeline(tuple(sorted(rows, key=lambda row: (row[0], row[2]))))
 
 
-def _deadlock(schedule: Schedule, position: list[int], edges, ends: dict[Action, float]) -> ScheduleError:
-    known = {action for order in schedule.orders for action in order}
+def _deadlock(schedule: Schedule, position: list[int], edges) -> ScheduleError:
     stuck = []
     for r, k in enumerate(position):
         if k == len(schedule.orders[r]):
             continue
-        waiting = next(dep for dep, _ in edges[r][k] if dep not in ends)
-        why = "which is not in the schedule" if waiting not in known else "which never runs"
+        dep_rank, dep_step, _, waiting = next(e for e in edges[r][k] if not 0 <= e[1] < position[e[0]])
+        why = "which is not in the schedule" if dep_step < 0 else "which cannot run before it"
         stuck.append((r, k, f"rank {r} step {k} ({schedule.orders[r][k]}) waits for {waiting}, {why}"))
     lines = "; ".join(text for _, _, text in stuck)
     marks = {(r, k) for r, k, _ in stuck}
