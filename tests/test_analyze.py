@@ -1,0 +1,55 @@
+"""The `analyze` command: files written atomically, summary keys as DESIGN.md says, bad input = exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+from test_cells import cpu_action, gpipe_m1_run, trace, write_trace
+
+from analysis.__main__ import main
+
+SUMMARY_KEYS = {"schedule", "engine", "device", "p", "m", "v", "steps_analyzed", "step_time_ms", "bubble_formula",
+                "bubble_measured", "simulated_step_time_ms", "waterfall_ms", "ranks", "rules"}  # fmt: skip
+RANK_KEYS = {"rank", "stage_ids", "compute_ms", "bubble_ms", "p2p_wait_ms", "launch_overhead_ms", "small_gemm_ms",
+             "other_ms", "peak_activation_bytes"}  # fmt: skip
+
+
+def test_analyze_writes_the_four_files_and_prints_the_table(tmp_path, capsys):
+    run = gpipe_m1_run(tmp_path / "run")
+    assert main(["analyze", str(run)]) == 0
+    written = sorted(p.name for p in (run / "analysis").iterdir())
+    assert written == ["cells.parquet", "gaps.parquet", "ranks.parquet", "summary.json"]
+    assert not [p for p in run.iterdir() if p.name.startswith(".analysis")]  # no staging left behind
+    summary = json.loads((run / "analysis" / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary) and set(summary) - SUMMARY_KEYS <= {"median_step", "clock"}
+    assert all(set(rank) == RANK_KEYS for rank in summary["ranks"])
+    cells = pl.read_parquet(run / "analysis" / "cells.parquet")
+    assert cells.columns == ["rank", "step", "stage", "kind", "microbatch", "start_ns", "end_ns", "blocked_ns", "inferred"]
+    assert pl.read_parquet(run / "analysis" / "gaps.parquet").columns == ["rank", "step", "start_ns", "end_ns", "class"]
+    printed = capsys.readouterr().out
+    assert "formula 0.500" in printed and "measured 0.600" in printed and "residual" in printed
+
+
+def test_rerun_replaces_the_previous_analysis(tmp_path):
+    run = gpipe_m1_run(tmp_path / "run")
+    assert main(["analyze", str(run)]) == 0
+    (run / "analysis" / "stale.txt").write_text("from an older analysis")
+    assert main(["analyze", str(run)]) == 0
+    assert not (run / "analysis" / "stale.txt").exists()
+
+
+def test_hint_that_disagrees_with_the_traces_is_an_input_error(tmp_path, capsys):
+    run = gpipe_m1_run(tmp_path / "run")
+    assert main(["analyze", str(run), "--m", "4"]) == 2
+    assert "--m 4 disagrees" in capsys.readouterr().err
+    assert main(["analyze", str(run), "--schedule", "gpipe", "--m", "1"]) == 0
+
+
+def test_unlabelled_trace_is_an_input_error_naming_it(tmp_path, capsys):
+    run = gpipe_m1_run(tmp_path / "run")
+    write_trace(run, trace(1, [(0, 100)], cpu_action("1F0", 110, 120)))  # its only label is outside the step
+    assert main(["analyze", str(run)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "rank1.json.gz" in error
+    assert not (run / "analysis").exists()
