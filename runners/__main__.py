@@ -1,0 +1,102 @@
+"""`python -m runners trace|sweep`: validate the request, run it under torchrun, report where it went.
+
+Bad requests end as one line on stderr and exit 2 before any process starts; a failed or interrupted
+run ends as one line and exit 1 (130 for Ctrl-C), leaving its directory without "complete": true.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from runners.launch import LaunchError, launch
+from runners.request import RequestError, RunRequest, add_request_arguments, request_from, resolve
+
+
+GPU_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")  # NVIDIA, ROCm
+
+
+def _gpus() -> int:
+    """This machine's GPUs; without a GPU driver it is 0 without importing torch (seconds per run)."""
+    if not any(Path(path).exists() for path in GPU_DRIVER_PATHS):
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _add_arguments(parser: argparse.ArgumentParser, sweep: bool) -> None:
+    add_request_arguments(parser)
+    parser.add_argument("--p", type=int, required=True, help="pipeline ranks (one process each)")
+    parser.add_argument("--traces", type=Path, default=Path("traces"), help="where run directories go")
+    if sweep:
+        parser.add_argument("--ms", required=True, help='microbatch counts, e.g. "1 2 4 8"')
+
+
+def _step_ms(run_dir: Path) -> float:
+    return json.loads((run_dir / "run.json").read_text())["step_time_unprofiled_ms"]
+
+
+def trace(args: argparse.Namespace) -> int:
+    resolved = resolve(request_from(args, args.p), _gpus)
+    request = resolved.request
+    print(f"running {request.schedule} p={request.p} m={request.m} v={request.v} preset={resolved.preset.name} "
+          f"on {resolved.device} ({resolved.backend}) ...", flush=True)
+    run_dir = launch(resolved, args.traces, args.timed_steps)
+    print(f"traces: {run_dir} (step {_step_ms(run_dir):.1f} ms unprofiled); {args.traces / 'latest'} points at it")
+    return 0
+
+
+def _microbatch_counts(text: str) -> list[int]:
+    try:
+        counts = [int(word) for word in text.replace(",", " ").split()]
+    except ValueError:
+        raise RequestError(f"--ms must be whole numbers, got {text!r}") from None
+    if not counts:
+        raise RequestError("--ms is empty")
+    return counts
+
+
+def sweep(args: argparse.Namespace) -> int:
+    """One run per m; every request is validated before the first run starts."""
+    resolved = [resolve(RunRequest(**(request_from(args, args.p).as_dict() | {"m": m})), _gpus)
+                for m in _microbatch_counts(args.ms)]
+    began = time.monotonic()
+    for done, run in enumerate(resolved, start=1):
+        run_dir = launch(run, args.traces, args.timed_steps)
+        elapsed = time.monotonic() - began
+        eta = elapsed / done * (len(resolved) - done)
+        print(f"[{done}/{len(resolved)}] m={run.request.m} step={_step_ms(run_dir):.1f} ms  {run_dir.name}  "
+              f"elapsed {elapsed:.0f} s, ETA {eta:.0f} s", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runners", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, function, help_text in (
+        ("trace", trace, "run one schedule under the profiler into traces/<run_id>/"),
+        ("sweep", sweep, "run `trace` for each microbatch count in --ms"),
+    ):
+        sub = commands.add_parser(name, help=help_text)
+        _add_arguments(sub, sweep=name == "sweep")
+        sub.set_defaults(run=function)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except RequestError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except LaunchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; the run directory is left incomplete", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

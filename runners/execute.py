@@ -1,0 +1,183 @@
+"""The native executor: runs one rank's lowered action order for one training step.
+
+One dispatch table maps each action kind to a handler (DeepSpeed's instruction -> method idea); each
+executed action is wrapped in record_function("PP:<action>") so traces name it in
+torch.distributed.pipelining's form. RECV handlers block until the data is there, inside their span,
+so waiting for a peer is visible as its own span. Sends are queued as PendingSend values and completed
+at the end of the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch.profiler import record_function
+
+from runners.model import Stage, loss_of
+from runners.p2p import Links, PendingSend, message_tag
+from runners.schedules.actions import Action, Kind
+
+Key = tuple[int, int]  # (stage, microbatch)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What stays fixed across steps on one rank."""
+
+    rank: int
+    n_stages: int
+    rank_of: Callable[[int], int]
+    stages: dict[int, Stage]
+    links: Links | None  # None when the pipeline has one rank
+    first_inputs: tuple[torch.Tensor, ...]  # stage 0's input, one piece per microbatch
+    width: int
+
+    @property
+    def m(self) -> int:
+        return len(self.first_inputs)
+
+    def is_local(self, stage: int) -> bool:
+        return self.rank_of(stage) == self.rank
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A forward kept for its backward: the stage input, its output (the loss on the last stage), taps."""
+
+    input: torch.Tensor
+    output: torch.Tensor
+    taps: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class StepState:
+    """Tensors in flight during one step, keyed by (stage, microbatch); empty again when the step ends."""
+
+    inputs: dict[Key, torch.Tensor] = field(default_factory=dict)  # activations for a stage's F
+    forwards: dict[Key, Forward] = field(default_factory=dict)  # stashed for B / I
+    output_grads: dict[Key, torch.Tensor] = field(default_factory=dict)  # gradients for B / I
+    to_send: dict[tuple[Kind, int, int], torch.Tensor] = field(default_factory=dict)  # for SEND_F / SEND_B
+    weight_work: dict[Key, list[tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    pending: list[PendingSend] = field(default_factory=list)
+
+    def leftovers(self) -> list[str]:
+        names = ("inputs", "forwards", "output_grads", "to_send", "weight_work")
+        return [f"{name}: {sorted(getattr(self, name))}" for name in names if getattr(self, name)]
+
+
+def forward(ctx: StepContext, state: StepState, action: Action) -> None:
+    stage, microbatch = action.stage, action.microbatch
+    x = ctx.first_inputs[microbatch] if stage == 0 else state.inputs.pop((stage, microbatch))
+    output, taps = ctx.stages[stage].forward_with_taps(x)
+    last = stage == ctx.n_stages - 1
+    state.forwards[(stage, microbatch)] = Forward(x, loss_of(output, ctx.m) if last else output, taps)
+    if last:
+        return
+    activation = output.detach()
+    if ctx.is_local(stage + 1):  # interleaved with p=1: hand over without communication
+        state.inputs[(stage + 1, microbatch)] = activation.requires_grad_()
+    else:
+        state.to_send[(Kind.SEND_F, stage, microbatch)] = activation
+
+
+def _pass_input_grad(ctx: StepContext, state: StepState, stage: int, microbatch: int, grad: torch.Tensor) -> None:
+    if stage == 0:
+        return
+    if ctx.is_local(stage - 1):
+        state.output_grads[(stage - 1, microbatch)] = grad
+    else:
+        state.to_send[(Kind.SEND_B, stage, microbatch)] = grad
+
+
+def _output_grad(ctx: StepContext, state: StepState, key: Key) -> torch.Tensor | None:
+    """The gradient flowing into a stage's output; None on the last stage, whose output is the loss."""
+    return None if key[0] == ctx.n_stages - 1 else state.output_grads.pop(key)
+
+
+def backward(ctx: StepContext, state: StepState, action: Action) -> None:
+    key = (action.stage, action.microbatch)
+    stashed = state.forwards.pop(key)
+    torch.autograd.backward(stashed.output, _output_grad(ctx, state, key))
+    _pass_input_grad(ctx, state, *key, stashed.input.grad)
+
+
+def backward_input(ctx: StepContext, state: StepState, action: Action) -> None:
+    """Zero-bubble I: gradients of the stage input and of each Linear's output; weights wait for W."""
+    key = (action.stage, action.microbatch)
+    stashed = state.forwards.pop(key)
+    targets = [pre_activation for _, pre_activation in stashed.taps]
+    if action.stage > 0:
+        targets.append(stashed.input)
+    grads = torch.autograd.grad(stashed.output, targets, grad_outputs=_output_grad(ctx, state, key))
+    linears = ctx.stages[action.stage].linears
+    state.weight_work[key] = [(lin, tap[0].detach(), g) for lin, tap, g in zip(linears, stashed.taps, grads)]
+    if action.stage > 0:
+        _pass_input_grad(ctx, state, *key, grads[-1])
+
+
+@torch.no_grad()
+def backward_weight(ctx: StepContext, state: StepState, action: Action) -> None:
+    """Zero-bubble W: each Linear's weight gradient from the tensors I kept (grad_out^T @ input)."""
+    for linear, layer_input, grad in state.weight_work.pop((action.stage, action.microbatch)):
+        weight_grad = grad.flatten(0, -2).T @ layer_input.flatten(0, -2)
+        linear.weight.grad = weight_grad if linear.weight.grad is None else linear.weight.grad + weight_grad
+
+
+def _receive(ctx: StepContext, action: Action, src_stage: int, is_gradient: bool) -> torch.Tensor:
+    rows = ctx.first_inputs[action.microbatch].shape[0]
+    model = ctx.first_inputs[0]
+    buffer = torch.empty(rows, ctx.width, dtype=model.dtype, device=model.device)
+    tag = message_tag(src_stage, is_gradient, action.microbatch, ctx.n_stages)
+    return ctx.links.recv(buffer, ctx.rank_of(src_stage), tag, is_gradient)
+
+
+def _send(ctx: StepContext, state: StepState, action: Action, dst_stage: int, is_gradient: bool) -> None:
+    tensor = state.to_send.pop((action.kind, action.stage, action.microbatch))
+    tag = message_tag(action.stage, is_gradient, action.microbatch, ctx.n_stages)
+    state.pending.append(ctx.links.send(tensor, ctx.rank_of(dst_stage), tag, is_gradient))
+
+
+def send_forward(ctx: StepContext, state: StepState, action: Action) -> None:
+    _send(ctx, state, action, action.stage + 1, is_gradient=False)
+
+
+def send_backward(ctx: StepContext, state: StepState, action: Action) -> None:
+    _send(ctx, state, action, action.stage - 1, is_gradient=True)
+
+
+def recv_forward(ctx: StepContext, state: StepState, action: Action) -> None:
+    activation = _receive(ctx, action, action.stage - 1, is_gradient=False)
+    state.inputs[(action.stage, action.microbatch)] = activation.requires_grad_()
+
+
+def recv_backward(ctx: StepContext, state: StepState, action: Action) -> None:
+    state.output_grads[(action.stage, action.microbatch)] = _receive(ctx, action, action.stage + 1, is_gradient=True)
+
+
+HANDLERS: dict[Kind, Callable[[StepContext, StepState, Action], None]] = {
+    Kind.F: forward,
+    Kind.B: backward,
+    Kind.I: backward_input,
+    Kind.W: backward_weight,
+    Kind.SEND_F: send_forward,
+    Kind.RECV_F: recv_forward,
+    Kind.SEND_B: send_backward,
+    Kind.RECV_B: recv_backward,
+}
+
+
+def run_step(ctx: StepContext, order: tuple[Action, ...], optimizer: torch.optim.Optimizer) -> None:
+    """Execute one rank's order for one step, complete its sends, then take the SGD step."""
+    state = StepState()
+    for action in order:
+        with record_function(f"PP:{action}"):
+            HANDLERS[action.kind](ctx, state, action)
+    with record_function("optimizer_step"):
+        for send in state.pending:
+            send.wait()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    if state.leftovers():
+        raise RuntimeError(f"rank {ctx.rank}: step ended with unused tensors ({'; '.join(state.leftovers())})")

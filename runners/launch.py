@@ -1,0 +1,62 @@
+"""Start one run: a fresh run directory, the workers under the real torchrun, then traces/latest.
+
+torchrun's --standalone rendezvous binds port 0, so the OS picks a free port and two runs at once do
+not clash. Worker output goes to <run>/torchrun.log; on failure the directory stays without
+"complete": true and the caller gets one line pointing at the log.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from runners.request import Resolved
+from runners.rundir import create_run_dir, is_complete, point_latest, run_id
+
+SHUTDOWN_S = 30  # how long torchrun gets to stop its workers after Ctrl-C
+
+
+class LaunchError(RuntimeError):
+    """The workers did not produce a complete run; the message is one line."""
+
+
+def torchrun_command(resolved: Resolved, run_dir: Path, timed_steps: int) -> list[str]:
+    request = resolved.request
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={request.p}",
+        "-m", "runners.worker", "--run-dir", str(run_dir), "--sched", request.schedule,
+        "--microbatches", str(request.m), "--chunks", str(request.v), "--engine", request.engine,
+        "--preset", resolved.preset.name, "--steps", str(request.steps), "--device", resolved.device,
+        "--timed-steps", str(timed_steps),
+    ]  # fmt: skip
+
+
+def _wait(process: subprocess.Popen) -> int:
+    """Wait for torchrun; on Ctrl-C let it stop its workers (SIGTERM, then kill) and re-raise."""
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=SHUTDOWN_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        raise
+
+
+def launch(resolved: Resolved, traces: Path, timed_steps: int = 5) -> Path:
+    """Run the request; return the complete run directory, now also traces/latest."""
+    request = resolved.request
+    run_dir = create_run_dir(traces.resolve(), run_id(request.schedule, request.p, request.m, request.v))
+    log = run_dir / "torchrun.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(torchrun_command(resolved, run_dir, timed_steps), stdout=output, stderr=output)
+        code = _wait(process)
+    if code != 0:
+        raise LaunchError(f"a worker failed (torchrun exit {code}); see {log}")
+    if not is_complete(run_dir):
+        raise LaunchError(f"the workers exited but {run_dir / 'run.json'} is not complete; see {log}")
+    point_latest(run_dir)
+    return run_dir

@@ -1,0 +1,60 @@
+"""Point-to-point transfers between pipeline ranks, over explicit process groups (no module state).
+
+One process group per channel: (activation or gradient) x (to a higher or a lower rank). NCCL runs
+all p2p ops between two ranks of one group on one stream, so a send queued before a crossing recv
+would wait forever for a peer whose matching recv sits behind its own send (large messages do not fit
+NCCL's buffers). With one channel per direction and message kind, each stream carries messages in one
+direction in the order both sides execute them, so no batching is needed to avoid that deadlock.
+Gloo matches by tag, so every message also carries a tag naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class PendingSend:
+    """An isend in flight; wait() completes it. Holds the tensor so it lives until sent."""
+
+    work: dist.Work
+    tensor: torch.Tensor
+
+    def wait(self) -> None:
+        self.work.wait()
+
+
+@dataclass(frozen=True)
+class Links:
+    """This rank's p2p channels: groups[(is_gradient, to_higher_rank)]."""
+
+    groups: dict[tuple[bool, bool], dist.ProcessGroup]
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, is_gradient: bool) -> PendingSend:
+        group = self.groups[(is_gradient, dst > dist.get_rank())]
+        return PendingSend(dist.isend(tensor, dst=dst, group=group, tag=tag), tensor)
+
+    def recv(self, buffer: torch.Tensor, src: int, tag: int, is_gradient: bool) -> torch.Tensor:
+        """Receive into buffer and block until it has arrived (the wait is the caller's RECV span)."""
+        group = self.groups[(is_gradient, dist.get_rank() > src)]
+        dist.irecv(buffer, src=src, group=group, tag=tag).wait()
+        return buffer
+
+
+def open_links(backend: str) -> Links:
+    """Create the four channel groups; every rank must call this at the same point (collective)."""
+    world = list(range(dist.get_world_size()))
+    groups = {}
+    for is_gradient in (False, True):
+        for upward in (True, False):
+            name = f"pp_{'gradient' if is_gradient else 'activation'}_{'up' if upward else 'down'}"
+            groups[(is_gradient, upward)] = dist.new_group(world, backend=backend, group_desc=name)
+    return Links(groups)
+
+
+def message_tag(sending_stage: int, is_gradient: bool, microbatch: int, n_stages: int) -> int:
+    """A tag unique to one message within a step, computed alike by sender and receiver."""
+    return (microbatch * n_stages + sending_stage) * 2 + int(is_gradient)

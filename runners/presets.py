@@ -1,0 +1,47 @@
+"""Model presets (torch-free, so the launcher can validate a request without importing torch).
+
+A preset fixes the width, the layers each rank holds, the rows per batch and the dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    width: int  # D: every Linear is D x D
+    layers_per_rank: int  # Linear+GELU pairs one rank holds, split over its v chunks
+    rows: int  # rows in the whole batch; microbatches split it
+    dtype: str  # torch dtype name
+    purpose: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS = {
+    # The published experiment (seed 000): 4 stages x 6 layers at width 4096, 8192 rows, bf16.
+    "seed": Preset("seed", 4096, 6, 8192, "bfloat16", "the seed experiment, for GPUs"),
+    # Sized on a 2-core machine: a stage's full-batch F+B takes ~50 ms on one thread, against ~1 ms for
+    # a 1 MB gloo hop, so compute dominates per-microbatch overhead at m=1; P=4 M=8 runs in seconds.
+    "cpu": Preset("cpu", 512, 4, 512, "float32", "the default without GPUs"),
+    # For tests: seconds per run, shapes still distinct per stage.
+    "tiny": Preset("tiny", 64, 2, 64, "float32", "tests: end-to-end runs in seconds"),
+}
+
+
+def preset_problem(preset: Preset, m: int, v: int) -> str | None:
+    """Why this preset cannot run m microbatches with v chunks per rank, or None when it can."""
+    if preset.layers_per_rank % v:
+        return f"preset {preset.name} has {preset.layers_per_rank} layers per rank; v={v} must divide it"
+    if m > preset.rows:
+        return f"preset {preset.name} has {preset.rows} rows per batch; m={m} microbatches would leave some empty"
+    return None
+
+
+def microbatch_rows(rows: int, m: int) -> list[int]:
+    """Rows of each microbatch: as even as possible, the first ones one row larger when m does not divide."""
+    base, extra = divmod(rows, m)
+    return [base + (i < extra) for i in range(m)]

@@ -1,0 +1,121 @@
+"""A run request and its validation, done in the launcher before any process starts (torch-free).
+
+Every problem is one line (RequestError); the CLI prints it and exits 2. Device choice: CUDA with NCCL
+when there are at least P GPUs, CPU with gloo when there are none. With some GPUs but fewer than P the
+request is refused rather than silently moved to CPU: NCCL cannot put two ranks on one GPU, and a CPU
+run on a GPU machine would measure something else than the user asked for (--device cpu says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from runners.presets import PRESETS, Preset, preset_problem
+from runners.schedules import ScheduleError, build
+
+DEVICES = ("auto", "cpu", "cuda")
+# Engine name -> what it is; runners.worker.ENGINES holds the step functions of those implemented.
+ENGINES = {
+    "native": "runners/execute.py: the dispatch-table executor",
+    "torch": "torch.distributed.pipelining's schedules",
+}
+READY_ENGINES = ("native",)
+
+
+class RequestError(ValueError):
+    """A run that cannot start; the message is one line."""
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    schedule: str
+    p: int
+    m: int
+    v: int = 1
+    engine: str = "native"
+    preset: str | None = None  # None: seed on CUDA, cpu otherwise
+    steps: int = 3
+    device: str = "auto"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A validated request with its choices made."""
+
+    request: RunRequest
+    device: str  # cpu | cuda
+    backend: str  # gloo | nccl
+    preset: Preset
+
+
+def choose_device(requested: str, p: int, gpus: int) -> str:
+    if requested not in DEVICES:
+        raise RequestError(f"unknown device {requested!r}; choose one of {', '.join(DEVICES)}")
+    if requested == "cpu" or (requested == "auto" and gpus == 0):
+        return "cpu"
+    if gpus >= p:
+        return "cuda"
+    have = "no GPU" if gpus == 0 else f"{gpus} GPU{'s' if gpus > 1 else ''}"
+    raise RequestError(
+        f"P={p} ranks need {p} GPUs (one NCCL rank per GPU) but this machine has {have}; "
+        f"use P<={gpus} or --device cpu" if gpus else f"--device cuda needs {p} GPUs but this machine has {have}"
+    )
+
+
+def choose_preset(name: str | None, device: str) -> Preset:
+    name = name or ("seed" if device == "cuda" else "cpu")
+    if name not in PRESETS:
+        raise RequestError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def resolve(request: RunRequest, count_gpus: Callable[[], int], ranks_per_node: int | None = None) -> Resolved:
+    """Check everything a run needs, in the order a user would fix it; raise RequestError on the first problem.
+
+    count_gpus (this node's GPUs) is called only when the device is not forced to CPU: it imports torch,
+    which a bad request should not wait for. ranks_per_node: a multi-node job needs a GPU per local rank.
+    """
+    if request.engine not in ENGINES:
+        raise RequestError(f"unknown engine {request.engine!r}; choose one of {', '.join(ENGINES)}")
+    if request.engine not in READY_ENGINES:
+        raise RequestError(
+            f"engine {request.engine!r} ({ENGINES[request.engine]}) is not implemented yet; use --engine native"
+        )
+    if request.steps < 1:
+        raise RequestError(f"steps must be at least 1, got {request.steps}")
+    try:
+        build(request.schedule, request.p, request.m, request.v)
+    except ScheduleError as error:
+        raise RequestError(str(error).splitlines()[0]) from None
+    gpus = 0 if request.device == "cpu" else count_gpus()
+    device = choose_device(request.device, ranks_per_node or request.p, gpus)
+    preset = choose_preset(request.preset, device)
+    problem = preset_problem(preset, request.m, request.v)
+    if problem:
+        raise RequestError(problem)
+    return Resolved(request, device, "nccl" if device == "cuda" else "gloo", preset)
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options a run request needs; shared with the launcher so both read the same request.
+
+    torchrun's own parser takes `--m`/`--v` after the module name for abbreviations of its options, so
+    the launcher passes the long spellings (--microbatches, --chunks) to workers.
+    """
+    parser.add_argument("--sched", required=True, help="gpipe | 1f1b | interleaved | zb")
+    parser.add_argument("--m", "--microbatches", dest="m", type=int, required=True, help="microbatches per step")
+    parser.add_argument("--v", "--chunks", dest="v", type=int, default=1, help="chunks per rank (interleaved)")
+    parser.add_argument("--engine", default="native")
+    parser.add_argument("--preset", default=None, help="seed | cpu | tiny (default: seed on CUDA, cpu otherwise)")
+    parser.add_argument("--steps", type=int, default=3, help="profiled steps")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--timed-steps", type=int, default=5, help="unprofiled steps timed for step_time")
+
+
+def request_from(args: argparse.Namespace, p: int) -> RunRequest:
+    return RunRequest(args.sched, p, args.m, args.v, args.engine, args.preset, args.steps, args.device)

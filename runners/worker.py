@@ -1,0 +1,132 @@
+"""One pipeline rank: `torchrun ... -m runners.worker --run-dir DIR --sched gpipe --m 8 ...`.
+
+The launcher (`python -m runners trace`) starts it on one node; for several nodes start it with
+torchrun yourself (`torchrun --nnodes=2 --nproc_per_node=4 --rdzv-endpoint=HOST:PORT -m runners.worker
+--run-dir traces/RUN ...`, RUN on a shared file system). Each rank calibrates its stages, times
+unprofiled steps, then profiles a few steps into rank{r}.json.gz; rank 0 writes run.json last, once
+every rank has exported its trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from runners.execute import StepContext, run_step
+from runners.measure import calibrate, unprofiled_step_times
+from runners.model import build_stages, split_microbatches, stage_input
+from runners.p2p import open_links
+from runners.presets import microbatch_rows
+from runners.profile import profile_steps
+from runners.request import RequestError, Resolved, add_request_arguments, request_from, resolve
+from runners.rundir import git_revision, host_facts, write_run_json
+from runners.schedules import Schedule, build, lower
+
+# Engine name -> step function (context, this rank's lowered order, optimizer).
+ENGINES = {"native": run_step}
+PROFILER_WAIT, PROFILER_WARMUP = 1, 1
+
+
+def threads_per_rank(ranks_on_node: int) -> int:
+    """Share this node's cores fairly among its ranks."""
+    return max(1, len(os.sched_getaffinity(0)) // ranks_on_node)
+
+
+def versions(device: torch.device) -> dict:
+    nccl = torch.cuda.nccl.version() if device.type == "cuda" else None
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+        "python": sys.version.split()[0],
+    }
+
+
+def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, threads: int) -> dict:
+    """run.json's description of the run (timings are added by the caller)."""
+    request, preset = resolved.request, resolved.preset
+    host = host_facts() | ({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {})
+    return {
+        "schedule": request.schedule, "p": request.p, "m": request.m, "v": request.v,
+        "n_stages": schedule.n_stages, "engine": request.engine, "preset": preset.name,
+        "dims": {
+            "width": preset.width, "layers_per_stage": preset.layers_per_rank // request.v,
+            "rows": preset.rows, "microbatch_rows": microbatch_rows(preset.rows, request.m),
+        },
+        "dtype": preset.dtype, "device": resolved.device, "backend": resolved.backend,
+        "threads_per_rank": threads,
+        "nodes": dist.get_world_size() // int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
+        "profiler": {"wait": PROFILER_WAIT, "warmup": PROFILER_WARMUP, "active": request.steps},
+        "versions": versions(device), "host": host, "git_revision": git_revision(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def run_rank(resolved: Resolved, run_dir: Path, timed_steps: int) -> None:
+    """Everything one rank does once the process group is up."""
+    request, preset, rank = resolved.request, resolved.preset, dist.get_rank()
+    device = torch.device("cuda", torch.cuda.current_device()) if resolved.device == "cuda" else torch.device("cpu")
+    schedule = lower(build(request.schedule, request.p, request.m, request.v))
+    stages = build_stages(preset, schedule.stages_of(rank), request.v, device)
+    links = open_links(resolved.backend) if request.p > 1 else None
+    batch = stage_input(preset, device)
+    ctx = StepContext(rank, schedule.n_stages, schedule.rank_of, stages, links,
+                      split_microbatches(batch, request.m), preset.width)
+    optimizer = torch.optim.SGD([p for stage in stages.values() for p in stage.parameters()], lr=1e-4)
+    step = partial(ENGINES[request.engine], ctx, schedule.orders[rank], optimizer)
+    marks = [time.monotonic()]
+    calibration = calibrate(stages, batch, schedule.n_stages)
+    marks.append(time.monotonic())
+    step()  # first step allocates; keep it out of the timings
+    samples = unprofiled_step_times(step, timed_steps, device)
+    marks.append(time.monotonic())
+    profile_steps(step, run_dir / f"rank{rank}.json.gz", request.steps, device.type == "cuda",
+                  PROFILER_WAIT, PROFILER_WARMUP)
+    dist.barrier()  # every rank's trace is on disk before run.json says complete
+    marks.append(time.monotonic())
+    if rank == 0:
+        facts = run_facts(resolved, schedule, device, torch.get_num_threads())
+        write_run_json(run_dir, facts | {
+            "calibration": calibration,
+            "step_time_unprofiled_ms": statistics.median(samples),
+            "step_times_unprofiled_ms": samples,
+            "phases_s": dict(zip(("calibration", "timed_steps", "profiled_steps"),
+                                 (round(b - a, 3) for a, b in zip(marks, marks[1:])))),
+        })
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runners.worker", description=__doc__)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    add_request_arguments(parser)
+    args = parser.parse_args(argv)
+    world, local_world = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    try:
+        resolved = resolve(request_from(args, world), torch.cuda.device_count, local_world)
+    except RequestError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(threads_per_rank(local_world))
+    device_id = None
+    if resolved.device == "cuda":
+        device_id = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device_id)
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    dist.init_process_group(resolved.backend, device_id=device_id)
+    try:
+        run_rank(resolved, args.run_dir, args.timed_steps)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
