@@ -4,7 +4,10 @@ Two kinds of evidence, both in each rank's own clock:
 - a pipeline transfer: the receive cannot complete before its send started, so with `offset` added to
   a rank's local times, `off[dst] - off[src] >= send_start - recv_end`. Transfers run both ways
   (activations downstream, gradients upstream), which brackets the difference from both sides; the
-  midpoint is the estimate and half the bracket its uncertainty (NTP's round-trip argument).
+  midpoint is the estimate and half the bracket its uncertainty (NTP's round-trip argument). When the
+  bracket holds zero the evidence shows no skew (ranks on one host share a clock), so the offset stays
+  zero, with the farther bracket end as its uncertainty: the midpoint would invent a skew of half the
+  difference between the two directions' transfer times.
 - a collective: every rank leaves it at about the same moment, so the difference of end times is the
   difference of offsets; the median over collectives is the estimate and half their spread the
   uncertainty.
@@ -127,7 +130,9 @@ def _edges(p2p: pl.DataFrame, collective: pl.DataFrame) -> list[tuple[int, int, 
     """(a, b, off[b] - off[a], uncertainty or None, via) for every linked rank pair."""
     edges = []
     for a, b, lo, hi, _ in p2p.iter_rows():
-        if lo is not None and hi is not None:
+        if lo is not None and hi is not None and lo <= 0 <= hi:
+            edges.append((a, b, 0.0, max(-lo, hi), "p2p"))
+        elif lo is not None and hi is not None:
             edges.append((a, b, (lo + hi) / 2, abs(hi - lo) / 2, "p2p"))
         else:  # one direction only: the bound itself is the best guess, with no bracket
             edges.append((a, b, lo if lo is not None else hi, None, "p2p"))

@@ -68,7 +68,7 @@ def layout(frame: pl.DataFrame, events: list[dict]) -> RankTracks:
          "tid_key": [str(e.get("tid")) for e in events]},  # fmt: skip
         schema={"index": pl.Int64, "pid_key": pl.String, "tid_key": pl.String},
     )
-    keyed = frame.join(keys, on="index", how="left")
+    keyed = frame.drop("pid", "tid").join(keys, on="index", how="left")
     device = keyed.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_CATS)).select("pid_key", "tid_key").unique()
     slices = keyed.filter(pl.col("ph") == "X").sort(
         ["pid_key", "tid_key", "start_ns", "end_ns"], descending=[False, False, False, True]

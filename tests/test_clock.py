@@ -64,6 +64,13 @@ def test_asymmetric_latency_stays_inside_the_reported_uncertainty():
         assert errors[rank] <= estimate.ranks[rank].uncertainty_ns
 
 
+def test_one_clock_stays_unshifted_despite_asymmetric_transfers():
+    cells = pipeline_cells("1f1b", 4, 8, [0, 0, 0, 0], latency_f=10 * US, latency_b=300 * US)
+    estimate = clock.estimate([0, 1, 2, 3], cells, NO_EVENTS)
+    assert [r.offset_ns for r in estimate.ranks] == [0, 0, 0, 0]
+    assert all(r.uncertainty_ns >= 300 * US for r in estimate.ranks[1:])  # the bracket is that wide
+
+
 def test_forward_only_is_one_sided():
     offsets = [0, 3 * MS]
     cells = pipeline_cells("gpipe", 2, 4, offsets, 20 * US, 20 * US).filter(~pl.col("kind").str.ends_with("B"))
