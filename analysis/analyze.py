@@ -18,7 +18,7 @@ from analysis.classify import Rules, classify, split_waits
 from analysis.decompose import BARS, PARTS, Reference, rank_parts, reference, waterfall
 from analysis.errors import InputError
 from analysis.gaps import timeline, windows
-from analysis.load import read_trace
+from analysis.merge import read_ranks, trace_files
 from analysis.shape import from_run_json, infer
 from analysis.simulate import measure
 from runners.schedules import Schedule
@@ -46,22 +46,15 @@ def read_run(path: Path) -> RunInput:
     """The traces of a run directory (rank from distributedInfo, else the file name) and run.json."""
     if not path.is_dir():
         raise InputError(path, "not a run directory")
-    files = sorted(f for f in path.iterdir() if f.name.endswith((".json", ".json.gz")) and f.name != "run.json"
-                   and not f.name.startswith("merged"))
-    if not files:
-        raise InputError(path, "no trace files (rank*.json or rank*.json.gz)")
-    traces = [read_trace(f) for f in files]
-    ranks = [t.rank if t.rank is not None else i for i, t in enumerate(traces)]
-    if len(set(ranks)) != len(ranks):
-        raise InputError(path, f"two trace files claim the same rank: {sorted(ranks)}")
-    frames = {r: t.frame.with_columns(rank=pl.lit(r, pl.Int64)) for r, t in zip(ranks, traces)}
+    traces = read_ranks(trace_files(path), None)
+    frames = {rank: t.frame.with_columns(rank=pl.lit(rank, pl.Int64)) for rank, t in traces.items()}
     run_json = None
     if (path / "run.json").exists():
         try:
             run_json = json.loads((path / "run.json").read_text())
         except ValueError as error:
             raise InputError(path / "run.json", f"not valid JSON: {error}") from None
-    return RunInput(path, frames, {r: t.path for r, t in zip(ranks, traces)}, run_json)
+    return RunInput(path, frames, {rank: t.path for rank, t in traces.items()}, run_json)
 
 
 def _shift(rank: RankCells, offset: int) -> RankCells:

@@ -95,7 +95,7 @@ def runs(labelled: pl.DataFrame, column: str) -> pl.DataFrame:
 
 
 WAIT_LAYERS = ("bubble_wait", "p2p_wait", "unmatched_wait")
-LAYERS = ("busy", "issued", "action", *WAIT_LAYERS)
+LAYERS = ("busy", "issued", "action", "sending", *WAIT_LAYERS)
 
 
 def windows(rank: RankCells) -> pl.DataFrame:
@@ -116,6 +116,7 @@ def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
             busy_intervals(rank),
             issued_intervals(rank),
             layer(rank.cells, "action"),
+            layer(rank.cells.filter(pl.col("kind").str.starts_with("SEND")), "sending"),
             waits.select(INTERVAL),
         ],
         how="vertical_relaxed",
