@@ -151,7 +151,7 @@ def test_latency_and_gap_by_hand():
         timeline = simulate(variant, latency=latency, gap=gap)
         spans = {str(a): (start, end) for _, a, start, end in timeline.rows if a.kind.is_compute}
         assert spans == {"0F0": (0.25, 1.25), "1F0": (2.0, 3.0), "1B0": (3.25, 4.25), "0B0": (5.0, 6.0)}
-        assert timeline.makespan == 5.75  # from the first start (0.25) to the last end
+        assert timeline.makespan == 6.0  # from 0, so rank 0's first gap is part of the step
         assert timeline.busy(0) == timeline.busy(1) == 2.0
 
 

@@ -31,9 +31,8 @@ class Timeline:
 
     @cached_property
     def makespan(self) -> float:
-        return max((end for _, _, _, end in self.rows), default=0.0) - min(
-            (start for _, _, start, _ in self.rows), default=0.0
-        )
+        """The step's length: the replay starts every rank at 0, so the last end (gaps included)."""
+        return max((end for _, _, _, end in self.rows), default=0.0)
 
     @cached_property
     def _busy(self) -> dict[int, float]:
