@@ -175,8 +175,8 @@ def load_run(directory: str | Path) -> RunTraces:
 
 
 def trace_files(directory: Path) -> list[Path]:
-    """Chrome traces directly in `directory`: *.json / *.json.gz except run.json and our merged trace."""
-    skip = {"run.json", "merged.json.gz", "merged.json"}
+    """Chrome traces directly in `directory`: *.json / *.json.gz except our own run files."""
+    skip = {"run.json", "truth.json", "merged.json.gz", "merged.json"}  # truth.json: analysis.synthetic
     return sorted(
         path
         for path in directory.iterdir()
