@@ -23,6 +23,7 @@ Duration = Callable[[int, Action], float]
 Latency = Callable[[Action, Action], float]
 Gap = Callable[[int, Action], float]
 Edge = tuple[Action, bool]  # (action waited for, crosses ranks)
+Wait = tuple[int, int, bool, Action]  # (its rank, its step there or -1, crosses ranks, the action)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def _unit(_rank: int, action: Action) -> float:
     return 1.0 if action.kind.is_compute else 0.0
 
 
-def _positions(schedule: Schedule) -> list[list[tuple[tuple[int, int, bool, Action], ...]]]:
+def _positions(schedule: Schedule) -> list[list[tuple[Wait, ...]]]:
     """Each action's edges as (rank, step, crosses, action) of what it waits for; step -1 if absent."""
     where = {action: (r, k) for r, order in enumerate(schedule.orders) for k, action in enumerate(order)}
     return [
@@ -118,12 +119,12 @@ def simulate(
     return Timeline(tuple(sorted(rows, key=lambda row: (row[0], row[2]))))
 
 
-def _deadlock(schedule: Schedule, position: list[int], edges) -> ScheduleError:
+def _deadlock(schedule: Schedule, position: list[int], edges: list[list[tuple[Wait, ...]]]) -> ScheduleError:
     stuck = []
     for r, k in enumerate(position):
         if k == len(schedule.orders[r]):
             continue
-        dep_rank, dep_step, _, waiting = next(e for e in edges[r][k] if not 0 <= e[1] < position[e[0]])
+        _, dep_step, _, waiting = next(e for e in edges[r][k] if not 0 <= e[1] < position[e[0]])
         why = "which is not in the schedule" if dep_step < 0 else "which cannot run before it"
         stuck.append((r, k, f"rank {r} step {k} ({schedule.orders[r][k]}) waits for {waiting}, {why}"))
     lines = "; ".join(text for _, _, text in stuck)
