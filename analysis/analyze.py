@@ -58,14 +58,15 @@ def read_run(path: Path) -> RunInput:
 
 
 def _shift(rank: RankCells, offset: int) -> RankCells:
-    times = ("start_ns", "end_ns", "launch_ns")
+    times = ("start_ns", "end_ns", "launch_ns", "issued_ns")
 
     def moved(frame: pl.DataFrame | None) -> pl.DataFrame | None:
         if frame is None:
             return None
         return frame.with_columns(pl.col(c) + offset for c in times if c in frame.columns)
 
-    return RankCells(moved(rank.cells), moved(rank.waits), moved(rank.steps), moved(rank.kernels))
+    return RankCells(moved(rank.cells), moved(rank.waits), moved(rank.steps), moved(rank.kernels),
+                     moved(rank.unscheduled))
 
 
 def _on_one_clock(per_rank: list[RankCells], frames: dict[int, pl.DataFrame]) -> tuple[list[RankCells], dict | None]:
@@ -84,7 +85,8 @@ def _common_steps(per_rank: list[RankCells]) -> list[RankCells]:
     common = set.intersection(*(set(r.cells["step"].unique()) for r in per_rank))
     keep = pl.col("step").is_in(sorted(common))
     return [RankCells(r.cells.filter(keep), r.waits.filter(keep), r.steps.filter(keep),
-                      None if r.kernels is None else r.kernels.filter(keep)) for r in per_rank]
+                      None if r.kernels is None else r.kernels.filter(keep), r.unscheduled.filter(keep))
+            for r in per_rank]
 
 
 def _schedule(run: RunInput, cells: pl.DataFrame, schedule: str | None, m: int | None) -> Schedule:

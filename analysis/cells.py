@@ -23,6 +23,9 @@ LABEL_PREFIX = "PP:"
 STEP_PREFIX = "ProfilerStep#"
 # Blocking p2p waits on the host thread (the span covers the wait until the data arrived).
 HOST_WAIT_NAMES = ("gloo:recv",)
+# Host spans that are not work of the rank's own: labels, steps, and async comm spans that outlive
+# the call that started them (gloo:send runs until the peer has the data).
+NOT_HOST_WORK = ("PP:", "ProfilerStep#", "gloo:", "nccl:")
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 CELL_SCHEMA = {
@@ -46,7 +49,8 @@ class RankCells:
     cells: pl.DataFrame
     waits: pl.DataFrame  # CELL_KEY + start_ns, end_ns
     steps: pl.DataFrame  # rank, step, start_ns, end_ns
-    kernels: pl.DataFrame | None  # GPU: CELL_KEY + start_ns, end_ns, launch_ns, is_p2p; None on CPU
+    kernels: pl.DataFrame | None  # GPU: CELL_KEY + start_ns, end_ns, launch_ns, issued_ns, is_p2p; None on CPU
+    unscheduled: pl.DataFrame  # rank, step, start_ns, end_ns: work outside every action (optimizer...)
 
 
 def is_gpu(frame: pl.DataFrame) -> bool:
@@ -128,7 +132,7 @@ def device_events(frame: pl.DataFrame) -> pl.DataFrame:
     """GPU events with the host launch that issued them (start of the runtime call, same correlation)."""
     launches = frame.filter(
         pl.col("cat").str.to_lowercase().str.contains("runtime|driver") & pl.col("correlation").is_not_null()
-    ).select("rank", "tid", "correlation", launch_ns="start_ns")
+    ).select("rank", "tid", "correlation", launch_ns="start_ns", issued_ns="end_ns")
     kernels = frame.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_CATS)).select(
         "rank", "correlation", "start_ns", "end_ns", is_p2p=pl.col("name").str.to_lowercase().str.contains("nccl")
     )
@@ -146,8 +150,22 @@ def _device_cells(labels: pl.DataFrame, device: pl.DataFrame) -> tuple[pl.DataFr
         .drop("k_start", "k_end")
     )
     waits = owned.filter("is_p2p").select(*CELL_KEY, start_ns="k_start", end_ns="k_end")
-    kernels = owned.select(*CELL_KEY, "launch_ns", "is_p2p", start_ns="k_start", end_ns="k_end")
+    kernels = owned.select(*CELL_KEY, "launch_ns", "issued_ns", "is_p2p", "correlation", start_ns="k_start", end_ns="k_end")
     return cells, waits, kernels
+
+
+def _unscheduled(frame: pl.DataFrame, labels: pl.DataFrame, kernels: pl.DataFrame | None, steps: pl.DataFrame) -> pl.DataFrame:
+    """Work outside every action: GPU kernels no label launched; on CPU, host spans on a label thread."""
+    if kernels is not None:
+        work = device_events(frame).join(kernels.select("rank", "correlation"), on=["rank", "correlation"], how="anti")
+    else:
+        threads = labels.select("rank", "tid").unique()
+        work = frame.filter(
+            (pl.col("ph") == "X")
+            & pl.col("cat").is_in(["cpu_op", "user_annotation"])
+            & ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK)
+        ).join(threads, on=["rank", "tid"])
+    return _assign_steps(work.select("rank", "start_ns", "end_ns"), steps)
 
 
 def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells:
@@ -166,4 +184,5 @@ def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCel
         .select(pl.col(name).cast(dtype) for name, dtype in CELL_SCHEMA.items())
         .sort("rank", "start_ns")
     )
-    return RankCells(cells=cells, waits=waits.sort("rank", "start_ns"), steps=steps, kernels=kernels)
+    unscheduled = _unscheduled(frame, labels, kernels, steps)
+    return RankCells(cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled)

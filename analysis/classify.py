@@ -6,7 +6,10 @@ yet), the rest is p2p_wait (transfer and latency); so is a CPU sender's own time
 (gloo copies the payload there: measured 0.5-12 ms for 1 MB on the shared 2-core machine). Idle
 time that is not a wait is launch overhead when the host had not yet issued the next work (GPU: no
 launched kernel pending, HTA's host-wait rule; CPU: framework time inside RECV actions or between
-actions up to a threshold), else other.
+actions up to a threshold), else other. Idle before a rank's first action of the step or after its
+last is bubble (the schedule had nothing for it: fill and drain) unless the rank was busy with work
+outside the schedule there (optimizer step, kernels no action launched): other; a short idle before
+the first action is the host getting to it: launch_overhead.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ GAP_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns"
 class Rules:
     """Classification thresholds; echoed into summary.json `rules`."""
 
-    # CPU: idle between two actions up to this long is framework overhead (launch_overhead); a longer
-    # stretch outside every action (optimizer step, data loading) is `other`.
+    # Idle between two actions (CPU) or before a rank's first action (CPU, GPU) up to this long is
+    # launch_overhead (the host getting to it); longer, between actions it is `other` (optimizer,
+    # data loading), before the first action `bubble` (nothing to do yet).
     host_gap_max_ns: int = 1_000_000
 
     def to_json(self) -> dict:
@@ -80,11 +84,20 @@ def split_waits(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
 
 
 def _segment_class(on_gpu: bool) -> pl.Expr:
+    edge = (
+        pl.when(pl.col("unscheduled") > 0).then(pl.lit("other"))
+        .when(pl.col("head") > 0).then(pl.lit("head"))
+        .otherwise(pl.lit("bubble"))
+    )
     idle_kind = (
-        pl.when(pl.col("issued") > 0).then(pl.lit("other")).otherwise(pl.lit("launch_overhead"))
+        pl.when(pl.col("issued") > 0).then(pl.lit("other"))
+        .when(pl.col("active") == 0).then(edge)
+        .when(pl.col("unscheduled") > 0).then(pl.lit("other"))
+        .otherwise(pl.lit("launch_overhead"))
         if on_gpu
         else pl.when(pl.col("sending") > 0).then(pl.lit("p2p_wait"))
         .when(pl.col("action") > 0).then(pl.lit("launch_overhead"))
+        .when(pl.col("active") == 0).then(edge)
         .otherwise(pl.lit("between"))
     )
     return (
@@ -101,9 +114,12 @@ def classify(timeline: pl.DataFrame, rules: Rules, on_gpu: bool) -> pl.DataFrame
     """The gaps table: maximal idle stretches of one class (GAP_SCHEMA), busy time left out."""
     labelled = runs(timeline.with_columns(_segment_class(on_gpu)), "class")
     short = (pl.col("end_ns") - pl.col("start_ns")) <= rules.host_gap_max_ns
-    between = pl.when(short).then(pl.lit("launch_overhead")).otherwise(pl.lit("other"))
     resolved = labelled.with_columns(
-        pl.when(pl.col("class") == "between").then(between).otherwise("class").alias("class")
+        pl.when(pl.col("class").is_in(["between", "head"]) & short).then(pl.lit("launch_overhead"))
+        .when(pl.col("class") == "between").then(pl.lit("other"))
+        .when(pl.col("class") == "head").then(pl.lit("bubble"))
+        .otherwise("class")
+        .alias("class")
     )
     gaps = runs(resolved, "class").filter(pl.col("class") != "busy")
     return gaps.select(pl.col(name).cast(dtype) for name, dtype in GAP_SCHEMA.items())

@@ -31,11 +31,11 @@ def busy_intervals(rank: RankCells) -> pl.DataFrame:
 
 
 def issued_intervals(rank: RankCells) -> pl.DataFrame:
-    """GPU only: from a compute kernel's launch on the host to its start (work queued, not running)."""
+    """GPU only: from the end of a compute kernel's launch call to its start (queued, not running)."""
     if rank.kernels is None:
         return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "layer": pl.Utf8,
                                     "start_ns": pl.Int64, "end_ns": pl.Int64})
-    queued = rank.kernels.filter(~pl.col("is_p2p")).select(*CELL_KEY, start_ns="launch_ns", end_ns="start_ns")
+    queued = rank.kernels.filter(~pl.col("is_p2p")).select(*CELL_KEY, start_ns="issued_ns", end_ns="start_ns")
     return layer(queued, "issued")
 
 
@@ -95,7 +95,7 @@ def runs(labelled: pl.DataFrame, column: str) -> pl.DataFrame:
 
 
 WAIT_LAYERS = ("bubble_wait", "p2p_wait", "unmatched_wait")
-LAYERS = ("busy", "issued", "action", "sending", *WAIT_LAYERS)
+LAYERS = ("busy", "issued", "action", "sending", "active", "head", "unscheduled", *WAIT_LAYERS)
 
 
 def windows(rank: RankCells) -> pl.DataFrame:
@@ -103,6 +103,18 @@ def windows(rank: RankCells) -> pl.DataFrame:
     if rank.steps.height == 0:
         return rank.cells.group_by("rank", "step").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
     return rank.steps.join(rank.cells.select("rank", "step").unique(), on=["rank", "step"])
+
+
+def _active(cells: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step) from the first action's start to the last one's end; outside it the rank had
+    nothing of the schedule to do (the pipeline's fill and drain)."""
+    return cells.group_by("rank", "step").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+
+
+def _head(cells: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step) everything before the first action (the step window clips the open start)."""
+    first = pl.col("start_ns").min()
+    return cells.group_by("rank", "step").agg((first - 2**62).alias("start_ns"), first.alias("end_ns"))
 
 
 def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
@@ -117,6 +129,9 @@ def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
             issued_intervals(rank),
             layer(rank.cells, "action"),
             layer(rank.cells.filter(pl.col("kind").str.starts_with("SEND")), "sending"),
+            layer(_active(rank.cells), "active"),
+            layer(_head(rank.cells), "head"),
+            layer(rank.unscheduled, "unscheduled"),
             waits.select(INTERVAL),
         ],
         how="vertical_relaxed",

@@ -114,19 +114,21 @@ def test_bad_label_is_an_input_error_naming_the_file(tmp_path):
     assert "rank0.json.gz" in str(caught.value) and "PP:0X3" in str(caught.value)
 
 
-def gpipe_m1_run(directory: Path, run_json: dict | None = None) -> Path:
+def gpipe_m1_run(directory: Path, run_json: dict | None = None, extra: dict[int, list[dict]] | None = None) -> Path:
     """Two ranks, GPipe, one microbatch, one 100 us step, every interval chosen by hand (us):
 
     rank 0: 0F0 [2,12]  0SEND_F0 [12,13]  0RECV_B0 [14,70] waits (15,69)  0B0 [71,91]
     rank 1: 1RECV_F0 [1,16] waits (2,15)  1F0 [17,37]  1B0 [38,68]  1SEND_B0 [68,69]
+    `extra` adds events per rank.
     """
     rank0 = [*cpu_action("0F0", 2, 12), *cpu_action("0SEND_F0", 12, 13),
              *cpu_action("0RECV_B0", 14, 70, wait=(15, 69)), *cpu_action("0B0", 71, 91)]  # fmt: skip
     rank1 = [*cpu_action("1RECV_F0", 1, 16, wait=(2, 15)), *cpu_action("1F0", 17, 37),
              *cpu_action("1B0", 38, 68), *cpu_action("1SEND_B0", 68, 69)]  # fmt: skip
     directory.mkdir(parents=True, exist_ok=True)
-    write_trace(directory, trace(0, [(0, 100)], rank0))
-    write_trace(directory, trace(1, [(0, 100)], rank1))
+    extra = extra or {}
+    write_trace(directory, trace(0, [(0, 100)], rank0 + extra.get(0, [])))
+    write_trace(directory, trace(1, [(0, 100)], rank1 + extra.get(1, [])))
     if run_json is not None:
         (directory / "run.json").write_text(json.dumps(run_json))
     return directory
