@@ -111,7 +111,7 @@ def merge(
     estimate = clock.estimate(list(traces), cells if align else None, events if align else events.clear())
     notes: list[str] = []
     kept = {rank: _within_steps(frame, steps, notes) for rank, frame in frames.items()}
-    tracks = {rank: layout(frame, traces[rank].events()) for rank, frame in kept.items()}
+    tracks = {rank: layout(frame, traces[rank].events_json) for rank, frame in kept.items()}
     shift = {rank: estimate.offset_ns(rank) for rank in traces}
     origin = min(t.slices["start_ns"].min() + shift[r] for r, t in tracks.items() if t.slices.height)
     out: list[dict] = []

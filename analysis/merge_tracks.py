@@ -11,11 +11,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import polars as pl
 
 # Event categories that live on a GPU stream (current Kineto and the 2021 capitalised form).
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "memcpy", "memset")
 _TRANSFER_KINDS = "SEND_F|RECV_F|SEND_B|RECV_B"
+_NO_ARGS = msgspec.Raw(b"{}")
+
+
+class _Passthrough(msgspec.Struct):
+    """What the merge copies from an event beyond the loaded frame: its ids as written, and its args
+    undecoded (they are spliced into the output as they are, which keeps merging large traces fast)."""
+
+    pid: msgspec.Raw = msgspec.Raw(b"null")
+    tid: msgspec.Raw = msgspec.Raw(b"null")
+    args: msgspec.Raw = _NO_ARGS
+
+
+_PASSTHROUGH = msgspec.json.Decoder(list[_Passthrough])
+
+
+def _keys(raws: list[msgspec.Raw]) -> pl.Series:
+    """pids or tids as written, without JSON quotes: 59811, "stream 7" -> stream 7."""
+    return pl.Series([bytes(r) for r in raws], dtype=pl.Binary).cast(pl.String).str.strip_chars('"')
 
 
 def _us(ns: int) -> float:
@@ -26,9 +45,9 @@ def _us(ns: int) -> float:
 class RankTracks:
     slices: pl.DataFrame  # index, name, cat, pid_key, tid_key, start_ns, end_ns, tid (the new thread)
     flow_ends: pl.DataFrame  # index, ph, cat, flow_id, start_ns, pid_key, tid_key
-    instants: pl.DataFrame  # index, start_ns, tid
+    instants: pl.DataFrame  # index, name, cat, tid, start_ns
     threads: tuple[tuple[int, str], ...]  # (new tid, name), in display order
-    events: list[dict]  # the rank's raw events, indexed by `index`
+    args: list[msgspec.Raw]  # each event's args as written, by `index`
 
     def metadata_events(self, rank: int, process_name: str) -> list[dict]:
         process = [
@@ -38,16 +57,18 @@ class RankTracks:
         return process + thread_events(rank, self.threads)
 
     def slice_events(self, rank: int, shift_ns: int) -> list[dict]:
-        out = []
-        for index, tid, start, end in self.slices.select("index", "tid", "start_ns", "end_ns").iter_rows():
-            raw = self.events[index]
-            out.append({"ph": "X", "name": raw.get("name", ""), "cat": raw.get("cat") or "", "pid": rank, "tid": tid,
-                        "ts": _us(start + shift_ns), "dur": _us(end - start), "args": raw.get("args") or {}})  # fmt: skip
-        for index, start, tid in self.instants.iter_rows():
-            raw = self.events[index]
-            out.append({"ph": "i", "s": "t", "name": raw.get("name", ""), "cat": raw.get("cat") or "", "pid": rank,
-                        "tid": tid, "ts": _us(start + shift_ns), "args": raw.get("args") or {}})  # fmt: skip
-        return out
+        columns = ("index", "name", "cat", "tid", "start_ns", "end_ns")
+        slices = zip(*(self.slices[c].to_list() for c in columns))
+        instants = zip(*(self.instants[c].to_list() for c in columns[:-1]))
+        return [
+            {"ph": "X", "name": name, "cat": cat or "", "pid": rank, "tid": tid, "ts": _us(start + shift_ns),
+             "dur": _us(end - start), "args": self.args[index]}  # fmt: skip
+            for index, name, cat, tid, start, end in slices
+        ] + [
+            {"ph": "i", "s": "t", "name": name, "cat": cat or "", "pid": rank, "tid": tid, "ts": _us(start + shift_ns),
+             "args": self.args[index]}  # fmt: skip
+            for index, name, cat, tid, start in instants
+        ]
 
 
 def thread_events(rank: int, threads) -> list[dict]:
@@ -61,32 +82,36 @@ def thread_events(rank: int, threads) -> list[dict]:
     ]
 
 
-def layout(frame: pl.DataFrame, events: list[dict]) -> RankTracks:
-    """Assign every kept event of one rank's frame (analysis.load) to a thread of the merged process."""
+def layout(frame: pl.DataFrame, events_json: msgspec.Raw) -> RankTracks:
+    """Assign every kept event of one rank's frame (analysis.load) to a thread of the merged process.
+
+    `events_json` is the trace's traceEvents array as written (analysis.load.RawTrace.events_json).
+    """
+    events = _PASSTHROUGH.decode(events_json)
     keys = pl.DataFrame(
-        {"index": range(len(events)), "pid_key": [str(e.get("pid")) for e in events],
-         "tid_key": [str(e.get("tid")) for e in events]},  # fmt: skip
-        schema={"index": pl.Int64, "pid_key": pl.String, "tid_key": pl.String},
+        {"index": pl.int_range(len(events), dtype=pl.Int64, eager=True),
+         "pid_key": _keys([e.pid for e in events]), "tid_key": _keys([e.tid for e in events])}  # fmt: skip
     )
+    args = [e.args for e in events]
     keyed = frame.drop("pid", "tid").join(keys, on="index", how="left")
     device = keyed.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_CATS)).select("pid_key", "tid_key").unique()
     slices = keyed.filter(pl.col("ph") == "X").sort(
         ["pid_key", "tid_key", "start_ns", "end_ns"], descending=[False, False, False, True]
     )
     slices = slices.with_columns(pl.Series("layer", _layers(slices), dtype=pl.Int64))
-    threads = _thread_table(slices, device, _thread_names(events))
+    threads = _thread_table(slices, device, _thread_names(keyed, args))
     slices = slices.join(threads.select("pid_key", "tid_key", "layer", "tid"), on=["pid_key", "tid_key", "layer"])
     base = threads.filter(pl.col("layer") == 0).select("pid_key", "tid_key", "tid")
-    instants = keyed.filter(pl.col("ph") == "i").join(base, on=["pid_key", "tid_key"]).select("index", "start_ns", "tid")
+    instants = keyed.filter(pl.col("ph") == "i").join(base, on=["pid_key", "tid_key"])
     flow_ends = keyed.filter(pl.col("ph").is_in(["s", "f"]) & pl.col("flow_id").is_not_null()).select(
         "index", "ph", "cat", "flow_id", "start_ns", "pid_key", "tid_key"
     )
     return RankTracks(
         slices=slices.select("index", "name", "cat", "pid_key", "tid_key", "start_ns", "end_ns", "tid"),
         flow_ends=flow_ends,
-        instants=instants,
+        instants=instants.select("index", "name", "cat", "tid", "start_ns"),
         threads=tuple(threads.select("tid", "thread").iter_rows()),
-        events=events,
+        args=args,
     )
 
 
@@ -114,11 +139,11 @@ def _layers(slices: pl.DataFrame) -> list[int]:
     return layers
 
 
-def _thread_names(events: list[dict]) -> dict[tuple[str, str], str]:
+def _thread_names(keyed: pl.DataFrame, args: list[msgspec.Raw]) -> dict[tuple[str, str], str]:
+    named = keyed.filter((pl.col("ph") == "M") & (pl.col("name") == "thread_name"))
     return {
-        (str(e.get("pid")), str(e.get("tid"))): str((e.get("args") or {}).get("name", ""))
-        for e in events
-        if e.get("ph") == "M" and e.get("name") == "thread_name"
+        (pid, tid): str(msgspec.json.decode(args[index]).get("name", ""))
+        for index, pid, tid in named.select("index", "pid_key", "tid_key").iter_rows()
     }
 
 
