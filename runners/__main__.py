@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from runners.launch import LaunchError, launch
-from runners.request import RequestError, RunRequest, add_request_arguments, request_from, resolve
+from runners.request import RequestError, add_request_arguments, request_from, resolve
 
 
 GPU_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")  # NVIDIA, ROCm
@@ -29,7 +29,7 @@ def _gpus() -> int:
 
 
 def _add_arguments(parser: argparse.ArgumentParser, sweep: bool) -> None:
-    add_request_arguments(parser)
+    add_request_arguments(parser, microbatches=not sweep)
     parser.add_argument("--p", type=int, required=True, help="pipeline ranks (one process each)")
     parser.add_argument("--traces", type=Path, default=Path("traces"), help="where run directories go")
     if sweep:
@@ -45,7 +45,7 @@ def trace(args: argparse.Namespace) -> int:
     request = resolved.request
     print(f"running {request.schedule} p={request.p} m={request.m} v={request.v} preset={resolved.preset.name} "
           f"on {resolved.device} ({resolved.backend}) ...", flush=True)
-    run_dir = launch(resolved, args.traces, args.timed_steps)
+    run_dir = launch(resolved, args.traces)
     print(f"traces: {run_dir} (step {_step_ms(run_dir):.1f} ms unprofiled); {args.traces / 'latest'} points at it")
     return 0
 
@@ -62,11 +62,11 @@ def _microbatch_counts(text: str) -> list[int]:
 
 def sweep(args: argparse.Namespace) -> int:
     """One run per m; every request is validated before the first run starts."""
-    resolved = [resolve(RunRequest(**(request_from(args, args.p).as_dict() | {"m": m})), _gpus)
+    resolved = [resolve(request_from(args, args.p, m), _gpus)
                 for m in _microbatch_counts(args.ms)]
     began = time.monotonic()
     for done, run in enumerate(resolved, start=1):
-        run_dir = launch(run, args.traces, args.timed_steps)
+        run_dir = launch(run, args.traces)
         elapsed = time.monotonic() - began
         eta = elapsed / done * (len(resolved) - done)
         print(f"[{done}/{len(resolved)}] m={run.request.m} step={_step_ms(run_dir):.1f} ms  {run_dir.name}  "

@@ -22,14 +22,14 @@ class LaunchError(RuntimeError):
     """The workers did not produce a complete run; the message is one line."""
 
 
-def torchrun_command(resolved: Resolved, run_dir: Path, timed_steps: int) -> list[str]:
+def torchrun_command(resolved: Resolved, run_dir: Path) -> list[str]:
     request = resolved.request
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={request.p}",
         "-m", "runners.worker", "--run-dir", str(run_dir), "--sched", request.schedule,
         "--microbatches", str(request.m), "--chunks", str(request.v), "--engine", request.engine,
         "--preset", resolved.preset.name, "--steps", str(request.steps), "--device", resolved.device,
-        "--timed-steps", str(timed_steps),
+        "--timed-steps", str(request.timed_steps),
     ]  # fmt: skip
 
 
@@ -46,13 +46,13 @@ def _wait(process: subprocess.Popen) -> int:
         raise
 
 
-def launch(resolved: Resolved, traces: Path, timed_steps: int = 5) -> Path:
+def launch(resolved: Resolved, traces: Path) -> Path:
     """Run the request; return the complete run directory, now also traces/latest."""
     request = resolved.request
     run_dir = create_run_dir(traces.resolve(), run_id(request.schedule, request.p, request.m, request.v))
     log = run_dir / "torchrun.log"
     with log.open("w") as output:
-        process = subprocess.Popen(torchrun_command(resolved, run_dir, timed_steps), stdout=output, stderr=output)
+        process = subprocess.Popen(torchrun_command(resolved, run_dir), stdout=output, stderr=output)
         code = _wait(process)
     if code != 0:
         raise LaunchError(f"a worker failed (torchrun exit {code}); see {log}")

@@ -36,8 +36,9 @@ class RunRequest:
     v: int = 1
     engine: str = "native"
     preset: str | None = None  # None: seed on CUDA, cpu otherwise
-    steps: int = 3
+    steps: int = 3  # profiled steps
     device: str = "auto"
+    timed_steps: int = 5  # unprofiled steps whose median is step_time_unprofiled_ms
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -61,9 +62,10 @@ def choose_device(requested: str, p: int, gpus: int) -> str:
     if gpus >= p:
         return "cuda"
     have = "no GPU" if gpus == 0 else f"{gpus} GPU{'s' if gpus > 1 else ''}"
+    if gpus == 0:
+        raise RequestError(f"--device cuda needs {p} GPUs but this machine has {have}")
     raise RequestError(
-        f"P={p} ranks need {p} GPUs (one NCCL rank per GPU) but this machine has {have}; "
-        f"use P<={gpus} or --device cpu" if gpus else f"--device cuda needs {p} GPUs but this machine has {have}"
+        f"P={p} ranks need {p} GPUs (one NCCL rank per GPU) but this machine has {have}; use P<={gpus} or --device cpu"
     )
 
 
@@ -86,8 +88,8 @@ def resolve(request: RunRequest, count_gpus: Callable[[], int], ranks_per_node: 
         raise RequestError(
             f"engine {request.engine!r} ({ENGINES[request.engine]}) is not implemented yet; use --engine native"
         )
-    if request.steps < 1:
-        raise RequestError(f"steps must be at least 1, got {request.steps}")
+    if min(request.steps, request.timed_steps) < 1:
+        raise RequestError(f"steps and timed steps must be at least 1, got {request.steps} and {request.timed_steps}")
     try:
         build(request.schedule, request.p, request.m, request.v)
     except ScheduleError as error:
@@ -101,14 +103,15 @@ def resolve(request: RunRequest, count_gpus: Callable[[], int], ranks_per_node: 
     return Resolved(request, device, "nccl" if device == "cuda" else "gloo", preset)
 
 
-def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = True) -> None:
     """The options a run request needs; shared with the launcher so both read the same request.
 
     torchrun's own parser takes `--m`/`--v` after the module name for abbreviations of its options, so
     the launcher passes the long spellings (--microbatches, --chunks) to workers.
     """
     parser.add_argument("--sched", required=True, help="gpipe | 1f1b | interleaved | zb")
-    parser.add_argument("--m", "--microbatches", dest="m", type=int, required=True, help="microbatches per step")
+    if microbatches:  # a sweep takes its microbatch counts from --ms instead
+        parser.add_argument("--m", "--microbatches", dest="m", type=int, required=True, help="microbatches per step")
     parser.add_argument("--v", "--chunks", dest="v", type=int, default=1, help="chunks per rank (interleaved)")
     parser.add_argument("--engine", default="native")
     parser.add_argument("--preset", default=None, help="seed | cpu | tiny (default: seed on CUDA, cpu otherwise)")
@@ -117,5 +120,6 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timed-steps", type=int, default=5, help="unprofiled steps timed for step_time")
 
 
-def request_from(args: argparse.Namespace, p: int) -> RunRequest:
-    return RunRequest(args.sched, p, args.m, args.v, args.engine, args.preset, args.steps, args.device)
+def request_from(args: argparse.Namespace, p: int, m: int | None = None) -> RunRequest:
+    m = args.m if m is None else m
+    return RunRequest(args.sched, p, m, args.v, args.engine, args.preset, args.steps, args.device, args.timed_steps)

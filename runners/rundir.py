@@ -38,6 +38,7 @@ def write_json_atomically(path: Path, document: dict) -> None:
 
 def write_run_json(run_dir: Path, facts: dict) -> None:
     """run.json with "complete": true as its last key."""
+    facts = {key: value for key, value in facts.items() if key != "complete"}
     write_json_atomically(run_dir / "run.json", {**facts, "complete": True})
 
 

@@ -70,7 +70,7 @@ def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, thre
     }
 
 
-def run_rank(resolved: Resolved, run_dir: Path, timed_steps: int) -> None:
+def run_rank(resolved: Resolved, run_dir: Path) -> None:
     """Everything one rank does once the process group is up."""
     request, preset, rank = resolved.request, resolved.preset, dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if resolved.device == "cuda" else torch.device("cpu")
@@ -86,7 +86,7 @@ def run_rank(resolved: Resolved, run_dir: Path, timed_steps: int) -> None:
     calibration = calibrate(stages, batch, schedule.n_stages)
     marks.append(time.monotonic())
     step()  # first step allocates; keep it out of the timings
-    samples = unprofiled_step_times(step, timed_steps, device)
+    samples = unprofiled_step_times(step, request.timed_steps, device)
     marks.append(time.monotonic())
     profile_steps(step, run_dir / f"rank{rank}.json.gz", request.steps, device.type == "cuda",
                   PROFILER_WAIT, PROFILER_WARMUP)
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args.run_dir.mkdir(parents=True, exist_ok=True)
     dist.init_process_group(resolved.backend, device_id=device_id)
     try:
-        run_rank(resolved, args.run_dir, args.timed_steps)
+        run_rank(resolved, args.run_dir)
     finally:
         dist.destroy_process_group()
     return 0

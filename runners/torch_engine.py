@@ -1,0 +1,65 @@
+"""The `torch` engine: the same stage model, split and microbatches through torch.distributed.pipelining.
+
+Each rank wraps its Stage modules (runners/model.py, seeded by stage index as for the native engine) in
+PipelineStage objects and hands them to torch's schedule class; torch then splits the batch into m
+microbatches, runs its own action table and does its own p2p. The loss is the seed's (mean of squares)
+and torch's `scale_grads` divides the summed gradients by m, which is what the native engine's loss/m
+does, so both engines compute the same step.
+
+What torch's traces contain differs by class (analysis/infer.py reads them): ScheduleGPipe labels
+`Forward i`/`Backward i`, Schedule1F1B labels nothing, the multi-stage runtime labels every action
+`PP:<action>` but its RECV only posts the receive; the wait happens inside the consuming F or B.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining import schedules as torch_schedules
+
+from runners.model import Stage
+from runners.torch_shapes import MULTI_STAGE, TORCH_CLASSES
+
+
+def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The seed's loss for one microbatch; torch's scale_grads supplies the 1/m. target is unused."""
+    return output.float().square().mean()
+
+
+def build_schedule(
+    name: str, stages: dict[int, Stage], n_stages: int, m: int, device: torch.device
+) -> torch_schedules.PipelineScheduleSingle | torch_schedules.PipelineScheduleMulti:
+    """torch's schedule object for this rank's stages (stage index -> module)."""
+    pipeline_stages = [
+        PipelineStage(module, stage_index, n_stages, device, group=dist.group.WORLD)
+        for stage_index, module in sorted(stages.items())
+    ]
+    schedule_class = getattr(torch_schedules, TORCH_CLASSES[name])
+    if name in MULTI_STAGE:
+        return schedule_class(pipeline_stages, m, loss_fn=_loss, scale_grads=True)
+    (stage,) = pipeline_stages
+    return schedule_class(stage, m, loss_fn=_loss, scale_grads=True)
+
+
+def step_function(
+    schedule: torch_schedules.PipelineScheduleSingle | torch_schedules.PipelineScheduleMulti,
+    stages: dict[int, Stage],
+    n_stages: int,
+    batch: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+) -> Callable[[], None]:
+    """One training step: torch's schedule over the whole batch, then the same SGD step as native."""
+    inputs = (batch,) if 0 in stages else ()
+    # torch splits the target alongside the batch and hands each piece to the loss; ours ignores it.
+    target = torch.empty(batch.shape[0], 0, device=batch.device) if n_stages - 1 in stages else None
+
+    def step() -> None:
+        schedule.step(*inputs, target=target)
+        with torch.profiler.record_function("optimizer_step"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return step

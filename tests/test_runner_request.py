@@ -1,0 +1,110 @@
+"""Requests are checked before any process starts: one line, exit 2, nothing created."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runners.presets import PRESETS, microbatch_rows, preset_problem
+from runners.request import READY_ENGINES, RequestError, RunRequest, choose_device, resolve
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def no_gpus() -> int:
+    return 0
+
+
+def gpus(count: int):
+    return lambda: count
+
+
+@pytest.mark.parametrize("request_, count_gpus, words", [
+    (RunRequest("1f1b", 4, 2), no_gpus, "m=2 < p=4"),
+    (RunRequest("zb", 4, 3), no_gpus, "m=3 < p=4"),
+    (RunRequest("interleaved", 2, 4, v=0), no_gpus, "v"),
+    (RunRequest("gpipe", 2, 4, v=2), no_gpus, "v=2"),
+    (RunRequest("interleaved", 4, 6, v=2), no_gpus, "multiple of p"),
+    (RunRequest("wavefront", 2, 4), no_gpus, "unknown schedule"),
+    (RunRequest("gpipe", 4, 8, device="cuda"), gpus(1), "P=4 ranks need 4 GPUs"),
+    (RunRequest("gpipe", 4, 8, device="cuda"), no_gpus, "no GPU"),
+    (RunRequest("gpipe", 4, 8), gpus(2), "P=4 ranks need 4 GPUs"),
+    (RunRequest("gpipe", 2, 8, engine="torch"), no_gpus, "not implemented yet"),
+    (RunRequest("gpipe", 2, 8, engine="megatron"), no_gpus, "unknown engine"),
+    (RunRequest("gpipe", 2, 8, preset="huge"), no_gpus, "unknown preset"),
+    (RunRequest("interleaved", 2, 8, v=4, preset="seed", device="cpu"), no_gpus, "v=4 must divide"),
+    (RunRequest("gpipe", 2, 65, preset="tiny"), no_gpus, "m=65"),
+    (RunRequest("gpipe", 2, 8, steps=0), no_gpus, "at least 1"),
+])
+def test_bad_requests_are_refused_in_one_line(request_, count_gpus, words):
+    with pytest.raises(RequestError) as error:
+        resolve(request_, count_gpus)
+    assert words in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("requested,p,count,device", [
+    ("auto", 4, 0, "cpu"), ("auto", 4, 4, "cuda"), ("auto", 2, 8, "cuda"), ("cpu", 4, 8, "cpu"), ("cuda", 1, 1, "cuda"),
+])
+def test_device_choice(requested, p, count, device):
+    assert choose_device(requested, p, count) == device
+
+
+def test_forcing_cpu_never_counts_gpus():
+    def count_gpus() -> int:
+        raise AssertionError("counted GPUs although the device was forced to cpu")
+
+    assert resolve(RunRequest("gpipe", 4, 8, device="cpu"), count_gpus).backend == "gloo"
+
+
+def test_default_preset_follows_the_device():
+    assert resolve(RunRequest("gpipe", 2, 8), gpus(2)).preset.name == "seed"
+    assert resolve(RunRequest("gpipe", 2, 8), no_gpus).preset.name == "cpu"
+
+
+def test_multi_node_job_needs_a_gpu_per_local_rank_only():
+    resolved = resolve(RunRequest("gpipe", 8, 8), gpus(4), ranks_per_node=4)
+    assert (resolved.device, resolved.backend) == ("cuda", "nccl")
+
+
+@pytest.mark.parametrize("rows,m", [(512, 1), (512, 8), (512, 32), (64, 7), (10, 10)])
+def test_microbatches_cover_the_batch_evenly(rows, m):
+    sizes = microbatch_rows(rows, m)
+    assert len(sizes) == m and sum(sizes) == rows and max(sizes) - min(sizes) <= 1
+
+
+def test_every_preset_runs_the_issue_matrix():
+    """SCHED=gpipe/1f1b/zb M=8, interleaved V=2, M=1: all allowed by every preset (P=4)."""
+    for preset in PRESETS.values():
+        assert all(preset_problem(preset, m, v) is None for m, v in [(8, 1), (8, 2), (1, 1)]), preset.name
+
+
+def test_the_ready_engines_are_the_workers():
+    worker = pytest.importorskip("runners.worker")
+    assert tuple(worker.ENGINES) == READY_ENGINES
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--sched", "1f1b", "--p", "4", "--m", "2"], "m=2 < p=4"),
+    (["--sched", "interleaved", "--p", "2", "--m", "4", "--v", "0"], "v"),
+    (["--sched", "nope", "--p", "2", "--m", "4"], "unknown schedule"),
+    (["--sched", "gpipe", "--p", "64", "--m", "4", "--device", "cuda"], "GPU"),
+])
+def test_cli_refuses_before_any_process_starts(tmp_path, args, words):
+    traces = tmp_path / "traces"
+    result = subprocess.run([sys.executable, "-m", "runners", "trace", *args, "--traces", str(traces)],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and words in result.stderr
+    assert not traces.exists()  # no run directory, so no worker was started
+
+
+def test_sweep_validates_every_m_before_the_first_run(tmp_path):
+    traces = tmp_path / "traces"
+    result = subprocess.run([sys.executable, "-m", "runners", "sweep", "--sched", "1f1b", "--p", "2",
+                             "--ms", "4 1", "--traces", str(traces)], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "m=1 < p=2" in result.stderr
+    assert not traces.exists()
