@@ -28,6 +28,8 @@ _TERM_COLOURS = {
 _PART_COLOURS = {"compute": "#4c78a8", "small_gemm": "#e45756", "bubble": "#bab0ac", "p2p_wait": "#b279a2",
                  "launch_overhead": "#9d755d", "other": "#e0e0e0"}
 WIDTH = 900
+# m is a power of two in every sweep we run; ticks there instead of log-scale ticks at 1.5, 2.5, ...
+_M_AXIS = alt.Axis(values=[2**k for k in range(13)], format="d")
 
 
 def _data(frame: pl.DataFrame) -> alt.InlineData:
@@ -50,7 +52,7 @@ def timeline(frame: pl.DataFrame, title: str, ranks: int) -> alt.Chart:
         tooltip=[alt.Tooltip("action:N", title="action"), alt.Tooltip("microbatch:Q"), alt.Tooltip("rank:O"),
                  alt.Tooltip("track:N"), alt.Tooltip("start_ms:Q", title="start (ms)", format=".3f"),
                  alt.Tooltip("duration_ms:Q", title="duration (ms)", format=".3f")],
-    ).properties(width=WIDTH, height=42 * ranks)
+    ).properties(width=WIDTH, height=60 * ranks)
 
 
 def timelines(measured: pl.DataFrame, ideal: pl.DataFrame | None, ranks: int, ideal_title: str) -> alt.VConcatChart:
@@ -86,7 +88,7 @@ def rank_parts(frame: pl.DataFrame) -> alt.Chart:
 
 def bubble_vs_m(curve: pl.DataFrame, measured: pl.DataFrame) -> alt.LayerChart:
     """Formula bubble as a line over m, measured bubbles as points, one colour per family."""
-    x = alt.X("m:Q", scale=alt.Scale(type="log", base=2), title="microbatches m (log scale)")
+    x = alt.X("m:Q", scale=alt.Scale(type="log", base=2), axis=_M_AXIS, title="microbatches m (log scale)")
     line = alt.Chart(_data(curve)).mark_line(strokeDash=[5, 3]).encode(
         x=x, y=alt.Y("bubble:Q", title="bubble (fraction of the step)"), color=alt.Color("family:N"),
         tooltip=[alt.Tooltip("family:N"), alt.Tooltip("m:Q"), alt.Tooltip("bubble:Q", title="formula", format=".3f")])
@@ -100,7 +102,7 @@ def bubble_vs_m(curve: pl.DataFrame, measured: pl.DataFrame) -> alt.LayerChart:
 
 def step_time_vs_m(terms: pl.DataFrame, measured: pl.DataFrame, title: str) -> alt.LayerChart:
     """Step time over m as stacked waterfall terms, the measured time as a line, the best m marked."""
-    x = alt.X("m:O", title="microbatches m")
+    x = alt.X("m:O", title="microbatches m", axis=alt.Axis(labelAngle=0))
     bars = alt.Chart(_data(terms)).mark_bar().encode(
         x=x, y=alt.Y("sum(ms):Q", title="ms per step"),
         color=alt.Color("term:N", scale=_scale(_TERM_COLOURS, WATERFALL_TERMS), title="waterfall term"),
@@ -129,7 +131,7 @@ def schedules_side_by_side(terms: pl.DataFrame) -> alt.FacetChart:
 def peak_memory_vs_m(frame: pl.DataFrame) -> alt.Chart:
     """Peak activation memory (largest over ranks) against m, one line per schedule family."""
     return alt.Chart(_data(frame)).mark_line(point=True).encode(
-        x=alt.X("m:Q", scale=alt.Scale(type="log", base=2), title="microbatches m (log scale)"),
+        x=alt.X("m:Q", scale=alt.Scale(type="log", base=2), axis=_M_AXIS, title="microbatches m (log scale)"),
         y=alt.Y("peak_mib:Q", title="peak activation memory (MiB, largest rank)"), color="family:N",
         tooltip=[alt.Tooltip("family:N"), alt.Tooltip("m:Q"), alt.Tooltip("peak_mib:Q", format=".2f")],
     ).properties(width=WIDTH // 2, height=280)

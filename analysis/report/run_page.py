@@ -67,7 +67,9 @@ def timeline_figure(run: Run) -> Figure | None:
     """Measured cells and gaps of a typical step above the ideal replay of the same schedule."""
     if run.cells is None or run.cells.is_empty():
         return None
-    step = representative_step(run.cells)
+    # The summary's ranks and waterfall are its median step's; show the same step where it says which.
+    step = run.summary.get("median_step")
+    step = representative_step(run.cells) if step is None else int(step)
     measured = timeline_frame(run.cells, run.gaps, step)
     ideal, ideal_caption = ideal_timeline({**run.summary, "calibration": run.config.get("calibration")}, run.cells)
     ranks = measured["rank"].n_unique()

@@ -69,9 +69,10 @@ def _read_table(path: Path) -> pl.DataFrame | None:
 
 def _analyse(path: Path) -> None:
     """Run the analysis for a run that has none yet; imported here so a broken analysis costs one row."""
-    from analysis.summary import analyze_run
+    from analysis.analyze import analyze_run, read_run
+    from analysis.summary import write
 
-    analyze_run(path)
+    write(path.resolve() / "analysis", analyze_run(read_run(path.resolve())))
 
 
 def load_run(path: Path) -> Run:
