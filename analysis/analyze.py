@@ -6,7 +6,6 @@ lower median when the count is even, so it is a step that happened and its parts
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from analysis.classify import Rules, classify, split_waits
 from analysis.decompose import BARS, PARTS, Reference, rank_parts, reference, waterfall
 from analysis.errors import InputError
 from analysis.gaps import timeline, windows
-from analysis.merge import read_ranks, trace_files
+from analysis.load import load_run
 from analysis.shape import from_run_json, infer
 from analysis.simulate import measure
 from runners.schedules import Schedule
@@ -43,18 +42,9 @@ class Analysis:
 
 
 def read_run(path: Path) -> RunInput:
-    """The traces of a run directory (rank from distributedInfo, else the file name) and run.json."""
-    if not path.is_dir():
-        raise InputError(path, "not a run directory")
-    traces = read_ranks(trace_files(path), None)
-    frames = {rank: t.frame.with_columns(rank=pl.lit(rank, pl.Int64)) for rank, t in traces.items()}
-    run_json = None
-    if (path / "run.json").exists():
-        try:
-            run_json = json.loads((path / "run.json").read_text())
-        except ValueError as error:
-            raise InputError(path / "run.json", f"not valid JSON: {error}") from None
-    return RunInput(path, frames, {rank: t.path for rank, t in traces.items()}, run_json)
+    """The traces of a run directory and its run.json (analysis.load.load_run checks they form a run)."""
+    run = load_run(path)
+    return RunInput(run.path, {t.rank: t.frame for t in run.traces}, {t.rank: t.path for t in run.traces}, run.config)
 
 
 def _shift(rank: RankCells, offset: int) -> RankCells:

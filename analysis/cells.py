@@ -44,7 +44,8 @@ CELL_KEY = ["rank", "step", "stage", "kind", "microbatch"]
 
 @dataclass(frozen=True)
 class RankCells:
-    """A rank's cells, the p2p waits inside them, its step spans and (GPU only) the cells' kernels."""
+    """A rank's cells, the p2p waits inside them, its step windows (on the device's timeline) and (GPU
+    only) the cells' kernels."""
 
     cells: pl.DataFrame
     waits: pl.DataFrame  # CELL_KEY + start_ns, end_ns
@@ -57,13 +58,14 @@ def is_gpu(frame: pl.DataFrame) -> bool:
     return frame.filter(pl.col("cat").str.to_lowercase() == "kernel").height > 0
 
 
-def step_spans(frame: pl.DataFrame) -> pl.DataFrame:
-    """`ProfilerStep#N` spans; on GPU traces the device-side annotation when the trace has one."""
-    steps = frame.filter(pl.col("name").str.starts_with(STEP_PREFIX) & (pl.col("ph") == "X"))
-    on_gpu = steps.filter(pl.col("cat") == "gpu_user_annotation")
-    chosen = on_gpu if on_gpu.height else steps.filter(pl.col("cat") != "gpu_user_annotation")
+def step_spans(frame: pl.DataFrame, on_device: bool = False) -> pl.DataFrame:
+    """`ProfilerStep#N` spans on the host, or (on_device) the GPU-side annotations recent Kineto adds."""
+    device_side = pl.col("cat") == "gpu_user_annotation"
+    steps = frame.filter(
+        pl.col("name").str.starts_with(STEP_PREFIX) & (pl.col("ph") == "X") & (device_side if on_device else ~device_side)
+    )
     return (
-        chosen.select(
+        steps.select(
             "rank",
             pl.col("name").str.strip_prefix(STEP_PREFIX).cast(pl.Int64, strict=False).alias("step"),
             "start_ns",
@@ -73,6 +75,20 @@ def step_spans(frame: pl.DataFrame) -> pl.DataFrame:
         .group_by("rank", "step")
         .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
         .sort("rank", "start_ns")
+    )
+
+
+def _device_windows(frame: pl.DataFrame, host: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
+    """GPU step windows: Kineto's device-side step spans, else the host span stretched over the
+    device spans of the step's cells (the device runs behind the host)."""
+    device = step_spans(frame, on_device=True)
+    if device.height:
+        return device
+    reach = cells.group_by("rank", "step").agg(pl.col("start_ns").min().alias("first"), pl.col("end_ns").max().alias("last"))
+    return (
+        host.join(reach, on=["rank", "step"], how="left")
+        .with_columns(start_ns=pl.min_horizontal("start_ns", "first"), end_ns=pl.max_horizontal("end_ns", "last"))
+        .drop("first", "last")
     )
 
 
@@ -170,10 +186,12 @@ def _unscheduled(frame: pl.DataFrame, labels: pl.DataFrame, kernels: pl.DataFram
 
 def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells:
     """The cells of one rank's trace frame; `source` names the file in error messages."""
-    steps = step_spans(frame)
-    labels = _assign_steps(label_spans(frame, source), steps)
+    host_steps = step_spans(frame)
+    labels = _assign_steps(label_spans(frame, source), host_steps)
+    steps = host_steps
     if is_gpu(frame):
         labels, waits, kernels = _device_cells(labels, device_events(frame))
+        steps = _device_windows(frame, host_steps, labels)
     else:
         kernels = None
         waits = _host_waits(frame, labels)
