@@ -14,15 +14,17 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from runners.execute import StepContext, run_step
 from runners.measure import calibrate, unprofiled_step_times
-from runners.model import build_stages, split_microbatches, stage_input
+from runners.model import Stage, build_stages, split_microbatches, stage_input
 from runners.p2p import open_links
 from runners.presets import microbatch_rows
 from runners.profile import profile_steps
@@ -30,9 +32,32 @@ from runners.request import RequestError, Resolved, add_request_arguments, reque
 from runners.rundir import git_revision, host_facts, write_run_json
 from runners.schedules import Schedule, build, lower
 
-# Engine name -> step function (context, this rank's lowered order, optimizer).
-ENGINES = {"native": run_step}
 PROFILER_WAIT, PROFILER_WARMUP = 1, 1
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """What an engine gets to build its step function from, on one rank."""
+
+    resolved: Resolved
+    schedule: Schedule  # lowered
+    rank: int
+    stages: dict[int, Stage]  # stage index -> module, this rank's only
+    batch: torch.Tensor  # the whole batch that enters stage 0
+    optimizer: torch.optim.Optimizer
+
+
+def native_step(setup: RankSetup) -> Callable[[], None]:
+    """runners/execute.py running this rank's lowered order."""
+    request = setup.resolved.request
+    links = open_links(setup.resolved.backend) if request.p > 1 else None
+    ctx = StepContext(setup.rank, setup.schedule.n_stages, setup.schedule.rank_of, setup.stages, links,
+                      split_microbatches(setup.batch, request.m), setup.resolved.preset.width)
+    return partial(run_step, ctx, setup.schedule.orders[setup.rank], setup.optimizer)
+
+
+# Engine name -> builder of the step function (called once per rank, collectively).
+ENGINES: dict[str, Callable[[RankSetup], Callable[[], None]]] = {"native": native_step}
 
 
 def threads_per_rank(ranks_on_node: int) -> int:
@@ -76,12 +101,9 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if resolved.device == "cuda" else torch.device("cpu")
     schedule = lower(build(request.schedule, request.p, request.m, request.v))
     stages = build_stages(preset, schedule.stages_of(rank), request.v, device)
-    links = open_links(resolved.backend) if request.p > 1 else None
     batch = stage_input(preset, device)
-    ctx = StepContext(rank, schedule.n_stages, schedule.rank_of, stages, links,
-                      split_microbatches(batch, request.m), preset.width)
     optimizer = torch.optim.SGD([p for stage in stages.values() for p in stage.parameters()], lr=1e-4)
-    step = partial(ENGINES[request.engine], ctx, schedule.orders[rank], optimizer)
+    step = ENGINES[request.engine](RankSetup(resolved, schedule, rank, stages, batch, optimizer))
     marks = [time.monotonic()]
     calibration = calibrate(stages, batch, schedule.n_stages)
     marks.append(time.monotonic())

@@ -1,0 +1,74 @@
+"""`python -m runners.results RUN_DIR...`: a small markdown table from run.json files (torch- and polars-free,
+so it runs on the GPU machine, which has neither polars nor network).
+
+Per run: the formula bubble (p-1)/(v*m+p-1), the unprofiled step time, and the busiest rank's full-batch
+compute (its stages' calibrated F+B: the seed's m*t_slot at full-batch efficiency), whose complement
+`1 - compute / step` is the seed experiment's measured bubble; it includes the small-GEMM slowdown,
+which analysis/ then separates out (its summary.json's bubble_measured is added when present).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+COLUMNS = ("run", "device", "schedule", "p", "m", "v", "rows/mb", "step ms", "full-batch compute ms",
+           "bubble formula", "1 - compute/step", "analysis bubble", "run s")
+
+
+def busiest_rank_compute_ms(config: dict) -> float:
+    """Max over ranks of the sum of its stages' full-batch F+B (stage s on rank s % p)."""
+    per_rank = [0.0] * config["p"]
+    for stage, times in config["calibration"].items():
+        per_rank[int(stage) % config["p"]] += times["F_ms"] + times["B_ms"]
+    return max(per_rank)
+
+
+def row(run_dir: Path) -> dict:
+    config = json.loads((run_dir / "run.json").read_text())
+    p, m, v = config["p"], config["m"], config["v"]
+    step_ms = config["step_time_unprofiled_ms"]
+    compute_ms = busiest_rank_compute_ms(config)
+    summary_path = run_dir / "analysis" / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return {
+        "run": run_dir.name, "device": config["host"].get("gpu", config["device"]),
+        "schedule": config["schedule"], "p": p, "m": m, "v": v, "rows/mb": config["dims"]["microbatch_rows"][0],
+        "step ms": step_ms, "full-batch compute ms": compute_ms,
+        "bubble formula": (p - 1) / (v * m + p - 1), "1 - compute/step": 1 - compute_ms / step_ms,
+        "analysis bubble": summary.get("bubble_measured"), "run s": sum(config.get("phases_s", {}).values()),
+    }
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cell(r[c]) for c in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    complete = []
+    for path in dict.fromkeys(Path(arg).resolve() for arg in argv):  # traces/latest repeats a run
+        try:
+            if json.loads((path / "run.json").read_text()).get("complete") is True:
+                complete.append(path)
+                continue
+        except (OSError, ValueError):
+            pass
+        print(f"skipped {path}: no complete run.json", file=sys.stderr)
+    rows = sorted((row(path) for path in complete), key=lambda r: (r["schedule"], r["p"], r["v"], r["m"]))
+    sys.stdout.write(table(rows))
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
