@@ -40,7 +40,8 @@ def _measured_ns() -> pl.Expr:
 
 
 def reference(cells: pl.DataFrame, calibration: dict | None, m: int) -> Reference:
-    """Reference durations; backward halves (I, W) split the calibrated B in their measured ratio."""
+    """Reference durations; backward halves (I, W) without their own calibration split the calibrated
+    B in their measured ratio."""
     compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
     medians = {
         (stage, kind): float(ns)
@@ -52,7 +53,7 @@ def reference(cells: pl.DataFrame, calibration: dict | None, m: int) -> Referenc
     ns = {}
     for (stage, kind), median in medians.items():
         calibrated = calibration[str(stage)]
-        if kind in ("F", "B"):
+        if f"{kind}_ms" in calibrated:
             ns[(stage, kind)] = calibrated[f"{kind}_ms"] * 1e6 / m
         else:
             halves = medians.get((stage, "I"), 0.0) + medians.get((stage, "W"), 0.0)
