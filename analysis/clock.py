@@ -72,6 +72,7 @@ def transfers(cells: pl.DataFrame) -> pl.DataFrame:
         pl.col("kind").replace_strict({k: v[0] for k, v in _RECEIVER.items()}).alias("recv_kind"),
         (pl.col("stage") + pl.col("kind").replace_strict({k: v[1] for k, v in _RECEIVER.items()})).alias("recv_stage"),
         pl.col("kind").alias("send_kind"),
+        send_stage="stage",
         src_rank="rank",
         send_start_ns="start_ns",
         send_end_ns="end_ns",

@@ -25,11 +25,10 @@ import polars as pl
 from analysis import clock
 from analysis.cells import rank_cells, step_spans
 from analysis.errors import InputError
-from analysis.load import RawTrace, read_trace
+from analysis.load import RawTrace, load_run, read_trace
 from analysis.merge_tracks import analysis_slices, layout, p2p_flows, profiler_flows
 
 BROWSER_LIMIT_BYTES = 1 << 30  # Perfetto's UI struggles to open JSON traces past about this size
-_SKIPPED_NAMES = ("run.json", "merged.json", "merged.json.gz")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,8 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     began = time.perf_counter()
-    files = trace_files(args.source)
-    traces = read_ranks(files, args.ranks)
+    traces = read_ranks(args.source, args.ranks)
     out = args.out or (args.source if args.source.is_dir() else args.source.parent) / "merged.json.gz"
     analysis_dir = args.source / "analysis" if args.source.is_dir() else None
     merged, estimate = merge(traces, args.steps, analysis_dir, align=not args.no_align)
@@ -69,36 +67,18 @@ def _int_list(text: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def trace_files(path: Path) -> list[Path]:
-    """The trace files of a run directory or folder (not its subfolders), or the one file given."""
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        raise InputError(path, "no such file or directory")
-    found = sorted(
-        p for p in path.iterdir()
-        if p.is_file() and p.name.endswith((".json", ".json.gz")) and p.name not in _SKIPPED_NAMES
-    )  # fmt: skip
-    if not found:
-        raise InputError(path, "no trace files (*.json, *.json.gz) in this directory")
-    return found
-
-
-def read_ranks(files: list[Path], ranks: tuple[int, ...] | None) -> dict[int, RawTrace]:
-    """rank -> its trace; one file without any rank is rank 0; two files claiming a rank is an error."""
-    traces: dict[int, RawTrace] = {}
-    for path in files:
-        trace = read_trace(path)
-        rank = trace.rank if trace.rank is not None else 0 if len(files) == 1 else None
-        if rank is None:
-            raise InputError(path, "cannot tell its rank (no distributedInfo.rank, no rank or worker number in the name)")
-        if rank in traces:
-            raise InputError(path, f"rank {rank} is also claimed by {traces[rank].path.name}: not one run")
-        if ranks is None or rank in ranks:
-            traces[rank] = trace
-    if not traces:
-        raise InputError(files[0].parent, f"none of the traces is one of ranks {list(ranks or [])}")
-    return dict(sorted(traces.items()))
+def read_ranks(source: Path, ranks: tuple[int, ...] | None) -> dict[int, RawTrace]:
+    """rank -> trace for a run directory (analysis.load.load_run: one whole run) or one trace file (rank 0
+    unless it says otherwise), keeping only `ranks` when given."""
+    if source.is_file():
+        trace = read_trace(source)
+        found = {trace.rank if trace.rank is not None else 0: trace}
+    else:
+        found = {trace.rank if trace.rank is not None else 0: trace for trace in load_run(source).traces}
+    kept = {rank: trace for rank, trace in sorted(found.items()) if ranks is None or rank in ranks}
+    if not kept:
+        raise InputError(source, f"has none of ranks {list(ranks or [])} (it has {sorted(found)})")
+    return kept
 
 
 def merge(
@@ -148,8 +128,9 @@ def _within_steps(frame: pl.DataFrame, steps: tuple[int, ...] | None, notes: lis
     if windows.height == 0:
         notes.append(f"rank {rank}: none of steps {list(steps)} is in the trace; rank left empty")
     inside = pl.lit(False)
-    for start, end in windows.select("start_ns", "end_ns").iter_rows():
-        inside = inside | ((pl.col("start_ns") <= end) & (pl.col("end_ns") >= start))
+    for start, end in windows.select("start_ns", "end_ns").iter_rows():  # steps touch: overlap must be strict
+        overlaps = (pl.col("start_ns") < end) & (pl.col("end_ns") > start)
+        inside = inside | overlaps | pl.col("start_ns").is_between(start, end, closed="left")
     return frame.filter(inside | (pl.col("ph") == "M"))
 
 

@@ -189,39 +189,54 @@ def profiler_flows(tracks: RankTracks, rank: int, shift_ns: int, next_id: int) -
     return out, next_id + complete.height // 2
 
 
-def _transfer_slices(tracks: RankTracks) -> pl.DataFrame:
-    """Slices a transfer arrow can start or end on, by start time: the NCCL kernel first, else the PP label."""
+def _transfer_slices(tracks: dict[int, RankTracks]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Where arrows can end: NCCL kernels by (rank, start_ns), and PP transfer labels by (rank, name,
+    start_ns) with, on GPU, the device-side label of the same occurrence (it encloses the NCCL kernel)."""
     kernel = (pl.col("cat").str.to_lowercase() == "kernel") & pl.col("name").str.to_lowercase().str.contains("nccl")
     label = pl.col("name").str.starts_with("PP:") & pl.col("name").str.contains(_TRANSFER_KINDS)
-    return (
-        tracks.slices.filter(kernel | label)
-        .with_columns(priority=pl.when(kernel).then(0).otherwise(1))
-        .sort("priority")
-        .unique("start_ns", keep="first")
-        .select("start_ns", "tid")
+    slices = pl.concat([t.slices.with_columns(rank=pl.lit(r, pl.Int64)) for r, t in tracks.items()])
+    kernels = slices.filter(kernel).unique(["rank", "start_ns"]).select(
+        "rank", "start_ns", k_tid="tid", k_start="start_ns", k_end="end_ns"
+    )
+    labels = slices.filter(label).sort("start_ns").with_columns(
+        on_device=pl.col("cat") == "gpu_user_annotation",
+        occurrence=pl.int_range(pl.len()).over("rank", "name", pl.col("cat") == "gpu_user_annotation"),
+    )
+    device = labels.filter("on_device").select("rank", "name", "occurrence", d_tid="tid", d_start="start_ns", d_end="end_ns")
+    host = labels.filter(~pl.col("on_device")).join(device, on=["rank", "name", "occurrence"], how="left")
+    return kernels, host.select("rank", "name", "start_ns", "d_tid", "d_start", "d_end", h_tid="tid",
+                                h_start="start_ns", h_end="end_ns")  # fmt: skip
+
+
+def _ends(pairs: pl.DataFrame, side: str, kernels: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+    """The slice (tid, start, end) for each transfer's `side` (send | recv): its NCCL kernel, else the
+    device-side label around that kernel, else the host label."""
+    rank, stage, kind = ("src_rank", "send_stage", "send_kind") if side == "send" else ("dst_rank", "recv_stage", "recv_kind")
+    name = pl.format("PP:{}{}{}", stage, kind, "microbatch")
+    keyed = pairs.select(pl.col(rank).alias("rank"), pl.col(f"{side}_start_ns").alias("start_ns"), name=name)
+    found = keyed.join(kernels, on=["rank", "start_ns"], how="left").join(labels, on=["rank", "name", "start_ns"], how="left")
+    return found.select(
+        pl.coalesce(f"{p}_{what}" for p in ("k", "d", "h")).alias(f"{side}_{what}") for what in ("tid", "start", "end")
     )
 
 
 def p2p_flows(pairs: pl.DataFrame, tracks: dict[int, RankTracks], shift: dict[int, int], origin: int,
               next_id: int) -> tuple[list[dict], int]:  # fmt: skip
-    """One arrow per transfer (analysis.clock.transfers) from the SEND slice to the RECV slice."""
-    ends = {rank: _transfer_slices(t) for rank, t in tracks.items()}
+    """One arrow per transfer (analysis.clock.transfers): from the send slice's start to the receive
+    slice's last nanosecond, so that aligned clocks show the data arriving after it was sent."""
+    pairs = pairs.filter(pl.col("src_rank").is_in(list(tracks)) & pl.col("dst_rank").is_in(list(tracks)))
+    kernels, labels = _transfer_slices(tracks)
+    placed = pl.concat([pairs, _ends(pairs, "send", kernels, labels), _ends(pairs, "recv", kernels, labels)],
+                       how="horizontal").drop_nulls(["send_tid", "recv_tid"])  # fmt: skip
     out = []
-    for row in pairs.iter_rows(named=True):
+    for number, row in enumerate(placed.iter_rows(named=True)):
         src, dst = row["src_rank"], row["dst_rank"]
-        if src not in ends or dst not in ends:
-            continue
-        send = ends[src].filter(pl.col("start_ns") == row["send_start_ns"])
-        recv = ends[dst].filter(pl.col("start_ns") == row["recv_start_ns"])
-        if not (send.height and recv.height):
-            continue
-        name = f"{row['send_kind']} mb {row['microbatch']} → stage {row['recv_stage']}"
-        common = {"id": next_id, "cat": "p2p", "name": name}
-        out.append({"ph": "s", "pid": src, "tid": send["tid"][0], "ts": _us(row["send_start_ns"] + shift[src] - origin)} | common)
-        out.append({"ph": "f", "bp": "e", "pid": dst, "tid": recv["tid"][0],
-                    "ts": _us(row["recv_start_ns"] + shift[dst] - origin)} | common)  # fmt: skip
-        next_id += 1
-    return out, next_id
+        common = {"id": next_id + number, "cat": "p2p",
+                  "name": f"{row['send_kind']} mb {row['microbatch']} → stage {row['recv_stage']}"}  # fmt: skip
+        arrival = max(row["recv_start"], row["recv_end"] - 1)
+        out.append({"ph": "s", "pid": src, "tid": row["send_tid"], "ts": _us(row["send_start"] + shift[src] - origin)} | common)
+        out.append({"ph": "f", "bp": "e", "pid": dst, "tid": row["recv_tid"], "ts": _us(arrival + shift[dst] - origin)} | common)
+    return out, next_id + placed.height
 
 
 def analysis_slices(analysis_dir: Path | None, tracks: dict[int, RankTracks], shift: dict[int, int], origin: int,
