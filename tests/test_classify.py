@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import polars as pl
-from test_cells import gpipe_m1_run, span
+import pytest
+from test_cells import gpipe_m1_run, gpu_action, span, trace, write_trace
 
 from analysis.analyze import analyze_run, read_run
 from analysis.classify import Rules
@@ -50,3 +51,25 @@ def test_gaps_never_overlap_and_stay_inside_the_step(tmp_path):
     overlap = gaps.filter(pl.col("start_ns") < pl.col("end_ns").shift(1).over("rank"))
     assert overlap.height == 0
     assert gaps["start_ns"].min() >= 0 and gaps["end_ns"].max() <= 100 * US
+
+
+def test_gpu_idle_is_split_by_the_nccl_wait_and_the_launch_queue(tmp_path):
+    nccl = "ncclDevKernel_SendRecv"
+    rank0 = [*gpu_action("0F0", 1, 3, [("gemm", 10, 30)], 100), *gpu_action("0SEND_F0", 3, 5, [(nccl, 30, 33)], 200),
+             *gpu_action("0RECV_B0", 5, 7, [(nccl, 33, 80)], 300), *gpu_action("0B0", 7, 9, [("gemm", 82, 100)], 400)]
+    # each action's one launch call sits in the middle of its host span and lasts 1/8 of it
+    rank1 = [*gpu_action("1RECV_F0", 1, 3, [(nccl, 5, 34)], 100), *gpu_action("1F0", 3, 5, [("gemm", 35, 50)], 200),
+             *gpu_action("1B0", 51, 53, [("gemm", 53, 75)], 300), *gpu_action("1SEND_B0", 53, 55, [(nccl, 75, 79)], 400)]
+    run = tmp_path / "run"
+    run.mkdir()
+    write_trace(run, trace(0, [(0, 100)], rank0))
+    write_trace(run, trace(1, [(0, 100)], rank1))
+    result = analyze_run(read_run(run))
+    # rank 1: recv kernel (5,34) waits for rank 0's send kernel starting at 30: bubble 25, p2p 4; its own
+    # send kernel (75,79) is p2p; drain (79,100) bubble; (0,4.25) head and (50,52.25) before B0's launch
+    # are the host not having issued work: launch; idle with a kernel queued ((4.25,5), (34,35),
+    # (52.25,53)) is other
+    assert totals(result.gaps, 1) == {"bubble": 46 * US, "p2p_wait": 8 * US, "launch_overhead": 6_500, "other": 2_500}
+    for rank in result.summary["ranks"]:
+        parts = sum(rank[k] for k in ("compute_ms", "bubble_ms", "p2p_wait_ms", "launch_overhead_ms", "other_ms"))
+        assert parts == pytest.approx(0.1, abs=1e-12)
