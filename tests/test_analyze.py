@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 
 import polars as pl
+import pytest
 from test_cells import cpu_action, gpipe_m1_run, trace, write_trace
 
 from analysis.__main__ import main
+from analysis.analyze import analyze_run, read_run
+from analysis.synthetic import write_run
+from runners.schedules import build
 
 SUMMARY_KEYS = {"schedule", "engine", "device", "p", "m", "v", "steps_analyzed", "step_time_ms", "bubble_formula",
                 "bubble_measured", "simulated_step_time_ms", "waterfall_ms", "ranks", "rules"}  # fmt: skip
@@ -53,3 +57,19 @@ def test_unlabelled_trace_is_an_input_error_naming_it(tmp_path, capsys):
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "rank1.json.gz" in error
     assert not (run / "analysis").exists()
+
+
+@pytest.mark.parametrize("name,p,m,v", [("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zb", 3, 6, 1), ("gpipe", 3, 4, 1)])
+def test_without_run_json_the_schedule_is_inferred_from_the_labels(tmp_path, name, p, m, v):
+    write_run(tmp_path, build(name, p, m, v), steps=1)
+    (tmp_path / "run.json").unlink()
+    summary = analyze_run(read_run(tmp_path)).summary
+    assert (summary["schedule"], summary["p"], summary["m"], summary["v"]) == (name, p, m, v)
+    assert summary["waterfall_ms"]["small_gemm"] is None and summary["engine"] is None
+
+
+def test_schedule_hint_that_disagrees_with_the_order_is_an_input_error(tmp_path, capsys):
+    write_run(tmp_path, build("1f1b", 4, 8), steps=1)
+    (tmp_path / "run.json").unlink()
+    assert main(["analyze", str(tmp_path), "--schedule", "gpipe"]) == 2
+    assert "--schedule gpipe disagrees with the traces' order (it matches 1f1b)" in capsys.readouterr().err
