@@ -20,6 +20,9 @@ from analysis.errors import InputError
 from runners.schedules.actions import Action, ActionParseError
 
 LABEL_PREFIX = "PP:"
+# torch's runtime also labels bookkeeping (PP:0REDUCE_GRAD, PP:1UNSHARD) and DualPipeV's fused
+# PP:(0F1;3B0)OVERLAP_F_B: not actions of the IR, so not cells.
+TORCH_BOOKKEEPING = r"(UNSHARD|RESHARD|REDUCE_GRAD|OVERLAP_F_B)$"
 STEP_PREFIX = "ProfilerStep#"
 # Blocking p2p waits on the host thread (the span covers the wait until the data arrived).
 HOST_WAIT_NAMES = ("gloo:recv",)
@@ -96,6 +99,7 @@ def label_spans(frame: pl.DataFrame, source: str | Path | None = None) -> pl.Dat
     """Host-side `PP:` labels parsed into stage, kind, microbatch; one row per label."""
     labels = frame.filter(
         pl.col("name").str.starts_with(LABEL_PREFIX) & (pl.col("cat") != "gpu_user_annotation")
+        & ~pl.col("name").str.contains(TORCH_BOOKKEEPING)
     ).select("rank", "tid", "name", "start_ns", "end_ns")
     actions = [_parse(name, source) for name in labels["name"].str.strip_prefix(LABEL_PREFIX)]
     return labels.drop("name").with_columns(
