@@ -96,17 +96,25 @@ def _device_windows(frame: pl.DataFrame, host: pl.DataFrame, cells: pl.DataFrame
 
 
 def label_spans(frame: pl.DataFrame, source: str | Path | None = None) -> pl.DataFrame:
-    """Host-side `PP:` labels parsed into stage, kind, microbatch; one row per label."""
+    """Host-side `PP:` labels parsed into stage, kind, microbatch; one row per label.
+
+    Each distinct label text is parsed once (steps repeat them) with the IR's own parser."""
     labels = frame.filter(
         pl.col("name").str.starts_with(LABEL_PREFIX) & (pl.col("cat") != "gpu_user_annotation")
         & ~pl.col("name").str.contains(TORCH_BOOKKEEPING)
     ).select("rank", "tid", "name", "start_ns", "end_ns")
-    actions = [_parse(name, source) for name in labels["name"].str.strip_prefix(LABEL_PREFIX)]
-    return labels.drop("name").with_columns(
-        pl.Series("stage", [a.stage for a in actions], dtype=pl.Int64),
-        pl.Series("kind", [a.kind.value for a in actions], dtype=pl.Utf8),
-        pl.Series("microbatch", [a.microbatch for a in actions], dtype=pl.Int64),
+    names = labels["name"].unique().to_list()
+    actions = [_parse(name.removeprefix(LABEL_PREFIX), source) for name in names]
+    parsed = pl.DataFrame(
+        {
+            "name": names,
+            "stage": [a.stage for a in actions],
+            "kind": [a.kind.value for a in actions],
+            "microbatch": [a.microbatch for a in actions],
+        },
+        schema={"name": pl.Utf8, "stage": pl.Int64, "kind": pl.Utf8, "microbatch": pl.Int64},
     )
+    return labels.join(parsed, on="name").drop("name")
 
 
 def _parse(text: str, source: str | Path | None) -> Action:
