@@ -12,11 +12,12 @@ from pathlib import Path
 import polars as pl
 
 from analysis import clock
-from analysis.cells import RankCells, is_gpu, rank_cells
+from analysis.cells import RankCells, is_gpu
 from analysis.classify import Rules, classify, split_waits
 from analysis.decompose import BARS, PARTS, Reference, rank_parts, reference, waterfall
 from analysis.errors import InputError
 from analysis.gaps import timeline, windows
+from analysis.infer import cells_of
 from analysis.load import load_run
 from analysis.shape import from_run_json, infer
 from analysis.simulate import measure
@@ -90,7 +91,7 @@ def _schedule(run: RunInput, cells: pl.DataFrame, schedule: str | None, m: int |
 
 
 def analyze_run(run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()) -> Analysis:
-    per_rank = [rank_cells(run.frames[r], run.sources.get(r)) for r in sorted(run.frames)]
+    per_rank = [cells_of(run.frames[r], run.sources.get(r)) for r in sorted(run.frames)]
     if any(r.cells.height == 0 for r in per_rank):
         empty = next(run.sources.get(r) for r, rc in zip(sorted(run.frames), per_rank) if rc.cells.height == 0)
         raise InputError(empty, "no PP:<action> labels inside a profiled step")
@@ -107,7 +108,7 @@ def analyze_run(run: RunInput, schedule: str | None = None, m: int | None = None
     ref = reference(cells, (run.run_json or {}).get("calibration"), shape.m)
     parts = rank_parts(cells, gaps, spans, ref)
     summary = _summary(run, shape, cells, waits, spans, parts, ref, on_gpu)
-    summary.update(rules=rules.to_json(), clock=clocks)
+    summary.update(rules=rules.to_json(), clock=clocks, inferred_cells=int(cells["inferred"].sum()))
     ranks_ms = parts.with_columns(pl.col("step_ns", *PARTS) / NS_PER_MS).rename(
         {"step_ns": "step_ms", **{part: f"{part}_ms" for part in PARTS}}
     )
