@@ -83,29 +83,45 @@ def split_waits(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
     return parts.filter(pl.col("end_ns") > pl.col("start_ns"))
 
 
-def _segment_class(on_gpu: bool) -> pl.Expr:
-    edge = (
+def _edge() -> pl.Expr:
+    """Idle outside the rank's first-to-last action: work outside the schedule, or the host getting to
+    its first action (`head`, resolved by length), or nothing to do: fill and drain."""
+    return (
         pl.when(pl.col("unscheduled") > 0).then(pl.lit("other"))
         .when(pl.col("head") > 0).then(pl.lit("head"))
         .otherwise(pl.lit("bubble"))
     )
-    idle_kind = (
+
+
+def _gpu_idle() -> pl.Expr:
+    """HTA's rule: a kernel queued but not running is a device-side wait (other); nothing queued is
+    the host not having issued the next work yet (launch_overhead)."""
+    return (
         pl.when(pl.col("issued") > 0).then(pl.lit("other"))
-        .when(pl.col("active") == 0).then(edge)
+        .when(pl.col("active") == 0).then(_edge())
         .when(pl.col("unscheduled") > 0).then(pl.lit("other"))
         .otherwise(pl.lit("launch_overhead"))
-        if on_gpu
-        else pl.when(pl.col("sending") > 0).then(pl.lit("p2p_wait"))
+    )
+
+
+def _cpu_idle() -> pl.Expr:
+    """The main thread: sending is p2p, framework time inside actions is launch overhead, stretches
+    between actions (`between`) are resolved by length."""
+    return (
+        pl.when(pl.col("sending") > 0).then(pl.lit("p2p_wait"))
         .when(pl.col("action") > 0).then(pl.lit("launch_overhead"))
-        .when(pl.col("active") == 0).then(edge)
+        .when(pl.col("active") == 0).then(_edge())
         .otherwise(pl.lit("between"))
     )
+
+
+def _segment_class(on_gpu: bool) -> pl.Expr:
     return (
         pl.when(~pl.col("idle")).then(pl.lit("busy"))
         .when(pl.col("bubble_wait") > 0).then(pl.lit("bubble"))
         .when(pl.col("p2p_wait") > 0).then(pl.lit("p2p_wait"))
         .when(pl.col("unmatched_wait") > 0).then(pl.lit("other"))
-        .otherwise(idle_kind)
+        .otherwise(_gpu_idle() if on_gpu else _cpu_idle())
         .alias("class")
     )
 
