@@ -13,7 +13,7 @@ What torch's traces contain differs by class (analysis/infer.py reads them): Sch
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,9 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from runners.model import Stage
 from runners.torch_shapes import MULTI_STAGE, TORCH_CLASSES
+
+if TYPE_CHECKING:  # the worker imports this module
+    from runners.worker import RankSetup
 
 
 def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -63,3 +66,11 @@ def step_function(
             optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+def torch_step(setup: RankSetup) -> Callable[[], None]:
+    """The worker's engine entry (runners.worker.ENGINES): this rank's stages under torch's schedule."""
+    request = setup.resolved.request
+    n_stages = setup.schedule.n_stages
+    schedule = build_schedule(request.schedule, setup.stages, n_stages, request.m, setup.batch.device)
+    return step_function(schedule, setup.stages, n_stages, setup.batch, setup.optimizer)
