@@ -21,7 +21,7 @@ ENGINES = {
     "native": "runners/execute.py: the dispatch-table executor",
     "torch": "torch.distributed.pipelining's schedules",
 }
-READY_ENGINES = ("native",)
+READY_ENGINES = ("native", "torch")
 
 
 class RequestError(ValueError):

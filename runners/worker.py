@@ -31,6 +31,7 @@ from runners.profile import profile_steps
 from runners.request import RequestError, Resolved, add_request_arguments, request_from, resolve
 from runners.rundir import git_revision, host_facts, write_run_json
 from runners.schedules import Schedule, build, lower
+from runners.torch_engine import torch_step
 
 PROFILER_WAIT, PROFILER_WARMUP = 1, 1
 
@@ -57,7 +58,7 @@ def native_step(setup: RankSetup) -> Callable[[], None]:
 
 
 # Engine name -> builder of the step function (called once per rank, collectively).
-ENGINES: dict[str, Callable[[RankSetup], Callable[[], None]]] = {"native": native_step}
+ENGINES: dict[str, Callable[[RankSetup], Callable[[], None]]] = {"native": native_step, "torch": torch_step}
 
 
 def threads_per_rank(ranks_on_node: int) -> int:
