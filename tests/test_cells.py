@@ -132,3 +132,22 @@ def gpipe_m1_run(directory: Path, run_json: dict | None = None, extra: dict[int,
     if run_json is not None:
         (directory / "run.json").write_text(json.dumps(run_json))
     return directory
+
+
+REAL_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "real-traces"
+
+
+@pytest.mark.parametrize("name", ["kineto_tb_plugin/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz",
+                                  "tracelens/mi300/resnet_act_checkpoint.json.gz"])
+def test_real_gpu_trace_without_pp_labels_gives_steps_and_no_cells(name):
+    path = REAL_TRACES / name
+    if not path.exists():
+        pytest.skip(f"{path} is not checked out beside the repository")
+    frame = load_trace(path)
+    found = rank_cells(frame, path)
+    host_steps = frame.filter(pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("ph") == "X")
+                              & (pl.col("cat") != "gpu_user_annotation"))  # 2021 Kineto files them as "Operator"
+    assert found.cells.height == 0 and found.waits.height == 0
+    assert found.steps.height == host_steps["name"].n_unique() > 0
+    assert found.kernels is not None and found.kernels.height == 0  # no label launched any of its kernels
+    assert found.unscheduled.height > 0  # every kernel is work outside the (absent) schedule
