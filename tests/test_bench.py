@@ -1,0 +1,104 @@
+"""The benchmark's parts on small inputs: replicated trace sets, repeat statistics, timed child processes,
+and a smoke run of `python -m analysis bench` (structure and sanity only; nothing here checks timings)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from analysis.__main__ import main
+from analysis.analyze import analyze_run, read_run
+from analysis.bench_process import run_child
+from analysis.bench_stats import stats, verdict
+from analysis.bench_traceset import replicate_run
+from analysis.load import load_trace
+from analysis.synthetic import write_run
+from runners.schedules import build
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """A 2-rank GPU-shaped synthetic 1f1b run (correlations, flows, two streams), 2 steps."""
+    directory = tmp_path_factory.mktemp("source")
+    write_run(directory, build("1f1b", 2, 4), p2p_latency_us=30, launch_gap_us=5, slowdown=1.2, steps=2, shape="gpu")
+    return directory
+
+
+def _per_copy_bytes(source: Path, tmp_path: Path) -> int:
+    return replicate_run(source, tmp_path / "one", 1).bytes
+
+
+def test_replicated_set_has_the_copies_with_fresh_steps_and_ids(source, tmp_path):
+    one = _per_copy_bytes(source, tmp_path)
+    trace_set = replicate_run(source, tmp_path / "set", 3 * one)
+    assert trace_set.copies >= 2 and trace_set.steps_per_rank == 2 * trace_set.copies
+    assert trace_set.bytes == sum(p.stat().st_size for p in (tmp_path / "set").glob("rank*.json"))
+    original, copied = load_trace(source / "rank0.json.gz"), load_trace(tmp_path / "set" / "rank0.json")
+    steps = copied.filter(copied["name"].str.starts_with("ProfilerStep#"))["name"]
+    assert steps.n_unique() == steps.len() == trace_set.steps_per_rank
+    # each correlation id joins one launch and its kernel, in every copy as in the original
+    def pairs(frame):
+        return Counter(Counter(frame["correlation"].drop_nulls().to_list()).values())
+    assert {k: v * trace_set.copies for k, v in pairs(original).items()} == pairs(copied)
+    assert copied["start_ns"].min() == original["start_ns"].min()
+    assert copied["end_ns"].max() > original["end_ns"].max()
+
+
+def test_replicated_set_analyses_like_its_source(source, tmp_path):
+    """Copies of identical steps: every step of the set has the source's step time and parts."""
+    trace_set = replicate_run(source, tmp_path / "set", 3 * _per_copy_bytes(source, tmp_path))
+    (tmp_path / "set" / "run.json").write_text((source / "run.json").read_text())
+    ours, theirs = analyze_run(read_run(tmp_path / "set")).summary, analyze_run(read_run(source)).summary
+    assert ours["steps_analyzed"] == trace_set.steps_per_rank
+    assert ours["step_time_ms"] == pytest.approx(theirs["step_time_ms"], abs=1e-6)
+    assert ours["waterfall_ms"] == pytest.approx(theirs["waterfall_ms"], abs=1e-6)
+
+
+def test_stats_and_verdicts():
+    figure = stats([1.3, 0.9, 1.0])
+    assert (figure.median, figure.min, figure.max, figure.n) == (1.0, 0.9, 1.3, 3)
+    assert figure.too_wide  # 0.4 / 1.0
+    assert not stats([1.0, 1.1, 1.05]).too_wide
+    assert verdict(stats([0.8, 0.9]), 1.0) == "meets"
+    assert verdict(stats([1.1, 1.2]), 1.0) == "misses"
+    assert verdict(stats([0.9, 1.1]), 1.0).startswith("inconclusive")
+    assert verdict(stats([25.0, 30.0]), 20.0, lower_is_better=False) == "meets"
+    with pytest.raises(ValueError):
+        stats([])
+
+
+def test_child_decodes_every_event_and_is_stopped_at_its_timeout(source, tmp_path):
+    replicate_run(source, tmp_path / "set", 1)
+    events = sum(len(json.loads(p.read_text())["traceEvents"]) for p in (tmp_path / "set").glob("rank*.json"))
+    done = run_child("decode", [str(tmp_path / "set")], 120, REPO)
+    assert done.status == "ok" and done.rows == events
+    assert 0 < done.work_s < done.wall_s and done.peak_rss_mb > 0
+    stopped = run_child("decode", [str(tmp_path / "set")], 0.05, REPO)
+    assert stopped.status == "timeout" and stopped.work_s is None
+
+
+def test_bench_throughput_smoke(source, tmp_path):
+    out = tmp_path / "out"
+    code = main(["bench", "--only", "throughput", "--size-mb", "0.05", "--repeats", "1", "--hta-timeout", "120",
+                 "--source", str(source), "--out", str(out)])
+    assert code == 0
+    document = json.loads((out / "results.json").read_text())
+    sizes = document["results"]["throughput"]["sizes"]
+    assert len(sizes) == 2 and document["results"]["throughput"]["growth"]["size_ratio"] > 0
+    size = sizes[-1]
+    assert size["tasks"]["analyze"]["status"] == size["tasks"]["decode"]["status"] == "ok"
+    assert size["tasks"]["hta"]["status"] in ("ok", "timeout", "failed")
+    assert size["ratios"]["ours_over_decode"]["median"] > 0
+    text = (out / "RESULTS.md").read_text()
+    assert "## 1. Analysis throughput" in text and "ours / typed decoding" in text
+
+
+def test_bench_refuses_unknown_parts(tmp_path, capsys):
+    assert main(["bench", "--only", "throughput,speed", "--out", str(tmp_path)]) == 2
+    assert "speed" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
