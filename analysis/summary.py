@@ -7,6 +7,7 @@ Keys of summary.json are those of DESIGN.md section 3, plus:
                      are that step's, so they close exactly on step_time_ms
   clock              per-rank clock offsets applied (analysis.clock), or null when all ranks share
                      one clock (no transfer ends before it began)
+  inferred_cells     how many cells came from analysis.infer rather than PP: labels
 ranks.parquet holds every analysed step's parts (ms), one row per rank and step.
 """
 

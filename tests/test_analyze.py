@@ -26,7 +26,7 @@ def test_analyze_writes_the_four_files_and_prints_the_table(tmp_path, capsys):
     assert written == ["cells.parquet", "gaps.parquet", "ranks.parquet", "summary.json"]
     assert not [p for p in run.iterdir() if p.name.startswith(".analysis")]  # no staging left behind
     summary = json.loads((run / "analysis" / "summary.json").read_text())
-    assert SUMMARY_KEYS <= set(summary) and set(summary) - SUMMARY_KEYS <= {"median_step", "clock"}
+    assert SUMMARY_KEYS <= set(summary) and set(summary) - SUMMARY_KEYS <= {"median_step", "clock", "inferred_cells"}
     assert all(set(rank) == RANK_KEYS for rank in summary["ranks"])
     cells = pl.read_parquet(run / "analysis" / "cells.parquet")
     assert cells.columns == ["rank", "step", "stage", "kind", "microbatch", "start_ns", "end_ns", "blocked_ns", "inferred"]
