@@ -73,3 +73,18 @@ def test_schedule_hint_that_disagrees_with_the_order_is_an_input_error(tmp_path,
     (tmp_path / "run.json").unlink()
     assert main(["analyze", str(tmp_path), "--schedule", "gpipe"]) == 2
     assert "--schedule gpipe disagrees with the traces' order (it matches 1f1b)" in capsys.readouterr().err
+
+
+def test_a_crash_while_writing_leaves_the_previous_analysis_untouched(tmp_path, monkeypatch):
+    run = gpipe_m1_run(tmp_path / "run")
+    assert main(["analyze", str(run)]) == 0
+    before = (run / "analysis" / "summary.json").read_text()
+
+    def crash(*_args, **_kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", crash)
+    with pytest.raises(OSError):
+        main(["analyze", str(run)])
+    assert (run / "analysis" / "summary.json").read_text() == before
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []  # staging removed
