@@ -1,0 +1,107 @@
+"""An unannotated hand-written GPipe (the seed's loop: blocking recv, isend, a forward loop then a
+backward loop in reverse, no record_function) under torch.profiler on 2 gloo ranks: the analysis infers
+its cells, schedule and m from the op stream alone, and its m=1 bubble is naive model parallelism's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analysis.analyze import analyze_run, read_run
+from analysis.errors import InputError
+
+pytestmark = pytest.mark.slow
+P = 2
+
+SEED_GPIPE = textwrap.dedent('''
+    import os, sys
+    import torch, torch.distributed as dist, torch.nn as nn
+
+    D, LAYERS_PER_STAGE, TOTAL_ROWS = 512, 6, 512  # compute >> per-step overheads
+    m, out = int(sys.argv[1]), sys.argv[2]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, p = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1337 + rank)
+    stage = nn.Sequential(*[nn.Sequential(nn.Linear(D, D, bias=False), nn.GELU()) for _ in range(LAYERS_PER_STAGE)])
+    opt = torch.optim.SGD(stage.parameters(), lr=1e-4)
+
+    def gpipe_step():
+        rows = TOTAL_ROWS // m
+        ins, outs, reqs = [], [], []
+        for i in range(m):
+            if rank == 0:
+                x = torch.randn(rows, D, requires_grad=True)
+            else:
+                x = torch.empty(rows, D)
+                dist.recv(x, src=rank - 1)
+                x.requires_grad_(True)
+            out = stage(x)
+            if rank < p - 1:
+                reqs.append(dist.isend(out.detach(), dst=rank + 1))
+            ins.append(x)
+            outs.append(out)
+        for r_ in reqs:
+            r_.wait()
+        for i in reversed(range(m)):
+            if rank == p - 1:
+                loss = outs[i].float().square().mean() / m
+                loss.backward()
+            else:
+                g = torch.empty_like(outs[i])
+                dist.recv(g, src=rank + 1)
+                outs[i].backward(g)
+            if rank > 0:
+                dist.send(ins[i].grad, dst=rank - 1)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    schedule = torch.profiler.schedule(wait=1, warmup=1, active=3)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
+                                on_trace_ready=lambda prof: prof.export_chrome_trace(f"{out}/rank{rank}.json.gz")) as prof:
+        for _ in range(5):
+            gpipe_step()
+            prof.step()
+    dist.destroy_process_group()
+''')
+
+
+def handwritten_run(directory: Path, m: int) -> Path:
+    script = directory / "seed_gpipe.py"
+    script.write_text(SEED_GPIPE)
+    run = directory / "run"
+    run.mkdir()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={P}",
+               str(script), str(m), str(run)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def seed_run(tmp_path_factory) -> Path:
+    return handwritten_run(tmp_path_factory.mktemp("handwritten"), m=1)
+
+
+def test_unannotated_gpipe_is_analysed_from_inferred_cells(seed_run):
+    result = analyze_run(read_run(seed_run))
+    summary = result.summary
+    assert (summary["schedule"], summary["p"], summary["m"], summary["v"]) == ("gpipe", P, 1, 1)
+    assert summary["inferred_cells"] == result.cells.height > 0
+    compute = result.cells.filter(pl.col("kind").is_in(["F", "B"]))
+    per_step = compute.group_by("rank", "step").agg(pl.col("kind").sort().str.join(","))
+    assert set(per_step["kind"]) == {"B,F"}  # one F and one B per rank and step, nothing else
+    assert abs(summary["bubble_measured"] - (P - 1) / P) < 0.03, summary
+
+
+def test_hints_must_agree_with_the_traces(seed_run):
+    assert analyze_run(read_run(seed_run), schedule="gpipe", m=1).summary["schedule"] == "gpipe"
+    with pytest.raises(InputError, match="--m 8"):
+        analyze_run(read_run(seed_run), m=8)
+    with pytest.raises(InputError, match="--schedule 1f1b"):
+        analyze_run(read_run(seed_run), schedule="1f1b")
