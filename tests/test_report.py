@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from analysis.report import build_report
-from analysis.report.frames import representative_step, timeline_frame, waterfall_frame
+from analysis.report.frames import coarsen, representative_step, timeline_frame, waterfall_frame
 from analysis.report.ideal import ideal_timeline
 from analysis.report.runs import run_directories
 from analysis.report.sweeps import formula_curve, families, measured_steps, newest_per_m, run_row, runs_frame
@@ -124,6 +124,18 @@ def test_timeline_shows_one_step_from_zero_with_every_cell_and_gap():
     assert frame.filter(pl.col("track") == "idle").height == gaps.filter(pl.col("step") == step).height
     assert frame["start_ms"].min() == 0.0
     assert set(frame.filter(pl.col("track") == "compute")["action"]) >= {"0F0", "1B3"}
+
+
+def test_a_huge_step_is_drawn_from_time_bins_that_keep_its_time():
+    _, cells, gaps = contract_tables("1f1b", 4, 400, 1, steps=1, forward_ms=0.01)
+    frame = timeline_frame(cells, gaps, 0)
+    bars = coarsen(frame, bins=50, rows_max=1000)
+    assert frame.height > 1000 and bars.height <= 4 * 3 * 50
+    assert bars["cells"].sum() == frame.height
+    assert bars["duration_ms"].sum() == pytest.approx(frame["duration_ms"].sum(), rel=1e-6)
+    # In 1F1B's steady state B (2 units) outweighs F (1 unit) in every bin of rank 0's compute track.
+    assert bars.filter((pl.col("rank") == 0) & (pl.col("track") == "compute"))["what"].mode().to_list() == ["B"]
+    assert coarsen(frame, rows_max=frame.height) is frame
 
 
 def test_ideal_timeline_replays_calibrated_durations():

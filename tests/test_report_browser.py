@@ -81,7 +81,7 @@ def test_index_and_run_page_render_offline(browser, tmp_path):
 
 def test_timeline_with_fifty_thousand_cells_opens_in_seconds(browser, tmp_path):
     traces = tmp_path / "traces"
-    write_contract_run(traces, "big", schedule="1f1b", p=8, m=1600, forward_ms=0.01, steps=1)
+    write_contract_run(traces, "big", schedule="1f1b", p=8, m=3200, forward_ms=0.01, steps=1)
     index = build_report(traces, tmp_path / "reports")
     seen = open_page(browser, index.parent / "runs" / "big.html", tmp_path / "big.png")
     assert_clean(seen)

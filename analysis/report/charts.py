@@ -1,13 +1,16 @@
-"""Altair charts, each a short pure function from a polars frame to a chart.
+"""Altair charts, each a short pure function from polars frames to a Plot (chart + its data).
 
-Data goes in as `alt.InlineData(values=...)`: altair's 5000-row limit guards only the data
-transformers, which InlineData bypasses, and we choose that deliberately. The pages then ship every
-chart's spec (data included) in a script file beside the page, not in the HTML; the run page holds
-one step's cells (the timeline's largest dataset) and timelines draw on canvas, so 50,000 cells
-(about 6 MB of data) still open in a couple of seconds (see tests/test_report_browser.py).
+Charts name their data (`alt.NamedData`) and the frames ride beside them until `Plot.spec()` puts
+them into the spec's top-level `datasets`. That keeps altair out of the data path: its 5000-row
+limit and its schema validation (which costs seconds per few thousand inline rows) then apply only
+to the chart's small structure. Pages ship every spec in a script file beside the page, not in the
+HTML; a run page holds one step's cells and timelines draw on canvas, so 50,000 cells (about 6 MB)
+still open in seconds (tests/test_report_browser.py measures it).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import altair as alt
 import polars as pl
@@ -32,40 +35,55 @@ WIDTH = 900
 _M_AXIS = alt.Axis(values=[2**k for k in range(13)], format="d")
 
 
-def _data(frame: pl.DataFrame) -> alt.InlineData:
-    return alt.InlineData(values=frame.to_dicts())
+@dataclass(frozen=True)
+class Plot:
+    chart: alt.TopLevelMixin
+    datasets: dict[str, pl.DataFrame]
+
+    def spec(self) -> dict:
+        """The vega-lite spec with every dataset inlined (validated by altair without the data)."""
+        return self.chart.to_dict() | {"datasets": {name: f.to_dicts() for name, f in self.datasets.items()}}
 
 
 def _scale(colours: dict[str, str], domain: tuple[str, ...]) -> alt.Scale:
     return alt.Scale(domain=list(domain), range=[colours[name] for name in domain])
 
 
-def timeline(frame: pl.DataFrame, title: str, ranks: int) -> alt.Chart:
+def _named(name: str) -> alt.NamedData:
+    return alt.NamedData(name=name)
+
+
+def timeline(frame: pl.DataFrame, title: str, ranks: int, name: str = "timeline") -> Plot:
     """One row per rank, three tracks inside it (compute, p2p, idle); hover shows what and how long."""
     what = (*COMPUTE_KINDS, *COMM_KINDS, *GAP_CLASSES)
-    return alt.Chart(_data(frame), title=title).mark_rect(stroke="white", strokeWidth=0.3).encode(
+    chart = alt.Chart(_named(name), title=title).mark_rect(stroke="white").encode(
         x=alt.X("start_ms:Q", title="ms from the start of the step"),
         x2="end_ms:Q",
+        # Outline single cells so neighbours of one kind stay apart; binned bars are too thin for it.
+        strokeWidth=alt.condition("datum.cells > 1", alt.value(0), alt.value(0.5)),
         y=alt.Y("rank:O", title="rank"),
         yOffset=alt.YOffset("track:N", scale=alt.Scale(domain=list(TRACKS))),
         color=alt.Color("what:N", scale=_scale(_WHAT_COLOURS, what), title="cell kind / gap class"),
         tooltip=[alt.Tooltip("action:N", title="action"), alt.Tooltip("microbatch:Q"), alt.Tooltip("rank:O"),
                  alt.Tooltip("track:N"), alt.Tooltip("start_ms:Q", title="start (ms)", format=".3f"),
-                 alt.Tooltip("duration_ms:Q", title="duration (ms)", format=".3f")],
+                 alt.Tooltip("duration_ms:Q", title="duration (ms)", format=".3f"),
+                 alt.Tooltip("cells:Q", title="cells in this bar")],
     ).properties(width=WIDTH, height=60 * ranks)
+    return Plot(chart, {name: frame})
 
 
-def timelines(measured: pl.DataFrame, ideal: pl.DataFrame | None, ranks: int, ideal_title: str) -> alt.VConcatChart:
+def timelines(measured: pl.DataFrame, ideal: pl.DataFrame | None, ranks: int, ideal_title: str) -> Plot:
     """The measured timeline directly above the simulated ideal one, on one shared time axis."""
-    charts = [timeline(measured, "measured", ranks)]
+    plots = [timeline(measured, "measured", ranks, "measured")]
     if ideal is not None:
-        charts.append(timeline(ideal, ideal_title, ranks))
-    return alt.vconcat(*charts).resolve_scale(x="shared")
+        plots.append(timeline(ideal, ideal_title, ranks, "ideal"))
+    chart = alt.vconcat(*[p.chart for p in plots]).resolve_scale(x="shared")
+    return Plot(chart, {name: f for p in plots for name, f in p.datasets.items()})
 
 
-def waterfall(frame: pl.DataFrame) -> alt.LayerChart:
+def waterfall(frame: pl.DataFrame) -> Plot:
     """From the formula's step time (ideal + formula bubble) through each deviation to the measured one."""
-    base = alt.Chart(_data(frame.with_columns(top=pl.max_horizontal("start", "end")))).encode(
+    base = alt.Chart(_named("waterfall")).encode(
         x=alt.X("term:N", sort=alt.SortField("order"), title=None, axis=alt.Axis(labelAngle=0)))
     bars = base.mark_bar().encode(
         y=alt.Y("start:Q", title="ms of the step"), y2="end:Q",
@@ -73,52 +91,57 @@ def waterfall(frame: pl.DataFrame) -> alt.LayerChart:
         tooltip=[alt.Tooltip("term:N"), alt.Tooltip("ms:Q", title="ms", format=".3f"),
                  alt.Tooltip("end:Q", title="running total (ms)", format=".3f")])
     labels = base.mark_text(dy=-7).encode(y="top:Q", text=alt.Text("ms:Q", format=".2f"))
-    return alt.layer(bars, labels).properties(width=WIDTH * 2 // 3, height=260)
+    chart = alt.layer(bars, labels).properties(width=WIDTH * 2 // 3, height=260)
+    return Plot(chart, {"waterfall": frame.with_columns(top=pl.max_horizontal("start", "end"))})
 
 
-def rank_parts(frame: pl.DataFrame) -> alt.Chart:
+def rank_parts(frame: pl.DataFrame) -> Plot:
     """Each rank's step as one stacked bar of its parts (they sum to the step time)."""
-    return alt.Chart(_data(frame)).mark_bar().encode(
+    chart = alt.Chart(_named("parts")).mark_bar().encode(
         x=alt.X("sum(ms):Q", title="ms of the step"), y=alt.Y("rank:O"),
         color=alt.Color("part:N", scale=_scale(_PART_COLOURS, tuple(p.removesuffix("_ms") for p in RANK_PARTS))),
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("part:N"), alt.Tooltip("ms:Q", format=".3f")],
     ).properties(width=WIDTH * 2 // 3)
+    return Plot(chart, {"parts": frame})
 
 
-def bubble_vs_m(curve: pl.DataFrame, measured: pl.DataFrame) -> alt.LayerChart:
+def bubble_vs_m(curve: pl.DataFrame, measured: pl.DataFrame) -> Plot:
     """Formula bubble as a line over m, measured bubbles as points, one colour per family."""
     x = alt.X("m:Q", scale=alt.Scale(type="log", base=2), axis=_M_AXIS, title="microbatches m (log scale)")
-    line = alt.Chart(_data(curve)).mark_line(strokeDash=[5, 3]).encode(
+    line = alt.Chart(_named("curve")).mark_line(strokeDash=[5, 3]).encode(
         x=x, y=alt.Y("bubble:Q", title="bubble (fraction of the step)"), color=alt.Color("family:N"),
         tooltip=[alt.Tooltip("family:N"), alt.Tooltip("m:Q"), alt.Tooltip("bubble:Q", title="formula", format=".3f")])
-    points = alt.Chart(_data(measured)).mark_point(filled=True, size=70).encode(
+    points = alt.Chart(_named("measured")).mark_point(filled=True, size=70).encode(
         x=x, y="bubble_measured:Q", color="family:N",
         tooltip=[alt.Tooltip("run_id:N", title="run"), alt.Tooltip("m:Q"),
                  alt.Tooltip("bubble_measured:Q", title="measured", format=".3f"),
                  alt.Tooltip("bubble_formula:Q", title="formula", format=".3f")])
-    return alt.layer(line, points).properties(width=WIDTH // 2, height=280)
+    chart = alt.layer(line, points).properties(width=WIDTH // 2, height=280)
+    columns = ["family", "run_id", "m", "bubble_measured", "bubble_formula"]
+    return Plot(chart, {"curve": curve, "measured": measured.select(columns)})
 
 
-def step_time_vs_m(terms: pl.DataFrame, measured: pl.DataFrame, title: str) -> alt.LayerChart:
+def step_time_vs_m(terms: pl.DataFrame, measured: pl.DataFrame, title: str) -> Plot:
     """Step time over m as stacked waterfall terms, the measured time as a line, the best m marked."""
     x = alt.X("m:O", title="microbatches m", axis=alt.Axis(labelAngle=0))
-    bars = alt.Chart(_data(terms)).mark_bar().encode(
+    bars = alt.Chart(_named("terms")).mark_bar().encode(
         x=x, y=alt.Y("sum(ms):Q", title="ms per step"),
         color=alt.Color("term:N", scale=_scale(_TERM_COLOURS, WATERFALL_TERMS), title="waterfall term"),
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("m:O"), alt.Tooltip("term:N"), alt.Tooltip("ms:Q", format=".3f")])
-    line = alt.Chart(_data(measured)).mark_line(point=True, color="#333").encode(
+    line = alt.Chart(_named("measured")).mark_line(point=True, color="#333").encode(
         x=x, y="step_time_ms:Q",
         tooltip=[alt.Tooltip("m:O"), alt.Tooltip("step_time_ms:Q", title="measured step (ms)", format=".3f")])
-    best = alt.Chart(_data(measured.filter(pl.col("best")))).mark_text(dy=-12, fontWeight="bold").encode(
-        x=x, y="step_time_ms:Q", text=alt.value("best m"))
-    return alt.layer(bars, line, best, title=title).properties(width=WIDTH // 2, height=280)
+    best = alt.Chart(_named("measured")).transform_filter("datum.best").mark_text(
+        dy=-12, fontWeight="bold").encode(x=x, y="step_time_ms:Q", text=alt.value("best m"))
+    chart = alt.layer(bars, line, best, title=title).properties(width=WIDTH // 2, height=280)
+    return Plot(chart, {"terms": terms, "measured": measured})
 
 
-def schedules_side_by_side(terms: pl.DataFrame) -> alt.FacetChart:
+def schedules_side_by_side(terms: pl.DataFrame) -> Plot:
     """At equal (p, m): each schedule's step time as stacked waterfall terms, one panel per setting."""
-    return alt.Chart(_data(terms)).mark_bar().encode(
+    chart = alt.Chart(_named("terms")).mark_bar().encode(
         x=alt.X("schedule:N", title=None, axis=alt.Axis(labelAngle=0)), y=alt.Y("sum(ms):Q", title="ms per step"),
         color=alt.Color("term:N", scale=_scale(_TERM_COLOURS, WATERFALL_TERMS), title="waterfall term"),
         order=alt.Order("order:Q"),
@@ -126,21 +149,24 @@ def schedules_side_by_side(terms: pl.DataFrame) -> alt.FacetChart:
                  alt.Tooltip("run_id:N", title="run")],
     ).properties(width=45 * max(terms["schedule"].n_unique(), 2), height=240).facet(
         column=alt.Column("setting:N", title=None))
+    return Plot(chart, {"terms": terms})
 
 
-def peak_memory_vs_m(frame: pl.DataFrame) -> alt.Chart:
+def peak_memory_vs_m(frame: pl.DataFrame) -> Plot:
     """Peak activation memory (largest over ranks) against m, one line per schedule family."""
-    return alt.Chart(_data(frame)).mark_line(point=True).encode(
+    chart = alt.Chart(_named("memory")).mark_line(point=True).encode(
         x=alt.X("m:Q", scale=alt.Scale(type="log", base=2), axis=_M_AXIS, title="microbatches m (log scale)"),
         y=alt.Y("peak_mib:Q", title="peak activation memory (MiB, largest rank)"), color="family:N",
         tooltip=[alt.Tooltip("family:N"), alt.Tooltip("m:Q"), alt.Tooltip("peak_mib:Q", format=".2f")],
     ).properties(width=WIDTH // 2, height=280)
+    return Plot(chart, {"memory": frame})
 
 
-def memory_per_rank(frame: pl.DataFrame) -> alt.Chart:
+def memory_per_rank(frame: pl.DataFrame) -> Plot:
     """Peak activation memory per rank (its stages), in MiB."""
-    return alt.Chart(_data(frame)).mark_bar().encode(
+    chart = alt.Chart(_named("memory")).mark_bar().encode(
         x=alt.X("peak_mib:Q", title="peak activation memory (MiB)"), y=alt.Y("rank:O"),
         tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("stage_ids:N", title="stages"),
                  alt.Tooltip("peak_mib:Q", format=".2f")],
     ).properties(width=WIDTH // 2)
+    return Plot(chart, {"memory": frame})

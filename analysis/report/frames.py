@@ -15,7 +15,11 @@ GAP_CLASSES = ("bubble", "p2p_wait", "launch_overhead", "other")
 WATERFALL_TERMS = ("ideal", "formula_bubble", "imbalance", "small_gemm", "launch_overhead", "p2p_wait", "residual")
 DEVIATION_TERMS = WATERFALL_TERMS[2:]
 RANK_PARTS = ("compute_ms", "small_gemm_ms", "bubble_ms", "p2p_wait_ms", "launch_overhead_ms", "other_ms")
-TIMELINE_COLUMNS = ("rank", "track", "what", "action", "microbatch", "start_ms", "end_ms", "duration_ms")
+TIMELINE_COLUMNS = ("rank", "track", "what", "action", "microbatch", "start_ms", "end_ms", "duration_ms", "cells")
+# Above this many rows a timeline is drawn from time bins: the browser stays fast, and a cell a
+# thousandth of the chart wide could not be hovered anyway.
+TIMELINE_ROWS_MAX = 10_000
+TIMELINE_BINS = 600
 
 
 def representative_step(cells: pl.DataFrame) -> int:
@@ -65,7 +69,26 @@ def timeline_frame(cells: pl.DataFrame, gaps: pl.DataFrame | None, step: int) ->
 
 
 def _with_duration(frame: pl.DataFrame) -> pl.DataFrame:
-    return frame.with_columns(duration_ms=(pl.col("end_ms") - pl.col("start_ms")).round(4)).select(TIMELINE_COLUMNS)
+    return frame.with_columns(duration_ms=(pl.col("end_ms") - pl.col("start_ms")).round(4),
+                              cells=pl.lit(1, pl.Int64)).select(TIMELINE_COLUMNS)
+
+
+def coarsen(frame: pl.DataFrame, bins: int = TIMELINE_BINS, rows_max: int = TIMELINE_ROWS_MAX) -> pl.DataFrame:
+    """Past `rows_max` rows, one bar per (rank, track, time bin), coloured by the kind that filled most
+    of it; `cells` says how many rows it stands for, `duration_ms` their summed time."""
+    if frame.height <= rows_max:
+        return frame
+    width = max(frame["end_ms"].max() - frame["start_ms"].min(), 1e-9) / bins
+    binned = frame.with_columns(bin=(pl.col("start_ms") / width).floor().cast(pl.Int64))
+    time_by_kind = binned.group_by("rank", "track", "bin", "what").agg(pl.col("duration_ms").sum())
+    dominant = time_by_kind.sort("duration_ms", "what", descending=[True, False]).unique(
+        subset=["rank", "track", "bin"], keep="first").select("rank", "track", "bin", "what")
+    bars = binned.group_by("rank", "track", "bin").agg(
+        start_ms=pl.col("start_ms").min(), end_ms=pl.col("end_ms").max(),
+        duration_ms=pl.col("duration_ms").sum().round(4), cells=pl.len().cast(pl.Int64))
+    return bars.join(dominant, on=["rank", "track", "bin"]).with_columns(
+        action=pl.format("{} cells, mostly {}", "cells", "what"), microbatch=pl.lit(None, pl.Int64),
+    ).select(TIMELINE_COLUMNS).sort("rank", "start_ms")
 
 
 def ideal_frame(rows: list[tuple]) -> pl.DataFrame:

@@ -12,9 +12,8 @@ import json
 from dataclasses import dataclass
 from urllib.parse import quote
 
-import altair as alt
-
 from analysis.report.assets import bundle_name
+from analysis.report.charts import Plot
 from analysis.report.site import ASSETS_DIR
 
 
@@ -23,7 +22,7 @@ class Figure:
     """One chart on a page: where it goes, what it shows, how to draw it, and the caption under it."""
 
     slot: str
-    chart: alt.TopLevelMixin
+    plot: Plot
     caption: str
     renderer: str = "svg"  # canvas for charts with many marks (timelines)
 
@@ -82,7 +81,7 @@ def link(href: str, text: str) -> Markup:
 
 def chart_script(figures: list[Figure]) -> str:
     """The page's data script: every chart's vega-lite spec, data included, for assets/embed.js."""
-    charts = [{"id": f.slot, "renderer": f.renderer, "spec": f.chart.to_dict()} for f in figures]
+    charts = [{"id": f.slot, "renderer": f.renderer, "spec": f.plot.spec()} for f in figures]
     payload = json.dumps(charts, separators=(",", ":"), sort_keys=True).replace("<", "\\u003c")
     return f"window.REPORT_CHARTS = {payload};\n"
 

@@ -8,7 +8,7 @@ import html
 import polars as pl
 
 from analysis.report import charts
-from analysis.report.frames import (RANK_PARTS, largest_deviation, rank_parts_frame, representative_step,
+from analysis.report.frames import (RANK_PARTS, coarsen, largest_deviation, rank_parts_frame, representative_step,
                                     timeline_frame, waterfall_frame)
 from analysis.report.ideal import ideal_timeline
 from analysis.report.pages import Column, Figure, number, table
@@ -73,12 +73,17 @@ def timeline_figure(run: Run) -> Figure | None:
     measured = timeline_frame(run.cells, run.gaps, step)
     ideal, ideal_caption = ideal_timeline({**run.summary, "calibration": run.config.get("calibration")}, run.cells)
     ranks = measured["rank"].n_unique()
+    shown_measured = coarsen(measured)
+    binned = (f" With {measured.height} rows the timeline is drawn from {shown_measured.height} time bins, each "
+              "coloured by the kind that filled most of it (hover: how many cells)." if shown_measured is not measured
+              else "")
     inferred = run.cells.filter(pl.col("inferred")).height if "inferred" in run.cells.columns else 0
     caption = (f"Measured: step {step} (the step of median length), {measured.height} cells and gaps; each rank's row "
                "has three tracks: compute cells (F/B/I/W), p2p cells (SEND/RECV spans, including blocking waits) and "
                f"the idle gaps by class. {inferred} of the run's cells were inferred from the op stream rather than "
-               f"read from PP: labels. {ideal_caption} Hover a cell for its action, microbatch and duration.")
-    return Figure("timeline", charts.timelines(measured, ideal, ranks, "simulated ideal"), caption, "canvas")
+               f"read from PP: labels. {ideal_caption} Hover a cell for its action, microbatch and duration.{binned}")
+    ideal = None if ideal is None else coarsen(ideal)
+    return Figure("timeline", charts.timelines(shown_measured, ideal, ranks, "simulated ideal"), caption, "canvas")
 
 
 def waterfall_figure(summary: dict) -> Figure:
