@@ -32,7 +32,6 @@ def gpus(count: int):
     (RunRequest("gpipe", 4, 8, device="cuda"), gpus(1), "P=4 ranks need 4 GPUs"),
     (RunRequest("gpipe", 4, 8, device="cuda"), no_gpus, "no GPU"),
     (RunRequest("gpipe", 4, 8), gpus(2), "P=4 ranks need 4 GPUs"),
-    (RunRequest("gpipe", 2, 8, engine="torch"), no_gpus, "not implemented yet"),
     (RunRequest("gpipe", 2, 8, engine="megatron"), no_gpus, "unknown engine"),
     (RunRequest("gpipe", 2, 8, preset="huge"), no_gpus, "unknown preset"),
     (RunRequest("interleaved", 2, 8, v=4, preset="seed", device="cpu"), no_gpus, "v=4 must divide"),

@@ -1,0 +1,51 @@
+"""GPU pipeline traces through the loader: GPU-shaped synthetic runs now, the real H200 runs once a GPU
+session has copied them to ../shared/real-traces/pipeline_gpu/<run>/ (scripts/gpu_check.sh writes them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runners.schedules import build, lower
+
+load = pytest.importorskip("analysis.load")
+synthetic = pytest.importorskip("analysis.synthetic")
+REAL_GPU_RUNS = Path(__file__).resolve().parent.parent.parent / "shared" / "real-traces" / "pipeline_gpu"
+
+
+def device_labels(run) -> dict[int, set[str]]:
+    frame = run.frame()
+    spans = frame.filter((frame["cat"] == "gpu_user_annotation") & frame["name"].str.starts_with("PP:"))
+    return {rank: set(spans.filter(spans["rank"] == rank)["name"].to_list()) for rank in range(run.world_size)}
+
+
+def compute_labels(schedule, rank: int) -> set[str]:
+    return {f"PP:{a}" for a in schedule.orders[rank] if a.kind.is_compute}
+
+
+@pytest.mark.parametrize("name,p,m,v", [("gpipe", 2, 4, 1), ("interleaved", 2, 4, 2), ("zb", 2, 2, 1)])
+def test_gpu_shaped_run_loads_with_device_side_labels(tmp_path, name, p, m, v):
+    schedule = build(name, p, m, v)
+    synthetic.write_run(tmp_path, schedule, shape="gpu", steps=2)
+    run = load.load_run(tmp_path)
+    assert run.world_size == p and run.config["device"] == "cuda"
+    labels = device_labels(run)
+    for rank in range(p):
+        assert compute_labels(lower(schedule), rank) <= labels[rank]
+
+
+def real_gpu_runs() -> list[Path]:
+    return sorted(path for path in REAL_GPU_RUNS.glob("*") if (path / "run.json").exists())
+
+
+@pytest.mark.skipif(not real_gpu_runs(), reason=f"no real GPU pipeline runs in {REAL_GPU_RUNS} yet")
+@pytest.mark.parametrize("directory", real_gpu_runs(), ids=lambda path: path.name)
+def test_real_gpu_run_loads_with_every_compute_action(directory):
+    run = load.load_run(directory)
+    config = run.config
+    assert config["device"] == "cuda" and config["backend"] == "nccl"
+    schedule = lower(build(config["schedule"], config["p"], config["m"], config["v"]))
+    labels = device_labels(run)
+    for rank in range(run.world_size):
+        assert compute_labels(schedule, rank) <= labels[rank]
