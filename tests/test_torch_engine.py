@@ -1,0 +1,54 @@
+"""Both engines on 2 gloo ranks through `python -m runners trace`: the analysis finds every
+microbatch's F and B of every stage on every rank, whatever labels the engine's traces carry
+(native: PP labels; torch: Forward i/Backward i for gpipe, none for 1f1b, post-RECV PP labels for
+interleaved)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analysis.analyze import analyze_run, read_run
+from runners.schedules import build
+
+REPO = Path(__file__).resolve().parent.parent
+M = 4
+pytestmark = pytest.mark.slow
+
+
+def trace(traces: Path, engine: str, schedule: str, v: int) -> Path:
+    command = [sys.executable, "-m", "runners", "trace", "--p", "2", "--m", str(M), "--v", str(v),
+               "--sched", schedule, "--engine", engine, "--preset", "tiny", "--device", "cpu",
+               "--steps", "1", "--timed-steps", "1", "--traces", str(traces)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return (traces / "latest").resolve()
+
+
+@pytest.mark.parametrize("engine", ["native", "torch"])
+@pytest.mark.parametrize(("schedule", "v"), [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+def test_every_microbatch_forward_and_backward_is_found(tmp_path, engine, schedule, v):
+    run = trace(tmp_path, engine, schedule, v)
+    assert json.loads((run / "run.json").read_text())["engine"] == engine
+    result = analyze_run(read_run(run))
+    expected = build(schedule, 2, M, v)
+    compute = result.cells.filter(pl.col("kind").is_in(["F", "B"]))
+    for (rank, step), found in compute.group_by("rank", "step"):
+        wanted = {(s, kind, i) for s in expected.stages_of(rank) for kind in "FB" for i in range(M)}
+        got = list(found.select("stage", "kind", "microbatch").iter_rows())
+        assert sorted(got) == sorted(wanted), (rank, step)
+    assert compute["rank"].n_unique() == 2
+    inferred = result.summary["inferred_cells"]
+    assert (inferred > 0) == (engine == "torch" and schedule != "interleaved")
+
+
+def test_torch_only_schedules_are_refused_by_name_for_native(tmp_path):
+    command = [sys.executable, "-m", "runners", "trace", "--p", "2", "--m", "4", "--v", "2", "--sched", "zbv",
+               "--engine", "native", "--device", "cpu", "--traces", str(tmp_path)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "zbv" in result.stderr and "\n" not in result.stderr.strip()
