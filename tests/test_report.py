@@ -19,6 +19,7 @@ import pytest
 from analysis.report import build_report
 from analysis.report.frames import coarsen, representative_step, timeline_frame, waterfall_frame
 from analysis.report.ideal import ideal_timeline
+from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks
 from analysis.report.runs import run_directories
 from analysis.report.sweeps import formula_curve, families, measured_steps, newest_per_m, run_row, runs_frame
 from runners.schedules import build, simulate
@@ -136,6 +137,15 @@ def test_a_huge_step_is_drawn_from_time_bins_that_keep_its_time():
     # In 1F1B's steady state B (2 units) outweighs F (1 unit) in every bin of rank 0's compute track.
     assert bars.filter((pl.col("rank") == 0) & (pl.col("track") == "compute"))["what"].mode().to_list() == ["B"]
     assert coarsen(frame, rows_max=frame.height) is frame
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_measured_in_flight_peaks_follow_the_schedule(schedule):
+    _, cells, _ = contract_tables(schedule, 4, 8, 1, steps=1, forward_ms=1.0)
+    peaks = peaks_frame(measured_in_flight(cells, 0), theory_peaks({"schedule": schedule, "p": 4, "m": 8}))
+    expected = [8, 8, 8, 8] if schedule == "gpipe" else [4, 3, 2, 1]  # m on every stage; p - s on stage s
+    assert peaks["measured"].to_list() == expected
+    assert peaks["theory"].to_list() == expected
 
 
 def test_ideal_timeline_replays_calibrated_durations():

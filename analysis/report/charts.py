@@ -170,3 +170,16 @@ def memory_per_rank(frame: pl.DataFrame) -> Plot:
                  alt.Tooltip("peak_mib:Q", format=".2f")],
     ).properties(width=WIDTH // 2)
     return Plot(chart, {"memory": frame})
+
+
+def in_flight(measured: pl.DataFrame, peaks: pl.DataFrame) -> Plot:
+    """Live microbatches per rank over the step (steps), the schedule's peak per rank as a dashed rule."""
+    colour = alt.Color("rank:N", title="rank")
+    lines = alt.Chart(_named("live")).mark_line(interpolate="step-after").encode(
+        x=alt.X("t_ms:Q", title="ms from the start of the step"),
+        y=alt.Y("live:Q", title="microbatches in flight"), color=colour,
+        tooltip=[alt.Tooltip("rank:N"), alt.Tooltip("t_ms:Q", format=".3f"), alt.Tooltip("live:Q")])
+    rules = alt.Chart(_named("peaks")).mark_rule(strokeDash=[4, 3]).encode(
+        y="theory:Q", color=colour, tooltip=[alt.Tooltip("rank:N"), alt.Tooltip("theory:Q", title="theory peak")])
+    chart = alt.layer(lines, rules).properties(width=WIDTH * 2 // 3, height=220)
+    return Plot(chart, {"live": measured, "peaks": peaks})

@@ -11,6 +11,7 @@ from analysis.report import charts
 from analysis.report.frames import (RANK_PARTS, coarsen, largest_deviation, rank_parts_frame, representative_step,
                                     timeline_frame, waterfall_frame)
 from analysis.report.ideal import ideal_timeline
+from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
 
@@ -63,13 +64,17 @@ def _plain(value) -> str:
     return str(value)
 
 
+def shown_step(run: Run) -> int:
+    """The summary's ranks and waterfall are its median step's; show that step where it says which."""
+    step = run.summary.get("median_step")
+    return representative_step(run.cells) if step is None else int(step)
+
+
 def timeline_figure(run: Run) -> Figure | None:
     """Measured cells and gaps of a typical step above the ideal replay of the same schedule."""
     if run.cells is None or run.cells.is_empty():
         return None
-    # The summary's ranks and waterfall are its median step's; show the same step where it says which.
-    step = run.summary.get("median_step")
-    step = representative_step(run.cells) if step is None else int(step)
+    step = shown_step(run)
     measured = timeline_frame(run.cells, run.gaps, step)
     ideal, ideal_caption = ideal_timeline({**run.summary, "calibration": run.config.get("calibration")}, run.cells)
     ranks = measured["rank"].n_unique()
@@ -125,6 +130,23 @@ def memory_figure(summary: dict) -> Figure | None:
     return Figure("memory", charts.memory_per_rank(frame), caption)
 
 
+def in_flight_section(run: Run) -> tuple[str, Figure | None]:
+    """Measured in-flight microbatches over the step against the schedule's peaks, as a chart and a table."""
+    theory = theory_peaks(run.summary)
+    if run.cells is None or run.cells.is_empty() or theory is None:
+        return "<p>No in-flight count: no cells, or the schedule cannot be rebuilt.</p>", None
+    step = shown_step(run)
+    measured = measured_in_flight(run.cells, step)
+    peaks = peaks_frame(measured, theory)
+    columns = [Column("rank", "pipeline rank"),
+               Column("measured peak", "most microbatches whose forward had ended and freeing backward had not"),
+               Column("theory peak", "the schedule's own count (runners.schedules.in_flight)")]
+    figure = Figure("in-flight", charts.in_flight(measured, peaks),
+                    f"Step {step}: microbatches in flight per rank (activations held for backward), counted from the "
+                    "cells; dashed: the schedule's peak (GPipe: m on every stage; 1F1B: p - s on stage s).")
+    return table(columns, [list(row) for row in peaks.iter_rows()]) + figure.html(), figure
+
+
 def rules_html(summary: dict) -> str:
     rules = summary.get("rules") or {}
     columns = [Column("threshold", "name of the classification rule's parameter", text=True),
@@ -150,6 +172,7 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
                    "Each rank's step split into its parts in ms (they sum to the step time): compute at reference "
                    "efficiency, small-GEMM excess, bubble, p2p wait, launch overhead, other idle.")
     memory = memory_figure(summary)
+    in_flight_html, in_flight = in_flight_section(run)
     sections = [
         '<p><a href="../index.html">all runs</a></p>',
         f"<h1>{html.escape(run.run_id)}</h1>",
@@ -157,9 +180,10 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         "<h2>Timeline</h2>", timeline.html() if timeline else "<p>No cells table: the timeline cannot be drawn.</p>",
         "<h2>Waterfall: from the formula to the measurement</h2>", waterfall.html(),
         "<h2>Per rank</h2>", parts_html(summary), parts.html(),
-        "<h2>Activation memory</h2>", memory.html() if memory else "<p>This run recorded no activation memory.</p>",
+        "<h2>Activation memory</h2>", in_flight_html,
+        memory.html() if memory else "<p>This run recorded no activation bytes.</p>",
         "<h2>Thresholds used</h2>", rules_html(summary),
         "<h2>Merged trace</h2>", merged_html(merged_href),
         "<h2>Configuration</h2>", config_html(run),
     ]
-    return "\n".join(sections), [f for f in (timeline, waterfall, parts, memory) if f is not None]
+    return "\n".join(sections), [f for f in (timeline, waterfall, parts, in_flight, memory) if f is not None]

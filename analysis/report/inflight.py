@@ -1,0 +1,42 @@
+"""Microbatches in flight (activations stashed for backward) per rank over a step, against theory.
+
+Measured: +1 when a forward ends, -1 when the backward that frees its activations ends (W where the
+backward is split, else B). Theory: runners.schedules.in_flight on the run's schedule (GPipe holds m
+on every stage, 1F1B p - s on stage s), never hard-coded here.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from runners.schedules import ScheduleError, build, in_flight
+
+
+def measured_in_flight(cells: pl.DataFrame, step: int) -> pl.DataFrame:
+    """(rank, t_ms, live): the count after each forward or freeing backward of `step`, t from the step start."""
+    step_cells = cells.filter(pl.col("step") == step)
+    release = "W" if (step_cells["kind"] == "W").any() else "B"
+    origin = step_cells["start_ns"].min()
+    changes = step_cells.filter(pl.col("kind").is_in(["F", release])).sort("rank", "end_ns")
+    return changes.select(
+        pl.col("rank").cast(pl.Int64),
+        t_ms=((pl.col("end_ns") - origin) / 1e6).round(4),
+        live=pl.when(pl.col("kind") == "F").then(1).otherwise(-1).cum_sum().over("rank").cast(pl.Int64),
+    )
+
+
+def theory_peaks(summary: dict) -> dict[int, int] | None:
+    """Per rank, the most microbatches the schedule keeps in flight; None if it cannot be rebuilt."""
+    try:
+        schedule = build(str(summary["schedule"]), int(summary["p"]), int(summary["m"]), int(summary.get("v") or 1))
+    except (KeyError, TypeError, ValueError, ScheduleError):
+        return None
+    return {rank: max(counts, default=0) for rank, counts in enumerate(in_flight(schedule))}
+
+
+def peaks_frame(measured: pl.DataFrame, theory: dict[int, int]) -> pl.DataFrame:
+    """(rank, measured, theory) peak counts side by side."""
+    peaks = measured.group_by("rank").agg(measured=pl.col("live").max())
+    expected = pl.DataFrame({"rank": list(theory), "theory": list(theory.values())}, schema={"rank": pl.Int64,
+                                                                                           "theory": pl.Int64})
+    return expected.join(peaks, on="rank", how="left").select("rank", "measured", "theory").sort("rank")
