@@ -118,14 +118,14 @@ def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say) -> d
         results["throughput"] = _throughput(args, workdir, say)
     if SWEEP_PARTS & set(parts):
         say("sweep: p=2, gpipe and 1f1b")
-        rows = sweep(plan, ("gpipe", "1f1b"), 2, _counts(args.ms, "--ms"), say)
-        results["sweep"] = rows
+        rows, skipped = sweep(plan, ("gpipe", "1f1b"), 2, _counts(args.ms, "--ms"), say)
+        results["sweep"], results["skipped"] = rows, skipped
         results["profiler"] = profiler_overhead(rows)
         results["sim"] = simulator_accuracy(rows)
     if "seed" in parts:
         say("seed: gpipe p=4 (4 single-threaded ranks on the usable cores)")
         seed_rows = [row for row in results["sweep"] if row["schedule"] == "gpipe"]
-        seed_rows += sweep(plan, ("gpipe",), 4, _counts(args.p4_ms, "--p4-ms"), say)
+        seed_rows += sweep(plan, ("gpipe",), 4, _counts(args.p4_ms, "--p4-ms"), say)[0]
         results["seed"] = {"rows": seed_rows, "optimum_m": seed_optimum(seed_rows)}
     if "executor" in parts:
         say("executor: native vs torch, p=2, A B A B")

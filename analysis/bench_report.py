@@ -121,7 +121,8 @@ def render(document: dict) -> str:
     if "sweep" in results:
         lines += ["## 3-4. Profiler overhead and simulator accuracy (p=2 sweep, one run each)", "",
                   "step_ms: median of the run's unprofiled steps (min, max); profiled: the analysed median step; "
-                  "sim_error: simulated / profiled - 1.", "", *_table(SWEEP_COLUMNS, results["sweep"])]
+                  "sim_error: simulated / profiled - 1.", "", *_table(SWEEP_COLUMNS, results["sweep"]),
+                  *(f"Skipped: {reason}" for reason in results.get("skipped", [])), ""]
     if "seed" in results:
         lines += ["## 5. The seed's experiment on CPU (gpipe)", "",
                   "Seed columns, then ours. slot_ms: stage 0's F+B per microbatch in the profiled step; "

@@ -18,6 +18,7 @@ import polars as pl
 from analysis.analyze import analyze_run, read_run
 from analysis.bench_stats import stats, verdict
 from analysis.decompose import BARS
+from analysis.errors import InputError
 from runners.launch import LaunchError, launch
 from runners.request import RequestError, RunRequest, resolve
 
@@ -69,17 +70,34 @@ def sweep_row(run_dir: Path) -> dict:
     }
 
 
+def _requests(plan: RunPlan, schedules: tuple[str, ...], p: int, ms: tuple[int, ...]) -> tuple[list, list[str]]:
+    """Every request checked before the first run starts; those a schedule refuses (1f1b needs m >= p) are
+    skipped with the reason, any other refusal is bad input."""
+    requests, skipped = [], []
+    for schedule in schedules:
+        for m in ms:
+            try:
+                requests.append(request(plan, schedule, p, m))
+            except RequestError as error:
+                if not str(error).startswith(f"{schedule}:"):
+                    raise InputError(None, str(error)) from None
+                skipped.append(f"{schedule} p={p} m={m}: {error}")
+    return requests, skipped
+
+
 def sweep(plan: RunPlan, schedules: tuple[str, ...], p: int, ms: tuple[int, ...],
-          progress: Callable[[str], None]) -> list[dict]:
-    """One run per (schedule, m), every request checked before the first starts."""
-    requests = [request(plan, schedule, p, m) for schedule in schedules for m in ms]
+          progress: Callable[[str], None]) -> tuple[list[dict], list[str]]:
+    """One run per (schedule, m); returns the rows and the combinations skipped."""
+    requests, skipped = _requests(plan, schedules, p, ms)
+    for reason in skipped:
+        progress(f"  skipped {reason}")
     rows = []
     for done, resolved in enumerate(requests, start=1):
         row = sweep_row(launch(resolved, plan.traces))
         rows.append(row)
         progress(f"  [{done}/{len(requests)}] {row['schedule']} p={p} m={row['m']}: step {row['step_ms']:.1f} ms, "
                  f"profiled {row['profiled_step_ms']:.1f}, simulated {row['simulated_step_ms']:.1f}")
-    return rows
+    return rows, skipped
 
 
 def profiler_overhead(rows: list[dict]) -> dict:

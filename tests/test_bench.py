@@ -102,3 +102,50 @@ def test_bench_refuses_unknown_parts(tmp_path, capsys):
     assert main(["bench", "--only", "throughput,speed", "--out", str(tmp_path)]) == 2
     assert "speed" in capsys.readouterr().err
     assert not (tmp_path / "results.json").exists()
+
+
+def test_executor_part_says_when_the_torch_engine_is_missing(monkeypatch, tmp_path):
+    from analysis import bench_runs
+    from runners import request
+
+    monkeypatch.setattr(request, "READY_ENGINES", ("native",))
+    plan = bench_runs.RunPlan(tmp_path, "tiny", 1, 1)
+    result = bench_runs.executor_overhead(plan, (("gpipe", 2),), 1, print)
+    assert result["available"] is False and result["reason"].startswith("torch engine not available")
+    assert not any(tmp_path.iterdir())  # refused before any run started
+
+
+def test_seed_optimum_is_the_fastest_m_per_schedule_and_p():
+    rows = [{"schedule": "gpipe", "p": 2, "m": m, "step_ms": ms} for m, ms in ((1, 90.0), (4, 60.0), (8, 70.0))]
+    rows.append({"schedule": "gpipe", "p": 4, "m": 1, "step_ms": 10.0})
+    from analysis.bench_runs import seed_optimum
+
+    assert seed_optimum(rows) == {"gpipe p=2": 4, "gpipe p=4": 1}
+
+
+def test_sweep_skips_what_a_schedule_refuses_and_refuses_bad_presets(tmp_path):
+    from analysis.bench_runs import RunPlan, _requests
+    from analysis.errors import InputError
+
+    requests, skipped = _requests(RunPlan(tmp_path, "tiny", 1, 1), ("gpipe", "1f1b"), 2, (1, 2))
+    assert [(r.request.schedule, r.request.m) for r in requests] == [("gpipe", 1), ("gpipe", 2), ("1f1b", 2)]
+    assert len(skipped) == 1 and skipped[0].startswith("1f1b p=2 m=1: ")
+    with pytest.raises(InputError, match="preset"):
+        _requests(RunPlan(tmp_path, "huge", 1, 1), ("gpipe",), 2, (2,))
+
+
+@pytest.mark.slow
+def test_bench_sweep_smoke(tmp_path):
+    """Two tiny p=2 runs through the launcher and our analysis: the sweep's columns, profiler and simulator figures."""
+    out = tmp_path / "out"
+    assert main(["bench", "--only", "sim,profiler", "--ms", "2", "--preset", "tiny", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())["results"]
+    rows = results["sweep"]
+    assert sorted(row["schedule"] for row in rows) == ["1f1b", "gpipe"]
+    for row in rows:
+        assert row["p"] == 2 and row["m"] == 2 and row["bubble_theory"] == pytest.approx(1 / 3)
+        assert row["slot_ms"] > 0 and row["step_ms_min"] <= row["step_ms"] <= row["step_ms_max"]
+        assert row["profiler_ratio"] == pytest.approx(row["profiled_step_ms"] / row["step_ms"])
+        assert abs(row["sim_error"]) < 1  # a replay of the measured step, not something unrelated
+    assert results["sim"]["runs"] == 2 and results["profiler"]["n"] == 2
+    assert "## 3-4. Profiler overhead and simulator accuracy" in (out / "RESULTS.md").read_text()
