@@ -126,9 +126,8 @@ def backward_weight(ctx: StepContext, state: StepState, action: Action) -> None:
 
 
 def _receive(ctx: StepContext, action: Action, src_stage: int, is_gradient: bool) -> torch.Tensor:
-    rows = ctx.first_inputs[action.microbatch].shape[0]
-    model = ctx.first_inputs[0]
-    buffer = torch.empty(rows, ctx.width, dtype=model.dtype, device=model.device)
+    like = ctx.first_inputs[action.microbatch]  # same rows, dtype and device as the message
+    buffer = torch.empty(like.shape[0], ctx.width, dtype=like.dtype, device=like.device)
     tag = message_tag(src_stage, is_gradient, action.microbatch, ctx.n_stages)
     return ctx.links.recv(buffer, ctx.rank_of(src_stage), tag, is_gradient)
 
