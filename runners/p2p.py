@@ -11,6 +11,7 @@ Gloo matches by tag, so every message also carries a tag naming it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -44,14 +45,14 @@ class Links:
         return buffer
 
 
-def open_links(backend: str) -> Links:
+def open_links(backend: str, timeout: timedelta) -> Links:
     """Create the four channel groups; every rank must call this at the same point (collective)."""
     world = list(range(dist.get_world_size()))
     groups = {}
     for is_gradient in (False, True):
         for upward in (True, False):
             name = f"pp_{'gradient' if is_gradient else 'activation'}_{'up' if upward else 'down'}"
-            groups[(is_gradient, upward)] = dist.new_group(world, backend=backend, group_desc=name)
+            groups[(is_gradient, upward)] = dist.new_group(world, timeout=timeout, backend=backend, group_desc=name)
     return Links(groups)
 
 

@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -34,6 +35,8 @@ from runners.schedules import Schedule, build, lower
 from runners.torch_engine import torch_step
 
 PROFILER_WAIT, PROFILER_WARMUP = 1, 1
+# A peer that died or hung fails the run within minutes instead of gloo's default 30 (a step takes seconds).
+PEER_TIMEOUT = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class RankSetup:
 def native_step(setup: RankSetup) -> Callable[[], None]:
     """runners/execute.py running this rank's lowered order."""
     request = setup.resolved.request
-    links = open_links(setup.resolved.backend) if request.p > 1 else None
+    links = open_links(setup.resolved.backend, PEER_TIMEOUT) if request.p > 1 else None
     ctx = StepContext(setup.rank, setup.schedule.n_stages, setup.schedule.rank_of, setup.stages, links,
                       split_microbatches(setup.batch, request.m), setup.resolved.preset.width)
     return partial(run_step, ctx, setup.schedule.orders[setup.rank], setup.optimizer)
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         device_id = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device_id)
     args.run_dir.mkdir(parents=True, exist_ok=True)
-    dist.init_process_group(resolved.backend, device_id=device_id)
+    dist.init_process_group(resolved.backend, timeout=PEER_TIMEOUT, device_id=device_id)
     try:
         run_rank(resolved, args.run_dir)
     finally:
