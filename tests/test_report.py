@@ -19,7 +19,7 @@ import pytest
 from analysis.report import build_report
 from analysis.report.frames import coarsen, representative_step, timeline_frame, waterfall_frame
 from analysis.report.ideal import ideal_timeline
-from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks
+from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks, thinned
 from analysis.report.runs import run_directories
 from analysis.report.sweeps import formula_curve, families, measured_steps, newest_per_m, run_row, runs_frame
 from runners.schedules import build, simulate
@@ -146,6 +146,9 @@ def test_measured_in_flight_peaks_follow_the_schedule(schedule):
     expected = [8, 8, 8, 8] if schedule == "gpipe" else [4, 3, 2, 1]  # m on every stage; p - s on stage s
     assert peaks["measured"].to_list() == expected
     assert peaks["theory"].to_list() == expected
+    thin = thinned(measured_in_flight(cells, 0), bins=4, rows_max=10)
+    assert thin.height <= 4 * 4 and thin.group_by("rank").agg(pl.col("live").max()).sort("rank")["live"].to_list() \
+        == expected
 
 
 def test_ideal_timeline_replays_calibrated_durations():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from analysis.report.frames import TIMELINE_BINS, TIMELINE_ROWS_MAX
 from runners.schedules import ScheduleError, build, in_flight
 
 
@@ -23,6 +24,17 @@ def measured_in_flight(cells: pl.DataFrame, step: int) -> pl.DataFrame:
         t_ms=((pl.col("end_ns") - origin) / 1e6).round(4),
         live=pl.when(pl.col("kind") == "F").then(1).otherwise(-1).cum_sum().over("rank").cast(pl.Int64),
     )
+
+
+def thinned(live: pl.DataFrame, bins: int = TIMELINE_BINS, rows_max: int = TIMELINE_ROWS_MAX) -> pl.DataFrame:
+    """Past `rows_max` rows, each rank's count at its highest per time bin: the peaks survive, the page stays small."""
+    if live.height <= rows_max:
+        return live
+    first = live["t_ms"].min()
+    width = max(live["t_ms"].max() - first, 1e-9) / bins
+    time_bin = ((pl.col("t_ms") - first) / width).floor().clip(upper_bound=bins - 1)
+    return (live.group_by("rank", bin=time_bin)
+            .agg(pl.col("t_ms").min(), pl.col("live").max()).drop("bin").sort("rank", "t_ms"))
 
 
 def theory_peaks(summary: dict) -> dict[int, int] | None:

@@ -11,7 +11,7 @@ from analysis.report import charts
 from analysis.report.frames import (RANK_PARTS, coarsen, largest_deviation, rank_parts_frame, representative_step,
                                     timeline_frame, waterfall_frame)
 from analysis.report.ideal import ideal_timeline
-from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks
+from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks, thinned
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
 
@@ -141,7 +141,7 @@ def in_flight_section(run: Run) -> tuple[str, Figure | None]:
     columns = [Column("rank", "pipeline rank"),
                Column("measured peak", "most microbatches whose forward had ended and freeing backward had not"),
                Column("theory peak", "the schedule's own count (runners.schedules.in_flight)")]
-    figure = Figure("in-flight", charts.in_flight(measured, peaks),
+    figure = Figure("in-flight", charts.in_flight(thinned(measured), peaks),
                     f"Step {step}: microbatches in flight per rank (activations held for backward), counted from the "
                     "cells; dashed: the schedule's peak (GPipe: m on every stage; 1F1B: p - s on stage s).")
     return table(columns, [list(row) for row in peaks.iter_rows()]) + figure.html(), figure
