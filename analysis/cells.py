@@ -82,15 +82,21 @@ def step_spans(frame: pl.DataFrame, on_device: bool = False) -> pl.DataFrame:
 
 
 def _device_windows(frame: pl.DataFrame, host: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
-    """GPU step windows: Kineto's device-side step spans, else the host span stretched over the
-    device spans of the step's cells (the device runs behind the host)."""
+    """GPU step windows: Kineto's device-side step spans, else the device's own: from the step's first
+    cell to the next step's first cell; the last step runs to its last cell or its host span's end,
+    whichever is later. The host runs ahead of the device, so host spans cut the device's work apart
+    and two steps stretched over their cells would overlap."""
     device = step_spans(frame, on_device=True)
     if device.height:
         return device
     reach = cells.group_by("rank", "step").agg(pl.col("start_ns").min().alias("first"), pl.col("end_ns").max().alias("last"))
     return (
         host.join(reach, on=["rank", "step"], how="left")
-        .with_columns(start_ns=pl.min_horizontal("start_ns", "first"), end_ns=pl.max_horizontal("end_ns", "last"))
+        .sort("rank", "start_ns")
+        .with_columns(
+            start_ns=pl.coalesce("first", "start_ns"),
+            end_ns=pl.coalesce(pl.col("first").shift(-1).over("rank"), pl.max_horizontal("end_ns", "last")),
+        )
         .drop("first", "last")
     )
 

@@ -5,7 +5,8 @@
 
 The lowered schedule is replayed by runners.schedules.simulate with the chosen compute durations (the
 reference time x slowdown), the p2p latency on every cross-rank edge and the launch gap before every
-compute action; each step is one replay, steps back to back. Per rank and step the truth splits the step
+compute action but a rank's first (a device's step begins with its first work: idle before that cannot
+be told from the previous step's); each step is one replay, steps back to back. Per rank and step the truth splits the step
 exactly: compute (reference), small_gemm (the slowdown's excess), launch_overhead (the gaps), p2p_wait
 (waiting after the peer had sent: the latency), bubble (the rest: waiting for a producer, head, tail).
 Clock offsets shift a rank's timestamps only, never the truth.
@@ -19,6 +20,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -29,6 +31,7 @@ from runners.schedules.dependencies import matching_send
 
 BASE_TIME_NS = 1_700_000_000 * 10**9  # written as baseTimeNanoseconds; ts counts from ORIGIN_NS after it
 ORIGIN_NS = 10 * 10**9  # leaves room for negative clock offsets
+STEP_HEAD_NS = 10_000  # GPU: host time in a step before its first launch (data, zero_grad)
 DEFAULT_US = {"F": 1000.0, "B": 2000.0, "I": 1000.0, "W": 1000.0}
 
 Durations = Mapping[str | tuple[int, str], float]  # kind -> us for every stage; (stage, kind) overrides
@@ -75,8 +78,9 @@ def synthesize(
     def duration(_rank: int, action: Action) -> float:
         return round(reference_ns(durations_us, action) * factor(slowdown, action)) if action.kind.is_compute else 0
 
+    firsts = {order[0] for order in lowered.orders}
     timeline = simulate(lowered, duration=duration, latency=lambda *_: latency,
-                        gap=lambda _r, a: gap if a.kind.is_compute else 0)
+                        gap=lambda _r, a: gap if a.kind.is_compute and a not in firsts else 0)
     cells = _cells(lowered, timeline.rows, gap)
     step_ns = round(timeline.makespan)
     truth = {r: _truth(r, step_ns, cells, durations_us, gap, latency) for r in cells}
@@ -91,18 +95,19 @@ def _cells(schedule: Schedule, rows, gap: int) -> dict[int, list[shapes.Cell]]:
     cells: dict[int, list[shapes.Cell]] = {r: [] for r in range(schedule.p)}
     for rank, action, start, end in rows:  # by rank, then in order
         free = cells[rank][-1].end if cells[rank] else 0
-        cells[rank].append(shapes.Cell(action, free, round(start), round(end), action.kind.is_compute and gap > 0))
+        late = not cells[rank] or (action.kind.is_compute and gap > 0)  # nothing queued ahead of a first action
+        cells[rank].append(shapes.Cell(action, free, round(start), round(end), late))
     return cells
 
 
 def _truth(rank: int, step_ns: int, cells, durations_us: Durations, gap: int, latency: int) -> RankTruth:
     ends = {cell.action: cell.end for rank_cells in cells.values() for cell in rank_cells}
     compute = measured = p2p = launches = 0
-    for cell in cells[rank]:
+    for index, cell in enumerate(cells[rank]):
         if cell.action.kind.is_compute:
             compute += reference_ns(durations_us, cell.action)
             measured += cell.end - cell.start
-            launches += gap
+            launches += gap if index else 0
         elif cell.action.kind in (Kind.RECV_F, Kind.RECV_B):
             sent = ends[matching_send(cell.action)]
             p2p += cell.end - max(cell.issue, sent)  # the wait after the peer had sent
@@ -115,20 +120,16 @@ def _document(schedule: Schedule, rank: int, cells, step_ns: int, steps: int, sh
               run_id: str) -> dict[str, Any]:
     pid, device = 4000 + rank, rank
     events = shapes.metadata(pid, pid, "python", f"thread {pid} (python)")
+    shifts = [ORIGIN_NS + offset + step * step_ns for step in range(steps)]
+    moved = [[shapes.Cell(c.action, c.issue + s, c.start + s, c.end + s, c.late) for c in cells] for s in shifts]
     if shape == "gpu":
         events += shapes.metadata(device, shapes.COMPUTE_STREAM, f"GPU {device}", f"stream {shapes.COMPUTE_STREAM}")
         events += shapes.metadata(device, shapes.COMM_STREAM, f"GPU {device}", f"stream {shapes.COMM_STREAM}")
-    correlation = 1
-    for step in range(steps):
-        shift = ORIGIN_NS + offset + step * step_ns
-        events.append(shapes.span(f"ProfilerStep#{step}", "user_annotation", pid, pid, shift, shift + step_ns))
-        for cell in cells:
-            moved = shapes.Cell(cell.action, cell.issue + shift, cell.start + shift, cell.end + shift, cell.late)
-            if shape == "gpu":
-                events += shapes.gpu_cell(moved, pid, device, correlation)
-                correlation += 1
-            else:
-                events += shapes.cpu_cell(moved, pid)
+        events += _gpu_steps(moved, pid, device, shifts[-1] + step_ns)
+    else:
+        for step, (shift, step_cells) in enumerate(zip(shifts, moved)):
+            events.append(shapes.span(f"ProfilerStep#{step}", "user_annotation", pid, pid, shift, shift + step_ns))
+            events += [event for cell in step_cells for event in shapes.cpu_cell(cell, pid)]
     gpu = [{"id": device, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
     return {
         "schemaVersion": 1,
@@ -139,6 +140,28 @@ def _document(schedule: Schedule, rank: int, cells, step_ns: int, steps: int, sh
         "traceName": f"synthetic rank{rank}",
         "traceEvents": events,
     }
+
+
+def _gpu_steps(steps: list[list[shapes.Cell]], pid: int, device: int, last_end: int) -> list[dict[str, Any]]:
+    """Every step's launches and kernels, and host ProfilerStep spans that hold their launches.
+
+    As in real GPU traces the host runs ahead of the device: step k's host span begins STEP_HEAD_NS
+    before its first label (not before the previous step's last) and ends where step k+1's begins, while
+    the device may still run step k's kernels; the last ends with the pipeline's step (the profiler
+    synchronises before it stops).
+    """
+    launches = shapes.host_launches([cell for step in steps for cell in step])
+    bounds = list(accumulate((len(step) for step in steps), initial=0))
+    per_step = [launches[a:b] for a, b in zip(bounds, bounds[1:])]
+    heads = [shapes.label_start(ends[0]) - STEP_HEAD_NS for ends in per_step]
+    begins = heads[:1] + [max(head, ends[-1] + shapes.LABEL_PAD_NS) for head, ends in zip(heads[1:], per_step)]
+    events = []
+    for step, (step_cells, ends) in enumerate(zip(steps, per_step)):
+        finish = begins[step + 1] if step + 1 < len(steps) else last_end
+        events.append(shapes.span(f"ProfilerStep#{step}", "user_annotation", pid, pid, begins[step], finish))
+        for number, (cell, launch_end) in enumerate(zip(step_cells, ends)):
+            events += shapes.gpu_cell(cell, pid, device, bounds[step] + number + 1, launch_end)
+    return events
 
 
 def calibration(schedule: Schedule, durations_us: Durations) -> dict[str, dict[str, float]]:

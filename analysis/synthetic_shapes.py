@@ -17,6 +17,7 @@ COMPUTE_STREAM = 7
 COMM_STREAM = 20
 LAUNCH_NS = 4_000  # one cudaLaunchKernel call on the host
 HOST_LEAD_NS = 20_000  # how far ahead of the device a host that is not late issues work
+LABEL_PAD_NS = 1_000  # host time in a PP label before and after its launch call
 _OPS = {  # (outer op, inner op) that fill a compute cell, as in the runners' CPU traces
     Kind.F: ("aten::linear", "aten::gelu"),
     Kind.B: ("autograd::engine::evaluate_function: MmBackward0", "aten::mm"),
@@ -31,7 +32,8 @@ class Cell:
     issue: int
     start: int
     end: int
-    late: bool  # the host issued it after the device was ready (an injected launch gap)
+    late: bool  # the host issued it once the device was ready, nothing queued: an injected launch gap, or
+    # a rank's first action (a kernel launched ahead into an idle device would start at once)
 
 
 def span(name: str, cat: str, pid: int, tid: int, start: int, end: int, **args: Any) -> dict[str, Any]:
@@ -63,18 +65,41 @@ def cpu_cell(cell: Cell, pid: int) -> list[dict[str, Any]]:
     return [label, span("c10d::send", "cpu_op", pid, pid, cell.start, cell.end)]
 
 
-def gpu_cell(cell: Cell, pid: int, device: int, correlation: int) -> list[dict[str, Any]]:
-    """Host PP span + cudaLaunchKernel; the kernel and a gpu_user_annotation on its stream; ac2g flow."""
+def host_launches(cells: list[Cell]) -> list[int]:
+    """When the host finishes launching each cell's kernel (ns), cells in the rank's order.
+
+    One host thread issues in order, so label spans follow one another; a host that is not late issues
+    HOST_LEAD_NS before the device needs the kernel, a late one exactly when the device is ready (the
+    injected launch gap: nothing queued). Placed from the last cell back, so a run of comm cells that
+    the device starts at one instant gets consecutive, distinct host spans, as in real traces.
+    """
+    ends: list[int] = []
+    next_label = None
+    for cell in reversed(cells):
+        device_start = cell.start if cell.action.kind.is_compute else cell.issue
+        wanted = device_start if cell.late else device_start - HOST_LEAD_NS
+        end = wanted if next_label is None else min(wanted, next_label - LABEL_PAD_NS)
+        ends.append(end)
+        next_label = end - LAUNCH_NS - LABEL_PAD_NS
+    return ends[::-1]
+
+
+def label_start(launch_end: int) -> int:
+    return launch_end - LAUNCH_NS - LABEL_PAD_NS
+
+
+def gpu_cell(cell: Cell, pid: int, device: int, correlation: int, launch_end: int) -> list[dict[str, Any]]:
+    """Host PP span around one cudaLaunchKernel; the kernel and a gpu_user_annotation on its stream
+    (the NCCL stream starts after the work before it, as ProcessGroupNCCL makes it wait); ac2g flow."""
     kind = cell.action.kind
     device_start = cell.start if kind.is_compute else cell.issue
-    launch_end = device_start if cell.late else min(device_start, cell.issue) - HOST_LEAD_NS
     launch_start = launch_end - LAUNCH_NS
     stream = COMPUTE_STREAM if kind.is_compute else COMM_STREAM
     kernel = "ampere_sgemm_128x64_tn" if kind.is_compute else "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"
     ids = {"correlation": correlation, "External id": correlation}
     label = f"PP:{cell.action}"
     return [
-        span(label, "user_annotation", pid, pid, launch_start, launch_end + 1_000),
+        span(label, "user_annotation", pid, pid, label_start(launch_end), launch_end + LABEL_PAD_NS),
         span("cudaLaunchKernel", "cuda_runtime", pid, pid, launch_start, launch_end, cbid=211, **ids),
         span(kernel, "kernel", device, stream, device_start, cell.end, device=device, stream=stream, **ids),
         span(label, "gpu_user_annotation", device, stream, device_start, cell.end, device=device, stream=stream),

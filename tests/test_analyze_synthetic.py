@@ -1,5 +1,6 @@
-"""Ground truth: synthetic runs with injected latency, launch gaps, slowdown and clock offsets are
-recovered per rank within 2% (or 1 us), for every schedule, and every rank's parts close exactly."""
+"""Ground truth: synthetic runs (CPU- and GPU-shaped) with injected latency, launch gaps, slowdown and
+clock offsets are recovered per rank within 2% (or 1 us), for every schedule, and every rank's parts
+close exactly."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ def close(got_ms: float, want_ns: int) -> bool:
 
 @pytest.mark.parametrize("name,p,m,v", CASES)
 @pytest.mark.parametrize("offsets", [None, "skewed"])
-def test_injected_parts_are_recovered_per_rank(tmp_path, name, p, m, v, offsets):
+@pytest.mark.parametrize("shape", ["cpu", "gpu"])
+def test_injected_parts_are_recovered_per_rank(tmp_path, name, p, m, v, offsets, shape):
     clock = {r: (-1) ** r * 3_000_000 * r for r in range(p)} if offsets else None
-    synthetic = write_run(tmp_path, build(name, p, m, v), clock_offset_ns=clock, **INJECTED)
+    synthetic = write_run(tmp_path, build(name, p, m, v), clock_offset_ns=clock, shape=shape, **INJECTED)
     summary = analyze_run(read_run(tmp_path)).summary
     assert summary["step_time_ms"] * 1e6 == pytest.approx(synthetic.truth[0].step_ns, abs=1)
     for rank in summary["ranks"]:

@@ -6,12 +6,14 @@ import gzip
 import json
 import shutil
 
+import polars as pl
 import pytest
 
 from analysis import synthetic
 from analysis.__main__ import main
 from analysis.errors import InputError
-from analysis.load import read_trace
+from analysis.cells import CELL_KEY, rank_cells
+from analysis.load import load_run, read_trace
 from analysis.merge import merge, read_ranks
 from analysis.perfetto_check import problems
 from runners.schedules import build
@@ -51,9 +53,18 @@ def test_synthetic_skew_recovered_and_trace_valid(tmp_path, shape):
     for arrow in arrows.values():
         assert abs(arrow["s"]["pid"] - arrow["f"]["pid"]) == 1
         assert arrow["f"]["ts"] >= arrow["s"]["ts"]  # causal once aligned (unaligned, 5 ms skews break this)
-    if shape == "gpu" and estimate.transfers != 144:
-        pytest.xfail(f"analysis.cells finds {estimate.transfers} of 144 transfers in the synthetic GPU trace")
     assert estimate.transfers == 3 * 2 * 3 * 8  # steps x directions x stage boundaries x microbatches
+
+
+def test_every_gpu_transfer_cell_is_its_one_nccl_kernel(tmp_path):
+    synthetic.write_run(tmp_path, build("1f1b", 4, 8), p2p_latency_us=50, clock_offset_ns=OFFSETS, shape="gpu")
+    for trace in load_run(tmp_path).traces:
+        found = rank_cells(trace.frame, trace.path)
+        transfers = found.cells.filter(pl.col("kind").str.contains("SEND|RECV"))
+        nccl = found.kernels.filter("is_p2p").group_by(CELL_KEY).agg(pl.len(), pl.col("start_ns").min().alias("k_start"))
+        matched = transfers.join(nccl, on=CELL_KEY)
+        assert matched.height == transfers.height == 3 * 8 * (1 if trace.rank in (0, 3) else 2) * 2
+        assert (matched["len"] == 1).all() and (matched["start_ns"] == matched["k_start"]).all()
 
 
 def test_gpu_arrows_start_on_nccl_kernels_and_launch_flows_stay_in_their_rank(tmp_path):

@@ -39,7 +39,8 @@ def test_gpipe_two_ranks_by_hand():
 def test_launch_gaps_and_slowdown_are_counted_per_compute_action():
     schedule = build("1f1b", 2, 4)
     result = synthesize(schedule, launch_gap_us=10, slowdown={(0, "F"): 2.0})
-    assert result.truth[0].launch_overhead_ns == 8 * 10_000  # 4 F + 4 B on rank 0
+    # 4 F + 4 B on rank 0, but its first (0F0) begins the device's step: no gap before it
+    assert result.truth[0].launch_overhead_ns == 7 * 10_000
     assert result.truth[0].small_gemm_ns == 4 * 1_000_000  # F at twice the reference 1000 us
     assert result.truth[1].small_gemm_ns == 0
 
@@ -62,7 +63,32 @@ def test_written_run_loads_and_its_labels_sit_where_the_cells_are(tmp_path, shap
         got = mine.filter(pl.col("name").str.contains(r"PP:\d+[FBIW]\d+$"))["start_ns"].to_list()
         assert got == expected
     steps = run.frame().filter(pl.col("name").str.starts_with("ProfilerStep#"))
-    assert steps.height == 4 and ((steps["end_ns"] - steps["start_ns"]) == step).all()
+    assert steps.height == 4
+    if shape == "cpu":
+        assert ((steps["end_ns"] - steps["start_ns"]) == step).all()
+
+
+def test_gpu_host_labels_follow_one_another_inside_their_step():
+    """As in real GPU traces: one host thread issues in order, so no two PP labels share a span (comm
+    actions the device starts at one instant included), and every step's launches lie inside its own
+    host ProfilerStep span, which begins before them while the device still runs the previous step."""
+    result = synthesize(build("1f1b", 4, 8), shape="gpu", steps=3, launch_gap_us=5, p2p_latency_us=10)
+    for rank, document in result.traces.items():
+        events = document["traceEvents"]
+        host = [e for e in events if e.get("cat") == "user_annotation"]
+        labels = [e for e in host if e["name"].startswith("PP:")]
+        steps = sorted((e for e in host if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
+        assert len(labels) == 3 * len(result.cells[rank])
+        ordered = sorted(labels, key=lambda e: e["ts"])
+        assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(ordered, ordered[1:]))
+        per_step = len(result.cells[rank])
+        for number, step in enumerate(steps):
+            mine = ordered[number * per_step:(number + 1) * per_step]
+            assert step["ts"] < mine[0]["ts"] and mine[-1]["ts"] + mine[-1]["dur"] <= step["ts"] + step["dur"]
+        kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel")
+        step0_end = max(end for _, end in kernels[:per_step])
+        if rank == 0:  # 1F1B's first rank computes to the step's end: the host is ahead of it
+            assert steps[1]["ts"] < step0_end
 
 
 def test_gpu_kernels_pair_with_launches_by_correlation(tmp_path):
