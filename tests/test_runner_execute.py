@@ -1,13 +1,17 @@
-"""The executor on one rank (p=1, no process group): its SGD step must equal plain full-batch autograd,
-whatever the schedule splits the batch into, and every action must appear as a PP:<action> span."""
+"""The executor's SGD step must equal plain full-batch autograd, whatever the schedule splits the batch
+into, on one rank and on two ranks over gloo; every action must appear as a PP:<action> span."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import torch
+import torch.distributed as dist
 
 from runners.execute import StepContext, run_step
 from runners.model import build_stages, loss_of, split_microbatches, stage_input
+from runners.p2p import open_links
 from runners.presets import Preset
 from runners.schedules import Action, build, lower
 
@@ -63,3 +67,35 @@ def test_an_order_that_leaves_work_undone_is_an_error():
     truncated = tuple(a for a in schedule.orders[0] if str(a) != "0B1")
     with pytest.raises(RuntimeError, match=r"forwards: \[\(0, 1\)\]"):
         executed("gpipe", 2, order=truncated)
+
+
+# Two ranks over gloo (started with torch.multiprocessing, not torchrun): p2p, tags and the hand-over
+# between chunks must give the same update as one rank on the whole batch.
+MULTI_RANK_CASES = [("gpipe", 4, 1), ("1f1b", 2, 1), ("zb", 2, 1), ("interleaved", 2, 2)]
+
+
+def _two_rank_worker(rank: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    links = open_links("gloo", timedelta(seconds=60))
+    for name, m, v in MULTI_RANK_CASES:
+        schedule = lower(build(name, 2, m, v))
+        stages = build_stages(PRESET, schedule.stages_of(rank), v, torch.device("cpu"))
+        ctx = StepContext(rank, schedule.n_stages, schedule.rank_of, stages, links,
+                          split_microbatches(stage_input(PRESET, torch.device("cpu")), m), PRESET.width)
+        optimizer = torch.optim.SGD([p for s in stages.values() for p in s.parameters()], lr=LR)
+        run_step(ctx, schedule.orders[rank], optimizer)
+        torch.save({s: [w.detach() for w in stage.parameters()] for s, stage in stages.items()},
+                   f"{out}/{name}-{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_ranks_over_gloo_equal_full_batch_sgd(tmp_path):
+    torch.multiprocessing.spawn(_two_rank_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    for name, m, v in MULTI_RANK_CASES:
+        expected = reference_update(2 * v, v)
+        got = {**torch.load(tmp_path / f"{name}-0.pt"), **torch.load(tmp_path / f"{name}-1.pt")}
+        assert sorted(got) == list(range(2 * v)), name
+        for stage_id, weights in got.items():
+            for weight, want in zip(weights, expected[stage_id]):
+                torch.testing.assert_close(weight, want, msg=lambda text: f"{name} stage {stage_id}: {text}")
