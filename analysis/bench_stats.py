@@ -46,11 +46,13 @@ def stats(samples: list[float]) -> Stats:
 
 
 def verdict(figure: Stats, target: float, lower_is_better: bool = True) -> str:
-    """'meets' / 'misses' when the whole range is on one side of the target, else 'inconclusive'."""
+    """'meets' / 'misses' when the whole range is on one side of the target, else 'inconclusive'.
+    A single sample has no range to speak of; its verdict says so."""
+    caveat = " (one sample)" if figure.n == 1 else ""
     good, bad = (figure.max <= target, figure.min > target) if lower_is_better else \
         (figure.min >= target, figure.max < target)
     if good:
-        return "meets"
+        return "meets" + caveat
     if bad:
-        return "misses"
+        return "misses" + caveat
     return "inconclusive (range straddles the target)"

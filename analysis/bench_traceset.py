@@ -1,9 +1,9 @@
 """A large trace set of realistic shape, by replicating a real run's profiled steps.
 
-Every rank's events inside its ProfilerStep window are copied k times, each copy shifted by k whole
-periods (one period for all ranks, so ranks stay aligned), its ids (correlation, External id, flow
-ids, ...) moved past the previous copy's and its steps renumbered; metadata and events outside the
-window are written once. Times are shifted as exact decimals, so the loader's nanoseconds stay exact.
+Every rank's timed events are copied k times, each copy shifted by k periods (its steps' cadence: copies
+follow each other as steps do; one period for all ranks, so they stay aligned), its ids (correlation,
+External id, flow ids, ...) moved past the previous copy's and its steps renumbered; metadata is
+written once. Times are shifted as exact decimals, so the loader's nanoseconds stay exact.
 Files are written uncompressed and compact (more events per MB than Kineto's indented output), so
 their size is the uncompressed size the benchmark quotes.
 """
@@ -11,7 +11,6 @@ their size is the uncompressed size the benchmark quotes.
 from __future__ import annotations
 
 import gzip
-import math
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -34,9 +33,9 @@ _ENCODER = msgspec.json.Encoder(decimal_format="number")
 class RankTemplate:
     rank: int
     header: dict[str, Any]  # every top-level key but traceEvents
-    once: list[dict]  # metadata and events outside the profiled steps
-    steps: list[dict]  # events inside the profiled window, replicated
-    window_us: tuple[Decimal, Decimal]  # first step start, last step end
+    once: list[dict]  # metadata (and events without a time), written once
+    steps: list[dict]  # every timed event, replicated
+    period_us: Decimal  # from its first step's start to where the step after its last would start
     n_steps: int
     id_span: int  # ids of a copy are shifted by multiples of this
 
@@ -52,18 +51,30 @@ class TraceSet:
 
 def rank_template(path: Path) -> RankTemplate:
     rank = read_trace(path).rank  # validates the file, so the decode below cannot meet bad input
+    if rank is None:
+        raise InputError(path, "cannot tell the rank (no distributedInfo.rank, no number in the name)")
     document = _DECODER.decode(_raw_text(path))
-    events = document.pop("traceEvents")
+    events = document.pop("traceEvents") if isinstance(document, dict) else document  # legacy: a bare array
+    header = document if isinstance(document, dict) else {}
     steps = [e for e in events if e.get("ph") == "X" and _STEP.match(str(e.get("name", "")))]
     if not steps:
         raise InputError(path, "no ProfilerStep spans to replicate")
-    start = min(e["ts"] for e in steps)
-    end = max(e["ts"] + e["dur"] for e in steps)
-    inside = [e for e in events if e.get("ph") != "M" and isinstance(e.get("ts"), (int, Decimal)) and start <= e["ts"] <= end]
-    marked = {id(e) for e in inside}
-    ids = [_as_int(e.get("args", {}).get(key)) for e in inside for key in ID_ARGS] + [_as_int(e.get("id")) for e in inside]
-    return RankTemplate(rank, document, [e for e in events if id(e) not in marked], inside, (start, end),
-                        len(steps), max([i for i in ids if i is not None], default=0) + 1)
+    starts = sorted(e["ts"] for e in steps)
+    # A copy starts where a next step would: one start-to-start interval after the last step's start
+    # (steps may overlap a little, as Kineto's spans do; with one step, its duration).
+    interval = min((b - a for a, b in zip(starts, starts[1:])), default=steps[0]["dur"])
+    # Every timed event is copied, not only those inside a step: a step's first launches precede it,
+    # and a copy then overlaps the previous one's tail as a step overlaps the one before.
+    timed = [e for e in events if e.get("ph") != "M" and isinstance(e.get("ts"), (int, Decimal))]
+    marked = {id(e) for e in timed}
+    return RankTemplate(rank, header, [e for e in events if id(e) not in marked], timed,
+                        starts[-1] - starts[0] + interval, len(steps), _largest_id(timed) + 1)
+
+
+def _largest_id(events: list[dict]) -> int:
+    ids = [_as_int((e.get("args") or {}).get(key)) for e in events for key in ID_ARGS]
+    ids += [_as_int(e.get("id")) for e in events]
+    return max([i for i in ids if i is not None], default=0)
 
 
 def _raw_text(path: Path) -> bytes:
@@ -111,8 +122,8 @@ def replicate_run(source: Path, target: Path, target_bytes: int) -> TraceSet:
     templates = [rank_template(path) for path in trace_files(source)]
     if not templates:
         raise InputError(source, "no trace files to replicate")
-    # Whole microseconds per period keep every shifted decimal as short as the original.
-    period_us = Decimal(math.ceil(max(t.window_us[1] - t.window_us[0] for t in templates)) + 1)
+    # Copies follow each other as the source's steps do; decimal sums keep the original's digits.
+    period_us = max(t.period_us for t in templates)
     per_copy = sum(len(_copy_bytes(t, 0, period_us)) for t in templates)
     copies = max(1, round(target_bytes / per_copy))
     target.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,10 @@ def test_replicated_set_analyses_like_its_source(source, tmp_path):
     """Copies of identical steps: every step of the set has the source's step time and parts."""
     trace_set = replicate_run(source, tmp_path / "set", 3 * _per_copy_bytes(source, tmp_path))
     (tmp_path / "set" / "run.json").write_text((source / "run.json").read_text())
-    ours, theirs = analyze_run(read_run(tmp_path / "set")).summary, analyze_run(read_run(source)).summary
+    copied, original = analyze_run(read_run(tmp_path / "set")), analyze_run(read_run(source))
+    ours, theirs = copied.summary, original.summary
+    # every step of every copy lasts as a source step does, copy boundaries included
+    assert set(copied.ranks["step_ms"].round(6)) == set(original.ranks["step_ms"].round(6))
     assert ours["steps_analyzed"] == trace_set.steps_per_rank
     assert ours["step_time_ms"] == pytest.approx(theirs["step_time_ms"], abs=1e-6)
     assert ours["waterfall_ms"] == pytest.approx(theirs["waterfall_ms"], abs=1e-6)
@@ -68,6 +71,7 @@ def test_stats_and_verdicts():
     assert verdict(stats([1.1, 1.2]), 1.0) == "misses"
     assert verdict(stats([0.9, 1.1]), 1.0).startswith("inconclusive")
     assert verdict(stats([25.0, 30.0]), 20.0, lower_is_better=False) == "meets"
+    assert verdict(stats([15.0]), 20.0, lower_is_better=False) == "misses (one sample)"
     with pytest.raises(ValueError):
         stats([])
 
