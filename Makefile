@@ -8,6 +8,7 @@ V      ?= 1            # chunks per rank (interleaved)
 PRESET ?=              # model size: seed (GPU) | cpu; empty = seed on CUDA, cpu otherwise
 ENGINE ?= native       # native (runners/execute.py) | torch (torch.distributed.pipelining)
 STEPS  ?= 3            # profiled steps per run
+DEVICE ?= auto         # auto (CUDA when >= P GPUs, else CPU) | cpu | cuda
 MS     ?= 1 2 4 8 16 32
 RUN    ?= traces/latest
 # On a CPU-only machine torch==2.13.0 resolves to the CPU build on disk; on a GPU machine to PyPI's
@@ -16,7 +17,7 @@ TORCH_SPEC ?= torch==2.13.0
 
 PY := .venv/bin/python
 RUN_ARGS = --sched $(strip $(SCHED)) --p $(strip $(P)) --v $(strip $(V)) --engine $(strip $(ENGINE)) \
-           --steps $(strip $(STEPS)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET)))
+           --steps $(strip $(STEPS)) --device $(strip $(DEVICE)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET)))
 
 .PHONY: setup trace sweep analyze merge report bench test fuzz browser clean
 .DEFAULT_GOAL := trace

@@ -32,11 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    run_dir = args.run_dir.resolve()
-    result = analyze_run(read_run(run_dir), schedule=args.schedule, m=args.m)
-    write(run_dir / "analysis", result)
-    print(table(result.summary))
+    print(table(analyze_dir(args.run_dir, schedule=args.schedule, m=args.m).summary))
     return 0
+
+
+def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None) -> Analysis:
+    """Analyse one run directory and write its analysis/ beside the traces (the `analyze` command's work)."""
+    run_dir = Path(run_dir).resolve()
+    result = analyze_run(read_run(run_dir), schedule=schedule, m=m)
+    write(run_dir / "analysis", result)
+    return result
 
 
 def write(target: Path, result: Analysis) -> None:

@@ -69,10 +69,9 @@ def _read_table(path: Path) -> pl.DataFrame | None:
 
 def _analyse(path: Path) -> None:
     """Run the analysis for a run that has none yet; imported here so a broken analysis costs one row."""
-    from analysis.analyze import analyze_run, read_run
-    from analysis.summary import write
+    from analysis.summary import analyze_dir
 
-    write(path.resolve() / "analysis", analyze_run(read_run(path.resolve())))
+    analyze_dir(path)
 
 
 def load_run(path: Path) -> Run:
