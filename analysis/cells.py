@@ -168,7 +168,7 @@ def device_events(frame: pl.DataFrame) -> pl.DataFrame:
         pl.col("cat").str.to_lowercase().str.contains("runtime|driver") & pl.col("correlation").is_not_null()
     ).select("rank", "tid", "correlation", launch_ns="start_ns", issued_ns="end_ns")
     kernels = frame.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_CATS)).select(
-        "rank", "correlation", "start_ns", "end_ns", is_p2p=pl.col("name").str.to_lowercase().str.contains("nccl")
+        "rank", "stream", "correlation", "start_ns", "end_ns", is_p2p=pl.col("name").str.to_lowercase().str.contains("nccl")
     )
     return kernels.join(launches, on=["rank", "correlation"], how="left")
 

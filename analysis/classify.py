@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 
 import polars as pl
 
-from analysis.cells import CELL_KEY
-from analysis.gaps import INTERVAL, runs
+from analysis.cells import CELL_KEY, device_events
+from analysis.gaps import INTERVAL, queued, runs, segments
 
 CLASSES = ("bubble", "p2p_wait", "launch_overhead", "other")
 GAP_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "class": pl.Utf8}
@@ -33,6 +33,9 @@ class Rules:
     # launch_overhead (the host getting to it); longer, between actions it is `other` (optimizer,
     # data loading), before the first action `bubble` (nothing to do yet).
     host_gap_max_ns: int = 1_000_000
+    # device_idle only: a queued stretch between two kernels shorter than this is the device's own
+    # kernel-to-kernel delay (HTA's consecutive_kernel_delay, same default).
+    kernel_wait_max_ns: int = 30
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -93,15 +96,22 @@ def _edge() -> pl.Expr:
     )
 
 
+def _queue_rule(host: pl.Expr, queued_class: pl.Expr) -> pl.Expr:
+    """HTA's idle rule on one idle segment: a kernel launched but not yet running means the device
+    waits on something else (an event, a peer); nothing launched means the host had not issued the
+    next work yet."""
+    return pl.when(pl.col("issued") > 0).then(queued_class).otherwise(host)
+
+
 def _gpu_idle() -> pl.Expr:
-    """HTA's rule: a kernel queued but not running is a device-side wait (other); nothing queued is
-    the host not having issued the next work yet (launch_overhead)."""
-    return (
-        pl.when(pl.col("issued") > 0).then(pl.lit("other"))
-        .when(pl.col("active") == 0).then(_edge())
+    """The queue rule; with nothing queued, outside the actions it is the edge's, work outside the
+    schedule is other, else the host was late: launch_overhead."""
+    host = (
+        pl.when(pl.col("active") == 0).then(_edge())
         .when(pl.col("unscheduled") > 0).then(pl.lit("other"))
         .otherwise(pl.lit("launch_overhead"))
     )
+    return _queue_rule(host, pl.lit("other"))
 
 
 def _cpu_idle() -> pl.Expr:
@@ -139,3 +149,28 @@ def classify(timeline: pl.DataFrame, rules: Rules, on_gpu: bool) -> pl.DataFrame
     )
     gaps = runs(resolved, "class").filter(pl.col("class") != "busy")
     return gaps.select(pl.col(name).cast(dtype) for name, dtype in GAP_SCHEMA.items())
+
+
+def device_idle(frame: pl.DataFrame, rules: Rules = Rules()) -> pl.DataFrame:
+    """Idle stretches of every GPU stream of a loaded trace (analysis.load), no pipeline labels needed:
+    rank, stream, start_ns, end_ns, class in host_wait, kernel_wait, other.
+
+    Between each stream's first and last kernel, idle time is split by the queue rule the pipeline
+    classes use; a queued stretch shorter than `rules.kernel_wait_max_ns` is kernel_wait. Holistic Trace
+    Analysis classes each whole gap by whether the next launch call *began* after the gap did; here a gap
+    is cut where the launch call *ended*, so HTA's host wait also holds the launch call and the
+    launch-to-start latency that follow it, which this counts as other (see tests/test_hta_idle.py).
+    """
+    keys = ("rank", "stream")
+    kernels = device_events(frame)
+    windows = kernels.group_by(keys).agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+    intervals = pl.concat([
+        kernels.select(*keys, layer=pl.lit("busy"), start_ns="start_ns", end_ns="end_ns"),
+        queued(kernels, keys).with_columns(layer=pl.lit("issued")).select(*keys, "layer", "start_ns", "end_ns"),
+    ])
+    idle = segments(intervals, windows, ("busy", "issued"), keys).filter(pl.col("busy") == 0)
+    stretches = runs(idle.with_columns(_queue_rule(pl.lit("host_wait"), pl.lit("other")).alias("class")), "class", keys)
+    short = (pl.col("end_ns") - pl.col("start_ns")) < rules.kernel_wait_max_ns
+    return stretches.with_columns(
+        pl.when((pl.col("class") == "other") & short).then(pl.lit("kernel_wait")).otherwise("class").alias("class")
+    ).select(*keys, "start_ns", "end_ns", "class")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.cells import CELL_KEY, RankCells
+from analysis.cells import RankCells
 
 COMPUTE_KINDS = ("F", "B", "I", "W")
 INTERVAL = ["rank", "step", "layer", "start_ns", "end_ns"]
@@ -35,49 +35,56 @@ def issued_intervals(rank: RankCells) -> pl.DataFrame:
     if rank.kernels is None:
         return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "layer": pl.Utf8,
                                     "start_ns": pl.Int64, "end_ns": pl.Int64})
-    queued = rank.kernels.filter(~pl.col("is_p2p")).select(*CELL_KEY, start_ns="issued_ns", end_ns="start_ns")
-    return layer(queued, "issued")
+    return layer(queued(rank.kernels.filter(~pl.col("is_p2p")), ("rank", "step")), "issued")
 
 
-def segments(intervals: pl.DataFrame, windows: pl.DataFrame, names: tuple[str, ...]) -> pl.DataFrame:
-    """Cut each (rank, step) window at every interval edge; one column per layer with its coverage.
+def queued(kernels: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:
+    """Per kernel (analysis.cells.device_events columns) the stretch from its launch call's end to its
+    start: issued by the host, not yet running."""
+    return kernels.drop_nulls("issued_ns").select(*keys, start_ns="issued_ns", end_ns="start_ns")
 
-    `intervals` has INTERVAL columns; `windows` has rank, step, start_ns, end_ns. Intervals are clipped
-    to their step's window. Coverage is a running sum of +1 at starts and -1 at ends.
+
+def segments(intervals: pl.DataFrame, windows: pl.DataFrame, names: tuple[str, ...],
+             keys: tuple[str, ...] = ("rank", "step")) -> pl.DataFrame:
+    """Cut each window (one per `keys`: a rank's step, or a stream) at every interval edge; one column
+    per layer with its coverage.
+
+    `intervals` has the keys, layer, start_ns, end_ns; `windows` the keys, start_ns, end_ns. Intervals
+    are clipped to their window. Coverage is a running sum of +1 at starts and -1 at ends.
     """
     bounds = windows.rename({"start_ns": "w0", "end_ns": "w1"})
     clipped = (
-        intervals.join(bounds, on=["rank", "step"])
+        intervals.join(bounds, on=list(keys))
         .with_columns(start_ns=pl.max_horizontal("start_ns", "w0"), end_ns=pl.min_horizontal("end_ns", "w1"))
         .filter(pl.col("end_ns") > pl.col("start_ns"))
     )
     edges = pl.concat(
         [
-            clipped.select("rank", "step", "layer", t="start_ns", delta=pl.lit(1)),
-            clipped.select("rank", "step", "layer", t="end_ns", delta=pl.lit(-1)),
-            bounds.select("rank", "step", layer=pl.lit(None, pl.Utf8), t="w0", delta=pl.lit(0)),
-            bounds.select("rank", "step", layer=pl.lit(None, pl.Utf8), t="w1", delta=pl.lit(0)),
+            clipped.select(*keys, "layer", t="start_ns", delta=pl.lit(1)),
+            clipped.select(*keys, "layer", t="end_ns", delta=pl.lit(-1)),
+            bounds.select(*keys, layer=pl.lit(None, pl.Utf8), t="w0", delta=pl.lit(0)),
+            bounds.select(*keys, layer=pl.lit(None, pl.Utf8), t="w1", delta=pl.lit(0)),
         ]
     )
     coverage = [
         pl.when(pl.col("layer") == name).then(pl.col("delta")).otherwise(0).sum().alias(name) for name in names
     ]
     return (
-        edges.group_by("rank", "step", "t")
+        edges.group_by(*keys, "t")
         .agg(coverage)
-        .sort("rank", "step", "t")
-        .with_columns(pl.col(list(names)).cum_sum().over("rank", "step"))
-        .with_columns(end_ns=pl.col("t").shift(-1).over("rank", "step"))
+        .sort(*keys, "t")
+        .with_columns(pl.col(list(names)).cum_sum().over(keys))
+        .with_columns(end_ns=pl.col("t").shift(-1).over(keys))
         .rename({"t": "start_ns"})
         .filter(pl.col("end_ns").is_not_null() & (pl.col("end_ns") > pl.col("start_ns")))
-        .select("rank", "step", "start_ns", "end_ns", *names)
+        .select(*keys, "start_ns", "end_ns", *names)
     )
 
 
-def runs(labelled: pl.DataFrame, column: str) -> pl.DataFrame:
-    """Merge adjacent segments of a (rank, step) that carry the same value of `column`."""
+def runs(labelled: pl.DataFrame, column: str, keys: tuple[str, ...] = ("rank", "step")) -> pl.DataFrame:
+    """Merge adjacent segments of a window (one per `keys`) that carry the same value of `column`."""
     return (
-        labelled.sort("rank", "step", "start_ns")
+        labelled.sort(*keys, "start_ns")
         .with_columns(
             run=(
                 (pl.col(column) != pl.col(column).shift(1))
@@ -85,11 +92,11 @@ def runs(labelled: pl.DataFrame, column: str) -> pl.DataFrame:
             )
             .fill_null(True)
             .cum_sum()
-            .over("rank", "step")
+            .over(keys)
         )
-        .group_by("rank", "step", "run")
+        .group_by(*keys, "run")
         .agg(pl.col(column).first(), pl.col("start_ns").min(), pl.col("end_ns").max())
-        .sort("rank", "step", "start_ns")
+        .sort(*keys, "start_ns")
         .drop("run")
     )
 
