@@ -5,6 +5,9 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -131,3 +134,26 @@ def test_empty_folder_and_unwritable_output_are_input_errors(tmp_path, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and "no trace files" in lines[0] and "--out" in lines[1]
     assert read_trace(tmp_path / "run" / "rank0.json.gz").rank == 0  # the run itself untouched
+
+
+@pytest.mark.slow
+def test_real_two_rank_cpu_run_analyses_and_merges_valid(tmp_path, capsys):
+    """A real gloo 1F1B run (torchrun, tiny preset): analyse, merge, and the merged trace is valid, with
+    one arrow per transfer and the analysis gap track on both ranks."""
+    repo = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "runners", "trace", "--sched", "1f1b", "--p", "2", "--m", "4", "--preset", "tiny",
+               "--device", "cpu", "--steps", "2", "--timed-steps", "1", "--traces", str(tmp_path)]  # fmt: skip
+    finished = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    run = (tmp_path / "latest").resolve()
+    assert main(["analyze", str(run)]) == 0 and main(["merge", str(run)]) == 0
+    trace = json.loads(gzip.decompress((run / "merged.json.gz").read_bytes()))
+    assert problems(trace) == []
+    names = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]
+    assert names == ["rank 0 · stage 0", "rank 1 · stage 1"]
+    arrows = flows(trace, "p2p")
+    assert len(arrows) == 2 * 2 * 4  # profiled steps x directions x microbatches
+    assert all(a["s"]["pid"] != a["f"]["pid"] and a["f"]["ts"] >= a["s"]["ts"] for a in arrows.values())
+    gap_threads = [name for name in thread_names(trace).values() if name.startswith("analysis · gaps")]
+    assert len(gap_threads) == 2
+    assert any(e.get("cat") == "analysis" and e["ph"] == "X" for e in trace["traceEvents"])
