@@ -18,6 +18,7 @@ from torch.profiler import record_function
 from runners.model import Stage, loss_of
 from runners.p2p import Links, PendingSend, message_tag
 from runners.schedules.actions import Action, Kind
+from runners.stash import StashMeter
 
 Key = tuple[int, int]  # (stage, microbatch)
 
@@ -167,12 +168,19 @@ HANDLERS: dict[Kind, Callable[[StepContext, StepState, Action], None]] = {
 }
 
 
-def run_step(ctx: StepContext, order: tuple[Action, ...], optimizer: torch.optim.Optimizer) -> None:
+# Actions that stash or free what backward needs; the meter samples inside their spans.
+STASHING = (Kind.F, Kind.B, Kind.I, Kind.W)
+
+
+def run_step(ctx: StepContext, order: tuple[Action, ...], optimizer: torch.optim.Optimizer,
+             meter: StashMeter | None = None) -> None:
     """Execute one rank's order for one step, complete its sends, then take the SGD step."""
     state = StepState()
     for action in order:
         with record_function(f"PP:{action}"):
             HANDLERS[action.kind](ctx, state, action)
+            if meter is not None and action.kind in STASHING:
+                meter.sample({"forwards": state.forwards, "weight_work": state.weight_work})
     with record_function("optimizer_step"):
         for send in state.pending:
             send.wait()

@@ -30,6 +30,8 @@ def torchrun_command(resolved: Resolved, run_dir: Path) -> list[str]:
         "--microbatches", str(request.m), "--chunks", str(request.v), "--engine", request.engine,
         "--preset", resolved.preset.name, "--steps", str(request.steps), "--device", resolved.device,
         "--timed-steps", str(request.timed_steps),
+        *(["--rows-per-mb", str(request.rows_per_microbatch)] if request.rows_per_microbatch else []),
+        *([] if request.profile_memory else ["--no-profile-memory"]),
     ]  # fmt: skip
 
 

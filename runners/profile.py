@@ -2,35 +2,73 @@
 
 The profiler schedule skips `wait` steps, warms up for `warmup` and records `active` steps; each step
 appears in the trace as a ProfilerStep#N span. The trace is written under a temporary name in the same
-directory and renamed into place, so a reader never sees half a file.
+directory and renamed into place, so a reader never sees half a file. Memory counters of the active
+steps (runners.stash: the executor's stash; on CUDA each step's allocator peak) join the trace's
+events at export, on the profiler's clock.
 """
 
 from __future__ import annotations
 
+import gzip
 import os
+import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 from torch.profiler import ProfilerActivity
 
+from runners.stash import CUDA_PEAK_COUNTER, StashMeter, base_ns, counter_event, stash_events, with_events
 
-def export_atomically(profiler: torch.profiler.profile, path: Path) -> None:
-    # export_chrome_trace gzips when the name ends in .gz, so the temporary name keeps that suffix.
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp.json.gz")
+Counters = Callable[[int], list[bytes]]  # the trace's baseTimeNanoseconds -> counter events to add
+
+
+def export_atomically(profiler: torch.profiler.profile, path: Path, counters: Counters | None = None) -> None:
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp.json")
     profiler.export_chrome_trace(str(temporary))
-    os.replace(temporary, path)
+    trace = temporary.read_bytes()
+    if counters is not None:
+        trace = with_events(trace, counters(base_ns(trace)))
+    packed = temporary.with_suffix(".json.gz")
+    packed.write_bytes(gzip.compress(trace, compresslevel=6))
+    temporary.unlink()
+    os.replace(packed, path)
+
+
+def _step_with_cuda_peak(step: Callable[[], None], peaks: list[tuple[int, int]]) -> None:
+    """Run one step; note the allocator's peak above what was allocated when it began (activations,
+    gradients and temporaries of the step)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    peaks.append((time.time_ns(), torch.cuda.max_memory_allocated() - before))
 
 
 def profile_steps(
-    step: Callable[[], None], path: Path, active: int, on_cuda: bool, wait: int = 1, warmup: int = 1
+    step: Callable[[], None], path: Path, active: int, on_cuda: bool, wait: int = 1, warmup: int = 1,
+    profile_memory: bool = False, meter: StashMeter | None = None,
 ) -> None:
     """Run wait + warmup + active steps under the profiler and write the active ones to path."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
+    meter = meter or StashMeter()
+    cuda_peaks: list[tuple[int, int]] = []
+
+    def counters(base: int) -> list[bytes]:
+        return stash_events(meter.samples, base) + [
+            counter_event(CUDA_PEAK_COUNTER, t, base, {"peak_bytes_above_step_start": peak}) for t, peak in cuda_peaks]
+
     with torch.profiler.profile(
-        activities=activities, schedule=schedule, on_trace_ready=lambda prof: export_atomically(prof, path)
+        activities=activities, schedule=schedule, profile_memory=profile_memory,
+        on_trace_ready=lambda prof: export_atomically(prof, path, counters),
     ) as profiler:
-        for _ in range(wait + warmup + active):
-            step()
+        for index in range(wait + warmup + active):
+            if index == wait + warmup:  # keep only the recorded steps' samples
+                meter.samples.clear()
+            if on_cuda and index >= wait + warmup:
+                _step_with_cuda_peak(step, cuda_peaks)
+            else:
+                step()
             profiler.step()

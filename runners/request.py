@@ -9,7 +9,7 @@ run on a GPU machine would measure something else than the user asked for (--dev
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from runners.presets import PRESETS, Preset, preset_problem
@@ -39,6 +39,8 @@ class RunRequest:
     steps: int = 3  # profiled steps
     device: str = "auto"
     timed_steps: int = 5  # unprofiled steps whose median is step_time_unprofiled_ms
+    rows_per_microbatch: int | None = None  # fixed microbatch size: the batch grows to m x this; None: preset's batch
+    profile_memory: bool = True  # torch.profiler's allocator events ([memory]) in the traces
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -90,6 +92,8 @@ def resolve(request: RunRequest, count_gpus: Callable[[], int], ranks_per_node: 
         )
     if min(request.steps, request.timed_steps) < 1:
         raise RequestError(f"steps and timed steps must be at least 1, got {request.steps} and {request.timed_steps}")
+    if request.rows_per_microbatch is not None and request.rows_per_microbatch < 1:
+        raise RequestError(f"rows per microbatch must be at least 1, got {request.rows_per_microbatch}")
     try:
         build(request.schedule, request.p, request.m, request.v)
     except ScheduleError as error:
@@ -97,6 +101,8 @@ def resolve(request: RunRequest, count_gpus: Callable[[], int], ranks_per_node: 
     gpus = 0 if request.device == "cpu" else count_gpus()
     device = choose_device(request.device, ranks_per_node or request.p, gpus)
     preset = choose_preset(request.preset, device)
+    if request.rows_per_microbatch is not None:
+        preset = replace(preset, rows=request.rows_per_microbatch * request.m)
     problem = preset_problem(preset, request.m, request.v)
     if problem:
         raise RequestError(problem)
@@ -118,8 +124,13 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
     parser.add_argument("--steps", type=int, default=3, help="profiled steps")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--timed-steps", type=int, default=5, help="unprofiled steps timed for step_time")
+    parser.add_argument("--rows-per-mb", dest="rows_per_microbatch", type=int, default=None,
+                        help="fix the microbatch size (the batch becomes m x this many rows) instead of the batch")
+    parser.add_argument("--no-profile-memory", dest="profile_memory", action="store_false",
+                        help="leave torch.profiler's memory events out of the traces")
 
 
 def request_from(args: argparse.Namespace, p: int, m: int | None = None) -> RunRequest:
     m = args.m if m is None else m
-    return RunRequest(args.sched, p, m, args.v, args.engine, args.preset, args.steps, args.device, args.timed_steps)
+    return RunRequest(args.sched, p, m, args.v, args.engine, args.preset, args.steps, args.device, args.timed_steps,
+                      args.rows_per_microbatch, args.profile_memory)

@@ -32,6 +32,7 @@ from runners.profile import profile_steps
 from runners.request import RequestError, Resolved, add_request_arguments, request_from, resolve
 from runners.rundir import git_revision, host_facts, write_run_json
 from runners.schedules import Schedule, build, lower
+from runners.stash import StashMeter
 from runners.torch_engine import torch_step
 
 PROFILER_WAIT, PROFILER_WARMUP = 1, 1
@@ -49,6 +50,7 @@ class RankSetup:
     stages: dict[int, Stage]  # stage index -> module, this rank's only
     batch: torch.Tensor  # the whole batch that enters stage 0
     optimizer: torch.optim.Optimizer
+    meter: StashMeter  # the native executor samples its stash here; other engines leave it empty
 
 
 def native_step(setup: RankSetup) -> Callable[[], None]:
@@ -57,7 +59,7 @@ def native_step(setup: RankSetup) -> Callable[[], None]:
     links = open_links(setup.resolved.backend, PEER_TIMEOUT) if request.p > 1 else None
     ctx = StepContext(setup.rank, setup.schedule.n_stages, setup.schedule.rank_of, setup.stages, links,
                       split_microbatches(setup.batch, request.m), setup.resolved.preset.width)
-    return partial(run_step, ctx, setup.schedule.orders[setup.rank], setup.optimizer)
+    return partial(run_step, ctx, setup.schedule.orders[setup.rank], setup.optimizer, setup.meter)
 
 
 # Engine name -> builder of the step function (called once per rank, collectively).
@@ -93,7 +95,9 @@ def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, thre
         "dtype": preset.dtype, "device": resolved.device, "backend": resolved.backend,
         "threads_per_rank": threads,
         "nodes": dist.get_world_size() // int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
-        "profiler": {"wait": PROFILER_WAIT, "warmup": PROFILER_WARMUP, "active": request.steps},
+        "profiler": {"wait": PROFILER_WAIT, "warmup": PROFILER_WARMUP, "active": request.steps,
+                     "profile_memory": request.profile_memory},
+        "rows_per_microbatch": request.rows_per_microbatch,  # set: microbatch size fixed, batch = m x it
         "versions": versions(device), "host": host, "git_revision": git_revision(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -107,7 +111,8 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
     stages = build_stages(preset, schedule.stages_of(rank), request.v, device)
     batch = stage_input(preset, device)
     optimizer = torch.optim.SGD([p for stage in stages.values() for p in stage.parameters()], lr=1e-4)
-    step = ENGINES[request.engine](RankSetup(resolved, schedule, rank, stages, batch, optimizer))
+    meter = StashMeter()
+    step = ENGINES[request.engine](RankSetup(resolved, schedule, rank, stages, batch, optimizer, meter))
     marks = [time.monotonic()]
     calibration = calibrate(stages, batch, schedule.n_stages)
     marks.append(time.monotonic())
@@ -115,7 +120,7 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
     samples = unprofiled_step_times(step, request.timed_steps, device)
     marks.append(time.monotonic())
     profile_steps(step, run_dir / f"rank{rank}.json.gz", request.steps, device.type == "cuda",
-                  PROFILER_WAIT, PROFILER_WARMUP)
+                  PROFILER_WAIT, PROFILER_WARMUP, request.profile_memory, meter)
     dist.barrier()  # every rank's trace is on disk before run.json says complete
     marks.append(time.monotonic())
     if rank == 0:

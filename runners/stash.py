@@ -1,0 +1,93 @@
+"""The executor's own count of what it holds for backward: microbatches and activation bytes per rank.
+
+The executor samples the meter inside the span of every action that stashes or frees activations, on
+the wall clock (time.time_ns), which is the clock torch.profiler stamps its events with; the samples
+then become Chrome counter events ("ph": "C") in the rank's trace at export, so Perfetto draws them
+as counter tracks under the rank and analysis.memory reads them back. On CUDA a second counter holds
+each step's allocator peak above what was allocated when the step began.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+STASH_COUNTER = "PP stash"  # args: microbatches, activation_bytes
+CUDA_PEAK_COUNTER = "PP cuda step peak"  # args: peak_bytes_above_step_start
+_TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BASE_NS = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
+
+
+def held_bytes(stashed: Any) -> int:
+    """Bytes of the distinct tensors inside a stash entry (a view counts its own elements, not its base's)."""
+    seen: dict[tuple[int, int], int] = {}
+    pending = [stashed]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, torch.Tensor):
+            seen[(item.data_ptr(), item.nbytes)] = item.nbytes
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif hasattr(item, "__dataclass_fields__"):
+            pending.extend(getattr(item, name) for name in item.__dataclass_fields__)
+    return sum(seen.values())
+
+
+@dataclass
+class StashMeter:
+    """(time_ns, microbatches, bytes) each time the stash changes; entry sizes are measured once."""
+
+    samples: list[tuple[int, int, int]] = field(default_factory=list)
+    _sizes: dict[tuple, int] = field(default_factory=dict)  # (stash name, stage, microbatch) -> bytes
+
+    def sample(self, stashes: dict[str, dict[tuple[int, int], Any]]) -> None:
+        """Record what the named stashes ({(stage, microbatch): entry}) hold right now."""
+        current = {(name, *key) for name, stash in stashes.items() for key in stash}
+        for gone in self._sizes.keys() - current:
+            del self._sizes[gone]
+        for new in current - self._sizes.keys():
+            self._sizes[new] = held_bytes(stashes[new[0]][new[1:]])
+        microbatches = len({entry[1:] for entry in self._sizes})
+        self.samples.append((time.time_ns(), microbatches, sum(self._sizes.values())))
+
+
+def _micros_text(t_ns: int, base_ns: int) -> bytes:
+    """Kineto's ts (microseconds after baseTimeNanoseconds) written exactly, never through a float."""
+    whole, ns = divmod(abs(t_ns - base_ns), 1000)
+    return f"{'-' if t_ns < base_ns else ''}{whole}.{ns:03d}".encode()
+
+
+def counter_event(name: str, t_ns: int, base_ns: int, args: dict[str, int]) -> bytes:
+    """One Chrome counter event on this process's current thread, as JSON text."""
+    values = ",".join(f'"{key}":{int(value)}' for key, value in args.items())
+    return (b'{"ph":"C","cat":"pp_memory","name":"%s","pid":%d,"tid":%d,"ts":%s,"args":{%s}}'
+            % (name.encode(), os.getpid(), threading.get_native_id(), _micros_text(t_ns, base_ns), values.encode()))
+
+
+def stash_events(samples: Iterable[tuple[int, int, int]], base_ns: int) -> list[bytes]:
+    return [counter_event(STASH_COUNTER, t, base_ns, {"microbatches": k, "activation_bytes": b})
+            for t, k, b in samples]
+
+
+def base_ns(trace_json: bytes) -> int:
+    """The exported trace's time origin; without one, Kineto's ts are microseconds since the epoch."""
+    found = _BASE_NS.search(trace_json)
+    return int(found[1]) if found else 0
+
+
+def with_events(trace_json: bytes, events: list[bytes]) -> bytes:
+    """The trace with `events` first in its traceEvents array (the rest is left byte for byte)."""
+    if not events:
+        return trace_json
+    found = _TRACE_EVENTS.search(trace_json)
+    if found is None:
+        raise ValueError("the exported trace has no traceEvents array")
+    rest = trace_json[found.end():]
+    separator = b"" if rest.lstrip().startswith(b"]") else b","
+    return trace_json[:found.end()] + b",".join(events) + separator + rest
