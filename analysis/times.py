@@ -1,24 +1,44 @@
-"""Chrome-trace times (JSON number text in microseconds) -> exact integer nanoseconds, as polars expressions.
+"""Chrome-trace times (microseconds, JSON numbers) -> exact integer nanoseconds, as polars expressions.
 
-A float cannot hold Kineto's timestamps to the nanosecond once `ts` passes 2**43 us (about 100 days
-after baseTimeNanoseconds, which is near boot time), so plain decimals are split at the point as text:
-"5110114341537.881" -> 5110114341537 * 1000 + 881. Digits past the third decimal round half up.
-Exponent forms ("1.5e3", as Python writes tiny or huge floats) go through a float, split into whole
-and fraction so the result is exact wherever a float can be.
+msgspec hands each ts/dur over as an int or a float (analysis.kineto, already range-checked). An int is
+exact: us * 1000. A float is the double nearest the decimal text; split into whole and fraction it gives
+the text's nanoseconds, rounded half up at the fourth decimal, unless the text's value may lie on the
+other side of a half nanosecond from the double's. That is "unsettled": texts with more than three
+decimals at a tie (0.0015), and, as a double's spacing grows with the value, fractional times past about
+2**41 us (25 days after baseTimeNanoseconds). Unsettled rows are converted again from their JSON text
+(`exact_ns`): "5110114341537.881" -> 5110114341537 * 1000 + 881. Exponent texts ("1.5e3") go through a
+float there too, split into whole and fraction, exact wherever a float can be.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-# |ts| below this many microseconds (about 127 years): base + ts then fits in int64 nanoseconds.
-MAX_US = 4 * 10**15
+# Largest distance, in ns, between a double's value times 1000 and its decimal text's: half its
+# spacing (at most |value| * 2**-52 us) plus the rounding of fraction * 1000.
+_SPACING_NS_PER_US = 500 * 2.0**-52
+_PRODUCT_ERROR_NS = 2e-13
 
-_NUMBER = r"^-?[0-9]"
+
+def nanoseconds(micros: pl.Series) -> tuple[pl.Series, pl.Series]:
+    """An Int64 or Float64 microsecond series -> (nanoseconds, positions of unsettled rows); nulls stay
+    null. Unsettled rows must be converted again from their text (exact_ns)."""
+    if micros.dtype == pl.Int64:
+        return micros * 1000, pl.Series(dtype=pl.UInt32)
+    us = pl.col("us")
+    whole = us.cast(pl.Int64)  # truncates toward zero; |us| < kineto.MAX_US fits
+    fraction_ns = (us - whole.cast(pl.Float64)) * 1000
+    below_ns = (fraction_ns - fraction_ns.cast(pl.Int64).cast(pl.Float64)).abs()
+    unsettled = (below_ns - 0.5).abs() <= us.abs() * _SPACING_NS_PER_US + _PRODUCT_ERROR_NS
+    converted = pl.DataFrame({"us": micros}).select(ns=whole * 1000 + fraction_ns.round().cast(pl.Int64), unsettled=unsettled)
+    return converted["ns"], converted["unsettled"].arg_true()
 
 
-def _missing(column: str) -> pl.Expr:
-    return pl.col(column).is_in(["", "null"])
+def exact_ns(column: str) -> pl.Expr:
+    """Nanoseconds from a column of microsecond number texts; null where the text is empty."""
+    text = pl.col(column)
+    ns = pl.when(text.str.contains("[eE]")).then(_exponent_ns(text)).otherwise(_decimal_ns(text))
+    return pl.when(text.str.len_bytes() > 0).then(ns).otherwise(None)
 
 
 def _decimal_ns(text: pl.Expr) -> pl.Expr:
@@ -37,38 +57,14 @@ def _exponent_ns(text: pl.Expr) -> pl.Expr:
     return whole.cast(pl.Int64, strict=False) * 1000 + ((value - whole) * 1000).round().cast(pl.Int64)
 
 
-def _in_range(column: str) -> pl.Expr:
-    text = pl.col(column)
-    value = text.cast(pl.Float64, strict=False).abs()
-    return value < MAX_US
-
-
-def exact_ns(column: str) -> pl.Expr:
-    """Nanoseconds from a column of microsecond number texts; null where missing or not a number."""
-    text = pl.col(column)
-    usable = text.str.contains(_NUMBER) & _in_range(column)
-    ns = pl.when(text.str.contains("[eE]")).then(_exponent_ns(text)).otherwise(_decimal_ns(text))
-    return pl.when(usable).then(ns).otherwise(None)
-
-
-def check_times(frame: pl.DataFrame) -> str | None:
-    """The first event whose ts/dur is missing, not a number or out of range, as one line; else None.
-
-    `frame` has columns index, ph, name, ts_text, dur_text. Every event but metadata ("M") needs a ts;
-    complete events ("X") need a dur.
-    """
-    rules = [
-        (~_missing("ts_text") & ~pl.col("ts_text").str.contains(_NUMBER), "ts is not a number"),
-        (~_missing("dur_text") & ~pl.col("dur_text").str.contains(_NUMBER), "dur is not a number"),
-        (_missing("ts_text") & (pl.col("ph") != "M"), "missing ts"),
-        (_missing("dur_text") & (pl.col("ph") == "X"), "complete event (ph X) without dur"),
-        (pl.col("ts_text").str.contains(_NUMBER) & ~_in_range("ts_text"), f"ts out of range (|ts| >= {MAX_US} us)"),
-        (pl.col("dur_text").str.contains(_NUMBER) & ~_in_range("dur_text"), f"dur out of range (>= {MAX_US} us)"),
-    ]
-    for bad, problem in rules:
-        first = frame.filter(bad).head(1)
-        if first.height:
-            row = first.row(0, named=True)
-            shown = row["ts_text"] if problem.startswith("ts") else row["dur_text"]
-            return f"event {row['index']} ({row['ph']} {row['name'][:60]!r}): {problem}: {shown[:40]!r}"
+def missing_time(index: pl.Series, ph: pl.Series, name: pl.Series, ts: pl.Series, dur: pl.Series) -> str | None:
+    """The first event missing a time it needs, as one line; else None. Every event but metadata ("M")
+    needs a ts; complete events ("X") need a dur. (Types and ranges were checked while decoding.)"""
+    for bad, problem in (
+        (ts.is_null() & (ph != "M"), "missing ts"),
+        (dur.is_null() & (ph == "X"), "complete event (ph X) without dur"),
+    ):
+        if bad.any():
+            row = bad.arg_true()[0]
+            return f"event {index[row]} ({ph[row]} {name[row][:60]!r}): {problem}"
     return None
