@@ -19,7 +19,7 @@ from analysis.errors import InputError
 from analysis.gaps import timeline, windows
 from analysis.infer import cells_of
 from analysis.load import load_run
-from analysis.shape import from_run_json, infer
+from analysis.shape import as_executed, from_run_json, infer
 from analysis.simulate import measure
 from runners.schedules import Schedule
 
@@ -87,7 +87,7 @@ def _schedule(run: RunInput, cells: pl.DataFrame, schedule: str | None, m: int |
         if run.run_json is not None and from_run_json(run.run_json, run.path) != inferred:
             raise InputError(run.path / "run.json", f"says {run.run_json.get('schedule')}, the hints {inferred.name}")
         return inferred
-    return from_run_json(run.run_json, run.path)
+    return as_executed(from_run_json(run.run_json, run.path), cells, run.path)
 
 
 def analyze_run(run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()) -> Analysis:

@@ -8,6 +8,7 @@ thinks they are: an InputError.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -66,3 +67,20 @@ def from_run_json(run: dict, path: Path) -> Schedule:
         return build(run["schedule"], int(run["p"]), int(run["m"]), int(run.get("v", 1)))
     except (KeyError, TypeError, ValueError) as error:
         raise InputError(path / "run.json", f"no usable schedule/p/m/v: {error}") from None
+
+
+def as_executed(named: Schedule, cells: pl.DataFrame, path: Path) -> Schedule:
+    """The named schedule with the per-rank order the traces show, where the two differ.
+
+    Engines order the same schedule differently (torch's ZB1P defers W unlike our ZB-H1), and the
+    replay must be of what ran, not of what our generator would have run.
+    """
+    compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
+    if compute.height == 0:
+        return named
+    executed = replace(named, orders=compute_orders(compute, compute["step"].min(), named.p))
+    if executed.orders == named.orders:
+        return named
+    if [sorted(order) for order in executed.orders] != [sorted(order) for order in named.orders]:
+        raise InputError(path, f"the traces' actions are not those of {named.name} p={named.p} m={named.m} v={named.v}")
+    return executed
