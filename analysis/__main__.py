@@ -1,6 +1,7 @@
 """`python -m analysis <command>`: each command lives in its own module, imported only when used.
 
 Bad input ends as one line on stderr and exit code 2 (see analysis.errors); `--debug` shows the traceback.
+Usable input with something dropped or assumed (analysis.load.TraceWarning) is one `warning:` line each.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from analysis.errors import InputError
 
@@ -35,6 +37,18 @@ def main(argv: list[str] | None = None) -> int:
             module.add_arguments(sub)
             sub.set_defaults(run=module.run)
     args = parser.parse_args(argv)
+    with warnings.catch_warnings():
+        if not args.debug:
+            warnings.showwarning = _one_line
+        return _run(args)
+
+
+def _one_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as the user's line, not Python's two (file:line and the source line that raised it)."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.run(args)
     except InputError as error:
