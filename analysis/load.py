@@ -36,6 +36,8 @@ from analysis.errors import InputError
 from analysis.events import event_frame, json_problem, where
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+# runners.launch writes it before any worker starts: a directory holding it is one of our runs.
+RUNNER_LOG = "torchrun.log"
 
 
 class TraceWarning(UserWarning):
@@ -186,8 +188,12 @@ def trace_files(directory: Path) -> list[Path]:
 
 
 def read_run_config(path: Path) -> dict[str, Any] | None:
-    """run.json as a dict; None when absent. A run.json without `"complete": true` is an interrupted run."""
+    """run.json as a dict; None when absent (traces our runners did not write). A run.json without
+    `"complete": true`, or none beside the launcher's log, is an interrupted or failed run."""
     if not path.exists():
+        if path.with_name(RUNNER_LOG).exists():
+            raise InputError(path.parent, f"incomplete run: no run.json beside {RUNNER_LOG} (a rank failed or "
+                                          f"the run was interrupted; see {RUNNER_LOG})")
         return None
     try:
         config = msgspec.json.decode(path.read_bytes())

@@ -1,0 +1,115 @@
+"""Issue 8 through the CLI: a broken file or run directory ends as exit 2 with one line naming the file and
+the problem (both `analyze` and `merge`), usable input with one `warning:` line, never a traceback.
+
+Each case mutates a good synthetic run (analysis.synthetic.write_run). The loader's own cases are also
+tested one level down in test_load_errors.py and test_load_run.py; here they go through the commands.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from analysis.__main__ import main
+from analysis.synthetic import write_run
+from runners.schedules import build
+
+Mutation = Callable[[Path], object]
+
+
+def good_run(directory: Path) -> Path:
+    write_run(directory, build("1f1b", 2, 4), steps=2, run_id=directory.name)
+    (directory / "truth.json").unlink()
+    return directory
+
+
+def document(run: Path, rank: int = 0) -> dict:
+    return json.loads(gzip.decompress((run / f"rank{rank}.json.gz").read_bytes()))
+
+
+def rewrite(run: Path, change: Callable[[dict], object], rank: int = 0) -> None:
+    trace = document(run, rank)
+    change(trace)
+    (run / f"rank{rank}.json.gz").write_bytes(gzip.compress(json.dumps(trace).encode()))
+
+
+def event(trace: dict, name: str) -> dict:
+    return next(e for e in trace["traceEvents"] if e.get("name") == name)
+
+
+def raw(run: Path, data: bytes, name: str = "rank0.json.gz") -> None:
+    (run / "rank0.json.gz").unlink()
+    (run / name).write_bytes(data)
+
+
+def edit_run_json(run: Path, **fields) -> None:
+    config = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({k: v for k, v in (config | fields).items() if v is not ...}))
+
+
+def cli(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+def truncated_json(run: Path) -> None:
+    text = json.dumps(document(run)).encode()
+    raw(run, gzip.compress(text[: len(text) // 2]))
+
+
+def truncated_gzip(run: Path) -> None:
+    data = (run / "rank0.json.gz").read_bytes()
+    raw(run, data[:-30])
+
+
+def corrupted_gzip(run: Path) -> None:
+    data = bytearray((run / "rank0.json.gz").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    raw(run, bytes(data))
+
+
+# case -> (mutation, the file the line names, words of the problem)
+REFUSED: dict[str, tuple[Mutation, str, str]] = {
+    "empty file": (lambda run: raw(run, b"", "rank0.json"), "rank0.json", "empty file"),
+    "not JSON": (lambda run: raw(run, gzip.compress(b"<html>")), "rank0.json.gz", "not valid JSON"),
+    "truncated mid-array": (truncated_json, "rank0.json.gz", "truncated JSON"),
+    "gzip truncated": (truncated_gzip, "rank0.json.gz", "gzip stream truncated"),
+    "gzip corrupted": (corrupted_gzip, "rank0.json.gz", "gzip data corrupted"),
+    "no traceEvents": (lambda run: rewrite(run, lambda t: t.pop("traceEvents")), "rank0.json.gz", "no traceEvents"),
+    "missing ts": (lambda run: rewrite(run, lambda t: event(t, "PP:0F1").pop("ts")), "rank0.json.gz", "missing ts"),
+    "missing dur": (lambda run: rewrite(run, lambda t: event(t, "PP:0F1").pop("dur")), "rank0.json.gz", "without dur"),
+    "missing ph": (lambda run: rewrite(run, lambda t: event(t, "PP:0F1").pop("ph")), "rank0.json.gz", "field `ph`"),
+    "ts a string": (lambda run: rewrite(run, lambda t: event(t, "PP:0F1").update(ts="10")), "rank0.json.gz",
+                    "ts is not a number"),
+    "ph a number": (lambda run: rewrite(run, lambda t: event(t, "PP:0F1").update(ph=1)), "rank0.json.gz",
+                    "Expected `str`"),
+    "NaN duration": (lambda run: raw(run, gzip.compress(json.dumps(document(run)).replace('"dur": 1000.0', '"dur": NaN')
+                                                       .encode())), "rank0.json.gz", "not valid JSON"),
+    "rank missing": (lambda run: (run / "rank1.json.gz").unlink(), "", "missing rank(s) 1"),
+    "two files claim a rank": (lambda run: rewrite(run, lambda t: t["distributedInfo"].update(rank=0), rank=1), "",
+                               "two files claim rank 0"),
+    "different world size": (lambda run: rewrite(run, lambda t: t["distributedInfo"].update(world_size=4), rank=1), "",
+                             "world sizes differ"),
+    "different run id": (lambda run: rewrite(run, lambda t: t.update(run_id="another"), rank=1), "", "run ids differ"),
+    "run.json says another p": (lambda run: edit_run_json(run, p=4), "run.json", "says p=4"),
+    "run.json not complete": (lambda run: edit_run_json(run, complete=...), "run.json", "incomplete run"),
+    "run.json missing beside the runner's log": (
+        lambda run: ((run / "run.json").unlink(), (run / "torchrun.log").write_text("killed\n")), "", "incomplete run"),
+}
+
+
+@pytest.mark.parametrize("command", ["analyze", "merge"])
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, command):
+    mutate, named, problem = REFUSED[case]
+    run = good_run(tmp_path / "run")
+    mutate(run)
+    code, err = cli(capsys, command, str(run))
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith(f"error: {run / named if named else run}:"), err
+    assert problem in err, err
+    assert not (run / "analysis").exists() and not (run / "merged.json.gz").exists()  # nothing half-written
