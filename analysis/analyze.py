@@ -14,11 +14,12 @@ import polars as pl
 from analysis import clock
 from analysis.cells import RankCells, is_gpu
 from analysis.classify import Rules, classify, split_waits
-from analysis.decompose import BARS, PARTS, Reference, rank_parts, reference, waterfall
+from analysis.decompose import BARS, PARTS, Reference, cell_small_gemm, rank_parts, reference, waterfall
 from analysis.errors import InputError
 from analysis.gaps import timeline, windows
 from analysis.infer import cells_of
 from analysis.load import load_run
+from analysis.memory import Memory, run_memory
 from analysis.shape import as_executed, from_run_json, infer
 from analysis.simulate import measure
 from runners.schedules import Schedule
@@ -32,6 +33,7 @@ class RunInput:
     frames: dict[int, pl.DataFrame]  # rank -> loaded trace frame
     sources: dict[int, Path]  # rank -> trace file
     run_json: dict | None
+    memory: Memory | None = None  # activation memory from the traces' memory events (analysis.memory)
 
 
 @dataclass(frozen=True)
@@ -40,12 +42,14 @@ class Analysis:
     gaps: pl.DataFrame
     ranks: pl.DataFrame  # per (rank, step) parts in ms
     summary: dict
+    memory: Memory | None = None
 
 
 def read_run(path: Path) -> RunInput:
     """The traces of a run directory and its run.json (analysis.load.load_run checks they form a run)."""
     run = load_run(path)
-    return RunInput(run.path, {t.rank: t.frame for t in run.traces}, {t.rank: t.path for t in run.traces}, run.config)
+    return RunInput(run.path, {t.rank: t.frame for t in run.traces}, {t.rank: t.path for t in run.traces}, run.config,
+                    run_memory(run))
 
 
 def _shift(rank: RankCells, offset: int) -> RankCells:
@@ -106,13 +110,14 @@ def analyze_run(run: RunInput, schedule: str | None = None, m: int | None = None
     spans = pl.concat([windows(r) for r in per_rank])
     shape = _schedule(run, cells, schedule, m)
     ref = reference(cells, (run.run_json or {}).get("calibration"), shape.m)
-    parts = rank_parts(cells, gaps, spans, ref)
+    cells = cell_small_gemm(cells, gaps, spans, ref)
+    parts = rank_parts(cells, gaps, spans)
     summary = _summary(run, shape, cells, waits, spans, parts, ref, on_gpu)
     summary.update(rules=rules.to_json(), clock=clocks, inferred_cells=int(cells["inferred"].sum()))
     ranks_ms = parts.with_columns(pl.col("step_ns", *PARTS) / NS_PER_MS).rename(
         {"step_ns": "step_ms", **{part: f"{part}_ms" for part in PARTS}}
     )
-    return Analysis(cells.sort("rank", "start_ns"), gaps.sort("rank", "start_ns"), ranks_ms, summary)
+    return Analysis(cells.sort("rank", "start_ns"), gaps.sort("rank", "start_ns"), ranks_ms, summary, run.memory)
 
 
 def _median_step(parts: pl.DataFrame) -> int:
@@ -133,6 +138,7 @@ def _summary(run: RunInput, shape: Schedule, cells, waits, spans, parts, ref: Re
     busy = chosen.select(pl.col("compute") + pl.col("small_gemm").fill_null(0)).to_series().sum()
     simulated = step_ns - bars["residual"]
     config = run.run_json or {}
+    peaks = {} if run.memory is None else run.memory.peak_bytes(step)
     return {
         "schedule": shape.name,
         "engine": config.get("engine"),
@@ -147,13 +153,13 @@ def _summary(run: RunInput, shape: Schedule, cells, waits, spans, parts, ref: Re
         "bubble_measured": 1 - busy / (shape.p * step_ns),
         "simulated_step_time_ms": simulated / NS_PER_MS,
         "waterfall_ms": {bar: None if bars[bar] is None else bars[bar] / NS_PER_MS for bar in BARS},
-        "ranks": [_rank_entry(row, shape) for row in chosen.iter_rows(named=True)],
+        "ranks": [_rank_entry(row, shape, peaks.get(row["rank"])) for row in chosen.iter_rows(named=True)],
     }
 
 
-def _rank_entry(row: dict, shape: Schedule) -> dict:
+def _rank_entry(row: dict, shape: Schedule, peak_activation_bytes: int | None) -> dict:
     entry = {"rank": row["rank"], "stage_ids": list(shape.stages_of(row["rank"]))}
     for part in PARTS:
         entry[f"{part}_ms"] = None if row[part] is None else row[part] / NS_PER_MS
-    entry["peak_activation_bytes"] = None  # not in the traces (needs profile_memory); unknown, not 0
+    entry["peak_activation_bytes"] = peak_activation_bytes  # None: no memory events in the trace (unknown, not 0)
     return entry

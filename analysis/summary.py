@@ -9,6 +9,9 @@ Keys of summary.json are those of DESIGN.md section 3, plus:
                      one clock (no transfer ends before it began)
   inferred_cells     how many cells came from analysis.infer rather than PP: labels
 ranks.parquet holds every analysed step's parts (ms), one row per rank and step.
+Where the traces carry memory events (analysis.memory): memory.parquet, the executor's stash samples
+(rank, step, t_ns, microbatches, bytes), and memory_peaks.parquet, per (rank, step, source) the most
+bytes held; ranks[].peak_activation_bytes is the median step's from the best source.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None
 
 
 def write(target: Path, result: Analysis) -> None:
-    """All four files into a fresh temporary sibling, then one rename over the old directory."""
+    """The files into a fresh temporary sibling, then one rename over the old directory."""
     try:
         staging = Path(tempfile.mkdtemp(prefix=".analysis.", dir=target.parent))
     except OSError as error:
@@ -55,6 +58,9 @@ def write(target: Path, result: Analysis) -> None:
         result.cells.write_parquet(staging / "cells.parquet")
         result.gaps.write_parquet(staging / "gaps.parquet")
         result.ranks.write_parquet(staging / "ranks.parquet")
+        if result.memory is not None and not result.memory.peaks.is_empty():
+            result.memory.stash.write_parquet(staging / "memory.parquet")
+            result.memory.peaks.write_parquet(staging / "memory_peaks.parquet")
         if target.exists():
             old = target.with_name(f".analysis.old.{os.getpid()}")
             os.replace(target, old)
