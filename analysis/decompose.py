@@ -2,7 +2,8 @@
 
 Per rank and step the step time is cut into compute at reference efficiency, small-GEMM excess
 (busy time beyond the reference), bubble, p2p_wait, launch_overhead and other (idle time of those
-classes, plus the stretch by which this rank's step span is shorter than the step's longest).
+classes, plus the stretch by which this rank's step span is shorter than the step's longest). The
+small-GEMM excess is defined per compute cell (`cell_small_gemm`) and a rank's part is its cells' sum.
 
 The waterfall is a ladder of replays of the same schedule (DESIGN.md section 4): equal slots at
 reference efficiency -> per-stage reference durations -> measured cell durations -> plus measured
@@ -67,11 +68,46 @@ def _reference_column(cells: pl.DataFrame, ref: Reference) -> pl.DataFrame:
         schema={"stage": pl.Int64, "kind": pl.Utf8, "reference_ns": pl.Float64},
         orient="row",
     )
-    return cells.filter(pl.col("kind").is_in(COMPUTE_KINDS)).join(table, on=["stage", "kind"], how="left")
+    return cells.join(table, on=["stage", "kind"], how="left")
 
 
-def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame, ref: Reference) -> pl.DataFrame:
-    """Per (rank, step): step_ns and the PARTS in ns, summing to step_ns (small_gemm null if unknown)."""
+def _idle_before(times: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
+    """Per row of `times` (row, rank, t_ns): the rank's idle ns before t_ns, in row order.
+
+    Gaps of a rank are disjoint, so a running sum of their lengths and one as-of join answer it.
+    """
+    length = pl.col("end_ns") - pl.col("start_ns")
+    running = gaps.sort("rank", "start_ns").select(
+        "rank", t_ns="start_ns", gap_start="start_ns", gap_end="end_ns", before=length.cum_sum().over("rank") - length
+    )
+    found = times.sort("t_ns").join_asof(running, on="t_ns", by="rank", check_sortedness=False)
+    inside = pl.min_horizontal("t_ns", "gap_end") - pl.col("gap_start")
+    return found.sort("row").select((pl.col("before") + inside).fill_null(0))["before"]
+
+
+def cell_small_gemm(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame, ref: Reference) -> pl.DataFrame:
+    """`cells` with `small_gemm_ns`: a compute cell's busy time (its span within its step window, less
+    the idle gaps inside it) beyond its reference; null for transfer cells and without calibration."""
+    bounds = windows.select("rank", "step", w0="start_ns", w1="end_ns")
+    clipped = (
+        _reference_column(cells.with_row_index("row"), ref)
+        .join(bounds, on=["rank", "step"], how="left")
+        .with_columns(a=pl.max_horizontal("start_ns", "w0"), b=pl.min_horizontal("end_ns", "w1"))
+        .sort("row")
+    )
+    idle = _idle_before(clipped.select("row", "rank", t_ns="b"), gaps) - _idle_before(
+        clipped.select("row", "rank", t_ns="a"), gaps
+    )
+    busy = (pl.col("b") - pl.col("a")).clip(lower_bound=0) - idle
+    excess = pl.when(pl.col("kind").is_in(COMPUTE_KINDS) & pl.lit(ref.calibrated)).then(busy - pl.col("reference_ns"))
+    return clipped.select(*cells.columns, small_gemm_ns=excess.cast(pl.Float64))
+
+
+def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step): step_ns and the PARTS in ns, summing to step_ns (small_gemm null if unknown).
+
+    `cells` carry `small_gemm_ns` (cell_small_gemm); compute is the busy time less that excess.
+    """
     window = windows.select(
         "rank", "step", window_ns=pl.col("end_ns") - pl.col("start_ns")
     ).with_columns(step_ns=pl.col("window_ns").max().over("step"))
@@ -79,20 +115,19 @@ def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame, r
         (pl.col("end_ns") - pl.col("start_ns")).filter(pl.col("class") == name).sum().alias(name)
         for name in ("bubble", "p2p_wait", "launch_overhead", "other")
     )
-    work = _reference_column(cells, ref).group_by("rank", "step").agg(pl.col("reference_ns").sum())
+    excess = cells.group_by("rank", "step").agg(
+        pl.when(pl.col("small_gemm_ns").is_not_null().any()).then(pl.col("small_gemm_ns").sum()).alias("small_gemm")
+    )
     parts = (
         window.join(idle, on=["rank", "step"], how="left")
-        .join(work, on=["rank", "step"], how="left")
         .fill_null(0)
+        .join(excess, on=["rank", "step"], how="left")
         .with_columns(
             busy=pl.col("window_ns") - pl.sum_horizontal("bubble", "p2p_wait", "launch_overhead", "other"),
             other=pl.col("other") + pl.col("step_ns") - pl.col("window_ns"),
         )
+        .with_columns(compute=(pl.col("busy") - pl.col("small_gemm").fill_null(0)).cast(pl.Float64))
     )
-    if ref.calibrated:
-        parts = parts.with_columns(compute=pl.col("reference_ns"), small_gemm=pl.col("busy") - pl.col("reference_ns"))
-    else:
-        parts = parts.with_columns(compute=pl.col("busy").cast(pl.Float64), small_gemm=pl.lit(None, pl.Float64))
     return parts.select("rank", "step", "step_ns", *PARTS).sort("step", "rank")
 
 
