@@ -9,6 +9,9 @@ Keys of summary.json are those of DESIGN.md section 3, plus:
                      one clock (no transfer ends before it began)
   inferred_cells     how many cells came from analysis.infer rather than PP: labels
 ranks.parquet holds every analysed step's parts (ms), one row per rank and step.
+cells.parquet has DESIGN.md's columns plus small_gemm_ns: a compute cell's busy time (its span in the
+step window less the idle gaps inside it) beyond its reference duration; null for transfer cells and
+without calibration. A rank's small_gemm_ms is the sum over its cells (analysis.decompose).
 Where the traces carry memory events (analysis.memory): memory.parquet, the executor's stash samples
 (rank, step, t_ns, microbatches, bytes), and memory_peaks.parquet, per (rank, step, source) the most
 bytes held; ranks[].peak_activation_bytes is the median step's from the best source.
