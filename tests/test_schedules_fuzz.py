@@ -16,9 +16,13 @@ from runners.schedules import SCHEDULES, Kind, ScheduleError, build, in_flight, 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 
 
-def _unit_span(name: str, p: int, m: int, v: int) -> int:
+def _unit_span(name: str, p: int, m: int, v: int) -> int | None:
     if name == "zb":
         return 3 * m + p - 1
+    if name == "zbv":  # 6m units per rank, and the last rank waits p-1 for its first input
+        return 6 * m + p - 1
+    if name == "dualpipev":  # no closed form here; its order is checked against torch's own
+        return None
     return 2 * (v * m + p - 1)  # gpipe and 1f1b have v = 1
 
 
@@ -38,7 +42,8 @@ def test_fuzz_requests(name, p, m, v, seed):
         return
     lowered = lower(schedule)
     validate(lowered)
-    assert simulate(schedule).makespan == _unit_span(name, p, m, v)
+    if _unit_span(name, p, m, v) is not None:
+        assert simulate(schedule).makespan == _unit_span(name, p, m, v)
     assert all(counts[-1] == 0 for counts in in_flight(schedule))
 
     def duration(_rank, action):  # a different cost per (stage, kind), deterministic per example

@@ -7,7 +7,7 @@
 
 from .actions import Action, ActionParseError, Kind
 from .dependencies import dependencies
-from .generate import SCHEDULES, build
+from .generate import SCHEDULES, V_SHAPED, build
 from .grid import grid
 from .lower import lower
 from .memory import in_flight
@@ -23,6 +23,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "Timeline",
+    "V_SHAPED",
     "build",
     "dependencies",
     "grid",

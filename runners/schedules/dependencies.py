@@ -14,13 +14,12 @@ from .schedule import Schedule
 def dependencies(schedule: Schedule, action: Action) -> tuple[Action, ...]:
     """The compute actions `action` waits for (empty for the first forward of stage 0)."""
     stage, kind, mb = action.stage, action.kind, action.microbatch
-    backward = schedule.backward_kind
     last = schedule.n_stages - 1
     if kind is Kind.F:
         return (Action(stage - 1, Kind.F, mb),) if stage > 0 else ()
     if kind in (Kind.B, Kind.I):
         own = Action(stage, Kind.F, mb)
-        return (own,) if stage == last else (own, Action(stage + 1, backward, mb))
+        return (own,) if stage == last else (own, schedule.backward_of(stage + 1, mb))
     if kind is Kind.W:
         return (Action(stage, Kind.I, mb),)
     if kind is Kind.SEND_F:
@@ -28,8 +27,8 @@ def dependencies(schedule: Schedule, action: Action) -> tuple[Action, ...]:
     if kind is Kind.RECV_F:
         return (Action(stage - 1, Kind.F, mb),)
     if kind is Kind.SEND_B:
-        return (Action(stage, backward, mb),)
-    return (Action(stage + 1, backward, mb),)  # RECV_B
+        return (schedule.backward_of(stage, mb),)
+    return (schedule.backward_of(stage + 1, mb),)  # RECV_B
 
 
 def matching_send(action: Action) -> Action:

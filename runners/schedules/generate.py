@@ -1,4 +1,5 @@
-"""The four generators (gpipe, 1f1b, interleaved, zb) and `build`, which refuses bad requests first.
+"""The generators (gpipe, 1f1b, interleaved, zb here; zbv, dualpipev in vshape.py) and `build`, which
+refuses bad requests first.
 
 Every generator returns compute actions only (F, B, I, W) per rank in execution order; `lower` adds the
 communication. The 1F1B family shares one shape, `_one_f_one_b`: a warm-up of forwards, a steady state
@@ -12,6 +13,7 @@ from types import MappingProxyType
 
 from .actions import Action, Kind
 from .schedule import Schedule, ScheduleError
+from .vshape import dualpipev, zbv
 
 
 def _one_f_one_b(
@@ -87,10 +89,18 @@ def zb(p: int, m: int, v: int = 1) -> tuple[tuple[Action, ...], ...]:
 
 Generator = Callable[[int, int, int], tuple[tuple[Action, ...], ...]]
 SCHEDULES: MappingProxyType[str, Generator] = MappingProxyType(
-    {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb": zb}
+    {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb": zb, "zbv": zbv, "dualpipev": dualpipev}
 )
 _CHUNKED = frozenset({"interleaved"})
+V_SHAPED = frozenset({"zbv", "dualpipev"})  # two stages per rank, placed in a V (schedule.py)
 _NEEDS_M_GE_P = frozenset({"1f1b", "zb"})
+
+
+def _check_v(name: str, v: int) -> None:
+    if name in V_SHAPED and v != 2:
+        raise ScheduleError(f"{name}: v={v} but {name} holds 2 stages per rank in a V (r and 2p-1-r); use v=2")
+    if v != 1 and name not in _CHUNKED | V_SHAPED:
+        raise ScheduleError(f"{name}: v={v} but {name} has one stage per rank; v > 1 needs interleaved")
 
 
 def check_request(name: str, p: int, m: int, v: int = 1) -> None:
@@ -100,13 +110,14 @@ def check_request(name: str, p: int, m: int, v: int = 1) -> None:
     for label, value in (("p", p), ("m", m), ("v", v)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ScheduleError(f"{name}: {label} must be an integer >= 1, got {value!r}")
-    if v != 1 and name not in _CHUNKED:
-        raise ScheduleError(f"{name}: v={v} but {name} has one stage per rank; v > 1 needs interleaved")
+    _check_v(name, v)
     if name in _NEEDS_M_GE_P and m < p:
         raise ScheduleError(
             f"{name}: m={m} < p={p}; stage 0 warms up with p-1 forwards and needs p microbatches "
             "to reach its steady state (use gpipe for fewer microbatches)"
         )
+    if name == "dualpipev" and m < 2 * p:
+        raise ScheduleError(f"{name}: m={m} < 2p={2 * p}; DualPipeV needs at least as many microbatches as stages")
     if name in _CHUNKED and m % p != 0:
         raise ScheduleError(f"{name}: m={m} must be a multiple of p={p} (microbatches go round in groups of p)")
 
@@ -114,4 +125,5 @@ def check_request(name: str, p: int, m: int, v: int = 1) -> None:
 def build(name: str, p: int, m: int, v: int = 1) -> Schedule:
     """The compute-only schedule `name` for p ranks, m microbatches and v chunks per rank."""
     check_request(name, p, m, v)
-    return Schedule(name, p, m, v, SCHEDULES[name](p, m, v))
+    placement = "v" if name in V_SHAPED else "loop"
+    return Schedule(name, p, m, v, SCHEDULES[name](p, m, v), placement=placement)

@@ -13,13 +13,16 @@ from dataclasses import replace
 from .actions import Action, Kind
 from .schedule import Schedule, ScheduleError
 
+# The kinds that carry a gradient upstream: B, or I where backward is split (W sends nothing).
+GRADIENT_KINDS = (Kind.B, Kind.I)
+
 
 def incoming(schedule: Schedule, action: Action) -> Action | None:
     """The RECV that must precede compute `action` on its rank, or None if its input is local."""
     stage, mb = action.stage, action.microbatch
     if action.kind is Kind.F and stage > 0 and schedule.rank_of(stage - 1) != schedule.rank_of(stage):
         return Action(stage, Kind.RECV_F, mb)
-    if action.kind is schedule.backward_kind and stage < schedule.n_stages - 1:
+    if action.kind in GRADIENT_KINDS and stage < schedule.n_stages - 1:
         if schedule.rank_of(stage + 1) != schedule.rank_of(stage):
             return Action(stage, Kind.RECV_B, mb)
     return None
@@ -31,7 +34,7 @@ def outgoing(schedule: Schedule, action: Action) -> Action | None:
     last = schedule.n_stages - 1
     if action.kind is Kind.F and stage < last and schedule.rank_of(stage + 1) != schedule.rank_of(stage):
         return Action(stage, Kind.SEND_F, mb)
-    if action.kind is schedule.backward_kind and stage > 0:
+    if action.kind in GRADIENT_KINDS and stage > 0:
         if schedule.rank_of(stage - 1) != schedule.rank_of(stage):
             return Action(stage, Kind.SEND_B, mb)
     return None

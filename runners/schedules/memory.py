@@ -14,12 +14,13 @@ from .schedule import Schedule
 
 def in_flight(schedule: Schedule, until_weight_grad: bool = True) -> tuple[tuple[int, ...], ...]:
     """Per rank, the count of live stashed (stage, microbatch) pairs after each action of its order."""
-    release = Kind.W if schedule.split_backward and until_weight_grad else schedule.backward_kind
+    # B releases an unsplit backward's stash; of a split one, W (or I, in the paper's accounting).
+    release = (Kind.B, Kind.W if until_weight_grad else Kind.I)
     counts = []
     for order in schedule.orders:
         live, after = 0, []
         for action in order:
-            live += (action.kind is Kind.F) - (action.kind is release)
+            live += (action.kind is Kind.F) - (action.kind in release)
             after.append(live)
         counts.append(tuple(after))
     return tuple(counts)

@@ -1,8 +1,11 @@
 """The schedule value: which actions each rank runs, in order, plus the pipeline's shape.
 
 A schedule is data, not control flow, so it can be drawn, checked and simulated without a GPU. Stage
-placement is the one every generator here uses: global stage s lives on rank s % p (for v = 1 that is
-stage s on rank s; for interleaved, chunk c of rank r is stage c * p + r, Megatron's layout).
+placement is one of two:
+- "loop" (every generator but the V-shaped ones): global stage s lives on rank s % p (for v = 1 that
+  is stage s on rank s; for interleaved, chunk c of rank r is stage c * p + r, Megatron's layout);
+- "v" (zbv, dualpipev; v = 2): rank r holds stages r and 2p-1-r, so the model runs down the ranks and
+  back up, and the first and last stage share rank 0 (torch's `style="v"`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .actions import Action, Kind
+
+PLACEMENTS = ("loop", "v")
 
 
 class ScheduleError(ValueError):
@@ -25,23 +30,40 @@ class Schedule:
     v: int  # stages (chunks) per rank
     orders: tuple[tuple[Action, ...], ...]  # per rank, in execution order
     lowered: bool = False  # True once SEND/RECV actions are in the orders
+    placement: str = "loop"  # which rank holds which stage: "loop" or "v" (see the module docstring)
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ScheduleError(f"{self.name}: unknown placement {self.placement!r}; known: {', '.join(PLACEMENTS)}")
+        if self.placement == "v" and self.v != 2:
+            raise ScheduleError(f"{self.name}: a V placement holds 2 stages per rank, not v={self.v}")
 
     @property
     def n_stages(self) -> int:
         return self.p * self.v
 
     def rank_of(self, stage: int) -> int:
+        if self.placement == "v":
+            return stage if stage < self.p else self.n_stages - 1 - stage
         return stage % self.p
 
     def stages_of(self, rank: int) -> tuple[int, ...]:
+        if self.placement == "v":
+            return (rank, self.n_stages - 1 - rank)
         return tuple(range(rank, self.n_stages, self.p))
 
     @cached_property
-    def split_backward(self) -> bool:
-        """True when backward is split into I (input grad) and W (weight grad), as in zero-bubble."""
-        return any(action.kind is Kind.I for order in self.orders for action in order)
+    def _split(self) -> frozenset[tuple[int, int]]:
+        """The (stage, microbatch) pairs whose backward is split into I and W."""
+        return frozenset((a.stage, a.microbatch) for order in self.orders for a in order if a.kind is Kind.I)
 
     @property
-    def backward_kind(self) -> Kind:
-        """The kind that carries the gradient upstream: I when backward is split, else B."""
-        return Kind.I if self.split_backward else Kind.B
+    def split_backward(self) -> bool:
+        """True when some backward is split into I (input grad) and W (weight grad), as in zero-bubble."""
+        return bool(self._split)
+
+    def backward_of(self, stage: int, microbatch: int) -> Action:
+        """The action that carries (stage, microbatch)'s gradient upstream: its I when its backward is
+        split, else its B. Per pair, since DualPipeV splits only some microbatches' backwards."""
+        kind = Kind.I if (stage, microbatch) in self._split else Kind.B
+        return Action(stage, kind, microbatch)

@@ -18,9 +18,11 @@ from .simulate import simulate
 
 
 def _expected_compute(schedule: Schedule) -> Iterator[Action]:
-    kinds = (Kind.F, Kind.I, Kind.W) if schedule.split_backward else (Kind.F, Kind.B)
+    """F, then B or I and W, of every (stage, microbatch); which backward is the schedule's choice."""
     for stage in range(schedule.n_stages):
         for mb in range(schedule.m):
+            backward = schedule.backward_of(stage, mb)
+            kinds = (Kind.F, Kind.I, Kind.W) if backward.kind is Kind.I else (Kind.F, Kind.B)
             yield from (Action(stage, kind, mb) for kind in kinds)
 
 
