@@ -111,3 +111,15 @@ def test_real_trace_allocator_events_without_total_allocated():
     assert peaks.height == events["step"].n_unique() > 1
     # a ResNet-50 training step holds between 100 MB and 16 GB of activations and gradients on the GPU
     assert peaks["peak_bytes"].min() > 100e6 and peaks["peak_bytes"].max() < 16e9
+
+
+def test_theory_over_time_reaches_p_minus_s_on_stage_s_at_replayed_times():
+    from analysis.report.inflight import theory_in_flight
+    from runners.schedules import build, simulate
+
+    schedule = build("1f1b", 4, 8)
+    theory = theory_in_flight(schedule, list(simulate(schedule).rows))
+    assert theory.group_by("rank").agg(pl.col("live").max()).sort("rank")["live"].to_list() == [4, 3, 2, 1]
+    # unit-time replay: rank 3's first forward ends at 4, so its count first rises there
+    assert theory.filter(pl.col("rank") == 3)["t_ms"].min() == 4.0
+    assert theory.group_by("rank").agg(pl.col("live").last())["live"].to_list() == [0] * 4

@@ -172,14 +172,20 @@ def memory_per_rank(frame: pl.DataFrame) -> Plot:
     return Plot(chart, {"memory": frame})
 
 
-def in_flight(measured: pl.DataFrame, peaks: pl.DataFrame) -> Plot:
-    """Live microbatches per rank over the step (steps), the schedule's peak per rank as a dashed rule."""
+def in_flight(measured: pl.DataFrame, theory: pl.DataFrame | None, peaks: pl.DataFrame, theory_title: str) -> Plot:
+    """Live microbatches per rank over the step, measured above the schedule's own count on a replay of it
+    (one shared time axis, as the timelines); the schedule's peak per rank as a dashed rule in both."""
     colour = alt.Color("rank:N", title="rank")
-    lines = alt.Chart(_named("live")).mark_line(interpolate="step-after").encode(
-        x=alt.X("t_ms:Q", title="ms from the start of the step"),
-        y=alt.Y("live:Q", title="microbatches in flight"), color=colour,
-        tooltip=[alt.Tooltip("rank:N"), alt.Tooltip("t_ms:Q", format=".3f"), alt.Tooltip("live:Q")])
     rules = alt.Chart(_named("peaks")).mark_rule(strokeDash=[4, 3]).encode(
         y="theory:Q", color=colour, tooltip=[alt.Tooltip("rank:N"), alt.Tooltip("theory:Q", title="theory peak")])
-    chart = alt.layer(lines, rules).properties(width=WIDTH * 2 // 3, height=220)
-    return Plot(chart, {"live": measured, "peaks": peaks})
+
+    def panel(name: str, title: str) -> alt.LayerChart:
+        lines = alt.Chart(_named(name), title=title).mark_line(interpolate="step-after").encode(
+            x=alt.X("t_ms:Q", title="ms from the start of the step"),
+            y=alt.Y("live:Q", title="microbatches in flight"), color=colour,
+            tooltip=[alt.Tooltip("rank:N"), alt.Tooltip("t_ms:Q", format=".3f"), alt.Tooltip("live:Q")])
+        return alt.layer(lines, rules).properties(width=WIDTH * 2 // 3, height=180)
+
+    panels = [panel("live", "measured")] + ([] if theory is None else [panel("theory", theory_title)])
+    chart = alt.vconcat(*panels).resolve_scale(x="shared")
+    return Plot(chart, {"live": measured, "peaks": peaks, **({} if theory is None else {"theory": theory})})

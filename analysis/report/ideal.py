@@ -10,7 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.report.frames import COMPUTE_KINDS, ideal_frame
-from runners.schedules import ScheduleError, build, simulate
+from runners.schedules import Schedule, ScheduleError, Timeline, build, simulate
 
 
 def calibrated_durations(calibration: dict, m: int) -> dict[tuple[int, str], float]:
@@ -35,10 +35,16 @@ def measured_durations(cells: pl.DataFrame) -> dict[tuple[int, str], float]:
 
 def ideal_timeline(config: dict, cells: pl.DataFrame | None) -> tuple[pl.DataFrame | None, str]:
     """The ideal timeline's frame and a caption saying where its durations came from (or why none)."""
+    schedule, timeline, caption = ideal_replay(config, cells)
+    return (None if timeline is None else ideal_frame(list(timeline.rows))), caption
+
+
+def ideal_replay(config: dict, cells: pl.DataFrame | None) -> tuple[Schedule | None, Timeline | None, str]:
+    """The run's schedule replayed with reference durations, and the caption (or why there is none)."""
     try:
         schedule = build(str(config["schedule"]), int(config["p"]), int(config["m"]), int(config.get("v") or 1))
     except (KeyError, TypeError, ValueError, ScheduleError) as error:
-        return None, f"No simulated timeline: the schedule cannot be rebuilt ({error})."
+        return None, None, f"No simulated timeline: the schedule cannot be rebuilt ({error})."
     if config.get("calibration"):
         durations = calibrated_durations(config["calibration"], schedule.m)
         source = "calibration (each stage's whole-batch F and B from run.json, divided by m)"
@@ -46,9 +52,9 @@ def ideal_timeline(config: dict, cells: pl.DataFrame | None) -> tuple[pl.DataFra
         durations = measured_durations(cells)
         source = "the measured median of each stage's F/B (run.json has no calibration)"
     else:
-        return None, "No simulated timeline: no calibration and no measured cells to take durations from."
+        return None, None, "No simulated timeline: no calibration and no measured cells to take durations from."
     fallback = sorted(durations.values())[len(durations) // 2]
     timeline = simulate(schedule, duration=lambda rank, action: durations.get((action.stage, action.kind.value), fallback))
     caption = (f"Simulated: the {schedule.name} schedule (p={schedule.p}, m={schedule.m}, v={schedule.v}) replayed "
                f"with durations from {source}, no p2p latency, no launch gaps; makespan {timeline.makespan:.3f} ms.")
-    return ideal_frame(list(timeline.rows)), caption
+    return schedule, timeline, caption

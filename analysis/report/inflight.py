@@ -1,7 +1,8 @@
 """Microbatches in flight (activations stashed for backward) per rank over a step, against theory.
 
-Measured: +1 when a forward ends, -1 when the backward that frees its activations ends (W where the
-backward is split, else B). Theory: runners.schedules.in_flight on the run's schedule (GPipe holds m
+Measured: the executor's own stash counter where the trace has one (analysis.memory), else from the
+cells: +1 when a forward ends, -1 when the backward that frees its activations ends (W where the
+backward is split, else B). Over time, theory is the schedule's count placed on a replay of it. Theory: runners.schedules.in_flight on the run's schedule (GPipe holds m
 on every stage, 1F1B p - s on stage s), never hard-coded here.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.report.frames import TIMELINE_BINS, TIMELINE_ROWS_MAX
-from runners.schedules import ScheduleError, build, in_flight
+from runners.schedules import Schedule, ScheduleError, build, in_flight
 
 
 def measured_in_flight(cells: pl.DataFrame, step: int) -> pl.DataFrame:
@@ -35,6 +36,24 @@ def thinned(live: pl.DataFrame, bins: int = TIMELINE_BINS, rows_max: int = TIMEL
     time_bin = ((pl.col("t_ms") - first) / width).floor().clip(upper_bound=bins - 1)
     return (live.group_by("rank", bin=time_bin)
             .agg(pl.col("t_ms").min(), pl.col("live").max()).drop("bin").sort("rank", "t_ms"))
+
+
+def theory_in_flight(schedule: Schedule, rows: list[tuple]) -> pl.DataFrame:
+    """(rank, t_ms, live): the schedule's count wherever an action changes it, at that action's end in a
+    replay (runners.schedules.simulate rows: rank, action, start, end)."""
+    ends = {(rank, action): end for rank, action, _, end in rows}
+    points = []
+    for rank, (order, counts) in enumerate(zip(schedule.orders, in_flight(schedule))):
+        changes = [(action, live) for action, live, before in zip(order, counts, (0, *counts)) if live != before]
+        points += [(rank, ends[(rank, action)], live) for action, live in changes if (rank, action) in ends]
+    return pl.DataFrame(points, schema={"rank": pl.Int64, "t_ms": pl.Float64, "live": pl.Int64}, orient="row")
+
+
+def stash_in_flight(stash: pl.DataFrame, step: int) -> pl.DataFrame:
+    """(rank, t_ms, live) from the executor's own stash counter (analysis.memory), t from the step's first sample."""
+    samples = stash.filter(pl.col("step") == step)
+    return samples.sort("rank", "t_ns").select(
+        pl.col("rank"), t_ms=((pl.col("t_ns") - pl.col("t_ns").min()) / 1e6).round(4), live=pl.col("microbatches"))
 
 
 def theory_peaks(summary: dict) -> dict[int, int] | None:

@@ -10,8 +10,9 @@ import polars as pl
 from analysis.report import charts
 from analysis.report.frames import (RANK_PARTS, coarsen, largest_deviation, rank_parts_frame, representative_step,
                                     timeline_frame, waterfall_frame)
-from analysis.report.ideal import ideal_timeline
-from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks, thinned
+from analysis.report.ideal import ideal_replay, ideal_timeline
+from analysis.report.inflight import (measured_in_flight, peaks_frame, stash_in_flight, theory_in_flight, theory_peaks,
+                                      thinned)
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
 
@@ -130,20 +131,31 @@ def memory_figure(summary: dict) -> Figure | None:
     return Figure("memory", charts.memory_per_rank(frame), caption)
 
 
+def _measured_in_flight(run: Run, step: int) -> tuple[pl.DataFrame, str]:
+    """The executor's own stash counter where the run recorded one, else the count from the cells."""
+    if run.memory is not None and not run.memory.filter(pl.col("step") == step).is_empty():
+        return stash_in_flight(run.memory, step), "the executor's stash counter (microbatches it held for backward)"
+    return measured_in_flight(run.cells, step), "the cells (+1 at a forward's end, -1 at its freeing backward's)"
+
+
 def in_flight_section(run: Run) -> tuple[str, Figure | None]:
-    """Measured in-flight microbatches over the step against the schedule's peaks, as a chart and a table."""
+    """Measured in-flight microbatches over the step against the schedule's count over a replay of it."""
     theory = theory_peaks(run.summary)
     if run.cells is None or run.cells.is_empty() or theory is None:
         return "<p>No in-flight count: no cells, or the schedule cannot be rebuilt.</p>", None
     step = shown_step(run)
-    measured = measured_in_flight(run.cells, step)
+    measured, source = _measured_in_flight(run, step)
     peaks = peaks_frame(measured, theory)
+    schedule, replay, _ = ideal_replay({**run.summary, "calibration": run.config.get("calibration")}, run.cells)
+    over_time = None if replay is None else theory_in_flight(schedule, list(replay.rows))
     columns = [Column("rank", "pipeline rank"),
                Column("measured peak", "most microbatches whose forward had ended and freeing backward had not"),
                Column("theory peak", "the schedule's own count (runners.schedules.in_flight)")]
-    figure = Figure("in-flight", charts.in_flight(thinned(measured), peaks),
-                    f"Step {step}: microbatches in flight per rank (activations held for backward), counted from the "
-                    "cells; dashed: the schedule's peak (GPipe: m on every stage; 1F1B: p - s on stage s).")
+    figure = Figure("in-flight", charts.in_flight(thinned(measured), over_time, peaks, "theory: the simulated ideal"),
+                    f"Step {step}: microbatches in flight per rank (activations held for backward), measured from "
+                    f"{source}; below, the schedule's own count (runners.schedules.in_flight) over the simulated ideal "
+                    "replay of the same schedule; dashed: the schedule's peak (GPipe: m on every stage; 1F1B: p - s "
+                    "on stage s).")
     return table(columns, [list(row) for row in peaks.iter_rows()]) + figure.html(), figure
 
 

@@ -23,6 +23,7 @@ class Run:
     summary: dict | None = None
     cells: pl.DataFrame | None = None
     gaps: pl.DataFrame | None = None
+    memory: pl.DataFrame | None = None  # the executor's stash samples (analysis/memory.parquet), if recorded
     error: str | None = None
 
     @property
@@ -85,7 +86,7 @@ def load_run(path: Path) -> Run:
             _analyse(path)
         summary = _read_json(analysis / "summary.json")
         return Run(path.name, path, config, summary, _read_table(analysis / "cells.parquet"),
-                   _read_table(analysis / "gaps.parquet"))
+                   _read_table(analysis / "gaps.parquet"), _read_table(analysis / "memory.parquet"))
     except Exception as error:  # one bad run must not stop the report; the index shows why
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         return Run(path.name, path, config, error=f"{type(error).__name__}: {message}")
