@@ -26,7 +26,8 @@ from analysis import clock
 from analysis.cells import rank_cells, step_spans
 from analysis.errors import InputError
 from analysis.load import RawTrace, load_run, read_trace
-from analysis.merge_tracks import analysis_slices, layout, p2p_flows, profiler_flows
+from analysis.merge_analysis import analysis_tracks
+from analysis.merge_tracks import layout, p2p_flows, profiler_flows
 
 BROWSER_LIMIT_BYTES = 1 << 30  # Perfetto's UI struggles to open JSON traces past about this size
 
@@ -105,7 +106,7 @@ def merge(
     if cells is not None:
         arrows, next_id = p2p_flows(clock.transfers(cells), tracks, shift, origin, next_id)
         out.extend(arrows)
-    out.extend(analysis_slices(analysis_dir, tracks, shift, origin, steps, notes))
+    out.extend(analysis_tracks(analysis_dir, tracks, shift, origin, steps, notes))
     limited = _limits(steps, traces)
     meta = {"clock": estimate.to_json(), "origin_ns": origin, "limited": limited, "notes": notes,
             "events": len(out), "sources": {str(r): t.path.name for r, t in traces.items()}}  # fmt: skip

@@ -1,4 +1,5 @@
-"""The pieces of a merged trace for one rank: its threads, slices, flows, and the analysis tracks.
+"""The pieces of a merged trace for one rank: its threads, slices and flows
+(the analysis tracks are analysis.merge_analysis).
 
 A rank's track is an original (pid, tid) pair: a CPU thread or a GPU stream. Slices that overlap on a
 track without nesting are spread over numbered overlap threads (first one that fits), which is what
@@ -9,7 +10,6 @@ Times are integer nanoseconds until the last step, where `_us` writes Chrome's m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import msgspec
 import polars as pl
@@ -238,25 +238,3 @@ def p2p_flows(pairs: pl.DataFrame, tracks: dict[int, RankTracks], shift: dict[in
         out.append({"ph": "f", "bp": "e", "pid": dst, "tid": row["recv_tid"], "ts": _us(arrival + shift[dst] - origin)} | common)
     return out, next_id + placed.height
 
-
-def analysis_slices(analysis_dir: Path | None, tracks: dict[int, RankTracks], shift: dict[int, int], origin: int,
-                    steps: tuple[int, ...] | None, notes: list[str]) -> list[dict]:  # fmt: skip
-    """Per rank a `gaps` thread with the classified idle time (analysis/gaps.parquet), when it exists."""
-    path = analysis_dir / "gaps.parquet" if analysis_dir is not None else None
-    if path is None or not path.exists():
-        notes.append("no analysis/gaps.parquet beside the traces: gap tracks left out (run `python -m analysis analyze`)")
-        return []
-    gaps = pl.read_parquet(path)
-    if steps is not None:
-        gaps = gaps.filter(pl.col("step").is_in(steps))
-    out = []
-    for rank, track in tracks.items():
-        tid = max((t for t, _ in track.threads), default=0) + 1
-        out.extend(thread_events(rank, [(tid, "analysis · gaps (bubble, p2p wait, launch overhead, other)")]))
-        rows = gaps.filter(pl.col("rank") == rank).select("class", "start_ns", "end_ns", "step").iter_rows()
-        out.extend(
-            {"ph": "X", "name": kind, "cat": "analysis", "pid": rank, "tid": tid, "ts": _us(start + shift[rank] - origin),
-             "dur": _us(end - start), "args": {"step": step}}  # fmt: skip
-            for kind, start, end, step in rows
-        )
-    return out

@@ -1,0 +1,105 @@
+"""The merged trace's analysis tracks against injected truth: per-cell small-GEMM excess, its track, the
+ideal track, and what the merge says when a track cannot be drawn."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from analysis import synthetic
+from analysis.merge import merge, read_ranks
+from analysis.merge_analysis import IDEAL_TRACK, SMALL_GEMM_TRACK
+from analysis.perfetto_check import problems
+from analysis.summary import analyze_dir
+from runners.schedules import build
+
+US = 1_000
+STEPS = 3
+F_US, B_US = 1000.0, 2000.0
+OFFSETS = {0: 0, 1: 3_100 * US, 2: -4_700 * US, 3: 250 * US}  # the merge aligns; tracks must follow
+SLOWDOWN = {(1, "F"): 1.5, (2, "B"): 1.25, (3, "F"): 1.1}  # (stage, kind) -> compute / reference
+
+
+def analysed_merge(directory, shape="cpu", calibrated=True) -> tuple[dict, synthetic.Synthetic]:
+    made = synthetic.write_run(directory, build("1f1b", 4, 8), durations_us={"F": F_US, "B": B_US}, slowdown=SLOWDOWN,
+                               p2p_latency_us=40, launch_gap_us=15, clock_offset_ns=OFFSETS, steps=STEPS, shape=shape)  # fmt: skip
+    if not calibrated:
+        config = json.loads((directory / "run.json").read_text())
+        (directory / "run.json").write_text(json.dumps({k: v for k, v in config.items() if k != "calibration"}))
+    analyze_dir(directory)
+    trace, _ = merge(read_ranks(directory, None), None, directory / "analysis")
+    return trace, made
+
+
+def track_slices(trace: dict, track: str) -> list[dict]:
+    tids = {(e["pid"], e["tid"]) for e in trace["traceEvents"] if e.get("name") == "thread_name" and e["args"]["name"] == track}
+    return [e for e in trace["traceEvents"] if e["ph"] == "X" and (e["pid"], e["tid"]) in tids]
+
+
+@pytest.mark.parametrize("shape", ["cpu", "gpu"])
+def test_small_gemm_track_totals_the_injected_excess_per_rank(tmp_path, shape):
+    trace, made = analysed_merge(tmp_path, shape)
+    assert problems(trace) == []
+    excess = track_slices(trace, SMALL_GEMM_TRACK)
+    for rank, truth in made.truth.items():
+        total_us = sum(e["dur"] for e in excess if e["pid"] == rank)
+        assert total_us == pytest.approx(STEPS * truth.small_gemm_ns / US, abs=1.0), rank
+    assert {e["name"] for e in excess} == {f"{s}{k}{mb}" for (s, k) in SLOWDOWN for mb in range(8)}
+
+
+def test_each_excess_slice_ends_its_cell_on_the_aligned_clock(tmp_path):
+    """The slice covers the cell's slowed-down tail: it ends where the rank's PP: label ends, and lasts
+    (slowdown - 1) x the reference, though ranks' clocks were skewed by milliseconds."""
+    trace, _ = analysed_merge(tmp_path)
+    labels = {(e["pid"], e["name"], round(e["ts"] + e["dur"], 3)) for e in trace["traceEvents"]
+              if e["ph"] == "X" and e["name"].startswith("PP:")}  # fmt: skip
+    for e in track_slices(trace, SMALL_GEMM_TRACK):
+        assert (e["pid"], f"PP:{e['name']}", round(e["ts"] + e["dur"], 3)) in labels, e
+        stage, kind = int(e["name"][0]), e["name"][1]
+        reference_us = F_US if kind == "F" else B_US
+        assert e["dur"] == pytest.approx((SLOWDOWN[(stage, kind)] - 1) * reference_us, abs=0.01)
+
+
+def test_cells_table_carries_the_per_cell_excess_and_ranks_sum_it(tmp_path):
+    analysed_merge(tmp_path)
+    cells = pl.read_parquet(tmp_path / "analysis" / "cells.parquet")
+    compute = cells.filter(pl.col("kind").is_in(["F", "B"]))
+    slowed = pl.DataFrame([(s, k, f) for (s, k), f in SLOWDOWN.items()], schema=["stage", "kind", "factor"], orient="row")
+    factor = compute.join(slowed, on=["stage", "kind"], how="left", maintain_order="left")["factor"].fill_null(1.0)
+    reference = pl.Series([F_US * US if kind == "F" else B_US * US for kind in compute["kind"]])
+    expected = (factor - 1) * reference
+    assert compute["small_gemm_ns"].to_list() == pytest.approx(expected.to_list(), abs=1)
+    assert cells.filter(~pl.col("kind").is_in(["F", "B"]))["small_gemm_ns"].null_count() == cells.height - compute.height
+    summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
+    per_rank = compute.filter(pl.col("step") == summary["median_step"]).group_by("rank").agg(pl.col("small_gemm_ns").sum())
+    for rank, ns in per_rank.iter_rows():
+        assert summary["ranks"][rank]["small_gemm_ms"] == pytest.approx(ns / 1e6, abs=1e-9)
+
+
+def test_without_calibration_no_small_gemm_track_and_the_merge_says_so(tmp_path):
+    trace, _ = analysed_merge(tmp_path, calibrated=False)
+    assert problems(trace) == []
+    assert track_slices(trace, SMALL_GEMM_TRACK) == []
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert SMALL_GEMM_TRACK not in names
+    assert any("no calibration" in note and "small-GEMM" in note for note in trace["pipelineMerge"]["notes"])
+    assert pl.read_parquet(tmp_path / "analysis" / "cells.parquet")["small_gemm_ns"].null_count() > 0
+
+
+def test_ideal_track_replays_reference_durations_from_the_measured_step_start(tmp_path):
+    trace, made = analysed_merge(tmp_path)
+    ideal = track_slices(trace, IDEAL_TRACK)
+    summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
+    assert {e["args"]["step"] for e in ideal} == {summary["median_step"]}
+    for rank in range(4):
+        mine = sorted((e for e in ideal if e["pid"] == rank), key=lambda e: e["ts"])
+        assert [e["name"][1] for e in mine].count("F") == 8 and len(mine) == 16
+        assert all(e["dur"] == pytest.approx(F_US if e["name"][1] == "F" else B_US, abs=0.01) for e in mine)
+    step_labels = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["name"].startswith("PP:") and e["pid"] == 0
+                   and "F" in e["name"]]  # fmt: skip
+    first_ideal = min(e["ts"] for e in ideal)
+    assert any(e["ts"] == pytest.approx(first_ideal, abs=0.01) for e in step_labels)  # rank 0's 0F0 of that step
+    ideal_span = max(e["ts"] + e["dur"] for e in ideal) - first_ideal
+    assert ideal_span < made.truth[0].step_ns / US  # no latency, gaps or slowdown: shorter than measured
