@@ -3,9 +3,9 @@
 Decoding into these structs skips every other field in C, which is what makes loading fast. Times
 come as int or float, range-checked in C; the few floats whose nanoseconds a double cannot settle are
 read again as their JSON text (`EventTimes`, see analysis.times). Free-form `args` values are typed
-`Any` because real traces put anything there. Decoded JSON cannot form
-reference cycles, so the structs opt out of the cyclic garbage collector (gc=False), which would
-otherwise rescan the growing event list again and again while it is decoded.
+`Any` because real traces put anything there. Decoded JSON cannot form reference cycles, so the
+structs opt out of the cyclic garbage collector (gc=False), which would otherwise rescan the growing
+event list again and again while it is decoded.
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ NO_TIME = msgspec.Raw()
 class Args(msgspec.Struct, frozen=True, gc=False):
     correlation: Any = None
     external_id: Any = msgspec.field(name="External id", default=None)
-    record_function_id: Any = msgspec.field(name="Record function id", default=None)
     stream: Any = None
-    device: Any = None
 
 
 NO_ARGS = Args()

@@ -5,12 +5,15 @@ needs verbatim: every top-level key as `msgspec.Raw` and the whole traceEvents a
 `msgspec.Raw` (a view of the decompressed bytes, unknown fields included; `RawTrace.events()` decodes
 it to dicts, and a frame row's `index` is its event's position there). `load_trace` gives the frame:
 
-    index, rank, ph, name, cat, pid, tid, start_ns, end_ns, correlation, external_id,
-    record_function_id, stream, device, flow_id, bp
+    index, rank, ph, name, cat, pid, tid, start_ns, end_ns, correlation, external_id, stream, flow_id, bp
+
+(correlation links a runtime launch to its kernel, external_id a CPU op to its launches, stream is the
+kernel's CUDA stream, flow_id and bp belong to flow events "s"/"f".)
 
 Times are integer nanoseconds since the epoch: Kineto's `ts` is microseconds relative to the header's
-`baseTimeNanoseconds`, so start_ns = base + ts; it is converted from the JSON text, never through a
-float, so 5110114341537.881 gives ...537881 exactly. end_ns = start_ns + dur for "X" events, start_ns
+`baseTimeNanoseconds`, so start_ns = base + ts, exact to the nanosecond of the JSON text: ints as they
+are, floats through a double only where the double settles the nanosecond, else from the text
+(analysis.times), so 5110114341537.881 gives ...537881. end_ns = start_ns + dur for "X" events, start_ns
 otherwise. pid/tid that are not integers (Kineto's "Spans"/"Traces" pseudo-processes) are null.
 
 Bad input raises InputError naming the file and the problem. Events with a negative duration are
