@@ -123,3 +123,16 @@ def test_theory_over_time_reaches_p_minus_s_on_stage_s_at_replayed_times():
     # unit-time replay: rank 3's first forward ends at 4, so its count first rises there
     assert theory.filter(pl.col("rank") == 3)["t_ms"].min() == 4.0
     assert theory.group_by("rank").agg(pl.col("live").last())["live"].to_list() == [0] * 4
+
+
+def test_memory_against_m_keeps_fixed_batch_and_fixed_microbatch_apart():
+    from analysis.report import sweeps
+
+    summary = {"schedule": "gpipe", "engine": "native", "device": "cpu", "p": 2, "v": 1}
+    rows = [sweeps.run_row(f"run{m}{fixed}", summary | {"m": m, "ranks": [{"peak_activation_bytes": m * 2**20}]},
+                           {"rows_per_microbatch": fixed}) for m in (2, 4) for fixed in (None, 8)]
+    memory = sweeps.peak_memory(sweeps.families(sweeps.runs_frame(rows)))
+    lines = memory.group_by("family").agg(pl.col("m").sort()).sort("family")
+    assert lines["family"].to_list() == ["gpipe p=2 v=1 (native, cpu), 8 rows/microbatch",
+                                         "gpipe p=2 v=1 (native, cpu), fixed batch"]
+    assert lines["m"].to_list() == [[2, 4], [2, 4]]

@@ -93,7 +93,7 @@ def sweep_figures(runs: pl.DataFrame) -> list[Figure]:
 
 
 def body(runs: list[Run], pages: dict[str, str]) -> tuple[str, list[Figure]]:
-    analysed = sweeps.runs_frame([sweeps.run_row(r.run_id, r.summary) for r in runs if r.error is None])
+    analysed = sweeps.runs_frame([sweeps.run_row(r.run_id, r.summary, r.config) for r in runs if r.error is None])
     figures = sweep_figures(analysed)
     failed = sum(r.error is not None for r in runs)
     sections = [

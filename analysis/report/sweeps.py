@@ -13,18 +13,20 @@ from analysis.report.frames import WATERFALL_TERMS
 RUN_COLUMNS = {
     "run_id": pl.String, "schedule": pl.String, "engine": pl.String, "device": pl.String, "p": pl.Int64,
     "m": pl.Int64, "v": pl.Int64, "step_time_ms": pl.Float64, "bubble_formula": pl.Float64,
-    "bubble_measured": pl.Float64, "peak_activation_bytes": pl.Float64,
+    "bubble_measured": pl.Float64, "peak_activation_bytes": pl.Float64, "rows_per_microbatch": pl.Int64,
     **{term: pl.Float64 for term in WATERFALL_TERMS},
 }
 
 
-def run_row(run_id: str, summary: dict) -> dict:
-    """The index's numbers for one analysed run, flat."""
+def run_row(run_id: str, summary: dict, config: dict | None = None) -> dict:
+    """The index's numbers for one analysed run, flat (run.json's rows_per_microbatch: set when the
+    microbatch size was fixed rather than the batch)."""
     waterfall = summary.get("waterfall_ms") or {}
     peaks = [r.get("peak_activation_bytes") for r in summary.get("ranks") or []]
     peaks = [peak for peak in peaks if peak is not None]
     row = {name: summary.get(name) for name in RUN_COLUMNS if name in summary}
     return row | {"run_id": run_id, "v": summary.get("v") or 1, "peak_activation_bytes": max(peaks, default=None),
+                  "rows_per_microbatch": (config or {}).get("rows_per_microbatch"),
                   **{term: waterfall.get(term) for term in WATERFALL_TERMS}}
 
 
@@ -97,6 +99,10 @@ def engine_pairs(runs: pl.DataFrame) -> pl.DataFrame:
 
 
 def peak_memory(family_runs: pl.DataFrame) -> pl.DataFrame:
-    """Peak activation memory per (family, m) in MiB, where the runs recorded it."""
-    return newest_per_m(family_runs).drop_nulls("peak_activation_bytes").select(
+    """Peak activation memory per (family, m) in MiB, where the runs recorded it; a fixed batch and a fixed
+    microbatch size are separate lines (the first keeps GPipe flat, the second 1F1B)."""
+    batch = pl.when(pl.col("rows_per_microbatch").is_null()).then(pl.lit("fixed batch")).otherwise(
+        pl.format("{} rows/microbatch", "rows_per_microbatch"))
+    labelled = family_runs.with_columns(family=pl.format("{}, {}", "family", batch))
+    return newest_per_m(labelled).drop_nulls("peak_activation_bytes").select(
         "family", "m", peak_mib=pl.col("peak_activation_bytes") / 2**20)
