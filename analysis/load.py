@@ -206,7 +206,23 @@ def read_run_config(path: Path) -> dict[str, Any] | None:
         raise InputError(path, "run.json is not a JSON object")
     if config.get("complete") is not True:
         raise InputError(path, 'incomplete run: run.json lacks "complete": true (interrupted or still running)')
+    _check_calibration(path, config.get("calibration"))
     return config
+
+
+def _check_calibration(path: Path, calibration: Any) -> None:
+    """Stage index text -> {"F_ms": ms, "B_ms": ms, ...} with every time > 0, or absent: checked here once,
+    so the waterfall, the report and the merge's ideal track never meet a malformed one."""
+    if calibration is None:
+        return
+    if not isinstance(calibration, dict):
+        raise InputError(path, "bad calibration: not an object of stage -> times")
+    for stage, times in calibration.items():
+        if not (stage.isascii() and stage.isdecimal()) or not isinstance(times, dict) or not {"F_ms", "B_ms"} <= times.keys():
+            raise InputError(path, f"bad calibration: stage {stage!r:.40} needs an integer index and F_ms, B_ms")
+        for key, ms in times.items():
+            if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not ms > 0:
+                raise InputError(path, f"bad calibration: stage {stage} {key!r:.40} = {ms!r:.40} is not a time > 0")
 
 
 def _with_rank(trace: RawTrace, rank: int) -> RawTrace:

@@ -97,6 +97,11 @@ REFUSED: dict[str, tuple[Mutation, str, str]] = {
     "different run id": (lambda run: rewrite(run, lambda t: t.update(run_id="another"), rank=1), "", "run ids differ"),
     "run.json says another p": (lambda run: edit_run_json(run, p=4), "run.json", "says p=4"),
     "run.json not complete": (lambda run: edit_run_json(run, complete=...), "run.json", "incomplete run"),
+    "calibration not an object": (lambda run: edit_run_json(run, calibration=[1, 2]), "run.json", "bad calibration"),
+    "calibration time not a number": (lambda run: edit_run_json(run, calibration={"0": {"F_ms": "x", "B_ms": 1}}),
+                                      "run.json", "'F_ms' = 'x' is not a time > 0"),
+    "calibration without B_ms": (lambda run: edit_run_json(run, calibration={"0": {"F_ms": 1}}), "run.json",
+                                 "stage '0' needs an integer index and F_ms, B_ms"),
     "run.json missing beside the runner's log": (
         lambda run: ((run / "run.json").unlink(), (run / "torchrun.log").write_text("killed\n")), "", "incomplete run"),
 }
