@@ -43,7 +43,8 @@ class Placement:
 def analysis_tracks(analysis_dir: Path | None, tracks: dict[int, RankTracks], shift: dict[int, int], origin: int,
                     steps: tuple[int, ...] | None, notes: list[str]) -> list[dict]:  # fmt: skip
     """Every analysis track's thread names and slices; what is left out, and why, goes to `notes`."""
-    if analysis_dir is None or not (analysis_dir / "gaps.parquet").exists():
+    gaps = _read_table(analysis_dir, "gaps") if analysis_dir is not None else None
+    if gaps is None:
         notes.append("no analysis/gaps.parquet beside the traces: analysis tracks left out (run `python -m analysis analyze`)")
         return []
     summary = _read_json(analysis_dir / "summary.json") or {}
@@ -53,10 +54,11 @@ def analysis_tracks(analysis_dir: Path | None, tracks: dict[int, RankTracks], sh
         schema={"rank": pl.Int64, "delta_ns": pl.Int64},
     )
     placement = Placement(delta, steps)
-    gaps = placement.place(pl.read_parquet(analysis_dir / "gaps.parquet")).select("rank", "start_ns", "end_ns",
-                                                                                   name="class", step="step")  # fmt: skip
-    cells = pl.read_parquet(analysis_dir / "cells.parquet") if (analysis_dir / "cells.parquet").exists() else None
-    named = {GAPS_TRACK: gaps, SMALL_GEMM_TRACK: _small_gemm(cells, placement, notes)}
+    cells = _read_table(analysis_dir, "cells")
+    named = {
+        GAPS_TRACK: placement.place(gaps).select("rank", "start_ns", "end_ns", "step", name="class"),
+        SMALL_GEMM_TRACK: _small_gemm(cells, placement, notes),
+    }
     run_json = _read_json(analysis_dir.parent / "run.json") or {}
     named[IDEAL_TRACK] = _ideal(summary, run_json.get("calibration"), cells, placement, notes)
     out = []
@@ -72,16 +74,29 @@ def _read_json(path: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        loaded = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise InputError(path, f"is not readable JSON ({error})") from None
+    if not isinstance(loaded, dict):
+        raise InputError(path, "is not a JSON object")
+    return loaded
+
+
+def _read_table(analysis_dir: Path, name: str) -> pl.DataFrame | None:
+    path = analysis_dir / f"{name}.parquet"
+    if not path.exists():
+        return None
+    try:
+        return pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError) as error:
+        raise InputError(path, f"is not a readable table ({type(error).__name__}); re-run `python -m analysis analyze`") from None
 
 
 def _small_gemm(cells: pl.DataFrame | None, placement: Placement, notes: list[str]) -> pl.DataFrame | None:
     """Per compute cell with an excess, a slice over the cell's last `small_gemm_ns` (the part beyond
     the reference), named with its action."""
     if cells is None or "small_gemm_ns" not in cells.columns:
-        notes.append("analysis/cells.parquet has no small_gemm_ns: small-GEMM track left out (re-run `python -m analysis analyze`)")
+        notes.append("analysis/cells.parquet lacks small_gemm_ns: small-GEMM track left out (re-run analyze)")
         return None
     if cells["small_gemm_ns"].is_null().all():
         notes.append("no calibration in run.json, so no reference to measure excess against: small-GEMM track left out")

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from analysis import synthetic
+from analysis.__main__ import main
 from analysis.merge import merge, read_ranks
 from analysis.merge_analysis import IDEAL_TRACK, SMALL_GEMM_TRACK
 from analysis.perfetto_check import problems
@@ -22,14 +23,14 @@ OFFSETS = {0: 0, 1: 3_100 * US, 2: -4_700 * US, 3: 250 * US}  # the merge aligns
 SLOWDOWN = {(1, "F"): 1.5, (2, "B"): 1.25, (3, "F"): 1.1}  # (stage, kind) -> compute / reference
 
 
-def analysed_merge(directory, shape="cpu", calibrated=True) -> tuple[dict, synthetic.Synthetic]:
-    made = synthetic.write_run(directory, build("1f1b", 4, 8), durations_us={"F": F_US, "B": B_US}, slowdown=SLOWDOWN,
+def analysed_merge(directory, shape="cpu", calibrated=True, schedule=("1f1b", 4, 8), steps=None) -> tuple[dict, synthetic.Synthetic]:
+    made = synthetic.write_run(directory, build(*schedule), durations_us={"F": F_US, "B": B_US}, slowdown=SLOWDOWN,
                                p2p_latency_us=40, launch_gap_us=15, clock_offset_ns=OFFSETS, steps=STEPS, shape=shape)  # fmt: skip
     if not calibrated:
         config = json.loads((directory / "run.json").read_text())
         (directory / "run.json").write_text(json.dumps({k: v for k, v in config.items() if k != "calibration"}))
     analyze_dir(directory)
-    trace, _ = merge(read_ranks(directory, None), None, directory / "analysis")
+    trace, _ = merge(read_ranks(directory, None), steps, directory / "analysis")
     return trace, made
 
 
@@ -103,3 +104,25 @@ def test_ideal_track_replays_reference_durations_from_the_measured_step_start(tm
     assert any(e["ts"] == pytest.approx(first_ideal, abs=0.01) for e in step_labels)  # rank 0's 0F0 of that step
     ideal_span = max(e["ts"] + e["dur"] for e in ideal) - first_ideal
     assert ideal_span < made.truth[0].step_ns / US  # no latency, gaps or slowdown: shorter than measured
+
+
+def test_steps_limit_the_tracks_on_an_interleaved_run(tmp_path):
+    """Global stages 0..3 on 2 ranks (stage s on rank s % 2); only step 1 is kept, so one step's excess
+    per rank and the ideal replay of step 1."""
+    trace, made = analysed_merge(tmp_path, schedule=("interleaved", 2, 4, 2), steps=(1,))
+    assert problems(trace) == []
+    excess = track_slices(trace, SMALL_GEMM_TRACK)
+    for rank, truth in made.truth.items():
+        assert sum(e["dur"] for e in excess if e["pid"] == rank) == pytest.approx(truth.small_gemm_ns / US, abs=1.0)
+    assert {int(e["name"][0]) % 2 for e in excess if e["pid"] == 1} == {1}  # stages 1 and 3 live on rank 1
+    assert {e["args"]["step"] for e in excess + track_slices(trace, IDEAL_TRACK)} == {1}
+
+
+@pytest.mark.parametrize("broken", ["cells.parquet", "summary.json"])
+def test_a_broken_analysis_file_is_a_one_line_error_naming_it(tmp_path, capsys, broken):
+    synthetic.write_run(tmp_path, build("gpipe", 2, 2))
+    analyze_dir(tmp_path)
+    (tmp_path / "analysis" / broken).write_bytes(b"[1, 2")
+    assert main(["merge", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and broken in err and "\n" not in err
