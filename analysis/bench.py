@@ -111,46 +111,70 @@ def _throughput(args, workdir: Path, say) -> dict:
     return throughput(plan, say)
 
 
-def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say) -> dict:
+def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, save: Callable[[dict], None]) -> None:
+    """Run the chosen parts in order, saving the results after each (an interrupted bench keeps its figures)."""
     plan = RunPlan(workdir / "runs", args.preset, 3, 5)
+    ms, p4_ms = _counts(args.ms, "--ms"), _counts(args.p4_ms, "--p4-ms")
+    executor_ms = _counts(args.executor_ms, "--executor-ms")
     results: dict = {}
     if "throughput" in parts:
         results["throughput"] = _throughput(args, workdir, say)
+        save(results)
     if SWEEP_PARTS & set(parts):
         say("sweep: p=2, gpipe and 1f1b")
-        rows, skipped = sweep(plan, ("gpipe", "1f1b"), 2, _counts(args.ms, "--ms"), say)
-        results["sweep"], results["skipped"] = rows, skipped
-        results["profiler"] = profiler_overhead(rows)
-        results["sim"] = simulator_accuracy(rows)
+        rows, skipped = sweep(plan, ("gpipe", "1f1b"), 2, ms, say)
+        results |= {"sweep": rows, "skipped": skipped, "profiler": profiler_overhead(rows),
+                    "sim": simulator_accuracy(rows)}
+        save(results)
     if "seed" in parts:
         say("seed: gpipe p=4 (4 single-threaded ranks on the usable cores)")
         seed_rows = [row for row in results["sweep"] if row["schedule"] == "gpipe"]
-        seed_rows += sweep(plan, ("gpipe",), 4, _counts(args.p4_ms, "--p4-ms"), say)[0]
+        seed_rows += sweep(plan, ("gpipe",), 4, p4_ms, say)[0]
         results["seed"] = {"rows": seed_rows, "optimum_m": seed_optimum(seed_rows)}
+        save(results)
     if "executor" in parts:
         say("executor: native vs torch, p=2, A B A B")
-        configs = tuple((schedule, m) for schedule in ("gpipe", "1f1b") for m in _counts(args.executor_ms, "--executor-ms"))
+        configs = tuple((schedule, m) for schedule in ("gpipe", "1f1b") for m in executor_ms)
         results["executor"] = executor_overhead(plan, configs, args.pairs, say)
-    return results
+        save(results)
+
+
+def _writer(out: Path, document: dict, began: float) -> Callable[[dict, bool], None]:
+    """Writes results.json and RESULTS.md (each atomically) with the results so far."""
+    def write(results: dict, complete: bool) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        now = document | {"results": results, "complete": complete, "seconds": round(time.monotonic() - began),
+                          "load_average_at_end": os.getloadavg()}
+        for name, text in (("results.json", json.dumps(now, indent=1) + "\n"), ("RESULTS.md", render(now))):
+            partial = out / f".{name}.partial"
+            partial.write_text(text)
+            os.replace(partial, out / name)
+
+    return write
 
 
 def run(args: argparse.Namespace) -> int:
     parts = _parts(args.only)
+    for option, text in (("--ms", args.ms), ("--p4-ms", args.p4_ms), ("--executor-ms", args.executor_ms)):
+        _counts(text, option)  # refuse bad counts before anything runs
     began = time.monotonic()
     say = _progress(began)
     workdir = Path(tempfile.mkdtemp(prefix="bench."))
     say(f"bench: {', '.join(parts)}; scratch in {workdir}")
+    document = {"command": _command(args), "parts": parts, "machine": machine(), "versions": versions(),
+                "git_revision": git_revision(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write = _writer(args.out, document, began)
+    latest: dict = {}
+
+    def save(results: dict) -> None:
+        latest.update(results)
+        write(latest, False)
+
     try:
-        document = {"command": _command(args), "parts": parts,
-                    "machine": machine(), "versions": versions(), "git_revision": git_revision(),
-                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "results": measure(args, parts, workdir, say)}
+        measure(args, parts, workdir, say, save)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    document |= {"seconds": round(time.monotonic() - began), "load_average_at_end": os.getloadavg()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(document, indent=1) + "\n")
-    (args.out / "RESULTS.md").write_text(render(document))
+    write(latest, True)
     say(f"wrote {args.out / 'RESULTS.md'} and {args.out / 'results.json'}")
     return 0

@@ -113,7 +113,9 @@ def render(document: dict) -> str:
              + ", ".join(f"{k} {v}" for k, v in document["versions"].items()) + ".", "",
              "Figures are medians of repeats with (min-max); `wide` marks a range over 25% of the median, too noisy "
              "to read the median alone; a verdict is given only when the whole range is on one side of the target.",
-             "", "Reproduce: `make bench` (all parts), or one part at a time, e.g. "
+             "", *([] if document.get("complete", True) else
+                   ["**Partial**: the bench was interrupted or is still running; only the parts below were measured.", ""]),
+             "Reproduce: `make bench` (all parts), or one part at a time, e.g. "
              "`.venv/bin/python -m analysis bench --only throughput --size-mb 50`, `--only sim,profiler --ms '1 2 4 8'`, "
              "`--only executor --pairs 3`; every figure here comes from the one command above.", "",
              *_headline(results)]

@@ -92,6 +92,7 @@ def test_bench_throughput_smoke(source, tmp_path):
                  "--source", str(source), "--out", str(out)])
     assert code == 0
     document = json.loads((out / "results.json").read_text())
+    assert document["complete"] is True and document["parts"] == ["throughput"]
     sizes = document["results"]["throughput"]["sizes"]
     assert len(sizes) == 2 and document["results"]["throughput"]["growth"]["size_ratio"] > 0
     size = sizes[-1]
