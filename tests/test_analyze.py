@@ -29,7 +29,9 @@ def test_analyze_writes_the_four_files_and_prints_the_table(tmp_path, capsys):
     assert SUMMARY_KEYS <= set(summary) and set(summary) - SUMMARY_KEYS <= {"median_step", "clock", "inferred_cells"}
     assert all(set(rank) == RANK_KEYS for rank in summary["ranks"])
     cells = pl.read_parquet(run / "analysis" / "cells.parquet")
-    assert cells.columns == ["rank", "step", "stage", "kind", "microbatch", "start_ns", "end_ns", "blocked_ns", "inferred"]
+    assert cells.columns == ["rank", "step", "stage", "kind", "microbatch", "start_ns", "end_ns", "blocked_ns", "inferred",
+                             "small_gemm_ns"]  # fmt: skip
+    assert cells["small_gemm_ns"].null_count() == cells.height  # no run.json here, so no calibration
     assert pl.read_parquet(run / "analysis" / "gaps.parquet").columns == ["rank", "step", "start_ns", "end_ns", "class"]
     printed = capsys.readouterr().out
     assert "formula 0.500" in printed and "measured 0.600" in printed and "residual" in printed

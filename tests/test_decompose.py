@@ -38,6 +38,14 @@ def test_calibration_gives_small_gemm_and_reference_compute(tmp_path):
     assert sum(bars.values()) == pytest.approx(summary["step_time_ms"], abs=1e-12)
 
 
+def test_each_compute_cell_carries_its_excess_over_the_calibration(tmp_path):
+    # measured F/B: 10/20 us on stage 0, 20/30 us on stage 1; calibrated (m=1): 8/16 and 16/24 us
+    cells = analyze_run(read_run(gpipe_m1_run(tmp_path, RUN_JSON))).cells
+    excess = {f"{s}{k}": ns for s, k, ns in cells.select("stage", "kind", "small_gemm_ns").iter_rows()}
+    assert {a: excess[a] for a in ("0F", "0B", "1F", "1B")} == pytest.approx({"0F": 2000, "0B": 4000, "1F": 4000, "1B": 6000})
+    assert all(ns is None for a, ns in excess.items() if a[1:] not in ("F", "B"))
+
+
 @pytest.mark.parametrize("with_run_json", [False, True])
 def test_each_ranks_parts_sum_to_the_step_time(tmp_path, with_run_json):
     result = analyze_run(read_run(gpipe_m1_run(tmp_path, RUN_JSON if with_run_json else None)))
