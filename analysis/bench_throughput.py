@@ -73,9 +73,8 @@ def _ratios(trace_set: TraceSet, runs: dict[str, list[ChildRun]]) -> dict:
             for name, figure in ratios.items()}
 
 
-def measure_size(plan: ThroughputPlan, size_mb: float, progress: Callable[[str], None]) -> dict:
-    target = plan.workdir / f"set-{size_mb:g}mb"
-    trace_set = replicate_run(plan.source, target, round(size_mb * MB))
+def measure_size(plan: ThroughputPlan, trace_set: TraceSet, progress: Callable[[str], None]) -> dict:
+    target = trace_set.path
     progress(f"throughput: {trace_set.bytes / MB:.0f} MB over {trace_set.ranks} ranks "
              f"({trace_set.steps_per_rank} steps per rank)")
     runs: dict[str, list[ChildRun]] = {"decode": [], "analyze": [], "hta": []}
@@ -114,6 +113,13 @@ def growth(small: dict, large: dict) -> dict:
 
 
 def throughput(plan: ThroughputPlan, progress: Callable[[str], None]) -> dict:
-    sizes = [measure_size(plan, size, progress) for size in plan.sizes_mb]
+    sizes, copies = [], set()
+    for size_mb in plan.sizes_mb:
+        trace_set = replicate_run(plan.source, plan.workdir / f"set-{size_mb:g}mb", round(size_mb * MB))
+        if trace_set.copies in copies:  # sizes below one copy give the same set: measure it once
+            shutil.rmtree(trace_set.path, ignore_errors=True)
+            continue
+        copies.add(trace_set.copies)
+        sizes.append(measure_size(plan, trace_set, progress))
     return {"source": str(plan.source), "repeats": plan.repeats, "hta_timeout_s": plan.hta_timeout_s,
             "sizes": sizes, "growth": growth(sizes[0], sizes[-1]) if len(sizes) > 1 else None}

@@ -93,9 +93,8 @@ def test_bench_throughput_smoke(source, tmp_path):
     assert code == 0
     document = json.loads((out / "results.json").read_text())
     assert document["complete"] is True and document["parts"] == ["throughput"]
-    sizes = document["results"]["throughput"]["sizes"]
-    assert len(sizes) == 2 and document["results"]["throughput"]["growth"]["size_ratio"] > 0
-    size = sizes[-1]
+    (size,) = document["results"]["throughput"]["sizes"]  # 0.005 and 0.05 MB are both one copy: one set
+    assert document["results"]["throughput"]["growth"] is None
     assert size["tasks"]["analyze"]["status"] == size["tasks"]["decode"]["status"] == "ok"
     assert size["tasks"]["hta"]["status"] in ("ok", "timeout", "failed")
     assert size["ratios"]["ours_over_decode"]["median"] > 0
