@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis import clock
-from analysis.cells import RankCells, is_gpu
+from analysis.cells import CELL_KEY, RankCells, is_gpu
 from analysis.classify import Rules, classify, split_waits
 from analysis.decompose import BARS, PARTS, Reference, cell_small_gemm, rank_parts, reference, waterfall
 from analysis.errors import InputError
@@ -64,9 +64,21 @@ def _shift(rank: RankCells, offset: int) -> RankCells:
                      moved(rank.unscheduled))
 
 
+def _arrived(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
+    """Cells with each RECV ending when its data arrived: torch's runtime only posts the receive inside
+    the RECV label, and its wait (keyed by the RECV) ends later, inside the consumer. Causality holds
+    for the arrival, not for the post."""
+    arrival = waits.group_by(CELL_KEY).agg(arrival_ns=pl.col("end_ns").max())
+    return (
+        cells.join(arrival, on=CELL_KEY, how="left")
+        .with_columns(end_ns=pl.max_horizontal("end_ns", "arrival_ns"))
+        .drop("arrival_ns")
+    )
+
+
 def _on_one_clock(per_rank: list[RankCells], frames: dict[int, pl.DataFrame]) -> tuple[list[RankCells], dict | None]:
     """Shift ranks onto one clock, but only when causality says their clocks differ."""
-    cells = pl.concat([r.cells for r in per_rank])
+    cells = _arrived(pl.concat([r.cells for r in per_rank]), pl.concat([r.waits for r in per_rank]))
     pairs = clock.transfers(cells)
     if pairs.filter(pl.col("send_start_ns") > pl.col("recv_end_ns")).height == 0:
         return per_rank, None

@@ -17,11 +17,13 @@ from pathlib import Path
 import polars as pl
 
 from analysis.errors import InputError
+from analysis.overlap import fused_halves
 from runners.schedules.actions import Action, ActionParseError
 
 LABEL_PREFIX = "PP:"
-# torch's runtime also labels bookkeeping (PP:0REDUCE_GRAD, PP:1UNSHARD) and DualPipeV's fused
-# PP:(0F1;3B0)OVERLAP_F_B: not actions of the IR, so not cells.
+# torch's runtime also labels bookkeeping (PP:0REDUCE_GRAD, PP:1UNSHARD): not actions of the IR, so
+# not cells. DualPipeV's fused PP:(0F1;3B0)OVERLAP_F_B is not parsed as one: analysis.overlap cuts it
+# into its F and B cells.
 TORCH_BOOKKEEPING = r"(UNSHARD|RESHARD|REDUCE_GRAD|OVERLAP_F_B)$"
 STEP_PREFIX = "ProfilerStep#"
 # Blocking p2p waits on the host thread (the span covers the wait until the data arrived).
@@ -102,7 +104,8 @@ def _device_windows(frame: pl.DataFrame, host: pl.DataFrame, cells: pl.DataFrame
 
 
 def label_spans(frame: pl.DataFrame, source: str | Path | None = None) -> pl.DataFrame:
-    """Host-side `PP:` labels parsed into stage, kind, microbatch; one row per label.
+    """Host-side `PP:` labels parsed into stage, kind, microbatch; one row per label, two per fused
+    label (its halves, `inferred`: analysis.overlap).
 
     Each distinct label text is parsed once (steps repeat them) with the IR's own parser."""
     labels = frame.filter(
@@ -120,7 +123,8 @@ def label_spans(frame: pl.DataFrame, source: str | Path | None = None) -> pl.Dat
         },
         schema={"name": pl.Utf8, "stage": pl.Int64, "kind": pl.Utf8, "microbatch": pl.Int64},
     )
-    return labels.join(parsed, on="name").drop("name")
+    plain = labels.join(parsed, on="name").drop("name").with_columns(inferred=pl.lit(False))
+    return pl.concat([plain, fused_halves(frame).with_columns(inferred=pl.lit(True))], how="diagonal")
 
 
 def _parse(text: str, source: str | Path | None) -> Action:
@@ -216,7 +220,7 @@ def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCel
     blocked = waits.group_by(CELL_KEY).agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("blocked_ns"))
     cells = (
         labels.join(blocked, on=CELL_KEY, how="left")
-        .with_columns(pl.col("blocked_ns").fill_null(0), pl.lit(False).alias("inferred"))
+        .with_columns(pl.col("blocked_ns").fill_null(0))
         .select(pl.col(name).cast(dtype) for name, dtype in CELL_SCHEMA.items())
         .sort("rank", "start_ns")
     )

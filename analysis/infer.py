@@ -181,7 +181,8 @@ def consumer_waits(frame: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
     """Waits of posted receives inside their consumer: from the F (or B/I) start until the data arrived.
 
     A receive is posted inside its RECV label (its `gloo:recv` starts there) and arrives at that span's
-    end; where that is after the consumer started, the consumer waited. Keyed by the RECV cell."""
+    end; where that is after the consumer started, the consumer waited. Keyed by the RECV cell (so the
+    wait is matched to its producer), with the consumer's kind in `consumer`."""
     recvs = cells.filter(pl.col("kind").str.starts_with("RECV")).select(
         *CELL_KEY, recv_start="start_ns", recv_end="end_ns"
     )
@@ -198,17 +199,21 @@ def consumer_waits(frame: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
                              c_end="end_ns")
     return (
         arrivals.join(consumers, on=["rank", "step", "stage", "microbatch", "consumer"])
-        .select(*CELL_KEY, start_ns="c_start", end_ns=pl.min_horizontal("arrival_ns", "c_end"))
+        .select(*CELL_KEY, "consumer", start_ns="c_start", end_ns=pl.min_horizontal("arrival_ns", "c_end"))
         .filter(pl.col("end_ns") > pl.col("start_ns"))
     )
 
 
 def _with_consumer_waits(labelled: RankCells, frame: pl.DataFrame) -> RankCells:
+    """The consumer waits join the rank's waits (keyed by their RECV) and count as blocked time of the
+    consumer, the cell that spent it waiting (a replay must not take it for compute)."""
     extra = consumer_waits(frame, labelled.cells)
     if extra.height == 0:
         return labelled
-    waits = pl.concat([labelled.waits, extra]).sort("rank", "start_ns")
-    blocked = extra.group_by(CELL_KEY).agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("extra"))
+    waits = pl.concat([labelled.waits, extra.drop("consumer")]).sort("rank", "start_ns")
+    blocked = extra.group_by("rank", "step", "stage", "microbatch", kind="consumer").agg(
+        (pl.col("end_ns") - pl.col("start_ns")).sum().alias("extra")
+    )
     cells = (
         labelled.cells.join(blocked, on=CELL_KEY, how="left")
         .with_columns(blocked_ns=pl.col("blocked_ns") + pl.col("extra").fill_null(0))

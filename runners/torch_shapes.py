@@ -1,8 +1,8 @@
 """Which torch.distributed.pipelining class runs each schedule name (torch-free, like runners/request.py).
 
-`zb` is torch's ScheduleInterleavedZeroBubble (ZB1P); `zbv` and `dualpipev` exist for this engine only
-and place exactly two stages per rank in a V (rank r holds stages r and 2p-1-r), not round-robin, so
-the worker must give them those stages (runners.torch_engine.build_schedule runs them at p=2 on gloo).
+`zb` is torch's ScheduleInterleavedZeroBubble (ZB1P); `zbv` and `dualpipev` place exactly two stages
+per rank in a V (rank r holds stages r and 2p-1-r; runners.schedules' "v" placement, which gives the
+worker those stages). They run on this engine only: the native executor does not run them.
 """
 
 from __future__ import annotations
@@ -16,3 +16,4 @@ TORCH_CLASSES = {
     "dualpipev": "ScheduleDualPipeV",
 }
 MULTI_STAGE = frozenset({"interleaved", "zb", "zbv", "dualpipev"})  # classes taking a list of stages
+TORCH_ONLY = frozenset({"zbv", "dualpipev"})  # schedule names only the torch engine runs
