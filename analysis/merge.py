@@ -7,6 +7,8 @@ their rank, and each pipeline transfer gets an arrow from the sender's SEND (GPU
 the receiver's RECV. Clocks are aligned by analysis.clock; the offsets go into the trace's metadata
 and into `analysis/clock.json` beside the output. Slices that overlap without nesting (real traces
 have them) go to a named overlap thread instead of being silently moved by Perfetto.
+Where `analyze` has run, each rank also gets analysis tracks (analysis.merge_analysis): the gap
+classes, each compute cell's small-GEMM excess, and the simulated ideal step.
 """
 
 from __future__ import annotations
