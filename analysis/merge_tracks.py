@@ -204,6 +204,8 @@ def _transfer_slices(tracks: dict[int, RankTracks]) -> tuple[pl.DataFrame, pl.Da
     )
     device = labels.filter("on_device").select("rank", "name", "occurrence", d_tid="tid", d_start="start_ns", d_end="end_ns")
     host = labels.filter(~pl.col("on_device")).join(device, on=["rank", "name", "occurrence"], how="left")
+    # One slice per (rank, name, start): a label written twice (duplicate events) must not double a transfer.
+    host = host.unique(["rank", "name", "start_ns"], keep="first", maintain_order=True)
     return kernels, host.select("rank", "name", "start_ns", "d_tid", "d_start", "d_end", h_tid="tid",
                                 h_start="start_ns", h_end="end_ns")  # fmt: skip
 

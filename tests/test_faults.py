@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from analysis.__main__ import main
+from analysis.perfetto_check import problems
 from analysis.synthetic import write_run
 from runners.schedules import build
 
@@ -118,3 +119,56 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, command):
     assert err.count("\n") == 1 and err.startswith(f"error: {run / named if named else run}:"), err
     assert problem in err, err
     assert not (run / "analysis").exists() and not (run / "merged.json.gz").exists()  # nothing half-written
+
+
+def test_duplicate_events_merge_into_a_valid_trace(tmp_path, capsys):
+    """Every event written twice (a trace concatenated with itself): merge still pairs each transfer's
+    send with its receive (it used to fail joining the doubled labels), and Perfetto shows it as written."""
+    run = good_run(tmp_path / "run")
+    rewrite(run, lambda t: t.update(traceEvents=t["traceEvents"] * 2))
+    code, err = cli(capsys, "merge", str(run))
+    assert code == 0, err
+    merged = json.loads(gzip.decompress((run / "merged.json.gz").read_bytes()))
+    assert problems(merged) == []
+    arrows = [e for e in merged["traceEvents"] if e.get("cat") == "p2p"]
+    assert {(e["ph"], e["pid"]) for e in arrows} == {("s", 0), ("f", 1), ("s", 1), ("f", 0)}
+
+
+def test_a_negative_duration_is_one_warning_line_and_the_rest_is_analysed(tmp_path, capsys):
+    run = good_run(tmp_path / "run")
+    rewrite(run, lambda t: event(t, "aten::gelu").update(dur=-5))
+    code, err = cli(capsys, "analyze", str(run))
+    assert code == 0, err
+    assert err == f"warning: {run / 'rank0.json.gz'}: dropped 1 events with a negative duration\n"
+    assert json.loads((run / "analysis" / "summary.json").read_text())["steps_analyzed"] == 2
+
+
+def test_bare_event_arrays_are_analysed_like_the_full_format(tmp_path, capsys):
+    run = good_run(tmp_path / "run")
+    assert cli(capsys, "analyze", str(run))[0] == 0
+    expected = json.loads((run / "analysis" / "summary.json").read_text())
+    for rank in (0, 1):  # the legacy format: no header, so the rank comes from the file name
+        trace = document(run, rank)
+        (run / f"rank{rank}.json.gz").write_bytes(gzip.compress(json.dumps(trace["traceEvents"]).encode()))
+    code, err = cli(capsys, "analyze", str(run))
+    assert code == 0, err
+    summary = json.loads((run / "analysis" / "summary.json").read_text())
+    assert summary["step_time_ms"] == expected["step_time_ms"] and summary["ranks"] == expected["ranks"]
+
+
+def test_huge_string_args_and_markup_in_names_are_analysed_and_escaped(tmp_path, capsys):
+    traces = tmp_path / "traces"
+    run = good_run(traces / "run")
+    markup = "<script>alert('x')</script> ünïcödé ☃"
+
+    def poison(trace: dict) -> None:
+        event(trace, "aten::gelu").update(name=markup, args={"blob": "x" * 2_000_000})
+        trace["traceName"] = markup
+
+    rewrite(run, poison)
+    assert cli(capsys, "analyze", str(run))[0] == 0
+    assert cli(capsys, "merge", str(run))[0] == 0
+    assert markup in gzip.decompress((run / "merged.json.gz").read_bytes()).decode()  # kept verbatim as JSON text
+    assert cli(capsys, "report", "--traces", str(traces), "--out", str(tmp_path / "reports"))[0] == 0
+    for page in (tmp_path / "reports").rglob("*.html"):
+        assert "<script>alert" not in page.read_text(), page
