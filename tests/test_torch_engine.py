@@ -1,7 +1,7 @@
 """Both engines on 2 gloo ranks through `python -m runners trace`: the analysis finds every
 microbatch's F and B of every stage on every rank, whatever labels the engine's traces carry
 (native: PP labels; torch: Forward i/Backward i for gpipe, none for 1f1b, post-RECV PP labels for
-interleaved)."""
+interleaved, fused OVERLAP_F_B labels for dualpipev)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,24 @@ def trace(traces: Path, engine: str, schedule: str, v: int) -> Path:
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return (traces / "latest").resolve()
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_v_schedules_every_compute_action_of_every_stage_is_found(tmp_path, schedule):
+    run = trace(tmp_path, "torch", schedule, 1)  # v=1 is the option's default; a V implies 2
+    assert json.loads((run / "run.json").read_text())["v"] == 2
+    result = analyze_run(read_run(run))
+    expected = build(schedule, 2, M, 2)  # dualpipev: B for some microbatches, I and W for others
+    compute = result.cells.filter(pl.col("kind").is_in(["F", "B", "I", "W"]))
+    for (rank, step), found in compute.group_by("rank", "step"):
+        got = [(s, kind, i) for s, kind, i in found.select("stage", "kind", "microbatch").iter_rows()]
+        wanted = [(a.stage, a.kind.value, a.microbatch) for a in expected.orders[rank]]
+        assert sorted(got) == sorted(wanted), (rank, step)
+    assert compute.select("rank", "step").n_unique() == 2 * result.summary["steps_analyzed"]
+    assert (result.summary["inferred_cells"] > 0) == (schedule == "dualpipev")  # the fused halves
+    # a replay of the measured step lands near it (a wait taken for compute, or a wrong clock shift, put
+    # it 20-60% off)
+    assert abs(result.summary["waterfall_ms"]["residual"]) < 0.15 * result.summary["step_time_ms"]
 
 
 @pytest.mark.parametrize("engine", ["native", "torch"])
