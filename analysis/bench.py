@@ -123,8 +123,9 @@ def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, save
     if SWEEP_PARTS & set(parts):
         say("sweep: p=2, gpipe and 1f1b")
         rows, skipped = sweep(plan, ("gpipe", "1f1b"), 2, ms, say)
-        results |= {"sweep": rows, "skipped": skipped, "profiler": profiler_overhead(rows),
-                    "sim": simulator_accuracy(rows)}
+        results |= {"sweep": rows, "skipped": skipped}
+        if rows:  # every run may have failed (see skipped)
+            results |= {"profiler": profiler_overhead(rows), "sim": simulator_accuracy(rows)}
         save(results)
     if "seed" in parts:
         say("seed: gpipe p=4 (4 single-threaded ranks on the usable cores)")

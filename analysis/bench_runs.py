@@ -93,7 +93,12 @@ def sweep(plan: RunPlan, schedules: tuple[str, ...], p: int, ms: tuple[int, ...]
         progress(f"  skipped {reason}")
     rows = []
     for done, resolved in enumerate(requests, start=1):
-        row = sweep_row(launch(resolved, plan.traces))
+        try:
+            row = sweep_row(launch(resolved, plan.traces))
+        except LaunchError as error:  # one failed run must not cost the others
+            skipped.append(f"{resolved.request.schedule} p={p} m={resolved.request.m}: failed: {error}")
+            progress(f"  [{done}/{len(requests)}] failed: {error}")
+            continue
         rows.append(row)
         progress(f"  [{done}/{len(requests)}] {row['schedule']} p={p} m={row['m']}: step {row['step_ms']:.1f} ms, "
                  f"profiled {row['profiled_step_ms']:.1f}, simulated {row['simulated_step_ms']:.1f}")
