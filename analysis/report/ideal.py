@@ -9,8 +9,6 @@ import polars as pl
 from analysis.ideal import ideal_replay
 from analysis.report.frames import ideal_frame
 
-__all__ = ["ideal_replay", "ideal_timeline"]
-
 
 def ideal_timeline(config: dict, cells: pl.DataFrame | None) -> tuple[pl.DataFrame | None, str]:
     """The ideal timeline's frame and a caption saying where its durations came from (or why none)."""

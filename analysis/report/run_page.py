@@ -10,7 +10,8 @@ import polars as pl
 from analysis.report import charts
 from analysis.report.frames import (RANK_PARTS, coarsen, largest_deviation, rank_parts_frame, representative_step,
                                     timeline_frame, waterfall_frame)
-from analysis.report.ideal import ideal_replay, ideal_timeline
+from analysis.ideal import ideal_replay
+from analysis.report.ideal import ideal_timeline
 from analysis.report.inflight import (measured_in_flight, peaks_frame, stash_in_flight, theory_in_flight, theory_peaks,
                                       thinned)
 from analysis.report.pages import Column, Figure, number, table
