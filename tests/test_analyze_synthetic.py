@@ -11,7 +11,8 @@ from analysis.synthetic import write_run
 from runners.schedules import build
 
 PARTS = ("compute", "small_gemm", "bubble", "p2p_wait", "launch_overhead")
-CASES = [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zb", 3, 6, 1)]
+CASES = [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zb", 3, 6, 1), ("zbv", 3, 6, 2),
+         ("dualpipev", 2, 4, 2)]
 INJECTED = dict(durations_us={"F": 1000, "B": 2000, "I": 1000, "W": 1000}, p2p_latency_us=50, launch_gap_us=20,
                 slowdown=1.25, steps=3)  # fmt: skip
 
