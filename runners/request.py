@@ -96,7 +96,8 @@ def resolve(request: RunRequest, count_gpus: Callable[[], int], ranks_per_node: 
     if request.rows_per_microbatch is not None and request.rows_per_microbatch < 1:
         raise RequestError(f"rows per microbatch must be at least 1, got {request.rows_per_microbatch}")
     if request.schedule in TORCH_ONLY and request.engine != "torch":
-        raise RequestError(f"{request.schedule} runs only on --engine torch (torch's {TORCH_CLASSES[request.schedule]}); "
+        torch_class = TORCH_CLASSES[request.schedule]
+        raise RequestError(f"{request.schedule} runs only on --engine torch (torch's {torch_class}); "
                            f"engine {request.engine!r} does not run it")
     if request.schedule in V_SHAPED and request.v == 1:
         request = replace(request, v=2)  # a V always holds 2 stages per rank; v=1 is the option's default
@@ -121,10 +122,12 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
     torchrun's own parser takes `--m`/`--v` after the module name for abbreviations of its options, so
     the launcher passes the long spellings (--microbatches, --chunks) to workers.
     """
-    parser.add_argument("--sched", required=True, help="gpipe | 1f1b | interleaved | zb; --engine torch adds zbv | dualpipev")
+    parser.add_argument("--sched", required=True,
+                        help="gpipe | 1f1b | interleaved | zb; --engine torch adds zbv | dualpipev")
     if microbatches:  # a sweep takes its microbatch counts from --ms instead
         parser.add_argument("--m", "--microbatches", dest="m", type=int, required=True, help="microbatches per step")
-    parser.add_argument("--v", "--chunks", dest="v", type=int, default=1, help="chunks per rank (interleaved; zbv and dualpipev: 2)")
+    parser.add_argument("--v", "--chunks", dest="v", type=int, default=1,
+                        help="chunks per rank (interleaved; zbv and dualpipev: 2)")
     parser.add_argument("--engine", default="native")
     parser.add_argument("--preset", default=None, help="seed | cpu | tiny (default: seed on CUDA, cpu otherwise)")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps")
