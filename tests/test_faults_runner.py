@@ -1,0 +1,111 @@
+"""Runner faults with real processes (issue 8): a rank killed mid-run, Ctrl-C, two runs at once.
+
+Each run is the tiny preset on 2 gloo ranks. The killed and interrupted runs are given far more timed
+steps than they will live to run, so the fault always lands while the workers are at work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from analysis.__main__ import main as analysis_main
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def trace_command(traces: Path, timed_steps: int = 1) -> list[str]:
+    return [sys.executable, "-m", "runners", "trace", "--sched", "gpipe", "--p", "2", "--m", "2", "--preset", "tiny",
+            "--device", "cpu", "--steps", "1", "--timed-steps", str(timed_steps), "--traces", str(traces)]
+
+
+def workers(traces: Path) -> dict[int, int]:
+    """RANK -> pid of the workers whose command line names `traces` (so only this test's processes)."""
+    found = {}
+    for process in Path("/proc").iterdir():
+        try:
+            argv = (process / "cmdline").read_bytes().split(b"\0")
+            if b"runners.worker" not in argv or not any(str(traces).encode() in arg for arg in argv):
+                continue
+            environ = (process / "environ").read_bytes().split(b"\0")
+            rank = next(int(item[5:]) for item in environ if item.startswith(b"RANK="))
+        except (OSError, ValueError, StopIteration):
+            continue  # not ours, or gone already
+        found[rank] = int(process.name)
+    return found
+
+
+def wait_for_workers(traces: Path, launcher: subprocess.Popen) -> dict[int, int]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and launcher.poll() is None:
+        found = workers(traces)
+        if len(found) == 2:
+            time.sleep(2)  # let them get into the run (process group, calibration, steps)
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"the workers never started: {launcher.communicate(timeout=30)}")
+
+
+def only_run(traces: Path) -> Path:
+    (run,) = [path for path in traces.iterdir() if not path.name.startswith(".")]
+    return run
+
+
+def assert_refused_as_incomplete(run: Path, capsys) -> None:
+    """No run.json, no traces/latest, and the analysis says the run is incomplete (exit 2, one line)."""
+    assert not (run / "run.json").exists() and not (run.parent / "latest").exists()
+    assert analysis_main(["analyze", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "incomplete run" in err, err
+    assert not (run / "analysis").exists()
+
+
+def test_a_rank_killed_mid_run_leaves_an_incomplete_run_the_analysis_refuses(tmp_path, capsys):
+    traces = tmp_path / "traces"
+    launcher = subprocess.Popen(trace_command(traces, timed_steps=100_000), cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    os.kill(wait_for_workers(traces, launcher)[1], signal.SIGKILL)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 1 and err.count("\n") == 1 and "a worker failed" in err, err
+    assert workers(traces) == {}  # torchrun stopped the surviving rank
+    assert_refused_as_incomplete(only_run(traces), capsys)
+
+
+def test_ctrl_c_stops_every_process_and_leaves_nothing_looking_complete(tmp_path, capsys):
+    traces = tmp_path / "traces"
+    # A terminal's Ctrl-C reaches the whole foreground process group: launcher, torchrun and workers.
+    launcher = subprocess.Popen(trace_command(traces, timed_steps=100_000), cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for_workers(traces, launcher)
+    os.killpg(launcher.pid, signal.SIGINT)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "interrupted; the run directory is left incomplete", err
+    assert workers(traces) == {}
+    run = only_run(traces)
+    assert not list(run.glob("rank*.json.gz"))  # profiled traces are renamed into place only when whole
+    assert_refused_as_incomplete(run, capsys)
+
+
+def test_two_runs_started_at_once_both_complete_in_their_own_directories(tmp_path):
+    traces = tmp_path / "traces"
+    launchers = [subprocess.Popen(trace_command(traces), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(2)]
+    for launcher in launchers:
+        _, err = launcher.communicate(timeout=300)
+        assert launcher.returncode == 0, err
+    runs = sorted(path for path in traces.iterdir() if path.name != "latest")
+    assert len(runs) == 2
+    for run in runs:
+        config = json.loads((run / "run.json").read_text())
+        assert config["complete"] is True and config["p"] == 2
+        assert sorted(path.name for path in run.glob("rank*")) == ["rank0.json.gz", "rank1.json.gz"]
+    assert (traces / "latest").resolve() in runs
