@@ -9,6 +9,7 @@ PRESET ?=              # model size: seed (GPU) | cpu; empty = seed on CUDA, cpu
 ENGINE ?= native       # native (runners/execute.py) | torch (torch.distributed.pipelining)
 STEPS  ?= 3            # profiled steps per run
 DEVICE ?= auto         # auto (CUDA when >= P GPUs, else CPU) | cpu | cuda
+ROWS_PER_MB ?=         # fix the rows per microbatch (batch = M x this); empty = the preset's batch
 MS     ?= 1 2 4 8 16 32
 RUN    ?= traces/latest
 # On a CPU-only machine torch==2.13.0 resolves to the CPU build on disk; on a GPU machine to PyPI's
@@ -17,7 +18,8 @@ TORCH_SPEC ?= torch==2.13.0
 
 PY := .venv/bin/python
 RUN_ARGS = --sched $(strip $(SCHED)) --p $(strip $(P)) --v $(strip $(V)) --engine $(strip $(ENGINE)) \
-           --steps $(strip $(STEPS)) --device $(strip $(DEVICE)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET)))
+           --steps $(strip $(STEPS)) --device $(strip $(DEVICE)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET))) \
+           $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(strip $(ROWS_PER_MB)))
 
 .PHONY: setup trace sweep analyze merge report bench test fuzz browser clean
 .DEFAULT_GOAL := trace
