@@ -113,7 +113,7 @@ def _executor(part: dict) -> list[str]:
 def render(document: dict) -> str:
     results, machine = document["results"], document["machine"]
     lines = ["# Benchmarks", "",
-             f"Written by `make bench` (`{document['command']}`), {document['started']}, in {document['seconds']} s, "
+             f"Written by `{document['command']}` (`make bench` runs it with the defaults), {document['started']}, in {document['seconds']} s, "
              f"at git {document['git_revision']}.", "",
              f"Machine: {machine['cpu']}, {machine['cores_usable']} usable cores, {machine['memory_gib']} GiB, "
              f"{machine['platform']}, Python {machine['python']}; load average "
