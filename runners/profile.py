@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity
 
-from runners.stash import CUDA_PEAK_COUNTER, StashMeter, base_ns, counter_event, stash_events, with_events
+from runners.counters import CUDA_PEAK_COUNTER
+from runners.stash import StashMeter, base_ns, counter_event, stash_events, with_events
 
 Counters = Callable[[int], list[bytes]]  # the trace's baseTimeNanoseconds -> counter events to add
 

@@ -18,8 +18,8 @@ from typing import Any, Iterable
 
 import torch
 
-STASH_COUNTER = "PP stash"  # args: microbatches, activation_bytes
-CUDA_PEAK_COUNTER = "PP cuda step peak"  # args: peak_bytes_above_step_start
+from runners.counters import STASH_COUNTER
+
 _TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BASE_NS = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
 

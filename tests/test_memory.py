@@ -16,7 +16,8 @@ from analysis.cells import step_spans
 from analysis.load import load_run, read_trace
 from analysis.memory import memory_events, run_memory, step_peaks, with_steps
 from runners.execute import Forward
-from runners.stash import CUDA_PEAK_COUNTER, STASH_COUNTER, StashMeter, base_ns, counter_event, held_bytes, with_events
+from runners.counters import CUDA_PEAK_COUNTER, STASH_COUNTER
+from runners.stash import StashMeter, base_ns, counter_event, held_bytes, with_events
 
 
 def test_held_bytes_counts_each_tensor_once_and_a_view_by_its_own_size():

@@ -1,0 +1,13 @@
+"""The analysis never imports torch: importing it costs seconds per command, and the analysis must
+run where torch is absent (a laptop reading a GPU job's traces)."""
+
+import subprocess
+import sys
+
+ANALYSIS_COMMANDS = ["analysis.summary", "analysis.merge", "analysis.report", "analysis.synthetic"]
+
+
+def test_analysis_commands_import_without_torch():
+    code = f"import sys; import {', '.join(ANALYSIS_COMMANDS)}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
