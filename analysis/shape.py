@@ -78,9 +78,31 @@ def as_executed(named: Schedule, cells: pl.DataFrame, path: Path) -> Schedule:
     compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
     if compute.height == 0:
         return named
+    difference = _first_difference(named, compute)
+    if difference is not None:
+        raise InputError(path, f"the traces' actions are not those of {named.name} p={named.p} m={named.m} "
+                               f"v={named.v}: {difference}")
     executed = replace(named, orders=compute_orders(compute, compute["step"].min(), named.p))
-    if executed.orders == named.orders:
-        return named
-    if [sorted(order) for order in executed.orders] != [sorted(order) for order in named.orders]:
-        raise InputError(path, f"the traces' actions are not those of {named.name} p={named.p} m={named.m} v={named.v}")
-    return executed
+    return named if executed.orders == named.orders else executed
+
+
+def _first_difference(named: Schedule, compute: pl.DataFrame) -> str | None:
+    """The first (step, rank, action) whose count in the traces is not the schedule's, in words; None if
+    every step has exactly the schedule's actions (a duplicated, dropped or stray label in any step)."""
+    action = pl.format("{}{}{}", "stage", "kind", "microbatch")
+    expected = pl.DataFrame(
+        [(rank, str(a)) for rank, order in enumerate(named.orders) for a in order], schema=["rank", "action"],
+        orient="row",
+    ).group_by("rank", "action").agg(expected=pl.len())
+    wanted = compute.select(pl.col("step").unique()).join(expected, how="cross")
+    seen = compute.group_by("rank", "step", action=action).agg(seen=pl.len())
+    differ = (
+        wanted.join(seen, on=["rank", "step", "action"], how="full", coalesce=True)
+        .with_columns(pl.col("expected", "seen").fill_null(0).cast(pl.Int64))
+        .filter(pl.col("expected") != pl.col("seen"))
+        .sort("step", "rank", "action")
+    )
+    if differ.height == 0:
+        return None
+    row = differ.row(0, named=True)
+    return f"step {row['step']} rank {row['rank']} ran PP:{row['action']} {row['seen']}x, the schedule {row['expected']}x"

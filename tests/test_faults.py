@@ -121,6 +121,44 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, command):
     assert not (run / "analysis").exists() and not (run / "merged.json.gz").exists()  # nothing half-written
 
 
+def last_label(trace: dict, name: str) -> dict:
+    return [e for e in trace["traceEvents"] if e.get("name") == name][-1]
+
+
+def without_steps(trace: dict) -> None:
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if not e.get("name", "").startswith("ProfilerStep#")]
+
+
+# Traces that load but do not show the run.json's schedule in every step: the analysis refuses them (a
+# merge, which draws what is there, still works). case -> (mutation, words of the problem)
+NOT_THE_SCHEDULE: dict[str, tuple[Mutation, str]] = {
+    "duplicate events": (lambda run: rewrite(run, lambda t: t.update(traceEvents=t["traceEvents"] * 2)),
+                         "step 0 rank 0 ran PP:0B0 2x, the schedule 1x"),
+    "a label repeated in the last step": (
+        lambda run: rewrite(run, lambda t: t["traceEvents"].append(dict(last_label(t, "PP:0F1")))),
+        "step 1 rank 0 ran PP:0F1 2x"),
+    "a label dropped (negative duration)": (lambda run: rewrite(run, lambda t: last_label(t, "PP:0F1").update(dur=-1)),
+                                            "step 1 rank 0 ran PP:0F1 0x"),
+    "a label outside its step": (lambda run: rewrite(run, lambda t: last_label(t, "PP:0F1").update(ts=1)),
+                                 "ran PP:0F1 0x"),
+    "no ProfilerStep# spans": (lambda run: (rewrite(run, without_steps, 0), rewrite(run, without_steps, 1)),
+                               "ran PP:0B0 2x"),  # both steps fall into one
+    "run.json says another m": (lambda run: edit_run_json(run, m=8), "m=8 v=1: step 0 rank 0 ran PP:0B4 0x"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_THE_SCHEDULE))
+def test_traces_that_are_not_the_schedule_are_refused_naming_the_action(tmp_path, capsys, case):
+    mutate, problem = NOT_THE_SCHEDULE[case]
+    run = good_run(tmp_path / "run")
+    mutate(run)
+    code, err = cli(capsys, "analyze", str(run))
+    assert code == 2, err
+    assert err.splitlines()[-1].startswith(f"error: {run}: the traces' actions are not those of 1f1b p=2")
+    assert problem in err, err
+    assert not (run / "analysis").exists()
+
+
 def test_duplicate_events_merge_into_a_valid_trace(tmp_path, capsys):
     """Every event written twice (a trace concatenated with itself): merge still pairs each transfer's
     send with its receive (it used to fail joining the doubled labels), and Perfetto shows it as written."""
