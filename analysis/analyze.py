@@ -6,6 +6,7 @@ lower median when the count is even, so it is a step that happened and its parts
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +17,9 @@ from analysis.cells import CELL_KEY, RankCells, is_gpu
 from analysis.classify import Rules, classify, split_waits
 from analysis.decompose import BARS, PARTS, Reference, cell_small_gemm, rank_parts, reference, waterfall
 from analysis.errors import InputError
-from analysis.gaps import timeline, windows
+from analysis.gaps import COMPUTE_KINDS, timeline, windows
 from analysis.infer import cells_of
-from analysis.load import load_run
+from analysis.load import TraceWarning, load_run
 from analysis.memory import Memory, run_memory
 from analysis.shape import as_executed, from_run_json, infer
 from analysis.simulate import measure
@@ -106,6 +107,18 @@ def _schedule(run: RunInput, cells: pl.DataFrame, schedule: str | None, m: int |
     return as_executed(from_run_json(run.run_json, run.path), cells, run.path)
 
 
+def _warn_overlaps(cells: pl.DataFrame, sources: dict[int, Path]) -> None:
+    """One warning per rank whose labelled compute actions overlap (slices that do not nest: a stitched or
+    corrupt trace; one thread runs one action at a time). Their times are used as they are."""
+    compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS) & ~pl.col("inferred")).sort("rank", "start_ns")
+    overlapping = compute.filter(pl.col("start_ns") < pl.col("end_ns").cum_max().shift(1).over("rank"))
+    for rank, group in overlapping.group_by("rank", maintain_order=True):
+        first = group.row(0, named=True)
+        warnings.warn(f"{sources.get(rank[0], f'rank {rank[0]}')}: {group.height} PP action(s) start before the one "
+                      f"before them ends (slices that do not nest), first PP:{first['stage']}{first['kind']}"
+                      f"{first['microbatch']} in step {first['step']}; analysed as they are", TraceWarning, stacklevel=2)
+
+
 def analyze_run(run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()) -> Analysis:
     per_rank = [cells_of(run.frames[r], run.sources.get(r)) for r in sorted(run.frames)]
     if any(r.cells.height == 0 for r in per_rank):
@@ -115,6 +128,7 @@ def analyze_run(run: RunInput, schedule: str | None = None, m: int | None = None
     cells = pl.concat([r.cells for r in per_rank])
     if cells.height == 0:
         raise InputError(run.path, "no step has labelled actions on every rank")
+    _warn_overlaps(cells, run.sources)
     waits = pl.concat([r.waits for r in per_rank])
     split = split_waits(cells, waits)
     on_gpu = any(is_gpu(frame) for frame in run.frames.values())

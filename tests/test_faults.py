@@ -210,3 +210,18 @@ def test_huge_string_args_and_markup_in_names_are_analysed_and_escaped(tmp_path,
     assert cli(capsys, "report", "--traces", str(traces), "--out", str(tmp_path / "reports"))[0] == 0
     for page in (tmp_path / "reports").rglob("*.html"):
         assert "<script>alert" not in page.read_text(), page
+
+
+def test_non_nesting_labels_are_one_warning_line_and_still_close(tmp_path, capsys):
+    """PP:0F1 starting half a millisecond before PP:0F0 ends: impossible on one thread (a stitched or
+    corrupt trace), so the analysis says so, once for the rank, and analyses the times as they are."""
+    run = good_run(tmp_path / "run")
+    rewrite(run, lambda t: event(t, "PP:0F1").update(ts=event(t, "PP:0F1")["ts"] - 500))
+    code, err = cli(capsys, "analyze", str(run))
+    assert code == 0, err
+    assert err.count("\n") == 1 and err.startswith(f"warning: {run / 'rank0.json.gz'}: 1 PP action(s) start before")
+    assert "first PP:0F1 in step 0" in err
+    summary = json.loads((run / "analysis" / "summary.json").read_text())
+    for rank in summary["ranks"]:
+        parts = ("compute_ms", "small_gemm_ms", "launch_overhead_ms", "p2p_wait_ms", "bubble_ms", "other_ms")
+        assert sum(rank[part] or 0 for part in parts) == pytest.approx(summary["step_time_ms"])
