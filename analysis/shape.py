@@ -8,6 +8,7 @@ thinks they are: an InputError.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import polars as pl
 
 from analysis.errors import InputError
 from analysis.gaps import COMPUTE_KINDS
+from analysis.load import TraceWarning
 from runners.schedules import SCHEDULES, Action, Kind, Schedule, ScheduleError, build
 
 
@@ -83,7 +85,13 @@ def as_executed(named: Schedule, cells: pl.DataFrame, path: Path) -> Schedule:
         raise InputError(path, f"the traces' actions are not those of {named.name} p={named.p} m={named.m} "
                                f"v={named.v}: {difference}")
     executed = replace(named, orders=compute_orders(compute, compute["step"].min(), named.p))
-    return named if executed.orders == named.orders else executed
+    if executed.orders == named.orders:
+        return named
+    others = [s.name for s in _candidates(named.p, named.m, named.v) if s.orders == executed.orders]
+    if others:  # not an engine's own ordering: the run.json names the wrong schedule
+        warnings.warn(f"{path / 'run.json'}: says {named.name}, but every rank ran {others[0]}'s order; "
+                      f"replayed as it ran", TraceWarning, stacklevel=2)
+    return executed
 
 
 def _first_difference(named: Schedule, compute: pl.DataFrame) -> str | None:

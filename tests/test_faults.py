@@ -225,3 +225,16 @@ def test_non_nesting_labels_are_one_warning_line_and_still_close(tmp_path, capsy
     for rank in summary["ranks"]:
         parts = ("compute_ms", "small_gemm_ms", "launch_overhead_ms", "p2p_wait_ms", "bubble_ms", "other_ms")
         assert sum(rank[part] or 0 for part in parts) == pytest.approx(summary["step_time_ms"])
+
+
+def test_run_json_naming_another_schedule_of_the_same_actions_is_a_warning(tmp_path, capsys):
+    """run.json says gpipe, the traces ran 1f1b (same actions, another order): replayed as it ran, and said."""
+    run = good_run(tmp_path / "run")
+    assert cli(capsys, "analyze", str(run))[0] == 0
+    truth = json.loads((run / "analysis" / "summary.json").read_text())
+    edit_run_json(run, schedule="gpipe")
+    code, err = cli(capsys, "analyze", str(run))
+    assert code == 0, err
+    assert err == f"warning: {run / 'run.json'}: says gpipe, but every rank ran 1f1b's order; replayed as it ran\n"
+    summary = json.loads((run / "analysis" / "summary.json").read_text())
+    assert summary["simulated_step_time_ms"] == pytest.approx(truth["simulated_step_time_ms"])  # 1f1b's replay
