@@ -101,10 +101,10 @@ def _schedule(run: RunInput, cells: pl.DataFrame, schedule: str | None, m: int |
     p = len(run.frames)
     if run.run_json is None or schedule is not None or m is not None:
         inferred = infer(cells, p, run.path, schedule, m)
-        if run.run_json is not None and from_run_json(run.run_json, run.path) != inferred:
+        if run.run_json is not None and from_run_json(run.run_json, run.path, cells) != inferred:
             raise InputError(run.path / "run.json", f"says {run.run_json.get('schedule')}, the hints {inferred.name}")
         return inferred
-    return as_executed(from_run_json(run.run_json, run.path), cells, run.path)
+    return as_executed(from_run_json(run.run_json, run.path, cells), cells, run.path)
 
 
 def _warn_overlaps(cells: pl.DataFrame, sources: dict[int, Path]) -> None:

@@ -64,10 +64,21 @@ def infer(cells: pl.DataFrame, p: int, path: Path, schedule: str | None = None, 
     return matches[0]
 
 
-def from_run_json(run: dict, path: Path) -> Schedule:
+def from_run_json(run: dict, path: Path, cells: pl.DataFrame) -> Schedule:
+    """run.json's schedule, built only once its m and v agree with the traces' microbatches and stages
+    (a wrong m of 10**9 must be an error line, not a schedule that fills memory)."""
     try:
-        return build(run["schedule"], int(run["p"]), int(run["m"]), int(run.get("v", 1)))
+        name, p, m, v = run["schedule"], int(run["p"]), int(run["m"]), int(run.get("v", 1))
     except (KeyError, TypeError, ValueError) as error:
+        raise InputError(path / "run.json", f"no usable schedule/p/m/v: {error}") from None
+    compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
+    seen = {"m": compute["microbatch"].n_unique(), "stages": compute["stage"].n_unique()}
+    if compute.height and (m, p * v) != (seen["m"], seen["stages"]):
+        raise InputError(path / "run.json", f"says m={m}, v={v} (p={p}) but the traces show {seen['m']} microbatches "
+                                            f"and {seen['stages']} stages")
+    try:
+        return build(name, p, m, v)
+    except (TypeError, ValueError) as error:  # ScheduleError is a ValueError
         raise InputError(path / "run.json", f"no usable schedule/p/m/v: {error}") from None
 
 

@@ -143,7 +143,6 @@ NOT_THE_SCHEDULE: dict[str, tuple[Mutation, str]] = {
                                  "ran PP:0F1 0x"),
     "no ProfilerStep# spans": (lambda run: (rewrite(run, without_steps, 0), rewrite(run, without_steps, 1)),
                                "ran PP:0B0 2x"),  # both steps fall into one
-    "run.json says another m": (lambda run: edit_run_json(run, m=8), "m=8 v=1: step 0 rank 0 ran PP:0B4 0x"),
 }
 
 
@@ -157,6 +156,21 @@ def test_traces_that_are_not_the_schedule_are_refused_naming_the_action(tmp_path
     assert err.splitlines()[-1].startswith(f"error: {run}: the traces' actions are not those of 1f1b p=2")
     assert problem in err, err
     assert not (run / "analysis").exists()
+
+
+@pytest.mark.parametrize("fields, problem", [
+    ({"m": 8}, "says m=8, v=1 (p=2) but the traces show 4 microbatches and 2 stages"),
+    ({"m": 10**9}, "says m=1000000000"),  # once built before it was checked: a schedule filling memory
+    ({"v": 2}, "says m=4, v=2 (p=2)"),
+    ({"schedule": "wavefront"}, "no usable schedule/p/m/v: unknown schedule 'wavefront'"),
+    ({"m": "four"}, "no usable schedule/p/m/v"),
+])
+def test_run_json_schedule_that_contradicts_the_traces_is_refused(tmp_path, capsys, fields, problem):
+    run = good_run(tmp_path / "run")
+    edit_run_json(run, **fields)
+    code, err = cli(capsys, "analyze", str(run))
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {run / 'run.json'}: "), err
+    assert problem in err, err
 
 
 def test_duplicate_events_merge_into_a_valid_trace(tmp_path, capsys):
