@@ -62,8 +62,10 @@ def cells_of(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells
 def _main_thread(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.Expr:
     """The thread that ran the steps (else the one with the most ops)."""
     marked = frame.filter(pl.col("name").str.starts_with("ProfilerStep#"))["tid"]
+    if marked.len():
+        return pl.col("tid") == marked[0]
     busiest = frame.filter(pl.col("cat") == "cpu_op")["tid"].mode()
-    return pl.col("tid") == (marked[0] if marked.len() else busiest[0])
+    return pl.col("tid") == busiest[0] if busiest.len() else pl.lit(False)  # no CPU ops: nothing to infer from
 
 
 def _top_level_ops(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:

@@ -252,3 +252,10 @@ def test_run_json_naming_another_schedule_of_the_same_actions_is_a_warning(tmp_p
     assert err == f"warning: {run / 'run.json'}: says gpipe, but every rank ran 1f1b's order; replayed as it ran\n"
     summary = json.loads((run / "analysis" / "summary.json").read_text())
     assert summary["simulated_step_time_ms"] == pytest.approx(truth["simulated_step_time_ms"])  # 1f1b's replay
+
+
+def test_a_trace_without_steps_labels_or_cpu_ops_is_refused(tmp_path, capsys):
+    """Found by the analysis fuzz: with nothing to infer cells from, inference indexed an empty thread list."""
+    (tmp_path / "trace.json").write_text(json.dumps([{"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": 5}]))
+    code, err = cli(capsys, "analyze", str(tmp_path))
+    assert code == 2 and err == f"error: {tmp_path / 'trace.json'}: no PP:<action> labels inside a profiled step\n", err
