@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from runners.schedules import SCHEDULES, V_SHAPED, Action, Kind, ScheduleError, build, in_flight, simulate
+from runners.schedules import SCHEDULES, V_SHAPED, Action, Kind, ScheduleError, build, in_flight, lower, simulate, validate
 
 PS = range(1, 9)
 # every m up to 12 (the small-m corner cases) and the large end of 1..32
@@ -111,7 +111,7 @@ def test_gpipe_m1_is_naive_model_parallelism():
         ("gpipe", 2, 0, 1, ["m must be"]),
         ("interleaved", 2, 4, 0, ["v must be"]),
         ("1f1b", 2, 4, 2, ["v=2", "interleaved"]),
-        ("zb", 2, 4, 3, ["v=3"]),
+        ("zb", 2, 3, 2, ["m=3", "multiple of p=2"]),
         ("1f1b", 4, 3, 1, ["m=3 < p=4", "p-1 forwards"]),
         ("zb", 8, 2, 1, ["m=2 < p=8"]),
         ("interleaved", 4, 6, 2, ["multiple of p=4"]),
@@ -158,3 +158,22 @@ def test_interleaved_and_zb_peaks_follow_their_warm_up():
     assert [max(c) for c in in_flight(zb, until_weight_grad=False)] == [p - s for s in range(p)]
     # W deferred by s on stage s: p - s waiting for I plus s waiting only for W
     assert [max(c) for c in in_flight(zb)] == [p] * p
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize("v", [2, 3])
+def test_interleaved_zero_bubble_splits_every_backward_and_saves_a_drain(p, v):
+    """zb with v chunks is interleaved 1F1B with each B split into I then W. At F=I=W=1 a rank holds
+    3vm units; the fill costs p-1 (the first forward reaching the last rank) and so does the drain (the
+    last I's gradient walking back one unit per rank), W adding nothing on the critical path: 3vm+2(p-1),
+    against 3vm+3(p-1) for interleaved 1F1B with an unsplit B of two units."""
+    m = 2 * p
+    schedule = build("zb", p, m, v)
+    validate(lower(schedule))
+    for rank, order in enumerate(schedule.orders):
+        expected = {(s, k, i) for s in schedule.stages_of(rank) for k in (Kind.F, Kind.I, Kind.W) for i in range(m)}
+        assert {(a.stage, a.kind, a.microbatch) for a in order} == expected
+    assert simulate(schedule).makespan == 3 * v * m + 2 * (p - 1)
+    unsplit = build("interleaved", p, m, v)
+    two_unit_b = simulate(unsplit, duration=lambda rank, action: 2 if action.kind is Kind.B else 1)
+    assert two_unit_b.makespan == 3 * v * m + 3 * (p - 1)

@@ -74,7 +74,13 @@ def zb(p: int, m: int, v: int = 1) -> tuple[tuple[Action, ...], ...]:
     """ZB-H1 (Qi et al.): 1F1B's F/I order (p-1-s warm-up forwards, so at most p-s microbatches wait
     for their I on stage s) with each W deferred: stage s runs W(i) after I(i+s), and its last s W's
     fill the cool-down, where 1F1B would wait for gradients. A lag of s is the least that lets every
-    I run as soon as its gradient arrives (found by replaying lags 0..p per stage at unit times)."""
+    I run as soon as its gradient arrives (found by replaying lags 0..p per stage at unit times).
+
+    With v > 1 chunks (the family of torch's ScheduleInterleavedZeroBubble): interleaved 1F1B's order
+    with each backward split into I and its W right after. That order is valid but places W less
+    cleverly than torch; the analysis replays a run in the order it executed (analysis.shape)."""
+    if v > 1:
+        return tuple(tuple(_split_backward(order)) for order in interleaved(p, m, v))
     return tuple(
         _one_f_one_b(
             [Action(r, Kind.F, i) for i in range(m)],
@@ -87,11 +93,20 @@ def zb(p: int, m: int, v: int = 1) -> tuple[tuple[Action, ...], ...]:
     )
 
 
+def _split_backward(order: tuple[Action, ...]):
+    for action in order:
+        if action.kind is Kind.B:
+            yield Action(action.stage, Kind.I, action.microbatch)
+            yield Action(action.stage, Kind.W, action.microbatch)
+        else:
+            yield action
+
+
 Generator = Callable[[int, int, int], tuple[tuple[Action, ...], ...]]
 SCHEDULES: MappingProxyType[str, Generator] = MappingProxyType(
     {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb": zb, "zbv": zbv, "dualpipev": dualpipev}
 )
-_CHUNKED = frozenset({"interleaved"})
+_CHUNKED = frozenset({"interleaved", "zb"})  # v chunks per rank allowed; stage s on rank s % p
 V_SHAPED = frozenset({"zbv", "dualpipev"})  # two stages per rank, placed in a V (schedule.py)
 _NEEDS_M_GE_P = frozenset({"1f1b", "zb"})
 
@@ -118,7 +133,7 @@ def check_request(name: str, p: int, m: int, v: int = 1) -> None:
         )
     if name == "dualpipev" and m < 2 * p:
         raise ScheduleError(f"{name}: m={m} < 2p={2 * p}; DualPipeV needs at least as many microbatches as stages")
-    if name in _CHUNKED and m % p != 0:
+    if name in _CHUNKED and (v > 1 or name == "interleaved") and m % p != 0:
         raise ScheduleError(f"{name}: m={m} must be a multiple of p={p} (microbatches go round in groups of p)")
 
 
