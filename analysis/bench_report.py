@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from analysis.bench_stats import Stats
 from analysis.decompose import BARS
+from runners.results import markdown_table
 
 SEED_COLUMNS = ("p", "m", "slot_ms", "step_ms", "bubble_theory", "bubble_measured")
 OUR_COLUMNS = ("analysis_bubble", "profiled_step_ms", *(f"{bar}_ms" for bar in BARS))
@@ -15,17 +16,8 @@ def _figure(entry: dict, digits: int = 3) -> str:
     return Stats(entry["median"], entry["min"], entry["max"], entry["n"]).text(digits)
 
 
-def _cell(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
-    return str(value)
-
-
 def _table(columns: tuple[str, ...], rows: list[dict]) -> list[str]:
-    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
-            *("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows), ""]
+    return [*markdown_table(columns, rows).splitlines(), ""]
 
 
 def _unmeasured(size: dict, ratio: str) -> str:

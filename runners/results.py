@@ -49,10 +49,15 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cell(r[c]) for c in COLUMNS) + " |" for r in rows]
+def markdown_table(columns: tuple[str, ...], rows: list[dict]) -> str:
+    """A markdown table of `columns` (missing values shown as -); the benchmark report uses it too."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def table(rows: list[dict]) -> str:
+    return markdown_table(COLUMNS, rows)
 
 
 def main(argv: list[str]) -> int:
