@@ -22,6 +22,7 @@ from analysis.bench_report import render
 from analysis.bench_runs import RunPlan, executor_overhead, profiler_overhead, request, seed_optimum, simulator_accuracy, sweep
 from analysis.bench_throughput import ThroughputPlan, throughput
 from analysis.errors import InputError
+from runners.atomic import write_atomically
 from runners.launch import launch
 from runners.rundir import REPO_ROOT, git_revision, host_facts
 
@@ -147,9 +148,7 @@ def _writer(out: Path, document: dict, began: float) -> Callable[[dict, bool], N
         now = document | {"results": results, "complete": complete, "seconds": round(time.monotonic() - began),
                           "load_average_at_end": os.getloadavg()}
         for name, text in (("results.json", json.dumps(now, indent=1) + "\n"), ("RESULTS.md", render(now))):
-            partial = out / f".{name}.partial"
-            partial.write_text(text)
-            os.replace(partial, out / name)
+            write_atomically(out / name, text.encode())
 
     return write
 

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from analysis.errors import InputError
 from analysis.load import RawTrace, load_run, read_trace
 from analysis.merge_analysis import analysis_tracks
 from analysis.merge_tracks import layout, p2p_flows, profiler_flows
+from runners.atomic import write_atomically
 
 BROWSER_LIMIT_BYTES = 1 << 30  # Perfetto's UI struggles to open JSON traces past about this size
 
@@ -167,15 +166,6 @@ def write_json(path: Path, document: dict) -> None:
 
 def _atomic_write(path: Path, data: bytes) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        write_atomically(path, data)
     except OSError as error:
         raise InputError(path.parent, f"cannot write here ({error.strerror}); choose another place with --out") from None
-    try:
-        os.chmod(temporary, 0o644)  # mkstemp makes it private; a trace is for sharing
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from itertools import accumulate
@@ -26,6 +25,7 @@ from typing import Any, NamedTuple
 
 from analysis import synthetic_shapes as shapes
 from analysis.errors import InputError
+from runners.atomic import write_atomically
 from runners.schedules import SCHEDULES, Action, Kind, Schedule, ScheduleError, build, lower, simulate
 from runners.schedules.dependencies import matching_send
 
@@ -182,9 +182,9 @@ def write_run(directory: str | Path, schedule: Schedule, **options: Any) -> Synt
     directory.mkdir(parents=True, exist_ok=True)
     result = synthesize(schedule, **options)
     for rank, document in result.traces.items():
-        _write_atomic(directory / f"rank{rank}.json.gz", gzip.compress(json.dumps(document).encode(), 6))
+        write_atomically(directory / f"rank{rank}.json.gz", gzip.compress(json.dumps(document).encode(), 6))
     truth = [asdict(t) for t in result.truth.values()]
-    _write_atomic(directory / "truth.json", json.dumps(truth, indent=1).encode())
+    write_atomically(directory / "truth.json", json.dumps(truth, indent=1).encode())
     shape = options.get("shape", "cpu")
     step_ms = next(iter(result.truth.values())).step_ns / 1e6
     config = {
@@ -194,14 +194,10 @@ def write_run(directory: str | Path, schedule: Schedule, **options: Any) -> Synt
         "calibration": calibration(schedule, options.get("durations_us", DEFAULT_US)),
         "step_time_unprofiled_ms": step_ms, "step_times_unprofiled_ms": [step_ms] * 3, "complete": True,
     }
-    _write_atomic(directory / "run.json", json.dumps(config, indent=1).encode())
+    write_atomically(directory / "run.json", json.dumps(config, indent=1).encode())
     return result
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from runners.atomic import write_atomically
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -31,9 +33,7 @@ def create_run_dir(traces: Path, run: str) -> Path:
 
 
 def write_json_atomically(path: Path, document: dict) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(document, indent=2) + "\n")
-    os.replace(temporary, path)
+    write_atomically(path, (json.dumps(document, indent=2) + "\n").encode())
 
 
 def write_run_json(run_dir: Path, facts: dict) -> None:

@@ -6,9 +6,10 @@ file watcher sees nothing happen when nothing changed.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
+
+from runners.atomic import write_atomically
 
 RUNS_DIR = "runs"
 ASSETS_DIR = "assets"
@@ -19,10 +20,7 @@ def write_atomic(path: Path, text: str) -> bool:
     data = text.encode("utf-8")
     if path.is_file() and path.read_bytes() == data:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
+    write_atomically(path, data)
     return True
 
 
