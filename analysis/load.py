@@ -41,6 +41,7 @@ from analysis.events import event_frame, json_problem, where
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 # runners.launch writes it before any worker starts: a directory holding it is one of our runs.
 RUNNER_LOG = "torchrun.log"
+_EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
 
 
 class TraceWarning(UserWarning):
@@ -68,7 +69,16 @@ class RawTrace:
 def read_trace(path: str | Path) -> RawTrace:
     path = Path(path)
     data = _read_bytes(path)
-    metadata, events_json = _split_top_level(path, data)
+    guess = _guess_top_level(data)
+    if guess is not None:
+        try:
+            return _parse(path, *guess)
+        except InputError:
+            pass  # a wrong guess or a bad file: the full split below decides, and words the error
+    return _parse(path, *_split_top_level(path, data))
+
+
+def _parse(path: Path, metadata: dict[str, msgspec.Raw], events_json: msgspec.Raw) -> RawTrace:
     header = _decode_header(path, metadata)
     info = header.get("distributedInfo") or kineto.DistributedInfo()
     rank = info.rank if info.rank is not None else rank_from_name(path)
@@ -115,6 +125,27 @@ def _gunzip(path: Path, data: bytes) -> bytes:
         raise InputError(path, f"gzip data corrupted: {error}") from None
 
 
+def _guess_top_level(data: bytes) -> tuple[dict[str, msgspec.Raw], msgspec.Raw] | None:
+    """The top level split without scanning the events: the array is taken to run from the `[` after
+    the "traceEvents" key to the file's last `]` (Kineto writes only short keys after it). The header and
+    the trailer are checked to be an object around one value, so if the array then decodes, the whole
+    file is valid JSON and that array is its traceEvents. None when the guess fails its cheap checks."""
+    key = data.find(b'"traceEvents"')
+    found = _EVENTS_KEY.match(data, key) if key >= 0 else None
+    if found is None:
+        return None
+    start, end = found.end() - 1, data.rfind(b"]") + 1
+    try:
+        head = kineto.TOP_LEVEL.decode(data[:start] + b"[]}")
+        tail = kineto.TOP_LEVEL.decode(b'{"traceEvents":[]' + data[end:])
+    except msgspec.DecodeError:
+        return None
+    if list(head)[-1:] != ["traceEvents"] or list(tail)[:1] != ["traceEvents"] or "traceEvents" in list(tail)[1:]:
+        return None
+    del head["traceEvents"], tail["traceEvents"]
+    return head | tail, msgspec.Raw(memoryview(data)[start:end])
+
+
 def _split_top_level(path: Path, data: bytes) -> tuple[dict[str, msgspec.Raw], msgspec.Raw]:
     if data.lstrip()[:1] == b"[":  # legacy format: a bare event array
         return {}, msgspec.Raw(data)
@@ -136,8 +167,10 @@ def _decode_header(path: Path, metadata: dict[str, msgspec.Raw]) -> dict[str, An
         if key in metadata:
             try:
                 header[key] = msgspec.json.decode(metadata[key], type=kind)
-            except msgspec.ValidationError as error:
+            except msgspec.ValidationError as error:  # a subclass of DecodeError: test it first
                 raise InputError(path, f"bad {key}: {where(error, key)}") from None
+            except msgspec.DecodeError as error:  # e.g. invalid UTF-8, which skipping it as Raw let through
+                raise InputError(path, f"bad {key}: {json_problem(error)}") from None
     if not 0 <= header.get("baseTimeNanoseconds", 0) < 4 * 10**18:
         raise InputError(path, f"baseTimeNanoseconds out of range: {header['baseTimeNanoseconds']}")
     return header

@@ -121,3 +121,22 @@ def test_unicode_and_huge_string_args_load(tmp_path):
     frame = load_trace(path)
     assert frame["name"].to_list() == [name]
     assert len(read_trace(path).events()[0]["args"]["huge"]) == len(huge)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        # Kineto's own order: short keys after the events (the fast split's guess holds)
+        {"schemaVersion": 1, "traceEvents": [event(), event(name="b")], "traceName": "x.json"},
+        # an array after the events, "]" in a later string, the key's name inside an earlier string
+        {"note": '"traceEvents": [', "traceEvents": [event(), event(name="b")], "deviceProperties": [{"id": 0}],
+         "traceName": "run[3].json"},
+        {"traceEvents": [event(), event(name="b")], "tail": {"traceEvents": [event(name="decoy")]}},
+    ],
+)
+def test_events_and_metadata_are_found_whatever_the_key_order(tmp_path, document):
+    trace = read_trace(write(tmp_path / "t.json", document))
+    assert trace.events() == document["traceEvents"]
+    assert trace.frame["name"].to_list() == ["aten::mm", "b"]
+    assert {key: msgspec.json.decode(value) for key, value in trace.metadata.items()} == {
+        key: value for key, value in document.items() if key != "traceEvents"}
