@@ -24,9 +24,10 @@ class Preset:
 PRESETS = {
     # The published experiment (seed 000): 4 stages x 6 layers at width 4096, 8192 rows, bf16.
     "seed": Preset("seed", 4096, 6, 8192, "bfloat16", "the seed experiment, for GPUs"),
-    # Sized on a 2-core machine: a stage's full-batch F+B takes ~50 ms on one thread, against ~1 ms for
-    # a 1 MB gloo hop, so compute dominates per-microbatch overhead at m=1; P=4 M=8 runs in seconds.
-    "cpu": Preset("cpu", 512, 4, 512, "float32", "the default without GPUs"),
+    # Sized on a 2-core machine: a stage's full-batch F+B takes ~130 ms on one thread, against ~1 ms for
+    # a 1 MB gloo hop and ~3 ms of SGD step. At m=1, P=2 those are ~2% of the step, so GPipe's bubble
+    # measures within 0.02 of (p-1)/p (4 layers measured 0.515-0.55); P=4 M=8 still runs in seconds.
+    "cpu": Preset("cpu", 512, 8, 512, "float32", "the default without GPUs"),
     # For tests: seconds per run, shapes still distinct per stage.
     "tiny": Preset("tiny", 64, 2, 64, "float32", "tests: end-to-end runs in seconds"),
 }
