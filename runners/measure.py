@@ -2,7 +2,11 @@
 small-GEMM analysis) and the step time without the profiler.
 
 Timings use CUDA events on a GPU and the wall clock on CPU. Calibration runs one rank at a time,
-with a barrier between ranks, so CPU ranks sharing cores do not slow each other down.
+with a barrier between ranks, so CPU ranks sharing cores do not slow each other down. It is sampled
+between the timed steps, just before the profiled ones, so it sees the machine as the steps did: on a
+shared 2-core VM whose speed swings by 10-30% from second to second, calibrations taken in one burst
+before the first step were a median 15% off the whole-batch cells of m=1 runs (which should match
+them exactly), and one burst after the profiled steps 10%, with single runs off by 35%.
 """
 
 from __future__ import annotations
@@ -30,40 +34,52 @@ def time_ms(work: Callable[[], object], device: torch.device) -> float:
     return (time.perf_counter() - began) * 1e3
 
 
-def stage_times(stage: Stage, batch: torch.Tensor, is_last: bool, repeats: int) -> dict[str, float]:
-    """Median F and B of one stage on the whole batch in one piece (after one untimed warm-up)."""
+Samples = dict[str, dict[str, list[float]]]  # stage index text -> {"F_ms": [...], "B_ms": [...]}
+
+
+def stage_samples(stage: Stage, batch: torch.Tensor, is_last: bool, repeats: int, warmup: bool) -> dict[str, list[float]]:
+    """F and B times of one stage on the whole batch in one piece (after one untimed warm-up if asked:
+    the first whole-batch pass of a run that splits the batch allocates)."""
     x = batch.detach().requires_grad_()
     out_grad = torch.randn_like(batch)
     forward_ms, backward_ms = [], []
-    for _ in range(repeats + 1):
+    for _ in range(repeats + warmup):
         outputs = []
         forward_ms.append(time_ms(lambda: outputs.append(stage(x)), batch.device))
         target = loss_of(outputs[0], 1) if is_last else outputs[0]
         backward_ms.append(time_ms(lambda: target.backward(None if is_last else out_grad), batch.device))
         x.grad = None
         stage.zero_grad(set_to_none=True)
-    return {"F_ms": statistics.median(forward_ms[1:]), "B_ms": statistics.median(backward_ms[1:])}
+    return {"F_ms": forward_ms[warmup:], "B_ms": backward_ms[warmup:]}
 
 
-def calibrate(stages: dict[int, Stage], batch: torch.Tensor, n_stages: int, repeats: int = 3) -> dict[str, dict]:
-    """Every stage's full-batch F and B, measured rank after rank, gathered on every rank."""
+def calibration_samples(stages: dict[int, Stage], batch: torch.Tensor, n_stages: int, repeats: int = 1,
+                        warmup: bool = True) -> Samples:
+    """Every stage's full-batch F and B samples, measured rank after rank, gathered on every rank."""
     mine = {}
     for rank in range(dist.get_world_size()):
         if rank == dist.get_rank():
-            mine = {str(s): stage_times(stage, batch, s == n_stages - 1, repeats) for s, stage in stages.items()}
+            mine = {str(s): stage_samples(stage, batch, s == n_stages - 1, repeats, warmup) for s, stage in stages.items()}
         dist.barrier()
-    gathered: list[dict] = [{} for _ in range(dist.get_world_size())]
+    gathered: list[Samples] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(gathered, mine)
-    merged = {key: value for part in gathered for key, value in part.items()}
-    return dict(sorted(merged.items(), key=lambda item: int(item[0])))
+    return dict(sorted(((key, value) for part in gathered for key, value in part.items()), key=lambda item: int(item[0])))
 
 
-def unprofiled_step_times(step: Callable[[], None], count: int, device: torch.device) -> list[float]:
-    """Each step's time in ms: the ranks start together, and the slowest rank's time counts."""
-    samples = []
-    for _ in range(count):
-        dist.barrier()
-        elapsed = torch.tensor([time_ms(step, device)], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        samples.append(round(elapsed.item(), 3))
-    return samples
+def pooled(rounds: list[Samples]) -> Samples:
+    """Several rounds' samples as one."""
+    return {stage: {kind: [ms for samples in rounds for ms in samples[stage][kind]] for kind in times}
+            for stage, times in rounds[0].items()}
+
+
+def calibration(samples: Samples) -> dict[str, dict[str, float]]:
+    """run.json's calibration: per stage the median of each kind's samples."""
+    return {stage: {kind: statistics.median(ms) for kind, ms in times.items()} for stage, times in samples.items()}
+
+
+def timed_step(step: Callable[[], None], device: torch.device) -> float:
+    """One unprofiled step's time in ms: the ranks start together, and the slowest rank's time counts."""
+    dist.barrier()
+    elapsed = torch.tensor([time_ms(step, device)], dtype=torch.float64, device=device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return round(elapsed.item(), 3)

@@ -39,7 +39,7 @@ class RunRequest:
     preset: str | None = None  # None: seed on CUDA, cpu otherwise
     steps: int = 3  # profiled steps
     device: str = "auto"
-    timed_steps: int = 5  # unprofiled steps whose median is step_time_unprofiled_ms
+    timed_steps: int = 5  # unprofiled steps whose median is step_time_unprofiled_ms; each is followed by a calibration sample
     rows_per_microbatch: int | None = None  # fixed microbatch size: the batch grows to m x this; None: preset's batch
     profile_memory: bool = True  # torch.profiler's allocator events ([memory]) in the traces
 

@@ -2,9 +2,9 @@
 
 The launcher (`python -m runners trace`) starts it on one node; for several nodes start it with
 torchrun yourself (`torchrun --nnodes=2 --nproc_per_node=4 --rdzv-endpoint=HOST:PORT -m runners.worker
---run-dir traces/RUN ...`, RUN on a shared file system). Each rank calibrates its stages, times
-unprofiled steps, then profiles a few steps into rank{r}.json.gz; rank 0 writes run.json last, once
-every rank has exported its trace.
+--run-dir traces/RUN ...`, RUN on a shared file system). Each rank times unprofiled steps, calibrating
+its stages between them, then profiles a few steps into rank{r}.json.gz; rank 0 writes run.json last,
+once every rank has exported its trace.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from runners.execute import StepContext, run_step
-from runners.measure import calibrate, unprofiled_step_times
+from runners.measure import calibration, calibration_samples, pooled, timed_step
 from runners.model import Stage, build_stages, split_microbatches, stage_input
 from runners.p2p import open_links
 from runners.presets import microbatch_rows
@@ -114,10 +114,11 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
     meter = StashMeter()
     step = ENGINES[request.engine](RankSetup(resolved, schedule, rank, stages, batch, optimizer, meter))
     marks = [time.monotonic()]
-    calibration = calibrate(stages, batch, schedule.n_stages)
-    marks.append(time.monotonic())
     step()  # first step allocates; keep it out of the timings
-    samples = unprofiled_step_times(step, request.timed_steps, device)
+    step_ms, rounds = [], []
+    for index in range(request.timed_steps):  # calibration samples beside the steps (runners/measure.py)
+        step_ms.append(timed_step(step, device))
+        rounds.append(calibration_samples(stages, batch, schedule.n_stages, warmup=index == 0))
     marks.append(time.monotonic())
     profile_steps(step, run_dir / f"rank{rank}.json.gz", request.steps, device.type == "cuda",
                   PROFILER_WAIT, PROFILER_WARMUP, request.profile_memory, meter)
@@ -125,11 +126,13 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
     marks.append(time.monotonic())
     if rank == 0:
         facts = run_facts(resolved, schedule, device, torch.get_num_threads())
+        samples_ms = pooled(rounds)
         write_run_json(run_dir, facts | {
-            "calibration": calibration,
-            "step_time_unprofiled_ms": statistics.median(samples),
-            "step_times_unprofiled_ms": samples,
-            "phases_s": dict(zip(("calibration", "timed_steps", "profiled_steps"),
+            "calibration": calibration(samples_ms),
+            "calibration_samples_ms": samples_ms,
+            "step_time_unprofiled_ms": statistics.median(step_ms),
+            "step_times_unprofiled_ms": step_ms,
+            "phases_s": dict(zip(("timed_steps_and_calibration", "profiled_steps"),
                                  (round(b - a, 3) for a, b in zip(marks, marks[1:])))),
         })
 
