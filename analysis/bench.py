@@ -2,7 +2,8 @@
 
 Parts (--only picks some): throughput (ours vs HTA vs typed decoding on a generated trace set),
 executor (native vs torch engine), profiler (profiled / unprofiled step), sim (simulated vs measured
-step), seed (the seed's m sweep at p=2 and p=4). profiler, sim and seed read the same p=2 sweep.
+step), seed (the seed's m sweep at p=2 and p=4), bubble (gpipe p=2 m=1 against the formula's 1/2,
+repeated). profiler, sim and seed read the same p=2 sweep.
 Generated traces and runs live in a temporary directory that is deleted at the end (--keep keeps it).
 """
 
@@ -19,14 +20,15 @@ from pathlib import Path
 from typing import Callable
 
 from analysis.bench_report import render
-from analysis.bench_runs import RunPlan, executor_overhead, profiler_overhead, request, seed_optimum, simulator_accuracy, sweep
+from analysis.bench_runs import (RunPlan, executor_overhead, m1_bubble, profiler_overhead, request, seed_optimum,
+                                 simulator_accuracy, sweep)
 from analysis.bench_throughput import ThroughputPlan, throughput
 from analysis.errors import InputError
 from runners.atomic import write_atomically
 from runners.launch import launch
 from runners.rundir import REPO_ROOT, git_revision, host_facts
 
-PARTS = ("throughput", "executor", "profiler", "sim", "seed")
+PARTS = ("throughput", "executor", "profiler", "sim", "seed", "bubble")
 SWEEP_PARTS = {"profiler", "sim", "seed"}
 PACKAGES = ("torch", "polars", "pyarrow", "msgspec", "HolisticTraceAnalysis")
 
@@ -42,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ms", default=" ".join(map(str, range(1, 17))), help="microbatch counts of the p=2 sweep")
     parser.add_argument("--executor-ms", default="4 8", help="microbatch counts of the native vs torch runs")
     parser.add_argument("--p4-ms", default="1 2 4 8 16", help="microbatch counts of the seed's p=4 sweep")
+    parser.add_argument("--bubble-runs", type=int, default=6, help="gpipe p=2 m=1 runs of the bubble part")
     parser.add_argument("--preset", default="cpu", help="model preset of the runs (cpu, or tiny for a smoke run)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench", help="where results.json and RESULTS.md go")
     parser.add_argument("--keep", action="store_true", help="keep the generated traces and runs")
@@ -133,6 +136,10 @@ def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, save
         seed_rows = [row for row in results["sweep"] if row["schedule"] == "gpipe"]
         seed_rows += sweep(plan, ("gpipe",), 4, p4_ms, say)[0]
         results["seed"] = {"rows": seed_rows, "optimum_m": seed_optimum(seed_rows)}
+        save(results)
+    if "bubble" in parts:
+        say(f"bubble: gpipe p=2 m=1, {args.bubble_runs} runs")
+        results["bubble"] = m1_bubble(plan, args.bubble_runs, say)
         save(results)
     if "executor" in parts:
         say("executor: native vs torch, p=2, A B A B")

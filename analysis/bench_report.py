@@ -54,6 +54,11 @@ def _headline(results: dict) -> list[str]:
         sim = results["sim"]
         rows.append(f"| abs(simulated / measured - 1) ({sim['runs_within']}/{sim['runs']} within target) | "
                     f"{_figure(sim)} | {sim['target']} | {sim['verdict']} |")
+    bubble = results.get("bubble", {})
+    if "deviation" in bubble:
+        deviation = bubble["deviation"]
+        rows.append(f"| abs(bubble - 0.5), gpipe p=2 m=1 ({deviation['n']} runs) | {_figure(deviation, 4)} | "
+                    f"{deviation['target']} | {deviation['verdict']} |")
     if "seed" in results:
         best = ", ".join(f"{key}: m={m}" for key, m in results["seed"]["optimum_m"].items())
         rows.append(f"| fastest m (U-curve bottom) | {best} | | |")
@@ -136,4 +141,15 @@ def render(document: dict) -> str:
                   "waterfall (ms) from summary.json. p=4 runs 4 single-threaded ranks on "
                   f"{machine['cores_usable']} cores ({4 / machine['cores_usable']:.0f}x oversubscribed).", "",
                   *_table(SEED_COLUMNS + OUR_COLUMNS, results["seed"]["rows"])]
+    if "bubble" in results:
+        lines += _bubble(results["bubble"])
     return "\n".join(lines)
+
+
+def _bubble(part: dict) -> list[str]:
+    lines = ["## 6. GPipe p=2 m=1: the measured bubble against the formula's 0.5", ""]
+    if "bubbles" in part:
+        lines += [f"Bubbles measured ({len(part['bubbles'])} runs): " + ", ".join(f"{b:.4f}" for b in part["bubbles"]) + ".",
+                  "", "Calibration against the m=1 cells (whole-batch F and B, the calibration's own work), "
+                  f"abs(cell / calibration - 1) per rank: {_figure(part['calibration_error'])}.", ""]
+    return lines + [f"Failed: {reason}" for reason in part["failed"]] + [""]

@@ -153,3 +153,22 @@ def test_bench_sweep_smoke(tmp_path):
         assert abs(row["sim_error"]) < 1  # a replay of the measured step, not something unrelated
     assert results["sim"]["runs"] == 2 and results["profiler"]["n"] == 2
     assert "## 3-4. Profiler overhead and simulator accuracy" in (out / "RESULTS.md").read_text()
+
+
+@pytest.mark.slow
+def test_bench_bubble_smoke(tmp_path):
+    """One tiny gpipe p=2 m=1 run: the bubble against 1/2 and the calibration against the m=1 cells."""
+    out = tmp_path / "out"
+    assert main(["bench", "--only", "bubble", "--bubble-runs", "1", "--preset", "tiny", "--out", str(out)]) == 0
+    part = json.loads((out / "results.json").read_text())["results"]["bubble"]
+    assert part["failed"] == [] and len(part["bubbles"]) == 1
+    assert part["deviation"]["median"] == pytest.approx(abs(part["bubbles"][0] - 0.5))
+    assert part["calibration_error"]["n"] == 2  # one per rank
+    report = (out / "RESULTS.md").read_text()
+    assert "abs(bubble - 0.5), gpipe p=2 m=1 (1 runs)" in report and "## 6. GPipe p=2 m=1" in report
+
+
+def test_bubble_section_says_which_runs_failed():
+    from analysis.bench_report import _bubble
+
+    assert "Failed: rank 1 exited 1" in "\n".join(_bubble({"runs": 1, "failed": ["rank 1 exited 1"]}))
