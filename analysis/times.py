@@ -8,6 +8,11 @@ decimals at a tie (0.0015), and, as a double's spacing grows with the value, fra
 2**41 us (25 days after baseTimeNanoseconds). Unsettled rows are converted again from their JSON text
 (`exact_ns`): "5110114341537.881" -> 5110114341537 * 1000 + 881. Exponent texts ("1.5e3") go through a
 float there too, split into whole and fraction, exact wherever a float can be.
+
+Kineto writes three decimals, and its ts sit ~5e12 us after its base time (59 days), past 2**41 but
+below 2**43 us: there a double is within 0.49 ns of any decimal, so when every text names whole
+nanoseconds (`whole_ns`: the caller checked there are no more than three decimals) the nearest integer
+is the text's value and nothing is unsettled below 2**43 us.
 """
 
 from __future__ import annotations
@@ -18,18 +23,24 @@ import polars as pl
 # spacing (at most |value| * 2**-52 us) plus the rounding of fraction * 1000.
 _SPACING_NS_PER_US = 500 * 2.0**-52
 _PRODUCT_ERROR_NS = 2e-13
+# Below this many us a double's spacing is under 1 ns: half of it plus the product error is < 0.5 ns.
+WHOLE_NS_LIMIT_US = 2.0**43
 
 
-def nanoseconds(micros: pl.Series) -> tuple[pl.Series, pl.Series]:
+def nanoseconds(micros: pl.Series, whole_ns: bool = False) -> tuple[pl.Series, pl.Series]:
     """An Int64 or Float64 microsecond series -> (nanoseconds, positions of unsettled rows); nulls stay
-    null. Unsettled rows must be converted again from their text (exact_ns)."""
+    null. Unsettled rows must be converted again from their text (exact_ns). `whole_ns`: every text
+    has at most three decimals."""
     if micros.dtype == pl.Int64:
         return micros * 1000, pl.Series(dtype=pl.UInt32)
     us = pl.col("us")
     whole = us.cast(pl.Int64)  # truncates toward zero; |us| < kineto.MAX_US fits
     fraction_ns = (us - whole.cast(pl.Float64)) * 1000
     below_ns = (fraction_ns - fraction_ns.cast(pl.Int64).cast(pl.Float64)).abs()
-    unsettled = (below_ns - 0.5).abs() <= us.abs() * _SPACING_NS_PER_US + _PRODUCT_ERROR_NS
+    if whole_ns:
+        unsettled = us.abs() >= WHOLE_NS_LIMIT_US
+    else:
+        unsettled = (below_ns - 0.5).abs() <= us.abs() * _SPACING_NS_PER_US + _PRODUCT_ERROR_NS
     converted = pl.DataFrame({"us": micros}).select(ns=whole * 1000 + fraction_ns.round().cast(pl.Int64), unsettled=unsettled)
     return converted["ns"], converted["unsettled"].arg_true()
 

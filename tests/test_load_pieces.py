@@ -123,3 +123,31 @@ def test_null_args_and_string_ids_in_one_piece(tmp_path):
         frame = read_trace(trace_file(tmp_path, trace)).frame
     assert frame["pid"].to_list() == [None, 2]
     assert frame["correlation"].to_list() == [None, None] and frame["stream"].to_list() == [None, 7]
+
+
+@settings(max_examples=400, deadline=None)
+@given(whole=st.integers(0, 2**43 - 1), decimals=st.integers(0, 3), digits=st.integers(0, 999), negative=st.booleans())
+def test_texts_in_whole_nanoseconds_need_no_text_below_2_to_the_43(whole, decimals, digits, negative):
+    """Kineto's ts (three decimals, ~5e12 us) come exactly from the double when the texts are known short."""
+    text = ("-" if negative else "") + str(whole) + (f".{digits:03d}"[: decimals + 1] if decimals else "")
+    ns, unsettled = nanoseconds(pl.Series([float(text)], dtype=pl.Float64), whole_ns=True)
+    assert unsettled.len() == 0 and ns[0] == text_ns(text)
+
+
+@pytest.mark.parametrize("text, whole", [
+    (b'[{"ph": "X", "ts": 5121215087386.496, "dur": 12.5, "args": {"occupancy": 21.333334}}]', True),
+    (b'[{"ph": "X", "ts": 5121215087386.4965, "dur": 12.5}]', False),
+    (b'[{"ph": "X", "ts": 1, "dur" :\n -3.14159}]', False),
+    (b'[{"ph": "X", "name": "ts: 1.23456", "ts": 1.5}]', True),
+])
+def test_time_texts_with_four_decimals_are_found_by_their_key(text, whole):
+    assert events._times_in_whole_ns(text) is whole
+
+
+def test_kineto_scale_times_load_exactly_whether_or_not_every_text_is_short(tmp_path):
+    texts = ["5121215087386.496", "5121215087386.4995", "8796093022207.999"]  # the last below 2**43 us
+    for chosen in (texts[::2], texts):
+        body = ",".join(f'{{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": {t}, "dur": 1.5}}' for t in chosen)
+        path = tmp_path / "t.json"
+        path.write_text(f'{{"traceEvents": [{body}]}}')
+        assert read_trace(path).frame["start_ns"].to_list() == [text_ns(t) for t in chosen]
