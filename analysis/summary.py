@@ -29,6 +29,7 @@ from pathlib import Path
 from analysis.decompose import BARS
 from analysis.errors import InputError
 from analysis.analyze import Analysis, analyze_run, read_run
+from analysis.load import read_run_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +40,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     print(table(analyze_dir(args.run_dir, schedule=args.schedule, m=args.m).summary))
+    caveat = oversubscription(read_run_config(args.run_dir / "run.json"))
+    if caveat:
+        print(f"  note: {caveat}")
     return 0
+
+
+def oversubscription(config: dict | None) -> str | None:
+    """Why CPU figures read against the formula mislead, when the run had more rank threads than cores
+    (the default P=4 on a 2-core machine): ranks take turns, and the wait for a core is measured as
+    slower compute and longer bubbles. None when it had enough cores, ran on GPUs, or did not say."""
+    config = config or {}
+    p, threads, nodes = config.get("p"), config.get("threads_per_rank"), config.get("nodes") or 1
+    cores = (config.get("host") or {}).get("cpu_count")
+    if config.get("device") != "cpu" or not (isinstance(p, int) and isinstance(threads, int) and isinstance(cores, int)):
+        return None
+    if p * threads <= cores * nodes:
+        return None
+    return (f"{p} ranks x {threads} thread(s) on {cores * nodes} cores: ranks take turns, so small_gemm and the "
+            f"bubble include waiting for a core; use P <= {cores * nodes} to compare with the formula")
 
 
 def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None) -> Analysis:

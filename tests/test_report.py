@@ -233,3 +233,28 @@ def test_native_and_torch_runs_of_one_configuration_are_compared(tmp_path):
                                                                             "forward_ms": 1.5})
     ratio = re.search(r'title="torch / native">([0-9.]+)<', index.read_text())
     assert ratio and float(ratio.group(1)) == pytest.approx(1.5, abs=1e-3)
+
+
+@pytest.mark.parametrize("config, said", [
+    ({"device": "cpu", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}}, "4 ranks x 1 thread(s) on 2 cores"),
+    ({"device": "cpu", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}, "nodes": 2}, None),
+    ({"device": "cpu", "p": 2, "threads_per_rank": 1, "host": {"cpu_count": 2}}, None),
+    ({"device": "cuda", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}}, None),
+    ({"device": "cpu", "p": 4}, None),  # someone else's run.json: no facts, no claim
+    (None, None),
+])
+def test_oversubscribed_cpu_runs_are_called_out(config, said):
+    from analysis.summary import oversubscription
+
+    caveat = oversubscription(config)
+    assert caveat is None if said is None else caveat.startswith(said)
+
+
+def test_the_run_page_says_when_ranks_shared_cores(tmp_path):
+    traces = tmp_path / "traces"
+    run = write_contract_run(traces, "crowded", p=2)
+    config = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps(config | {"threads_per_rank": 1, "host": {"cpu_count": 1}}))
+    build_report(traces, tmp_path / "reports")
+    page = (tmp_path / "reports" / "runs" / "crowded.html").read_text()
+    assert "Note: 2 ranks x 1 thread(s) on 1 cores: ranks take turns" in page

@@ -16,6 +16,7 @@ from analysis.report.inflight import (measured_in_flight, peaks_frame, stash_in_
                                       thinned)
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
+from analysis.summary import oversubscription
 
 CONFIG_FIELDS = ("schedule", "engine", "device", "p", "m", "v", "preset", "dims", "dtype", "backend",
                  "threads_per_rank", "host", "git_revision", "versions")
@@ -190,6 +191,7 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         '<p><a href="../index.html">all runs</a></p>',
         f"<h1>{html.escape(run.run_id)}</h1>",
         figures_html(summary),
+        *(f'<p>Note: {html.escape(caveat)}.</p>' for caveat in [oversubscription(run.config)] if caveat),
         "<h2>Timeline</h2>", timeline.html() if timeline else "<p>No cells table: the timeline cannot be drawn.</p>",
         "<h2>Waterfall: from the formula to the measurement</h2>", waterfall.html(),
         "<h2>Per rank</h2>", parts_html(summary), parts.html(),
