@@ -17,7 +17,7 @@ from analysis.cells import CELL_KEY, RankCells, is_gpu
 from analysis.classify import Rules, classify, split_waits
 from analysis.decompose import BARS, PARTS, Reference, cell_small_gemm, rank_parts, reference, waterfall
 from analysis.errors import InputError
-from analysis.gaps import COMPUTE_KINDS, timeline, windows
+from analysis.gaps import COMPUTE_KINDS, aligned_starts, timeline, windows
 from analysis.infer import cells_of
 from analysis.load import TraceWarning, load_run
 from analysis.memory import Memory, run_memory
@@ -125,6 +125,7 @@ def analyze_run(run: RunInput, schedule: str | None = None, m: int | None = None
         empty = next(run.sources.get(r) for r, rc in zip(sorted(run.frames), per_rank) if rc.cells.height == 0)
         raise InputError(empty, "no PP:<action> labels inside a profiled step")
     per_rank, clocks = _on_one_clock(_common_steps(per_rank), run.frames)
+    per_rank = aligned_starts(per_rank)
     cells = pl.concat([r.cells for r in per_rank])
     if cells.height == 0:
         raise InputError(run.path, "no step has labelled actions on every rank")

@@ -65,12 +65,14 @@ def test_gpu_idle_is_split_by_the_nccl_wait_and_the_launch_queue(tmp_path):
     write_trace(run, trace(0, [(0, 100)], rank0))
     write_trace(run, trace(1, [(0, 100)], rank1))
     result = analyze_run(read_run(run))
-    # The device's step runs from its first kernel (rank 1: 5, rank 0: 10) to the host step's end (100).
-    # rank 1: recv kernel (5,34) waits for rank 0's send kernel starting at 30: bubble 25, p2p 4; its own
+    # The device's step runs from its first kernel (rank 0: 10) to the host step's end (100); rank 1's
+    # recv kernel starts at 5, but its step opens with the last rank's (10): before that it waits for a
+    # step that has not begun (analysis.gaps.aligned_starts).
+    # rank 1: recv kernel (10,34) waits for rank 0's send kernel starting at 30: bubble 20, p2p 4; its own
     # send kernel (75,79) is p2p; drain (79,100) bubble; (50,52.25) before B0's launch is the host not
     # having issued work: launch; idle with a kernel queued ((34,35), (52.25,53)) is other
-    assert totals(result.gaps, 1) == {"bubble": 46 * US, "p2p_wait": 8 * US, "launch_overhead": 2_250, "other": 1_750}
-    assert result.summary["step_time_ms"] == pytest.approx(0.095, abs=1e-12)  # rank 1's (5,100)
+    assert totals(result.gaps, 1) == {"bubble": 41 * US, "p2p_wait": 8 * US, "launch_overhead": 2_250, "other": 1_750}
+    assert result.summary["step_time_ms"] == pytest.approx(0.090, abs=1e-12)  # (10,100) on both ranks
     for rank in result.summary["ranks"]:
         parts = sum(rank[k] for k in ("compute_ms", "bubble_ms", "p2p_wait_ms", "launch_overhead_ms", "other_ms"))
-        assert parts == pytest.approx(0.095, abs=1e-12)
+        assert parts == pytest.approx(0.090, abs=1e-12)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def trace(traces: Path, engine: str, schedule: str, v: int) -> Path:
     command = [sys.executable, "-m", "runners", "trace", "--p", "2", "--m", str(M), "--v", str(v),
                "--sched", schedule, "--engine", engine, "--preset", "tiny", "--device", "cpu",
-               "--steps", "1", "--timed-steps", "1", "--traces", str(traces)]
+               "--steps", "3", "--timed-steps", "1", "--traces", str(traces)]  # 3: the median step, not one noisy one
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return (traces / "latest").resolve()
