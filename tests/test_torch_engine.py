@@ -21,9 +21,9 @@ M = 4
 pytestmark = pytest.mark.slow
 
 
-def trace(traces: Path, engine: str, schedule: str, v: int) -> Path:
+def trace(traces: Path, engine: str, schedule: str, v: int, preset: str = "tiny") -> Path:
     command = [sys.executable, "-m", "runners", "trace", "--p", "2", "--m", str(M), "--v", str(v),
-               "--sched", schedule, "--engine", engine, "--preset", "tiny", "--device", "cpu",
+               "--sched", schedule, "--engine", engine, "--preset", preset, "--device", "cpu",
                "--steps", "3", "--timed-steps", "1", "--traces", str(traces)]  # 3: the median step, not one noisy one
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -32,7 +32,9 @@ def trace(traces: Path, engine: str, schedule: str, v: int) -> Path:
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
 def test_v_schedules_every_compute_action_of_every_stage_is_found(tmp_path, schedule):
-    run = trace(tmp_path, "torch", schedule, 1)  # v=1 is the option's default; a V implies 2
+    # v=1 is the option's default; a V implies 2. The cpu preset: on tiny's ~25 ms steps the optimizer and
+    # the step-end barrier alone left 5-27% of the step unexplained under load (residual 2% here).
+    run = trace(tmp_path, "torch", schedule, 1, preset="cpu")
     assert json.loads((run / "run.json").read_text())["v"] == 2
     result = analyze_run(read_run(run))
     expected = build(schedule, 2, M, 2)  # dualpipev: B for some microbatches, I and W for others
