@@ -36,3 +36,15 @@ def test_rounds_pool_into_one_sample_list_per_stage_and_kind():
     rounds = [{"0": {"F_ms": [1.0], "B_ms": [2.0]}}, {"0": {"F_ms": [3.0], "B_ms": [4.0]}}, {"0": {"F_ms": [9.0], "B_ms": [5.0]}}]
     assert pooled(rounds) == {"0": {"F_ms": [1.0, 3.0, 9.0], "B_ms": [2.0, 4.0, 5.0]}}
     assert calibration(pooled(rounds)) == {"0": {"F_ms": 3.0, "B_ms": 4.0}}
+
+
+def test_a_step_ends_with_a_barrier_across_the_ranks(monkeypatch):
+    """The worker's step: the engine's step, then a barrier, so the ranks' ProfilerStep spans end together."""
+    from runners import worker
+
+    calls = []
+    monkeypatch.setattr(worker.dist, "barrier", lambda: calls.append("barrier"))
+    step = worker.ended_together(lambda: calls.append("step"))
+    step()
+    step()
+    assert calls == ["step", "barrier", "step", "barrier"]
