@@ -4,7 +4,8 @@
 needs verbatim: every top-level key as `msgspec.Raw` and the whole traceEvents array as one
 `msgspec.Raw` (a view of the decompressed bytes, unknown fields included; `RawTrace.events()` decodes
 it to dicts, and a frame row's `index` is its event's position there). The array is located without
-decoding it first (`_guess_top_level`), so the events are parsed once, not twice. `load_trace` gives the frame:
+decoding it first (`_guess_top_level`), so the events are parsed once, not twice. `load_trace` gives
+the frame:
 
     index, rank, ph, name, cat, pid, tid, start_ns, end_ns, correlation, external_id, stream, flow_id, bp
 
