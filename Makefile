@@ -12,7 +12,7 @@ DEVICE ?= auto         # auto (CUDA when >= P GPUs, else CPU) | cpu | cuda
 ROWS_PER_MB ?=         # fix the rows per microbatch (batch = M x this); empty = the preset's batch
 MS     ?= 1 2 4 8 16 32
 RUN    ?= traces/latest
-BENCH_ARGS ?=          # e.g. --only throughput --size-mb 100 (see python -m analysis bench --help)
+BENCH_ARGS ?=          # e.g. --only throughput --size-mb 100 (see python -m bench --help)
 # On a CPU-only machine torch==2.13.0 resolves to the CPU build on disk; on a GPU machine to PyPI's
 # CUDA build. Override to pick another build, e.g. TORCH_SPEC="torch==2.13.0 --index-url ...".
 TORCH_SPEC ?= torch==2.13.0
@@ -53,7 +53,7 @@ report: setup
 	$(PY) -m analysis report
 
 bench: setup
-	$(PY) -m analysis bench $(BENCH_ARGS)
+	$(PY) -m bench $(BENCH_ARGS)
 
 # Headless Chromium for the report's browser test (Debian's package); the test skips, saying why,
 # where it cannot be installed.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.gaps import COMPUTE_KINDS
+from analysis.timeline.gaps import COMPUTE_KINDS
 from runners.schedules import Schedule, ScheduleError, Timeline, build, simulate
 
 

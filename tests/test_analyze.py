@@ -8,9 +8,9 @@ import polars as pl
 import pytest
 from test_cells import cpu_action, gpipe_m1_run, trace, write_trace
 
-from analysis.__main__ import main
-from analysis.analyze import analyze_run, read_run
-from analysis.synthetic import write_run
+from analysis.cli import main
+from analysis.pipeline import analyze_run, read_run
+from synthetic.generate import write_run
 from runners.schedules import build
 
 SUMMARY_KEYS = {"schedule", "engine", "device", "p", "m", "v", "steps_analyzed", "step_time_ms", "bubble_formula",

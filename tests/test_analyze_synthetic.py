@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.analyze import analyze_run, read_run
-from analysis.synthetic import write_run
+from analysis.pipeline import analyze_run, read_run
+from synthetic.generate import write_run
 from runners.schedules import build
 
 PARTS = ("compute", "small_gemm", "bubble", "p2p_wait", "launch_overhead")

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from analysis.__main__ import main
-from analysis.analyze import analyze_run, read_run
-from analysis.bench_process import run_child
-from analysis.bench_stats import stats, verdict
-from analysis.bench_traceset import replicate_run
-from analysis.load import load_trace
-from analysis.synthetic import write_run
+from bench.suite import main
+from analysis.pipeline import analyze_run, read_run
+from bench.process import run_child
+from bench.stats import stats, verdict
+from bench.traceset import replicate_run
+from analysis.traces.load import load_trace
+from synthetic.generate import write_run
 from runners.schedules import build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,7 +88,7 @@ def test_child_decodes_every_event_and_is_stopped_at_its_timeout(source, tmp_pat
 
 def test_bench_throughput_smoke(source, tmp_path):
     out = tmp_path / "out"
-    code = main(["bench", "--only", "throughput", "--size-mb", "0.05", "--repeats", "1", "--hta-timeout", "120",
+    code = main(["--only", "throughput", "--size-mb", "0.05", "--repeats", "1", "--hta-timeout", "120",
                  "--source", str(source), "--out", str(out)])
     assert code == 0
     document = json.loads((out / "results.json").read_text())
@@ -103,13 +103,13 @@ def test_bench_throughput_smoke(source, tmp_path):
 
 
 def test_bench_refuses_unknown_parts(tmp_path, capsys):
-    assert main(["bench", "--only", "throughput,speed", "--out", str(tmp_path)]) == 2
+    assert main(["--only", "throughput,speed", "--out", str(tmp_path)]) == 2
     assert "speed" in capsys.readouterr().err
     assert not (tmp_path / "results.json").exists()
 
 
 def test_executor_part_says_when_the_torch_engine_is_missing(monkeypatch, tmp_path):
-    from analysis import bench_runs
+    from bench import runs as bench_runs
     from runners import request
 
     monkeypatch.setattr(request, "READY_ENGINES", ("native",))
@@ -122,13 +122,13 @@ def test_executor_part_says_when_the_torch_engine_is_missing(monkeypatch, tmp_pa
 def test_seed_optimum_is_the_fastest_m_per_schedule_and_p():
     rows = [{"schedule": "gpipe", "p": 2, "m": m, "step_ms": ms} for m, ms in ((1, 90.0), (4, 60.0), (8, 70.0))]
     rows.append({"schedule": "gpipe", "p": 4, "m": 1, "step_ms": 10.0})
-    from analysis.bench_runs import seed_optimum
+    from bench.runs import seed_optimum
 
     assert seed_optimum(rows) == {"gpipe p=2": 4, "gpipe p=4": 1}
 
 
 def test_sweep_skips_what_a_schedule_refuses_and_refuses_bad_presets(tmp_path):
-    from analysis.bench_runs import RunPlan, _requests
+    from bench.runs import RunPlan, _requests
     from analysis.errors import InputError
 
     requests, skipped = _requests(RunPlan(tmp_path, "tiny", 1, 1), ("gpipe", "1f1b"), 2, (1, 2))
@@ -142,7 +142,7 @@ def test_sweep_skips_what_a_schedule_refuses_and_refuses_bad_presets(tmp_path):
 def test_bench_sweep_smoke(tmp_path):
     """Two tiny p=2 runs through the launcher and our analysis: the sweep's columns, profiler and simulator figures."""
     out = tmp_path / "out"
-    assert main(["bench", "--only", "sim,profiler", "--ms", "2", "--preset", "tiny", "--out", str(out)]) == 0
+    assert main(["--only", "sim,profiler", "--ms", "2", "--preset", "tiny", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())["results"]
     rows = results["sweep"]
     assert sorted(row["schedule"] for row in rows) == ["1f1b", "gpipe"]
@@ -159,7 +159,7 @@ def test_bench_sweep_smoke(tmp_path):
 def test_bench_bubble_smoke(tmp_path):
     """One tiny gpipe p=2 m=1 run: the bubble against 1/2 and the calibration against the m=1 cells."""
     out = tmp_path / "out"
-    assert main(["bench", "--only", "bubble", "--bubble-runs", "1", "--preset", "tiny", "--out", str(out)]) == 0
+    assert main(["--only", "bubble", "--bubble-runs", "1", "--preset", "tiny", "--out", str(out)]) == 0
     part = json.loads((out / "results.json").read_text())["results"]["bubble"]
     assert part["failed"] == [] and len(part["bubbles"]) == 1
     assert part["deviation"]["median"] == pytest.approx(abs(part["bubbles"][0] - 0.5))
@@ -169,6 +169,6 @@ def test_bench_bubble_smoke(tmp_path):
 
 
 def test_bubble_section_says_which_runs_failed():
-    from analysis.bench_report import _bubble
+    from bench.report import _bubble
 
     assert "Failed: rank 1 exited 1" in "\n".join(_bubble({"runs": 1, "failed": ["rank 1 exited 1"]}))

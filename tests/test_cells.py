@@ -13,9 +13,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analysis.cells import rank_cells
+from analysis.cells.labelled import rank_cells
 from analysis.errors import InputError
-from analysis.load import load_trace
+from analysis.traces.load import load_trace
 
 MAIN_TID = 11
 KERNEL_PID, KERNEL_TID = 0, 7

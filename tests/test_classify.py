@@ -6,8 +6,8 @@ import polars as pl
 import pytest
 from test_cells import gpipe_m1_run, gpu_action, span, trace, write_trace
 
-from analysis.analyze import analyze_run, read_run
-from analysis.classify import Rules
+from analysis.pipeline import analyze_run, read_run
+from analysis.timeline.classify import Rules
 
 US = 1_000
 
@@ -67,7 +67,7 @@ def test_gpu_idle_is_split_by_the_nccl_wait_and_the_launch_queue(tmp_path):
     result = analyze_run(read_run(run))
     # The device's step runs from its first kernel (rank 0: 10) to the host step's end (100); rank 1's
     # recv kernel starts at 5, but its step opens with the last rank's (10): before that it waits for a
-    # step that has not begun (analysis.gaps.aligned_starts).
+    # step that has not begun (analysis.timeline.gaps.aligned_starts).
     # rank 1: recv kernel (10,34) waits for rank 0's send kernel starting at 30: bubble 20, p2p 4; its own
     # send kernel (75,79) is p2p; drain (79,100) bubble; (50,52.25) before B0's launch is the host not
     # having issued work: launch; idle with a kernel queued ((34,35), (52.25,53)) is other

@@ -7,7 +7,7 @@ import random
 import polars as pl
 import pytest
 
-from analysis import clock
+from analysis.timeline import clock
 from runners.schedules import build, lower, simulate
 
 MS = 1_000_000

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from test_cells import gpipe_m1_run
 
-from analysis.analyze import analyze_run, read_run
-from analysis.decompose import BARS, PARTS, Reference, waterfall
-from analysis.simulate import Measured, replay
+from analysis.pipeline import analyze_run, read_run
+from analysis.attribution.parts import BARS, PARTS, Reference, waterfall
+from analysis.attribution.replay import Measured, replay
 from runners.schedules import build, simulate
 
 CALIBRATION = {"0": {"F_ms": 0.008, "B_ms": 0.016}, "1": {"F_ms": 0.016, "B_ms": 0.024}}

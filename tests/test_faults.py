@@ -1,7 +1,7 @@
 """Issue 8 through the CLI: a broken file or run directory ends as exit 2 with one line naming the file and
 the problem (both `analyze` and `merge`), usable input with one `warning:` line, never a traceback.
 
-Each case mutates a good synthetic run (analysis.synthetic.write_run). The loader's own cases are also
+Each case mutates a good synthetic run (synthetic.generate.write_run). The loader's own cases are also
 tested one level down in test_load_errors.py and test_load_run.py; here they go through the commands.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.__main__ import main
-from analysis.perfetto_check import problems
-from analysis.synthetic import write_run
+from analysis.cli import main
+from analysis.merge.perfetto_check import problems
+from synthetic.generate import write_run
 from runners.schedules import build
 
 Mutation = Callable[[Path], object]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.__main__ import main as analysis_main
+from analysis.cli import main as analysis_main
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

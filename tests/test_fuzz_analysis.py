@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis.errors import InputError
-from analysis.summary import analyze_dir
-from analysis.synthetic import synthesize, calibration
+from analysis.cli.analyze import analyze_dir
+from synthetic.generate import synthesize, calibration
 from runners.schedules import build
 
 REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "real-traces"

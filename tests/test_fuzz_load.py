@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis.errors import InputError
-from analysis.load import read_trace
-from analysis.synthetic import synthesize
+from analysis.traces.load import read_trace
+from synthetic.generate import synthesize
 from runners.schedules import build
 
 REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "real-traces"

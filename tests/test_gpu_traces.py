@@ -9,8 +9,8 @@ import pytest
 
 from runners.schedules import build, lower
 
-load = pytest.importorskip("analysis.load")
-synthetic = pytest.importorskip("analysis.synthetic")
+load = pytest.importorskip("analysis.traces.load")
+synthetic = pytest.importorskip("synthetic.generate")
 REAL_GPU_RUNS = Path(__file__).resolve().parent.parent.parent / "shared" / "real-traces" / "pipeline_gpu"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analysis.analyze import analyze_run, read_run
+from analysis.pipeline import analyze_run, read_run
 from analysis.errors import InputError
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""GPU idle split without pipeline labels (analysis.classify.device_idle): hand-timed streams, and a
+"""GPU idle split without pipeline labels (analysis.timeline.classify.device_idle): hand-timed streams, and a
 cross-check against Holistic Trace Analysis's get_idle_time_breakdown on real GPU traces nobody here
 wrote (HTA is slow to import and parse: two small trace sets)."""
 
@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 from test_cells import span, trace, write_trace
 
-from analysis.classify import Rules, device_idle
-from analysis.load import load_trace
+from analysis.timeline.classify import Rules, device_idle
+from analysis.traces.load import load_trace
 
 REAL_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "real-traces"
 SETS = ["param_dlrm_8rank", "hta/critical_path/alexnet"]

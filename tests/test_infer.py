@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.infer import cells_of
+from analysis.cells.inferred import cells_of
 
 TID = 7
 

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from analysis.errors import InputError
-from analysis.load import load_trace, rank_from_name, read_trace
+from analysis.traces.load import load_trace, rank_from_name, read_trace
 
 REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "real-traces"
 REAL_FILES = sorted(REAL.rglob("*.json.gz"))

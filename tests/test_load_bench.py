@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from analysis.load_bench import measure_load, sample
+from bench.load import measure_load, sample
 
 
 def test_a_sample_reports_the_uncompressed_size_and_every_event(tmp_path):

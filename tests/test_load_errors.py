@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from analysis.errors import InputError
-from analysis.load import read_trace
+from analysis.traces.load import read_trace
 
 GOOD = {"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1.5, "dur": 2}] * 50}
 GOOD_BYTES = json.dumps(GOOD).encode()

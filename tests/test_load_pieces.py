@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import events
-from analysis.array_split import array_pieces
+from analysis.traces import events
+from analysis.traces.array_split import array_pieces
 from analysis.errors import InputError
-from analysis.load import read_trace
-from analysis.times import nanoseconds
+from analysis.traces.load import read_trace
+from analysis.traces.times import nanoseconds
 
 
 def text_ns(text: str) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from analysis.errors import InputError
-from analysis.load import load_run
+from analysis.traces.load import load_run
 
 REAL_DLRM = Path(__file__).resolve().parents[1] / ".." / "shared" / "real-traces" / "param_dlrm_8rank"
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from test_cells import REAL_TRACES, gpipe_m1_run
 
-from analysis.analyze import analyze_run, read_run
-from analysis.cells import step_spans
-from analysis.load import load_run, read_trace
-from analysis.memory import memory_events, run_memory, step_peaks, with_steps
+from analysis.pipeline import analyze_run, read_run
+from analysis.cells.labelled import step_spans
+from analysis.traces.load import load_run, read_trace
+from analysis.traces.memory import memory_events, run_memory, step_peaks, with_steps
 from runners.execute import Forward
 from runners.counters import CUDA_PEAK_COUNTER, STASH_COUNTER
 from runners.stash import StashMeter, base_ns, counter_event, held_bytes, with_events

@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analysis.summary import analyze_dir
+from analysis.cli.analyze import analyze_dir
 from runners.execute import STASHING
 from runners.schedules import build, in_flight
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analysis import synthetic
-from analysis.__main__ import main
+from synthetic import generate as synthetic
+from analysis.cli import main
 from analysis.errors import InputError
-from analysis.cells import CELL_KEY, rank_cells
-from analysis.load import load_run, read_trace
-from analysis.merge import merge, read_ranks
-from analysis.perfetto_check import problems
+from analysis.cells.labelled import CELL_KEY, rank_cells
+from analysis.traces.load import load_run, read_trace
+from analysis.merge.merged import merge, read_ranks
+from analysis.merge.perfetto_check import problems
 from runners.schedules import build
 
 MS = 1_000_000

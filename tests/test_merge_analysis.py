@@ -8,12 +8,12 @@ import json
 import polars as pl
 import pytest
 
-from analysis import synthetic
-from analysis.__main__ import main
-from analysis.merge import merge, read_ranks
-from analysis.merge_analysis import IDEAL_TRACK, SMALL_GEMM_TRACK
-from analysis.perfetto_check import problems
-from analysis.summary import analyze_dir
+from synthetic import generate as synthetic
+from analysis.cli import main
+from analysis.merge.merged import merge, read_ranks
+from analysis.merge.analysis_tracks import IDEAL_TRACK, SMALL_GEMM_TRACK
+from analysis.merge.perfetto_check import problems
+from analysis.cli.analyze import analyze_dir
 from runners.schedules import build
 
 US = 1_000

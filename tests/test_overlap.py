@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.cells import rank_cells
+from analysis.cells.labelled import rank_cells
 
 TID, AUTOGRAD_TID = 7, 9
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from analysis.errors import InputError
-from analysis.merge import merge, read_ranks
-from analysis.perfetto_check import problems
+from analysis.merge.merged import merge, read_ranks
+from analysis.merge.perfetto_check import problems
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "real-traces"
 FILES = sorted(REAL.rglob("*.json.gz")) if REAL.is_dir() else []

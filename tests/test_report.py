@@ -221,7 +221,7 @@ def test_pages_load_only_local_scripts_written_once(tmp_path):
 
 
 def test_report_command_exits_2_with_one_line_for_a_missing_traces_folder(tmp_path, capsys):
-    from analysis.__main__ import main
+    from analysis.cli import main
 
     assert main(["report", "--traces", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err.strip()
@@ -244,7 +244,7 @@ def test_native_and_torch_runs_of_one_configuration_are_compared(tmp_path):
     (None, None),
 ])
 def test_oversubscribed_cpu_runs_are_called_out(config, said):
-    from analysis.summary import oversubscription
+    from analysis.cli.analyze import oversubscription
 
     caveat = oversubscription(config)
     assert caveat is None if said is None else caveat.startswith(said)

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from analysis.errors import InputError
-from analysis.shape import as_executed
+from analysis.cells.executed import as_executed
 from runners.schedules import Action, build
 
 

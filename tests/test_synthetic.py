@@ -7,9 +7,8 @@ import json
 import polars as pl
 import pytest
 
-from analysis.__main__ import main
-from analysis.load import load_run
-from analysis.synthetic import BASE_TIME_NS, ORIGIN_NS, synthesize, write_run
+from analysis.traces.load import load_run
+from synthetic.generate import BASE_TIME_NS, ORIGIN_NS, main, synthesize, write_run
 from runners.schedules import build
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb", 1)]
@@ -114,11 +113,11 @@ def test_calibration_is_the_whole_batch_at_reference_speed(tmp_path):
 
 def test_cli_writes_a_run_and_refuses_bad_requests(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["synth", str(out), "--schedule", "1f1b", "--p", "2", "--m", "4", "--shape", "gpu",
+    assert main([str(out), "--schedule", "1f1b", "--p", "2", "--m", "4", "--shape", "gpu",
                  "--p2p-latency-us", "20", "--clock-offset-ms", "0", "1.5"]) == 0
     assert load_run(out).world_size == 2
     truth = json.loads((out / "truth.json").read_text())
     assert [t["p2p_wait_ns"] > 0 for t in truth] == [True, True]
-    assert main(["synth", str(tmp_path / "bad"), "--p", "2", "--clock-offset-ms", "1"]) == 2
-    assert main(["synth", str(tmp_path / "bad"), "--schedule", "gpipe", "--p", "0"]) == 2
+    assert main([str(tmp_path / "bad"), "--p", "2", "--clock-offset-ms", "1"]) == 2
+    assert main([str(tmp_path / "bad"), "--schedule", "gpipe", "--p", "0"]) == 2
     assert "error:" in capsys.readouterr().err

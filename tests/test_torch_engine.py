@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analysis.analyze import analyze_run, read_run
+from analysis.pipeline import analyze_run, read_run
 from runners.schedules import build
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""`python -m analysis report`: reports/index.html and one page per run, from every run under traces/.
+"""The offline HTML report: reports/index.html and one page per run, from every run under traces/.
 
 The pages work offline from file://: scripts come from reports/assets/, chart data from a script
 file beside each page (browsers refuse fetch() on file:// URLs, but load <script src>).
@@ -6,7 +6,6 @@ file beside each page (browsers refuse fetch() on file:// URLs, but load <script
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
@@ -15,17 +14,6 @@ from analysis.report.assets import write_assets
 from analysis.report.pages import assets_path, chart_script, document
 from analysis.report.runs import Run, load_run, run_directories
 from analysis.report.site import RUNS_DIR, page_stem, remove_stale_pages, write_atomic
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--traces", type=Path, default=Path("traces"), help="folder of run directories")
-    parser.add_argument("--out", type=Path, default=Path("reports"), help="where index.html goes")
-
-
-def run(args: argparse.Namespace) -> int:
-    index = build_report(args.traces, args.out)
-    print(index)
-    return 0
 
 
 def _write_page(path: Path, title: str, body: str, figures: list, depth: int) -> None:

@@ -1,6 +1,6 @@
 """Microbatches in flight (activations stashed for backward) per rank over a step, against theory.
 
-Measured: the executor's own stash counter where the trace has one (analysis.memory), else from the
+Measured: the executor's own stash counter where the trace has one (analysis.traces.memory), else from the
 cells: +1 when a forward ends, -1 when the backward that frees its activations ends (W where the
 backward is split, else B). Over time, theory is the schedule's count placed on a replay of it. Theory: runners.schedules.in_flight on the run's schedule (GPipe holds m
 on every stage, 1F1B p - s on stage s), never hard-coded here.
@@ -50,7 +50,7 @@ def theory_in_flight(schedule: Schedule, rows: list[tuple]) -> pl.DataFrame:
 
 
 def stash_in_flight(stash: pl.DataFrame, step: int) -> pl.DataFrame:
-    """(rank, t_ms, live) from the executor's own stash counter (analysis.memory), t from the step's first sample."""
+    """(rank, t_ms, live) from the executor's own stash counter (analysis.traces.memory), t from the step's first sample."""
     samples = stash.filter(pl.col("step") == step)
     return samples.sort("rank", "t_ns").select(
         pl.col("rank"), t_ms=((pl.col("t_ns") - pl.col("t_ns").min()) / 1e6).round(4), live=pl.col("microbatches"))

@@ -16,7 +16,7 @@ from analysis.report.inflight import (measured_in_flight, peaks_frame, stash_in_
                                       thinned)
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
-from analysis.summary import oversubscription
+from analysis.cli.analyze import oversubscription
 
 CONFIG_FIELDS = ("schedule", "engine", "device", "p", "m", "v", "preset", "dims", "dtype", "backend",
                  "threads_per_rank", "host", "git_revision", "versions")

@@ -70,7 +70,7 @@ def _read_table(path: Path) -> pl.DataFrame | None:
 
 def _analyse(path: Path) -> None:
     """Run the analysis for a run that has none yet; imported here so a broken analysis costs one row."""
-    from analysis.summary import analyze_dir
+    from analysis.cli.analyze import analyze_dir
 
     analyze_dir(path)
 

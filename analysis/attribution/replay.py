@@ -1,0 +1,84 @@
+"""Replay a run's schedule with what one measured step did (runners.schedules.simulate).
+
+From the cells of one step (all ranks, one clock) come, per compute action: its duration (time busy,
+blocked time excluded), the latency of each cross-rank input (when the data was there on the consumer,
+minus when the producer finished) and the gap (how long after it could have started it did start).
+With all three the replay reproduces the measured compute starts; dropping some of them gives the
+counterfactual rungs of the waterfall (analysis.attribution.parts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from runners.schedules import Action, Kind, Schedule, dependencies, simulate
+from runners.schedules.dependencies import receiving
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One step's measurements in ns, keyed by the schedule's compute actions."""
+
+    duration: dict[Action, float]
+    latency: dict[tuple[Action, Action], float] = field(default_factory=dict)  # (producer, consumer)
+    gap: dict[Action, float] = field(default_factory=dict)
+
+
+def _by_action(cells: pl.DataFrame) -> dict[Action, dict]:
+    return {
+        Action(row["stage"], Kind(row["kind"]), row["microbatch"]): row
+        for row in cells.iter_rows(named=True)
+    }
+
+
+def _arrival(recv: dict | None, waits_end: dict[Action, int]) -> float | None:
+    """When the input was there on the consumer: the end of the RECV's wait, else the RECV's start."""
+    if recv is None:
+        return None
+    action = Action(recv["stage"], Kind(recv["kind"]), recv["microbatch"])
+    return waits_end.get(action, recv["start_ns"])
+
+
+def measure(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origin_ns: int) -> Measured:
+    """Measurements of one step from its cells and waits (all ranks); times from `origin_ns`."""
+    rows = _by_action(cells)
+    waits_end = {
+        Action(r["stage"], Kind(r["kind"]), r["microbatch"]): r["end_ns"]
+        for r in waits.group_by("stage", "kind", "microbatch").agg(pl.col("end_ns").max()).iter_rows(named=True)
+    }
+    duration, latency, gap = {}, {}, {}
+    for rank, order in enumerate(schedule.orders):
+        free = origin_ns
+        for action in order:
+            row = rows.get(action)
+            if row is None:  # not in the trace: zero-length and in place, so the replay still runs
+                duration[action] = 0.0
+                continue
+            ready = free
+            for dep in dependencies(schedule, action):
+                producer = rows.get(dep)
+                if producer is None:
+                    continue
+                end = producer["end_ns"]
+                if schedule.rank_of(dep.stage) != rank:
+                    arrival = _arrival(rows.get(receiving(action)), waits_end)
+                    latency[(dep, action)] = max(0.0, (arrival if arrival is not None else end) - end)
+                    end += latency[(dep, action)]
+                ready = max(ready, end)
+            duration[action] = float(row["end_ns"] - row["start_ns"] - row["blocked_ns"])
+            gap[action] = max(0.0, row["start_ns"] - ready)
+            free = max(ready, row["start_ns"]) + duration[action]
+    return Measured(duration, latency, gap)
+
+
+def replay(schedule: Schedule, measured: Measured, gaps: bool = True, latencies: bool = True) -> float:
+    """Simulated step time in ns: the replay's last end, from the step's origin."""
+    timeline = simulate(
+        schedule,
+        duration=lambda _rank, action: measured.duration.get(action, 0.0),
+        latency=(lambda dep, action: measured.latency.get((dep, action), 0.0)) if latencies else None,
+        gap=(lambda _rank, action: measured.gap.get(action, 0.0)) if gaps else None,
+    )
+    return max((end for *_, end in timeline.rows), default=0.0)

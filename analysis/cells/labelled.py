@@ -1,0 +1,228 @@
+"""One row per executed pipeline action, from a rank's loaded trace frame (analysis.traces.load.load_trace).
+
+A cell is a `PP:<action>` label. On CPU traces the label's span is the cell; on GPU traces the
+kernels launched inside the label (runtime launch -> kernel, matched by correlation id) give the
+device span, which is what counts. Time a cell spends blocked on a peer (a gloo recv on CPU, an NCCL
+kernel on GPU) is kept as `waits`, one row per blocked interval, clipped to its cell.
+
+Unlabelled traces yield no cells here; inferring cells from op patterns is a separate later pass that
+appends rows with `inferred=True` (the column exists so that pass needs no schema change).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from analysis.errors import InputError
+from analysis.cells.fused import fused_halves
+from runners.schedules.actions import Action, ActionParseError
+
+LABEL_PREFIX = "PP:"
+# torch's runtime also labels bookkeeping (PP:0REDUCE_GRAD, PP:1UNSHARD): not actions of the IR, so
+# not cells. DualPipeV's fused PP:(0F1;3B0)OVERLAP_F_B is not parsed as one: analysis.cells.fused cuts it
+# into its F and B cells.
+TORCH_BOOKKEEPING = r"(UNSHARD|RESHARD|REDUCE_GRAD|OVERLAP_F_B)$"
+STEP_PREFIX = "ProfilerStep#"
+# Blocking p2p waits on the host thread (the span covers the wait until the data arrived).
+HOST_WAIT_NAMES = ("gloo:recv",)
+# Host spans that are not work of the rank's own: labels, steps, and async comm spans that outlive
+# the call that started them (gloo:send runs until the peer has the data).
+NOT_HOST_WORK = ("PP:", "ProfilerStep#", "gloo:", "nccl:")
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+CELL_SCHEMA = {
+    "rank": pl.Int64,
+    "step": pl.Int64,
+    "stage": pl.Int64,
+    "kind": pl.Utf8,
+    "microbatch": pl.Int64,
+    "start_ns": pl.Int64,
+    "end_ns": pl.Int64,
+    "blocked_ns": pl.Int64,
+    "inferred": pl.Boolean,
+}
+CELL_KEY = ["rank", "step", "stage", "kind", "microbatch"]
+
+
+@dataclass(frozen=True)
+class RankCells:
+    """A rank's cells, the p2p waits inside them, its step windows (on the device's timeline) and (GPU
+    only) the cells' kernels."""
+
+    cells: pl.DataFrame
+    waits: pl.DataFrame  # CELL_KEY + start_ns, end_ns
+    steps: pl.DataFrame  # rank, step, start_ns, end_ns
+    kernels: pl.DataFrame | None  # GPU: CELL_KEY + start_ns, end_ns, launch_ns, issued_ns, is_p2p; None on CPU
+    unscheduled: pl.DataFrame  # rank, step, start_ns, end_ns: work outside every action (optimizer...)
+
+
+def is_gpu(frame: pl.DataFrame) -> bool:
+    return frame.filter(pl.col("cat").str.to_lowercase() == "kernel").height > 0
+
+
+def step_spans(frame: pl.DataFrame, on_device: bool = False) -> pl.DataFrame:
+    """`ProfilerStep#N` spans on the host, or (on_device) the GPU-side annotations recent Kineto adds."""
+    device_side = pl.col("cat") == "gpu_user_annotation"
+    steps = frame.filter(
+        pl.col("name").str.starts_with(STEP_PREFIX) & (pl.col("ph") == "X") & (device_side if on_device else ~device_side)
+    )
+    return (
+        steps.select(
+            "rank",
+            pl.col("name").str.strip_prefix(STEP_PREFIX).cast(pl.Int64, strict=False).alias("step"),
+            "start_ns",
+            "end_ns",
+        )
+        .drop_nulls("step")
+        .group_by("rank", "step")
+        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+        .sort("rank", "start_ns")
+    )
+
+
+def _device_windows(frame: pl.DataFrame, host: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
+    """GPU step windows: Kineto's device-side step spans, else the device's own: from the step's first
+    cell to the next step's first cell; the last step runs to its last cell or its host span's end,
+    whichever is later. The host runs ahead of the device, so host spans cut the device's work apart
+    and two steps stretched over their cells would overlap."""
+    device = step_spans(frame, on_device=True)
+    if device.height:
+        return device
+    reach = cells.group_by("rank", "step").agg(pl.col("start_ns").min().alias("first"), pl.col("end_ns").max().alias("last"))
+    return (
+        host.join(reach, on=["rank", "step"], how="left")
+        .sort("rank", "start_ns")
+        .with_columns(
+            start_ns=pl.coalesce("first", "start_ns"),
+            end_ns=pl.coalesce(pl.col("first").shift(-1).over("rank"), pl.max_horizontal("end_ns", "last")),
+        )
+        .drop("first", "last")
+    )
+
+
+def label_spans(frame: pl.DataFrame, source: str | Path | None = None) -> pl.DataFrame:
+    """Host-side `PP:` labels parsed into stage, kind, microbatch; one row per label, two per fused
+    label (its halves, `inferred`: analysis.cells.fused).
+
+    Each distinct label text is parsed once (steps repeat them) with the IR's own parser."""
+    labels = frame.filter(
+        pl.col("name").str.starts_with(LABEL_PREFIX) & (pl.col("cat") != "gpu_user_annotation")
+        & ~pl.col("name").str.contains(TORCH_BOOKKEEPING)
+    ).select("rank", "tid", "name", "start_ns", "end_ns")
+    names = labels["name"].unique().to_list()
+    actions = [_parse(name.removeprefix(LABEL_PREFIX), source) for name in names]
+    parsed = pl.DataFrame(
+        {
+            "name": names,
+            "stage": [a.stage for a in actions],
+            "kind": [a.kind.value for a in actions],
+            "microbatch": [a.microbatch for a in actions],
+        },
+        schema={"name": pl.Utf8, "stage": pl.Int64, "kind": pl.Utf8, "microbatch": pl.Int64},
+    )
+    plain = labels.join(parsed, on="name").drop("name").with_columns(inferred=pl.lit(False))
+    return pl.concat([plain, fused_halves(frame).with_columns(inferred=pl.lit(True))], how="diagonal")
+
+
+def _parse(text: str, source: str | Path | None) -> Action:
+    try:
+        return Action.parse(text)
+    except ActionParseError as error:
+        raise InputError(source, f"bad pipeline label {LABEL_PREFIX}{text}: {error}") from None
+
+
+def _assign_steps(spans: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Each span belongs to the step whose span contains its start; spans outside every step drop."""
+    if steps.height == 0:  # a trace without ProfilerStep spans is one step
+        return spans.with_columns(pl.lit(0, dtype=pl.Int64).alias("step"))
+    joined = spans.sort("start_ns").join_asof(
+        steps.rename({"start_ns": "step_start", "end_ns": "step_end"}).sort("step_start"),
+        left_on="start_ns",
+        right_on="step_start",
+        by="rank",
+        check_sortedness=False,
+    )
+    return joined.filter(pl.col("start_ns") < pl.col("step_end")).drop("step_start", "step_end")
+
+
+def _events_in_labels(events: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+    """Host events that start inside a label on the same thread (PP labels never overlap there)."""
+    keyed = labels.select("rank", "tid", *CELL_KEY[1:], label_start="start_ns", label_end="end_ns")
+    return (
+        events.sort("start_ns")
+        .join_asof(keyed.sort("label_start"), left_on="start_ns", right_on="label_start", by=["rank", "tid"],
+                   check_sortedness=False)
+        .filter(pl.col("start_ns") < pl.col("label_end"))
+    )
+
+
+def _host_waits(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+    waits = frame.filter(pl.col("name").is_in(HOST_WAIT_NAMES)).select("rank", "tid", "start_ns", "end_ns")
+    return _events_in_labels(waits, labels).select(
+        *CELL_KEY, "start_ns", pl.min_horizontal("end_ns", "label_end").alias("end_ns")
+    )
+
+
+def device_events(frame: pl.DataFrame) -> pl.DataFrame:
+    """GPU events with the host launch that issued them (start of the runtime call, same correlation)."""
+    launches = frame.filter(
+        pl.col("cat").str.to_lowercase().str.contains("runtime|driver") & pl.col("correlation").is_not_null()
+    ).select("rank", "tid", "correlation", launch_ns="start_ns", issued_ns="end_ns")
+    kernels = frame.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_CATS)).select(
+        "rank", "stream", "correlation", "start_ns", "end_ns", is_p2p=pl.col("name").str.to_lowercase().str.contains("nccl")
+    )
+    return kernels.join(launches, on=["rank", "correlation"], how="left")
+
+
+def _device_cells(labels: pl.DataFrame, device: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Cell span = its kernels' span (host span where it launched none); waits = its NCCL kernels."""
+    launched = device.drop_nulls("launch_ns").rename({"start_ns": "k_start", "end_ns": "k_end"})
+    owned = _events_in_labels(launched.with_columns(start_ns="launch_ns"), labels)
+    spans = owned.group_by(CELL_KEY).agg(pl.col("k_start").min(), pl.col("k_end").max())
+    cells = (
+        labels.join(spans, on=CELL_KEY, how="left")
+        .with_columns(start_ns=pl.coalesce("k_start", "start_ns"), end_ns=pl.coalesce("k_end", "end_ns"))
+        .drop("k_start", "k_end")
+    )
+    waits = owned.filter("is_p2p").select(*CELL_KEY, start_ns="k_start", end_ns="k_end")
+    kernels = owned.select(*CELL_KEY, "launch_ns", "issued_ns", "is_p2p", "correlation", start_ns="k_start", end_ns="k_end")
+    return cells, waits, kernels
+
+
+def _unscheduled(frame: pl.DataFrame, labels: pl.DataFrame, kernels: pl.DataFrame | None, steps: pl.DataFrame) -> pl.DataFrame:
+    """Work outside every action: GPU kernels no label launched; on CPU, host spans on a label thread."""
+    if kernels is not None:
+        work = device_events(frame).join(kernels.select("rank", "correlation"), on=["rank", "correlation"], how="anti")
+    else:
+        threads = labels.select("rank", "tid").unique()
+        work = frame.filter(
+            (pl.col("ph") == "X")
+            & pl.col("cat").is_in(["cpu_op", "user_annotation"])
+            & ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK)
+        ).join(threads, on=["rank", "tid"])
+    return _assign_steps(work.select("rank", "start_ns", "end_ns"), steps)
+
+
+def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells:
+    """The cells of one rank's trace frame; `source` names the file in error messages."""
+    host_steps = step_spans(frame)
+    labels = _assign_steps(label_spans(frame, source), host_steps)
+    steps = host_steps
+    if is_gpu(frame):
+        labels, waits, kernels = _device_cells(labels, device_events(frame))
+        steps = _device_windows(frame, host_steps, labels)
+    else:
+        kernels = None
+        waits = _host_waits(frame, labels)
+    blocked = waits.group_by(CELL_KEY).agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("blocked_ns"))
+    cells = (
+        labels.join(blocked, on=CELL_KEY, how="left")
+        .with_columns(pl.col("blocked_ns").fill_null(0))
+        .select(pl.col(name).cast(dtype) for name, dtype in CELL_SCHEMA.items())
+        .sort("rank", "start_ns")
+    )
+    unscheduled = _unscheduled(frame, labels, kernels, steps)
+    return RankCells(cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled)

@@ -1,0 +1,75 @@
+"""`python -m analysis <command>`: each command lives in its own module, imported only when used.
+
+Bad input ends as one line on stderr and exit code 2 (see analysis.errors); `--debug` shows the traceback.
+Usable input with something dropped or assumed (analysis.traces.load.TraceWarning) is one `warning:` line
+each. `standalone` gives the same behaviour to the entry points beside the product (`python -m synthetic`,
+`python -m bench`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import warnings
+from collections.abc import Callable
+
+from analysis.errors import InputError
+
+# command -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
+COMMANDS = {
+    "analyze": ("analysis.cli.analyze", "analyse one run directory: cells, gaps, summary.json"),
+    "merge": ("analysis.cli.merge", "write one Perfetto-loadable trace of all ranks"),
+    "report": ("analysis.cli.report", "build reports/index.html from every run under traces/"),
+}
+
+
+def _parser(prog: str, description: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser("python -m analysis", __doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    argv = sys.argv[1:] if argv is None else argv
+    # Import only the chosen command's module: a broken or slow module must not tax the others.
+    chosen = next((a for a in argv if a in COMMANDS), None)
+    for name, (module_name, help_text) in COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub)
+            sub.set_defaults(run=module.run)
+    return _run(parser.parse_args(argv))
+
+
+def standalone(prog: str, description: str | None, add_arguments: Callable[[argparse.ArgumentParser], None],
+               run: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
+    """One command with the analysis CLI's error and warning lines."""
+    parser = _parser(prog, description)
+    add_arguments(parser)
+    parser.set_defaults(run=run)
+    return _run(parser.parse_args(argv))
+
+
+def _one_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as the user's line, not Python's two (file:line and the source line that raised it)."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
+    with warnings.catch_warnings():
+        if not args.debug:
+            warnings.showwarning = _one_line
+        try:
+            return args.run(args)
+        except InputError as error:
+            if args.debug:
+                raise
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130

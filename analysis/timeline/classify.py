@@ -1,0 +1,176 @@
+"""Name every idle nanosecond of a rank's step: bubble, p2p_wait, launch_overhead or other.
+
+A wait on a peer (a RECV's blocked interval) is matched to the peer's SEND of the same microbatch on
+the other rank: the part of the wait before the SEND started is bubble (the producer had not produced
+yet), the rest is p2p_wait (transfer and latency); so is a CPU sender's own time inside its SEND
+(gloo copies the payload there: measured 0.5-12 ms for 1 MB on the shared 2-core machine). Idle
+time that is not a wait is launch overhead when the host had not yet issued the next work (GPU: no
+launched kernel pending, HTA's host-wait rule; CPU: framework time inside RECV actions or between
+actions up to a threshold), else other. Idle before a rank's first action of the step or after its
+last is bubble (the schedule had nothing for it: fill and drain) unless the rank was busy with work
+outside the schedule there (optimizer step, kernels no action launched): other; a short idle before
+the first action is the host getting to it: launch_overhead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import polars as pl
+
+from analysis.cells.labelled import CELL_KEY, device_events
+from analysis.timeline.gaps import INTERVAL, queued, runs, segments
+
+CLASSES = ("bubble", "p2p_wait", "launch_overhead", "other")
+GAP_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "class": pl.Utf8}
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Classification thresholds; echoed into summary.json `rules`."""
+
+    # Idle between two actions (CPU) or before a rank's first action (CPU, GPU) up to this long is
+    # launch_overhead (the host getting to it); longer, between actions it is `other` (optimizer,
+    # data loading), before the first action `bubble` (nothing to do yet).
+    host_gap_max_ns: int = 1_000_000
+    # device_idle only: a queued stretch between two kernels shorter than this is the device's own
+    # kernel-to-kernel delay (HTA's consecutive_kernel_delay, same default).
+    kernel_wait_max_ns: int = 30
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# RECV kind -> (stage step to the producer, the producer's SEND kind, its compute kinds by preference)
+_PRODUCER = {"RECV_F": (-1, "SEND_F", ("F",)), "RECV_B": (1, "SEND_B", ("B", "I"))}
+
+
+def _producer_starts(cells: pl.DataFrame) -> pl.DataFrame:
+    """Per RECV cell: when its producer began sending (None if unknown); all ranks on one clock.
+
+    The SEND's start where the trace has SEND labels, else the producing compute cell's end.
+    """
+    marks = cells.select(
+        "step", "stage", "kind", "microbatch",
+        sent_ns=pl.when(pl.col("kind").str.starts_with("SEND")).then("start_ns").otherwise("end_ns"),
+    )
+    recvs = cells.filter(pl.col("kind").is_in(list(_PRODUCER)))
+    candidates = []
+    for recv_kind, (stage_step, send_kind, compute_kinds) in _PRODUCER.items():
+        for preference, kind in enumerate((send_kind, *compute_kinds)):
+            candidates.append(
+                recvs.filter(pl.col("kind") == recv_kind)
+                .with_columns(peer_stage=pl.col("stage") + stage_step, peer_kind=pl.lit(kind))
+                .join(marks, left_on=["step", "peer_stage", "peer_kind", "microbatch"],
+                      right_on=["step", "stage", "kind", "microbatch"])
+                .select(*CELL_KEY, "sent_ns", preference=pl.lit(preference))
+            )
+    return pl.concat(candidates).sort("preference").group_by(CELL_KEY).agg(pl.col("sent_ns").first())
+
+
+def split_waits(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
+    """Blocked intervals of all ranks as wait layers: bubble_wait before the peer sent, p2p_wait after.
+
+    Waits inside SEND cells (the peer was not receiving yet) are p2p_wait; a RECV wait whose producer
+    is not in the traces is unmatched_wait (classed `other`). `cells` and `waits` of all ranks, with
+    times already on one clock (analysis.timeline.clock).
+    """
+    sent = waits.join(_producer_starts(cells), on=CELL_KEY, how="left")
+    cut = pl.col("sent_ns").clip(pl.col("start_ns"), pl.col("end_ns"))
+    is_recv = pl.col("kind").str.starts_with("RECV")
+    bubble = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(end_ns=cut, layer=pl.lit("bubble_wait"))
+    after = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(start_ns=cut, layer=pl.lit("p2p_wait"))
+    sends = sent.filter(~is_recv).with_columns(layer=pl.lit("p2p_wait"))
+    unmatched = sent.filter(is_recv & pl.col("sent_ns").is_null()).with_columns(layer=pl.lit("unmatched_wait"))
+    parts = pl.concat([frame.select(INTERVAL) for frame in (bubble, after, sends, unmatched)])
+    return parts.filter(pl.col("end_ns") > pl.col("start_ns"))
+
+
+def _edge() -> pl.Expr:
+    """Idle outside the rank's first-to-last action: work outside the schedule, or the host getting to
+    its first action (`head`, resolved by length), or nothing to do: fill and drain."""
+    return (
+        pl.when(pl.col("unscheduled") > 0).then(pl.lit("other"))
+        .when(pl.col("head") > 0).then(pl.lit("head"))
+        .otherwise(pl.lit("bubble"))
+    )
+
+
+def _queue_rule(host: pl.Expr, queued_class: pl.Expr) -> pl.Expr:
+    """HTA's idle rule on one idle segment: a kernel launched but not yet running means the device
+    waits on something else (an event, a peer); nothing launched means the host had not issued the
+    next work yet."""
+    return pl.when(pl.col("issued") > 0).then(queued_class).otherwise(host)
+
+
+def _gpu_idle() -> pl.Expr:
+    """The queue rule; with nothing queued, outside the actions it is the edge's, work outside the
+    schedule is other, else the host was late: launch_overhead."""
+    host = (
+        pl.when(pl.col("active") == 0).then(_edge())
+        .when(pl.col("unscheduled") > 0).then(pl.lit("other"))
+        .otherwise(pl.lit("launch_overhead"))
+    )
+    return _queue_rule(host, pl.lit("other"))
+
+
+def _cpu_idle() -> pl.Expr:
+    """The main thread: sending is p2p, framework time inside actions is launch overhead, stretches
+    between actions (`between`) are resolved by length."""
+    return (
+        pl.when(pl.col("sending") > 0).then(pl.lit("p2p_wait"))
+        .when(pl.col("action") > 0).then(pl.lit("launch_overhead"))
+        .when(pl.col("active") == 0).then(_edge())
+        .otherwise(pl.lit("between"))
+    )
+
+
+def _segment_class(on_gpu: bool) -> pl.Expr:
+    return (
+        pl.when(~pl.col("idle")).then(pl.lit("busy"))
+        .when(pl.col("bubble_wait") > 0).then(pl.lit("bubble"))
+        .when(pl.col("p2p_wait") > 0).then(pl.lit("p2p_wait"))
+        .when(pl.col("unmatched_wait") > 0).then(pl.lit("other"))
+        .otherwise(_gpu_idle() if on_gpu else _cpu_idle())
+        .alias("class")
+    )
+
+
+def classify(timeline: pl.DataFrame, rules: Rules, on_gpu: bool) -> pl.DataFrame:
+    """The gaps table: maximal idle stretches of one class (GAP_SCHEMA), busy time left out."""
+    labelled = runs(timeline.with_columns(_segment_class(on_gpu)), "class")
+    short = (pl.col("end_ns") - pl.col("start_ns")) <= rules.host_gap_max_ns
+    resolved = labelled.with_columns(
+        pl.when(pl.col("class").is_in(["between", "head"]) & short).then(pl.lit("launch_overhead"))
+        .when(pl.col("class") == "between").then(pl.lit("other"))
+        .when(pl.col("class") == "head").then(pl.lit("bubble"))
+        .otherwise("class")
+        .alias("class")
+    )
+    gaps = runs(resolved, "class").filter(pl.col("class") != "busy")
+    return gaps.select(pl.col(name).cast(dtype) for name, dtype in GAP_SCHEMA.items())
+
+
+def device_idle(frame: pl.DataFrame, rules: Rules = Rules()) -> pl.DataFrame:
+    """Idle stretches of every GPU stream of a loaded trace (analysis.traces.load), no pipeline labels needed:
+    rank, stream, start_ns, end_ns, class in host_wait, kernel_wait, other.
+
+    Between each stream's first and last kernel, idle time is split by the queue rule the pipeline
+    classes use; a queued stretch shorter than `rules.kernel_wait_max_ns` is kernel_wait. Holistic Trace
+    Analysis classes each whole gap by whether the next launch call *began* after the gap did; here a gap
+    is cut where the launch call *ended*, so HTA's host wait also holds the launch call and the
+    launch-to-start latency that follow it, which this counts as other (see tests/test_hta_idle.py).
+    """
+    keys = ("rank", "stream")
+    kernels = device_events(frame)
+    windows = kernels.group_by(keys).agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+    intervals = pl.concat([
+        kernels.select(*keys, layer=pl.lit("busy"), start_ns="start_ns", end_ns="end_ns"),
+        queued(kernels, keys).with_columns(layer=pl.lit("issued")).select(*keys, "layer", "start_ns", "end_ns"),
+    ])
+    idle = segments(intervals, windows, ("busy", "issued"), keys).filter(pl.col("busy") == 0)
+    stretches = runs(idle.with_columns(_queue_rule(pl.lit("host_wait"), pl.lit("other")).alias("class")), "class", keys)
+    short = (pl.col("end_ns") - pl.col("start_ns")) < rules.kernel_wait_max_ns
+    return stretches.with_columns(
+        pl.when((pl.col("class") == "other") & short).then(pl.lit("kernel_wait")).otherwise("class").alias("class")
+    ).select(*keys, "start_ns", "end_ns", "class")

@@ -1,0 +1,192 @@
+"""The traceEvents array (JSON text) -> one validated polars row per event, times in exact nanoseconds.
+
+The array is decoded piece by piece (analysis.traces.array_split), each piece into typed structs
+(analysis.traces.kineto) and at once into polars columns, so only one piece's Python objects live at a time:
+peak memory stays near the text plus the frame, not the ~3x of a whole array of objects.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import polars as pl
+
+from analysis.traces import kineto
+from analysis.traces.array_split import array_pieces
+from analysis.errors import InputError
+from analysis.traces.times import exact_ns, missing_time, nanoseconds
+
+PIECE_BYTES = 1 << 20  # ~40k Kineto events: their objects take ~25 MB while the piece is converted
+
+_EVENT_AT = re.compile(r" - at `\$\[(\d+)\](.*)`$")
+_FOUR_DECIMALS = re.compile(rb"\.[0-9]{4}")  # a literal first byte: searched at memchr speed
+_TIME_BEFORE = re.compile(rb'"(?:ts|dur)"[ \t\r\n]*:[ \t\r\n]*-?[0-9]*\Z')
+
+
+def event_frame(path: Path, events_json: msgspec.Raw, base_ns: int) -> tuple[pl.DataFrame, int]:
+    """Columns index, ph, name, cat, pid, tid, start_ns, end_ns, args ids; and how many events were
+    dropped for a negative duration."""
+    text = memoryview(events_json)
+    with _no_collection():
+        frames = _piece_frames(path, text)
+        if frames is None:
+            frames = [_frame(path, 0, _decode(path, text, 0, whole=True), text)]
+    frame = pl.concat(frames, rechunk=False).with_columns(
+        start_ns=pl.lit(base_ns, dtype=pl.Int64) + pl.col("ts_ns"),
+        dur_ns=pl.when(pl.col("ph") == "X").then(pl.col("dur_ns")).otherwise(0),
+    )
+    negative = pl.col("dur_ns") < 0
+    dropped = frame.select(negative.sum()).item()
+    if dropped:
+        frame = frame.filter(~negative)
+    return frame.with_columns(end_ns=pl.col("start_ns") + pl.col("dur_ns")).drop("ts_ns", "dur_ns"), dropped
+
+
+@contextmanager
+def _no_collection() -> Iterator[None]:
+    # Millions of new objects would trigger many full collections that find nothing (JSON has no cycles).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _piece_frames(path: Path, text: memoryview) -> list[pl.DataFrame] | None:
+    """One frame per piece; None when the array is better (or must be) decoded whole."""
+    pieces = array_pieces(text, PIECE_BYTES)
+    if pieces is None or len(pieces) == 1:
+        return None
+    frames, offset = [], 0
+    for start, end in pieces:
+        piece = b"".join((b"[", text[start:end], b"]"))
+        events = _decode(path, piece, offset, whole=False)
+        if events is None:
+            return None
+        frames.append(_frame(path, offset, events, piece))
+        offset += len(events)
+    return frames
+
+
+def _decode(path: Path, text: Any, offset: int, whole: bool) -> list[kineto.Event] | None:
+    """Typed events; a piece that is not JSON on its own gives None (the caller decodes the whole array)."""
+    try:
+        return kineto.EVENTS.decode(text)
+    except msgspec.ValidationError as error:  # a subclass of DecodeError: test it first
+        raise InputError(path, bad_event(error, offset)) from None
+    except msgspec.DecodeError as error:
+        if not whole:
+            return None
+        raise InputError(path, json_problem(error)) from None
+
+
+def _frame(path: Path, offset: int, events: list[kineto.Event], text: Any) -> pl.DataFrame:
+    """One piece's columns, with ts_ns and dur_ns (base time not yet added)."""
+    columns = _columns(events, offset)
+    ts_us, dur_us = columns.pop("ts_us"), columns.pop("dur_us")
+    whole_ns = pl.Float64 in (ts_us.dtype, dur_us.dtype) and _times_in_whole_ns(text)
+    (ts_ns, ts_rows), (dur_ns, dur_rows) = nanoseconds(ts_us, whole_ns), nanoseconds(dur_us, whole_ns)
+    rows = pl.concat([ts_rows, dur_rows]).unique()
+    if rows.len():
+        ts_ns, dur_ns = _from_text(kineto.EVENT_TIMES.decode(text), rows, ts_ns, dur_ns)
+    problem = missing_time(columns["index"], columns["ph"], columns["name"], ts_ns, dur_ns)
+    if problem is not None:
+        raise InputError(path, problem)
+    return pl.DataFrame(columns | {"ts_ns": ts_ns, "dur_ns": dur_ns})
+
+
+def _times_in_whole_ns(text: Any) -> bool:
+    """No ts or dur in the text has more than three decimals (Kineto writes three). A number with four
+    is rare outside times (some args), so each is checked for a time key before it. (A key spelled with
+    escapes, "t\\u0073", is not recognised: a crafted file could lose its sub-nanosecond rounding.)"""
+    for found in _FOUR_DECIMALS.finditer(text):
+        if _TIME_BEFORE.search(text, max(0, found.start() - 256), found.start()):
+            return False
+    return True
+
+
+def _from_text(times: list[kineto.EventTimes], rows: pl.Series, ts_ns: pl.Series, dur_ns: pl.Series) -> tuple[pl.Series, pl.Series]:
+    """ts_ns and dur_ns with `rows` converted again from their JSON text (analysis.traces.times: unsettled)."""
+    texts = pl.DataFrame(
+        {field: pl.Series([bytes(getattr(times[row], field)) for row in rows], dtype=pl.Binary).cast(pl.String)
+         for field in ("ts", "dur")}
+    ).select(ts=exact_ns("ts"), dur=exact_ns("dur"))
+    return ts_ns.scatter(rows, texts["ts"]), dur_ns.scatter(rows, texts["dur"])
+
+
+def _columns(events: list[kineto.Event], offset: int) -> dict[str, pl.Series]:
+    """Struct list -> columns. A comprehension per field is the fast path from Python objects (Python
+    specialises `e.name` on a struct's slot; attrgetter and astuple are slower)."""
+    args = [e.args for e in events]
+    try:
+        correlation, external_id, stream = _arg_ids(args)
+    except AttributeError:  # "args": null
+        correlation, external_id, stream = _arg_ids([a or kineto.NO_ARGS for a in args])
+    return {
+        "index": pl.int_range(offset, offset + len(events), dtype=pl.Int64, eager=True),
+        "ph": pl.Series([e.ph for e in events], dtype=pl.String),
+        "name": pl.Series([e.name for e in events], dtype=pl.String),
+        "cat": pl.Series([e.cat for e in events], dtype=pl.String),
+        "pid": _ids([e.pid for e in events]),
+        "tid": _ids([e.tid for e in events]),
+        "ts_us": _micros([e.ts for e in events]),
+        "dur_us": _micros([e.dur for e in events]),
+        "correlation": correlation,
+        "external_id": external_id,
+        "stream": stream,
+        "flow_id": _ids([e.id for e in events]),
+        "bp": pl.Series([e.bp for e in events], dtype=pl.String),
+    }
+
+
+def _arg_ids(args: list[kineto.Args]) -> tuple[pl.Series, pl.Series, pl.Series]:
+    return _ids([a.correlation for a in args]), _ids([a.external_id for a in args]), _ids([a.stream for a in args])
+
+
+def _ids(values: list[Any]) -> pl.Series:
+    """Integers; anything else ("Spans" pseudo-pids, strings in free-form args) becomes null."""
+    try:
+        return pl.Series(values, dtype=pl.Int64)
+    except TypeError:  # filtering in Python is ~3x faster than polars' strict=False on a mixed list
+        return pl.Series([v if type(v) is int else None for v in values], dtype=pl.Int64)
+
+
+def _micros(values: list[int | float | None]) -> pl.Series:
+    """Int64 when every time is an int (exact as is), else Float64 (ints below kineto.MAX_US stay exact)."""
+    try:
+        return pl.Series(values, dtype=pl.Int64)
+    except TypeError:
+        return pl.Series(values, dtype=pl.Float64)
+
+
+def bad_event(error: msgspec.ValidationError, offset: int) -> str:
+    """msgspec's "Expected `str`, got `int` - at `$[3].ph`" -> "bad trace event: ... at traceEvents[3].ph",
+    numbering events from the array's start; a bad ts/dur says what is wrong with the time."""
+    message = str(error)
+    found = _EVENT_AT.search(message)
+    if found is None:
+        return f"bad trace event: {message}"
+    index, rest = offset + int(found[1]), found[2]
+    if rest in (".ts", ".dur"):
+        wrong = "is not a number" if ", got `" in message else f"out of range (|{rest[1:]}| >= {kineto.MAX_US} us)"
+        return f"event {index}: {rest[1:]} {wrong}: {message[: found.start()]}"
+    return f"bad trace event: {message[: found.start()]} at `traceEvents[{index}]{rest}`"
+
+
+def json_problem(error: msgspec.DecodeError) -> str:
+    if "truncated" in str(error):
+        return "truncated JSON (profiler killed while writing?)"
+    return f"not valid JSON: {error}"
+
+
+def where(error: msgspec.ValidationError, root: str) -> str:
+    """msgspec's "Expected `str`, got `int` - at `$[3].ph`" -> "... at traceEvents[3].ph"."""
+    return str(error).replace("- at `$", f"at `{root}")

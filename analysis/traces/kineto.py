@@ -1,0 +1,74 @@
+"""Typed msgspec view of a Kineto Chrome trace: only the fields the analysis and the merge read.
+
+Decoding into these structs skips every other field in C, which is what makes loading fast. Times
+come as int or float, range-checked in C; the few floats whose nanoseconds a double cannot settle are
+read again as their JSON text (`EventTimes`, see analysis.traces.times). Free-form `args` values are typed
+`Any` because real traces put anything there. Decoded JSON cannot form reference cycles, so the
+structs opt out of the cyclic garbage collector (gc=False), which would otherwise rescan the growing
+event list again and again while it is decoded.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+# |ts|, |dur| below this many microseconds (about 127 years): base + ts then fits in int64 nanoseconds,
+# and every such int is exact as a float.
+MAX_US = 4 * 10**15
+_IN_RANGE = msgspec.Meta(gt=-MAX_US, lt=MAX_US)
+Micros = Annotated[int, _IN_RANGE] | Annotated[float, _IN_RANGE] | None
+
+# Unset `ts`/`dur` text: an empty Raw, told apart from a present value by its length.
+NO_TIME = msgspec.Raw()
+
+
+class Args(msgspec.Struct, frozen=True, gc=False):
+    correlation: Any = None
+    external_id: Any = msgspec.field(name="External id", default=None)
+    stream: Any = None
+
+
+NO_ARGS = Args()
+
+
+class Event(msgspec.Struct, gc=False):
+    ph: str
+    name: str = ""
+    cat: str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: Micros = None
+    dur: Micros = None
+    id: int | str | None = None  # flow id of ph "s"/"f" events (ac2g: runtime launch -> kernel)
+    bp: str | None = None
+    args: Args | None = NO_ARGS  # shared, so a missing args costs no object (JSON null gives None)
+
+
+class EventTimes(msgspec.Struct, gc=False):
+    """ts and dur as their JSON text, for exact nanoseconds where a float cannot give them."""
+
+    ts: msgspec.Raw = NO_TIME
+    dur: msgspec.Raw = NO_TIME
+
+
+class DistributedInfo(msgspec.Struct):
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
+
+
+# Top-level keys besides traceEvents that the analysis reads, with their types (the rest stay raw).
+HEADER_TYPES: dict[str, Any] = {
+    "distributedInfo": DistributedInfo,
+    "baseTimeNanoseconds": int,
+    "deviceProperties": list[Any],
+    "traceName": str,
+    "trace_id": str,
+    "run_id": str,  # written by our runners and the synthetic generator: the same in every rank
+}
+
+EVENTS = msgspec.json.Decoder(list[Event])
+EVENT_TIMES = msgspec.json.Decoder(list[EventTimes])
+TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])

@@ -1,0 +1,122 @@
+"""Activation memory per rank and step, read from the memory events in the traces.
+
+Three sources, best first (runners.stash writes the first two):
+  stash      "PP stash" counter events: the executor's own count of microbatches and bytes it holds
+             for backward, sampled inside the span of the F/B/I/W that changed it
+  cuda_peak  "PP cuda step peak" counter events: the allocator's peak above the step's start (CUDA)
+  cuda_allocator, allocator
+             torch.profiler's "[memory]" events (profile_memory=True) on the GPU, else the CPU: the
+             most bytes allocated above what was allocated when the step began (activations plus
+             gradients and temporaries)
+The loaded frame keeps no event args, so those few events are decoded again from the trace's raw
+events by their index. Times are the rank's own clock: steps come from its ProfilerStep spans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import polars as pl
+
+from analysis.cells.labelled import step_spans
+from analysis.traces.load import RawTrace, RunTraces
+from runners.counters import CUDA_PEAK_COUNTER, STASH_COUNTER
+
+ALLOCATOR_EVENT = "[memory]"
+SOURCES = ("stash", "cuda_peak", "cuda_allocator", "allocator")  # best first
+EVENT_SCHEMA = {"rank": pl.Int64, "source": pl.String, "t_ns": pl.Int64, "microbatches": pl.Int64,
+                "bytes": pl.Int64, "allocation": pl.Int64}
+PEAK_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "source": pl.String, "peak_bytes": pl.Int64,
+               "peak_microbatches": pl.Int64}
+
+
+class _Args(msgspec.Struct, gc=False):
+    microbatches: Any = None
+    activation_bytes: Any = None
+    peak_bytes_above_step_start: Any = None
+    total_allocated: Any = msgspec.field(name="Total Allocated", default=None)
+    allocation: Any = msgspec.field(name="Bytes", default=None)  # this event's (de)allocation, signed
+    device_type: Any = msgspec.field(name="Device Type", default=None)  # 0 CPU, 1 CUDA
+
+
+class _MemoryEvent(msgspec.Struct, gc=False):
+    args: _Args | None = None
+
+
+_RAW_EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
+_EVENT = msgspec.json.Decoder(_MemoryEvent)
+
+
+def _integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def memory_events(trace: RawTrace) -> pl.DataFrame:
+    """One rank's memory events: (rank, source, t_ns, microbatches, bytes, allocation)."""
+    frame = trace.frame
+    wanted = frame.filter(
+        ((pl.col("ph") == "C") & pl.col("name").is_in([STASH_COUNTER, CUDA_PEAK_COUNTER]))
+        | ((pl.col("ph") == "i") & (pl.col("name") == ALLOCATOR_EVENT))
+    ).select("index", "name", "start_ns")
+    if wanted.is_empty():
+        return pl.DataFrame(schema=EVENT_SCHEMA)
+    raw = _RAW_EVENTS.decode(trace.events_json)
+    rows = []
+    for index, name in wanted.select("index", "name").iter_rows():
+        args = _EVENT.decode(raw[index]).args or _Args()
+        if name == STASH_COUNTER:
+            rows.append(("stash", _integer(args.microbatches), _integer(args.activation_bytes), None))
+        elif name == CUDA_PEAK_COUNTER:
+            rows.append(("cuda_peak", None, _integer(args.peak_bytes_above_step_start), None))
+        else:
+            source = "cuda_allocator" if args.device_type == 1 else "allocator"
+            rows.append((source, None, _integer(args.total_allocated), _integer(args.allocation)))
+    found = pl.DataFrame(rows, schema=["source", "microbatches", "bytes", "allocation"], orient="row",
+                         schema_overrides={k: pl.Int64 for k in ("microbatches", "bytes", "allocation")})
+    return pl.concat([wanted.select(t_ns="start_ns"), found], how="horizontal").select(
+        pl.lit(trace.rank, dtype=pl.Int64).alias("rank"), "source", "t_ns", "microbatches", "bytes", "allocation")
+
+
+def with_steps(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """One rank's events, each tagged with the profiled step whose span holds it; events between steps
+    are dropped."""
+    spans = steps.select("step", "start_ns", step_end_ns="end_ns").sort("start_ns")
+    tagged = events.sort("t_ns").join_asof(spans, left_on="t_ns", right_on="start_ns", strategy="backward")
+    return tagged.filter(pl.col("t_ns") <= pl.col("step_end_ns")).drop("start_ns", "step_end_ns")
+
+
+def step_peaks(events: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step, source): the most bytes (and microbatches) held. Allocator events count from the
+    step's start: the running sum of their signed sizes (older Kineto writes no "Total Allocated")."""
+    above_step_start = pl.col("allocation").sort_by("t_ns").cum_sum().max().clip(lower_bound=0)
+    peaks = events.group_by("rank", "step", "source").agg(
+        most=pl.col("bytes").max(), above_start=above_step_start, peak_microbatches=pl.col("microbatches").max())
+    from_allocator = pl.col("source").str.ends_with("allocator")
+    return (peaks.with_columns(peak_bytes=pl.when(from_allocator).then("above_start").otherwise("most"))
+            .select(*PEAK_SCHEMA).sort("rank", "step", "source"))
+
+
+def best_peaks(peaks: pl.DataFrame) -> pl.DataFrame:
+    """One row per (rank, step): the best source present (SOURCES order)."""
+    rank_of_source = pl.col("source").replace_strict(list(SOURCES), list(range(len(SOURCES))), return_dtype=pl.Int64)
+    return peaks.sort(rank_of_source).group_by("rank", "step", maintain_order=True).first().sort("rank", "step")
+
+
+@dataclass(frozen=True)
+class Memory:
+    stash: pl.DataFrame  # rank, step, t_ns, microbatches, bytes: the executor's samples in profiled steps
+    peaks: pl.DataFrame  # PEAK_SCHEMA: per (rank, step, source)
+
+    def peak_bytes(self, step: int) -> dict[int, int]:
+        """rank -> the best source's peak in `step` (ranks without memory events are absent)."""
+        chosen = best_peaks(self.peaks.filter(pl.col("step") == step))
+        return dict(chosen.select("rank", "peak_bytes").iter_rows())
+
+
+def run_memory(run: RunTraces) -> Memory:
+    """Every rank's memory events, placed in its profiled steps."""
+    events = pl.concat([with_steps(memory_events(t), step_spans(t.frame)) for t in run.traces])
+    stash = events.filter(pl.col("source") == "stash").select("rank", "step", "t_ns", "microbatches", "bytes")
+    return Memory(stash, step_peaks(events))

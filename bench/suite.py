@@ -1,0 +1,192 @@
+"""`python -m bench`: every benchmark side by side in one run -> bench/results.json, bench/RESULTS.md.
+
+Parts (--only picks some): throughput (ours vs HTA vs typed decoding on a generated trace set),
+executor (native vs torch engine), profiler (profiled / unprofiled step), sim (simulated vs measured
+step), seed (the seed's m sweep at p=2 and p=4), bubble (gpipe p=2 m=1 against the formula's 1/2,
+repeated). profiler, sim and seed read the same p=2 sweep.
+Generated traces and runs live in a temporary directory that is deleted at the end (--keep keeps it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from bench.report import render
+from bench.runs import (RunPlan, executor_overhead, m1_bubble, profiler_overhead, request, seed_optimum,
+                                 simulator_accuracy, sweep)
+from bench.throughput import ThroughputPlan, throughput
+from analysis.cli import standalone
+from analysis.errors import InputError
+from runners.atomic import write_atomically
+from runners.launch import launch
+from runners.rundir import REPO_ROOT, git_revision, host_facts
+
+PARTS = ("throughput", "executor", "profiler", "sim", "seed", "bubble")
+SWEEP_PARTS = {"profiler", "sim", "seed"}
+PACKAGES = ("torch", "polars", "pyarrow", "msgspec", "HolisticTraceAnalysis")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts: {', '.join(PARTS)}")
+    parser.add_argument("--size-mb", type=float, default=500.0,
+                        help="largest trace set (uncompressed MB, 4 ranks); growth is measured from a tenth of it")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of our analysis and of decoding per size")
+    parser.add_argument("--pairs", type=int, default=2, help="native/torch run pairs per executor config (A B A B)")
+    parser.add_argument("--hta-timeout", type=float, default=300.0, help="seconds before HTA's load is stopped")
+    parser.add_argument("--source", type=Path, help="run directory to replicate for throughput (default: a fresh tiny run)")
+    parser.add_argument("--ms", default=" ".join(map(str, range(1, 17))), help="microbatch counts of the p=2 sweep")
+    parser.add_argument("--executor-ms", default="4 8", help="microbatch counts of the native vs torch runs")
+    parser.add_argument("--p4-ms", default="1 2 4 8 16", help="microbatch counts of the seed's p=4 sweep")
+    parser.add_argument("--bubble-runs", type=int, default=6, help="gpipe p=2 m=1 runs of the bubble part")
+    parser.add_argument("--preset", default="cpu", help="model preset of the runs (cpu, or tiny for a smoke run)")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench", help="where results.json and RESULTS.md go")
+    parser.add_argument("--keep", action="store_true", help="keep the generated traces and runs")
+
+
+def _parts(text: str) -> list[str]:
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = sorted(set(chosen) - set(PARTS))
+    if unknown or not chosen:
+        raise InputError(None, f"--only: unknown part(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(PARTS)}")
+    return [part for part in PARTS if part in chosen]
+
+
+def _counts(text: str, option: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(word) for word in text.replace(",", " ").split())
+    except ValueError:
+        raise InputError(None, f"{option} must be whole numbers, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise InputError(None, f"{option} needs microbatch counts >= 1, got {text!r}")
+    return counts
+
+
+def machine() -> dict:
+    memory_kib = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                       if line.startswith("MemTotal:")), 0) if Path("/proc/meminfo").exists() else 0
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), None) if Path("/proc/cpuinfo").exists() else None
+    return host_facts() | {"cpu": cpu, "cores_usable": len(os.sched_getaffinity(0)),
+                           "memory_gib": round(memory_kib / 2**20, 1), "load_average_at_start": os.getloadavg()}
+
+
+def versions() -> dict:
+    found = {}
+    for package in PACKAGES:
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run (every option spelled out)."""
+    options = {"only": args.only, "size-mb": args.size_mb, "repeats": args.repeats, "pairs": args.pairs,
+               "hta-timeout": args.hta_timeout, "ms": args.ms, "p4-ms": args.p4_ms, "executor-ms": args.executor_ms, "preset": args.preset}
+    if args.source:
+        options["source"] = args.source
+    return "python -m bench " + " ".join(f"--{key} '{value}'" if " " in str(value) else f"--{key} {value}"
+                                                  for key, value in options.items())
+
+
+def _progress(began: float) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        print(f"[{time.monotonic() - began:6.0f} s] {line}", flush=True)
+
+    return say
+
+
+def _throughput(args, workdir: Path, say) -> dict:
+    source = args.source
+    if source is None:
+        say("throughput: recording a tiny 1f1b p=4 m=8 run to replicate")
+        tiny = RunPlan(workdir / "source", "tiny", 3, 1)
+        source = launch(request(tiny, "1f1b", 4, 8), tiny.traces)
+    sizes = tuple(dict.fromkeys((args.size_mb / 10, args.size_mb)))
+    plan = ThroughputPlan(source.resolve(), sizes, args.repeats, args.hta_timeout, workdir, REPO_ROOT)
+    return throughput(plan, say)
+
+
+def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, save: Callable[[dict], None]) -> None:
+    """Run the chosen parts in order, saving the results after each (an interrupted bench keeps its figures)."""
+    plan = RunPlan(workdir / "runs", args.preset, 3, 5)
+    ms, p4_ms = _counts(args.ms, "--ms"), _counts(args.p4_ms, "--p4-ms")
+    executor_ms = _counts(args.executor_ms, "--executor-ms")
+    results: dict = {}
+    if "throughput" in parts:
+        results["throughput"] = _throughput(args, workdir, say)
+        save(results)
+    if SWEEP_PARTS & set(parts):
+        say("sweep: p=2, gpipe and 1f1b")
+        rows, skipped = sweep(plan, ("gpipe", "1f1b"), 2, ms, say)
+        results |= {"sweep": rows, "skipped": skipped}
+        if rows:  # every run may have failed (see skipped)
+            results |= {"profiler": profiler_overhead(rows), "sim": simulator_accuracy(rows)}
+        save(results)
+    if "seed" in parts:
+        say("seed: gpipe p=4 (4 single-threaded ranks on the usable cores)")
+        seed_rows = [row for row in results["sweep"] if row["schedule"] == "gpipe"]
+        seed_rows += sweep(plan, ("gpipe",), 4, p4_ms, say)[0]
+        results["seed"] = {"rows": seed_rows, "optimum_m": seed_optimum(seed_rows)}
+        save(results)
+    if "bubble" in parts:
+        say(f"bubble: gpipe p=2 m=1, {args.bubble_runs} runs")
+        results["bubble"] = m1_bubble(plan, args.bubble_runs, say)
+        save(results)
+    if "executor" in parts:
+        say("executor: native vs torch, p=2, A B A B")
+        configs = tuple((schedule, m) for schedule in ("gpipe", "1f1b") for m in executor_ms)
+        results["executor"] = executor_overhead(plan, configs, args.pairs, say)
+        save(results)
+
+
+def _writer(out: Path, document: dict, began: float) -> Callable[[dict, bool], None]:
+    """Writes results.json and RESULTS.md (each atomically) with the results so far."""
+    def write(results: dict, complete: bool) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        now = document | {"results": results, "complete": complete, "seconds": round(time.monotonic() - began),
+                          "load_average_at_end": os.getloadavg()}
+        for name, text in (("results.json", json.dumps(now, indent=1) + "\n"), ("RESULTS.md", render(now))):
+            write_atomically(out / name, text.encode())
+
+    return write
+
+
+def run(args: argparse.Namespace) -> int:
+    parts = _parts(args.only)
+    for option, text in (("--ms", args.ms), ("--p4-ms", args.p4_ms), ("--executor-ms", args.executor_ms)):
+        _counts(text, option)  # refuse bad counts before anything runs
+    began = time.monotonic()
+    say = _progress(began)
+    workdir = Path(tempfile.mkdtemp(prefix="bench."))
+    say(f"bench: {', '.join(parts)}; scratch in {workdir}")
+    document = {"command": _command(args), "parts": parts, "machine": machine(), "versions": versions(),
+                "git_revision": git_revision(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write = _writer(args.out, document, began)
+    latest: dict = {}
+
+    def save(results: dict) -> None:
+        latest.update(results)
+        write(latest, False)
+
+    try:
+        measure(args, parts, workdir, say, save)
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    write(latest, True)
+    say(f"wrote {args.out / 'RESULTS.md'} and {args.out / 'results.json'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standalone("python -m bench", __doc__, add_arguments, run, argv)
