@@ -25,7 +25,7 @@ from bench.runs import (RunPlan, executor_overhead, m1_bubble, profiler_overhead
 from bench.throughput import ThroughputPlan, throughput
 from analysis.cli import standalone
 from analysis.errors import InputError
-from runners.atomic import write_atomically
+from analysis.files import write_atomically
 from runners.launch import launch
 from runners.rundir import REPO_ROOT, git_revision, host_facts
 

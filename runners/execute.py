@@ -18,6 +18,7 @@ from torch.profiler import record_function
 from runners.model import Stage, loss_of
 from runners.p2p import Links, PendingSend, message_tag
 from runners.schedules.actions import Action, Kind
+from runners.schedules.trace_names import label
 from runners.stash import StashMeter
 
 Key = tuple[int, int]  # (stage, microbatch)
@@ -177,7 +178,7 @@ def run_step(ctx: StepContext, order: tuple[Action, ...], optimizer: torch.optim
     """Execute one rank's order for one step, complete its sends, then take the SGD step."""
     state = StepState()
     for action in order:
-        with record_function(f"PP:{action}"):
+        with record_function(label(action)):
             HANDLERS[action.kind](ctx, state, action)
             if meter is not None and action.kind in STASHING:
                 meter.sample({"forwards": state.forwards, "weight_work": state.weight_work})

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity
 
-from runners.counters import CUDA_PEAK_COUNTER
+from runners.schedules.trace_names import CUDA_PEAK_COUNTER
 from runners.stash import StashMeter, base_ns, counter_event, stash_events, with_events
 
 Counters = Callable[[int], list[bytes]]  # the trace's baseTimeNanoseconds -> counter events to add

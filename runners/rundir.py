@@ -15,8 +15,6 @@ import subprocess
 import time
 from pathlib import Path
 
-from runners.atomic import write_atomically
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,7 +31,10 @@ def create_run_dir(traces: Path, run: str) -> Path:
 
 
 def write_json_atomically(path: Path, document: dict) -> None:
-    write_atomically(path, (json.dumps(document, indent=2) + "\n").encode())
+    """A temporary file beside `path`, renamed over it: readers see no file or a whole one."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(document, indent=2) + "\n")
+    os.replace(temporary, path)
 
 
 def write_run_json(run_dir: Path, facts: dict) -> None:

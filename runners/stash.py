@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 import torch
 
-from runners.counters import STASH_COUNTER
+from runners.schedules.trace_names import STASH_COUNTER
 
 _TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BASE_NS = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')

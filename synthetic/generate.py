@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from synthetic import shapes
 from analysis.cli import standalone
 from analysis.errors import InputError
-from runners.atomic import write_atomically
+from analysis.files import write_atomically
 from runners.schedules import SCHEDULES, Action, Kind, Schedule, ScheduleError, build, lower, simulate
 from runners.schedules.dependencies import matching_send
 

@@ -16,7 +16,7 @@ from analysis.cells.labelled import step_spans
 from analysis.traces.load import load_run, read_trace
 from analysis.traces.memory import memory_events, run_memory, step_peaks, with_steps
 from runners.execute import Forward
-from runners.counters import CUDA_PEAK_COUNTER, STASH_COUNTER
+from runners.schedules.trace_names import CUDA_PEAK_COUNTER, STASH_COUNTER
 from runners.stash import StashMeter, base_ns, counter_event, held_bytes, with_events
 
 

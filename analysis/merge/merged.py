@@ -27,7 +27,7 @@ from analysis.errors import InputError
 from analysis.traces.load import RawTrace, load_run, read_trace
 from analysis.merge.analysis_tracks import analysis_tracks
 from analysis.merge.tracks import layout, p2p_flows, profiler_flows
-from runners.atomic import write_atomically
+from analysis.files import write_atomically
 
 BROWSER_LIMIT_BYTES = 1 << 30  # Perfetto's UI struggles to open JSON traces past about this size
 

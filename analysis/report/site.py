@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from runners.atomic import write_atomically
+from analysis.files import write_atomically
 
 RUNS_DIR = "runs"
 ASSETS_DIR = "assets"

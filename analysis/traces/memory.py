@@ -22,7 +22,7 @@ import polars as pl
 
 from analysis.cells.labelled import step_spans
 from analysis.traces.load import RawTrace, RunTraces
-from runners.counters import CUDA_PEAK_COUNTER, STASH_COUNTER
+from runners.schedules.trace_names import CUDA_PEAK_COUNTER, STASH_COUNTER
 
 ALLOCATOR_EVENT = "[memory]"
 SOURCES = ("stash", "cuda_peak", "cuda_allocator", "allocator")  # best first

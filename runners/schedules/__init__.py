@@ -5,7 +5,8 @@
     print(grid(schedule, simulate(schedule))) # unit-time picture, bubbles as blanks
 """
 
-from .actions import Action, ActionParseError, Kind
+from .actions import COMM_KINDS, COMPUTE_KINDS, Action, ActionParseError, Kind
+from .bubble import formula_bubble
 from .dependencies import dependencies
 from .generate import SCHEDULES, V_SHAPED, build
 from .grid import grid
@@ -16,6 +17,8 @@ from .simulate import Timeline, simulate
 from .validate import validate
 
 __all__ = [
+    "COMM_KINDS",
+    "COMPUTE_KINDS",
     "SCHEDULES",
     "Action",
     "ActionParseError",
@@ -26,6 +29,7 @@ __all__ = [
     "V_SHAPED",
     "build",
     "dependencies",
+    "formula_bubble",
     "grid",
     "in_flight",
     "lower",

@@ -34,6 +34,9 @@ class Kind(str, Enum):
 
 
 COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W})
+# The kinds as the strings that label traces and fill the analysis's `kind` column.
+COMPUTE_KINDS = tuple(kind.value for kind in Kind if kind in COMPUTE)
+COMM_KINDS = tuple(kind.value for kind in Kind if kind not in COMPUTE)
 
 # Longest alternatives first so "RECV_F" is not read as "R" + ...
 _ACTION_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")

@@ -1,7 +1,5 @@
-"""Atomic file writes: readers see the old file or the whole new one, never a half-written one.
-
-Torch-free, so the launcher and the analysis share it.
-"""
+"""Atomic file writes for every output of the analysis (analysis/, the merged trace, the report):
+readers see the old file or the whole new one, never a half-written one."""
 
 from __future__ import annotations
 
