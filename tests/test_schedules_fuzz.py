@@ -19,8 +19,9 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 def _unit_span(name: str, p: int, m: int, v: int) -> int | None:
     if name == "zb":
         return 3 * m + p - 1 if v == 1 else 3 * v * m + 2 * (p - 1)
-    if name == "zbv":  # 6m units per rank, and the last rank waits p-1 for its first input
-        return 6 * m + p - 1
+    if name == "zbv":  # 6m units per rank, and the last rank waits p-1 for its first input, once m
+        # reaches the 2p-1 microbatches torch plans its steady state for; below, the dropped surplus idles
+        return 6 * m + p - 1 if m >= 2 * p - 1 else None
     if name == "dualpipev":  # no closed form here; its order is checked against torch's own
         return None
     return 2 * (v * m + p - 1)  # gpipe and 1f1b have v = 1
