@@ -13,7 +13,8 @@ from .grid import grid
 from .lower import lower
 from .memory import in_flight
 from .schedule import Schedule, ScheduleError
-from .simulate import Timeline, simulate
+from .simulate import simulate
+from .timeline import Timeline
 from .validate import validate
 
 __all__ = [

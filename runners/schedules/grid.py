@@ -8,12 +8,9 @@ time, each cell the actions a rank starts then, so idle ranks show as blanks (th
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING
 
 from .schedule import Schedule
-
-if TYPE_CHECKING:
-    from .simulate import Timeline
+from .timeline import Timeline
 
 
 def _render(header: list[str], rows: list[tuple[str, list[str], bool]]) -> str:

@@ -11,41 +11,18 @@ deadlock: ScheduleError with the grid, the stuck steps marked.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property
 
 from .actions import Action, Kind
 from .dependencies import dependencies, matching_send, receiving
 from .grid import grid
 from .schedule import Schedule, ScheduleError
+from .timeline import Timeline
 
 Duration = Callable[[int, Action], float]
 Latency = Callable[[Action, Action], float]
 Gap = Callable[[int, Action], float]
 Edge = tuple[Action, bool]  # (action waited for, crosses ranks)
 Wait = tuple[int, int, bool, Action]  # (its rank, its step there or -1, crosses ranks, the action)
-
-
-@dataclass(frozen=True)
-class Timeline:
-    rows: tuple[tuple[int, Action, float, float], ...]  # (rank, action, start, end), by rank then order
-
-    @cached_property
-    def makespan(self) -> float:
-        """The step's length: the replay starts every rank at 0, so the last end (gaps included)."""
-        return max((end for _, _, _, end in self.rows), default=0.0)
-
-    @cached_property
-    def _busy(self) -> dict[int, float]:
-        busy: dict[int, float] = {}
-        for rank, action, start, end in self.rows:
-            if action.kind.is_compute:
-                busy[rank] = busy.get(rank, 0.0) + end - start
-        return busy
-
-    def busy(self, rank: int) -> float:
-        """Time the rank spends in compute actions (comm actions are waiting, not work)."""
-        return self._busy.get(rank, 0.0)
 
 
 def _edges(schedule: Schedule, rank: int, action: Action) -> tuple[Edge, ...]:
