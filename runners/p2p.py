@@ -16,6 +16,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+# A peer that died or hung fails the run within minutes instead of gloo's default 30 (a step takes seconds).
+PEER_TIMEOUT = timedelta(minutes=5)
+
 
 @dataclass(frozen=True)
 class PendingSend:

@@ -12,17 +12,12 @@ import argparse
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
+from runners.engines import ENGINES
+from runners.engines.torch_classes import TORCH_CLASSES, TORCH_ONLY
 from runners.presets import PRESETS, Preset, preset_problem
 from runners.schedules import V_SHAPED, ScheduleError, build
-from runners.torch_shapes import TORCH_CLASSES, TORCH_ONLY
 
 DEVICES = ("auto", "cpu", "cuda")
-# Engine name -> what it is; runners.worker.ENGINES holds the step functions of those implemented.
-ENGINES = {
-    "native": "runners/execute.py: the dispatch-table executor",
-    "torch": "torch.distributed.pipelining's schedules",
-}
-READY_ENGINES = ("native", "torch")
 
 
 class RequestError(ValueError):
@@ -87,10 +82,6 @@ def resolve(request: RunRequest, count_gpus: Callable[[], int], ranks_per_node: 
     """
     if request.engine not in ENGINES:
         raise RequestError(f"unknown engine {request.engine!r}; choose one of {', '.join(ENGINES)}")
-    if request.engine not in READY_ENGINES:
-        raise RequestError(
-            f"engine {request.engine!r} ({ENGINES[request.engine]}) is not implemented yet; use --engine native"
-        )
     if min(request.steps, request.timed_steps) < 1:
         raise RequestError(f"steps and timed steps must be at least 1, got {request.steps} and {request.timed_steps}")
     if request.rows_per_microbatch is not None and request.rows_per_microbatch < 1:
@@ -128,7 +119,7 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
         parser.add_argument("--m", "--microbatches", dest="m", type=int, required=True, help="microbatches per step")
     parser.add_argument("--v", "--chunks", dest="v", type=int, default=1,
                         help="chunks per rank (interleaved; zbv and dualpipev: 2)")
-    parser.add_argument("--engine", default="native")
+    parser.add_argument("--engine", default="native", help=" | ".join(ENGINES))
     parser.add_argument("--preset", default=None, help="seed | cpu | tiny (default: seed on CUDA, cpu otherwise)")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")

@@ -14,56 +14,25 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
-from datetime import timedelta
-from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from runners.execute import StepContext, run_step
+from runners.engines import ENGINES
+from runners.engines.protocol import RankSetup
 from runners.measure import calibration, calibration_samples, pooled, timed_step
-from runners.model import Stage, build_stages, split_microbatches, stage_input
-from runners.p2p import open_links
+from runners.model import build_stages, stage_input
+from runners.p2p import PEER_TIMEOUT
 from runners.presets import microbatch_rows
 from runners.profile import profile_steps
 from runners.request import RequestError, Resolved, add_request_arguments, request_from, resolve
 from runners.rundir import git_revision, host_facts, write_run_json
 from runners.schedules import Schedule, build, lower
 from runners.stash import StashMeter
-from runners.torch_engine import torch_step
 
 PROFILER_WAIT, PROFILER_WARMUP = 1, 1
-# A peer that died or hung fails the run within minutes instead of gloo's default 30 (a step takes seconds).
-PEER_TIMEOUT = timedelta(minutes=5)
-
-
-@dataclass(frozen=True)
-class RankSetup:
-    """What an engine gets to build its step function from, on one rank."""
-
-    resolved: Resolved
-    schedule: Schedule  # lowered
-    rank: int
-    stages: dict[int, Stage]  # stage index -> module, this rank's only
-    batch: torch.Tensor  # the whole batch that enters stage 0
-    optimizer: torch.optim.Optimizer
-    meter: StashMeter  # the native executor samples its stash here; other engines leave it empty
-
-
-def native_step(setup: RankSetup) -> Callable[[], None]:
-    """runners/execute.py running this rank's lowered order."""
-    request = setup.resolved.request
-    links = open_links(setup.resolved.backend, PEER_TIMEOUT) if request.p > 1 else None
-    ctx = StepContext(setup.rank, setup.schedule.n_stages, setup.schedule.rank_of, setup.stages, links,
-                      split_microbatches(setup.batch, request.m), setup.resolved.preset.width)
-    return partial(run_step, ctx, setup.schedule.orders[setup.rank], setup.optimizer, setup.meter)
-
-
-# Engine name -> builder of the step function (called once per rank, collectively).
-ENGINES: dict[str, Callable[[RankSetup], Callable[[], None]]] = {"native": native_step, "torch": torch_step}
 
 
 def ended_together(step: Callable[[], None]) -> Callable[[], None]:
@@ -126,7 +95,8 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
     batch = stage_input(preset, device)
     optimizer = torch.optim.SGD([p for stage in stages.values() for p in stage.parameters()], lr=1e-4)
     meter = StashMeter()
-    step = ended_together(ENGINES[request.engine](RankSetup(resolved, schedule, rank, stages, batch, optimizer, meter)))
+    build_step = ENGINES[request.engine].step_builder()
+    step = ended_together(build_step(RankSetup(resolved, schedule, rank, stages, batch, optimizer, meter)))
     marks = [time.monotonic()]
     step()  # first step allocates; keep it out of the timings
     step_ms, rounds = [], []

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from runners.engines import ENGINES
 from runners.presets import PRESETS, microbatch_rows, preset_problem
-from runners.request import READY_ENGINES, RequestError, RunRequest, choose_device, resolve
+from runners.request import RequestError, RunRequest, choose_device, resolve
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -80,9 +82,21 @@ def test_every_preset_runs_the_issue_matrix():
         assert all(preset_problem(preset, m, v) is None for m, v in [(8, 1), (8, 2), (1, 1)]), preset.name
 
 
-def test_the_ready_engines_are_the_workers():
-    worker = pytest.importorskip("runners.worker")
-    assert tuple(worker.ENGINES) == READY_ENGINES
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_every_engine_names_a_module_that_builds_its_step(name):
+    pytest.importorskip("torch")
+    build_step = ENGINES[name].step_builder()
+    assert callable(build_step) and list(inspect.signature(build_step).parameters) == ["setup"]
+
+
+def test_what_the_launcher_imports_needs_no_torch():
+    """A bad request is refused before torch (seconds to import) is loaded."""
+    modules = ["runners.request", "runners.presets", "runners.engines", "runners.engines.torch_classes",
+               "runners.schedules", "runners.launch", "runners.results", "runners.rundir"]
+    code = (f"import sys; import {', '.join(modules)}; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'polars', 'msgspec', 'altair'}))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("args,words", [

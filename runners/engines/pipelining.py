@@ -6,25 +6,23 @@ microbatches, runs its own action table and does its own p2p. The loss is the se
 and torch's `scale_grads` divides the summed gradients by m, which is what the native engine's loss/m
 does, so both engines compute the same step.
 
-What torch's traces contain differs by class (analysis/infer.py reads them): ScheduleGPipe labels
+What torch's traces contain differs by class (the analysis reads each form): ScheduleGPipe labels
 `Forward i`/`Backward i`, Schedule1F1B labels nothing, the multi-stage runtime labels every action
 `PP:<action>` but its RECV only posts the receive; the wait happens inside the consuming F or B.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as torch_schedules
 
+from runners.engines.protocol import RankSetup
+from runners.engines.torch_classes import MULTI_STAGE, TORCH_CLASSES
 from runners.model import Stage
-from runners.torch_shapes import MULTI_STAGE, TORCH_CLASSES
-
-if TYPE_CHECKING:  # the worker imports this module
-    from runners.worker import RankSetup
 
 
 def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -68,8 +66,8 @@ def step_function(
     return step
 
 
-def torch_step(setup: RankSetup) -> Callable[[], None]:
-    """The worker's engine entry (runners.worker.ENGINES): this rank's stages under torch's schedule."""
+def build_step(setup: RankSetup) -> Callable[[], None]:
+    """This rank's stages under torch's schedule class for the requested schedule name."""
     request = setup.resolved.request
     n_stages = setup.schedule.n_stages
     schedule = build_schedule(request.schedule, setup.stages, n_stages, request.m, setup.batch.device)

@@ -1,8 +1,9 @@
-"""Which torch.distributed.pipelining class runs each schedule name (torch-free, like runners/request.py).
+"""Which torch.distributed.pipelining class runs each schedule name, by name only: torch-free, so the
+launcher can refuse a schedule the chosen engine does not run before torch is imported.
 
 `zb` is torch's ScheduleInterleavedZeroBubble (ZB1P); `zbv` and `dualpipev` place exactly two stages
 per rank in a V (rank r holds stages r and 2p-1-r; runners.schedules' "v" placement, which gives the
-worker those stages). They run on this engine only: the native executor does not run them.
+worker those stages). They run on the torch engine only: the native executor does not run them.
 """
 
 from __future__ import annotations

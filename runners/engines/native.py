@@ -1,0 +1,20 @@
+"""The `native` engine: this project's executor (runners/execute.py) running the rank's lowered order."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+from runners.engines.protocol import RankSetup
+from runners.execute import StepContext, run_step
+from runners.model import split_microbatches
+from runners.p2p import PEER_TIMEOUT, open_links
+
+
+def build_step(setup: RankSetup) -> Callable[[], None]:
+    """run_step over this rank's order, with p2p channels to its peers (none when p is 1)."""
+    request = setup.resolved.request
+    links = open_links(setup.resolved.backend, PEER_TIMEOUT) if request.p > 1 else None
+    ctx = StepContext(setup.rank, setup.schedule.n_stages, setup.schedule.rank_of, setup.stages, links,
+                      split_microbatches(setup.batch, request.m), setup.resolved.preset.width)
+    return partial(run_step, ctx, setup.schedule.orders[setup.rank], setup.optimizer, setup.meter)

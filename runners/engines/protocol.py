@@ -1,0 +1,31 @@
+"""What an engine is given and what it returns: RankSetup in, a step function out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from runners.model import Stage
+from runners.request import Resolved
+from runners.schedules import Schedule
+from runners.stash import StashMeter
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """What an engine gets to build its step function from, on one rank."""
+
+    resolved: Resolved
+    schedule: Schedule  # lowered
+    rank: int
+    stages: dict[int, Stage]  # stage index -> module, this rank's only
+    batch: torch.Tensor  # the whole batch that enters stage 0
+    optimizer: torch.optim.Optimizer
+    meter: StashMeter  # the native executor samples its stash here; other engines leave it empty
+
+
+# Called once per rank, collectively (an engine may create process groups); the step function it
+# returns runs one training step, optimizer step included, each time it is called.
+StepBuilder = Callable[[RankSetup], Callable[[], None]]
