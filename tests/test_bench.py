@@ -110,9 +110,9 @@ def test_bench_refuses_unknown_parts(tmp_path, capsys):
 
 def test_executor_part_says_when_the_torch_engine_is_missing(monkeypatch, tmp_path):
     from bench import runs as bench_runs
-    from runners import request
+    from runners import engines
 
-    monkeypatch.setattr(request, "READY_ENGINES", ("native",))
+    monkeypatch.delitem(engines.ENGINES, "torch")
     plan = bench_runs.RunPlan(tmp_path, "tiny", 1, 1)
     result = bench_runs.executor_overhead(plan, (("gpipe", 2),), 1, print)
     assert result["available"] is False and result["reason"].startswith("torch engine not available")
