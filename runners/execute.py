@@ -4,7 +4,11 @@ One dispatch table maps each action kind to a handler (DeepSpeed's instruction -
 executed action is wrapped in record_function("PP:<action>") so traces name it in
 torch.distributed.pipelining's form. RECV handlers block until the data is there, inside their span,
 so waiting for a peer is visible as its own span. Sends are queued as PendingSend values and completed
-at the end of the step.
+at the end of the step. Each handler's docstring gives its effect on the StepState in one line, with
+s the action's stage and i its microbatch. Stage 0 reads its input from first_inputs; the last stage's
+output is the loss, so its backward pops no output gradient; dx is the gradient of the stashed
+forward's input given output_grads.pop((s, i)). With the next (or previous) stage on the same rank a
+tensor goes straight into inputs (output_grads) instead of to_send.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class StepState:
     forwards: dict[Key, Forward] = field(default_factory=dict)  # stashed for B / I
     output_grads: dict[Key, torch.Tensor] = field(default_factory=dict)  # gradients for B / I
     to_send: dict[tuple[Kind, int, int], torch.Tensor] = field(default_factory=dict)  # for SEND_F / SEND_B
+    # per Linear of the stage: (the module, its input, its output's gradient), what W needs after I
     weight_work: dict[Key, list[tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
     pending: list[PendingSend] = field(default_factory=list)
 
@@ -70,6 +75,7 @@ class StepState:
 
 
 def forward(ctx: StepContext, state: StepState, action: Action) -> None:
+    """Roughly: inputs[(s+1, i)] or to_send[SEND_F, s, i] = stage_s(inputs.pop((s, i))); stashed in forwards[(s, i)]."""
     stage, microbatch = action.stage, action.microbatch
     x = ctx.first_inputs[microbatch] if stage == 0 else state.inputs.pop((stage, microbatch))
     output, taps = ctx.stages[stage].forward_with_taps(x)
@@ -99,6 +105,7 @@ def _output_grad(ctx: StepContext, state: StepState, key: Key) -> torch.Tensor |
 
 
 def backward(ctx: StepContext, state: StepState, action: Action) -> None:
+    """Roughly: output_grads[(s-1, i)] or to_send[SEND_B, s, i] = dx(forwards.pop((s, i))); .grad += weight grads."""
     key = (action.stage, action.microbatch)
     stashed = state.forwards.pop(key)
     torch.autograd.backward(stashed.output, _output_grad(ctx, state, key))
@@ -106,7 +113,7 @@ def backward(ctx: StepContext, state: StepState, action: Action) -> None:
 
 
 def backward_input(ctx: StepContext, state: StepState, action: Action) -> None:
-    """Zero-bubble I: gradients of the stage input and of each Linear's output; weights wait for W."""
+    """Roughly: output_grads[(s-1, i)] or to_send[SEND_B, s, i] = dx(forwards.pop((s, i))); weight_work[s, i] = W's."""
     key = (action.stage, action.microbatch)
     stashed = state.forwards.pop(key)
     targets = [pre_activation for _, pre_activation in stashed.taps]
@@ -121,7 +128,7 @@ def backward_input(ctx: StepContext, state: StepState, action: Action) -> None:
 
 @torch.no_grad()
 def backward_weight(ctx: StepContext, state: StepState, action: Action) -> None:
-    """Zero-bubble W: each Linear's weight gradient from the tensors I kept (grad_out^T @ input)."""
+    """Roughly: weight.grad += grad_out^T @ input for each Linear's pair in weight_work.pop((s, i))."""
     for linear, layer_input, grad in state.weight_work.pop((action.stage, action.microbatch)):
         weight_grad = grad.flatten(0, -2).T @ layer_input.flatten(0, -2)
         linear.weight.grad = weight_grad if linear.weight.grad is None else linear.weight.grad + weight_grad
@@ -141,19 +148,23 @@ def _send(ctx: StepContext, state: StepState, action: Action, dst_stage: int, is
 
 
 def send_forward(ctx: StepContext, state: StepState, action: Action) -> None:
+    """Roughly: pending += isend(to_send.pop((SEND_F, s, i)), to the rank of stage s+1)."""
     _send(ctx, state, action, action.stage + 1, is_gradient=False)
 
 
 def send_backward(ctx: StepContext, state: StepState, action: Action) -> None:
+    """Roughly: pending += isend(to_send.pop((SEND_B, s, i)), to the rank of stage s-1)."""
     _send(ctx, state, action, action.stage - 1, is_gradient=True)
 
 
 def recv_forward(ctx: StepContext, state: StepState, action: Action) -> None:
+    """Roughly: inputs[(s, i)] = recv(from the rank of stage s-1), blocking until it has arrived."""
     activation = _receive(ctx, action, action.stage - 1, is_gradient=False)
     state.inputs[(action.stage, action.microbatch)] = activation.requires_grad_()
 
 
 def recv_backward(ctx: StepContext, state: StepState, action: Action) -> None:
+    """Roughly: output_grads[(s, i)] = recv(from the rank of stage s+1), blocking until it has arrived."""
     state.output_grads[(action.stage, action.microbatch)] = _receive(ctx, action, action.stage + 1, is_gradient=True)
 
 
