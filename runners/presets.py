@@ -5,7 +5,7 @@ A preset fixes the width, the layers each rank holds, the rows per batch and the
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -15,21 +15,16 @@ class Preset:
     layers_per_rank: int  # Linear+GELU pairs one rank holds, split over its v chunks
     rows: int  # rows in the whole batch; microbatches split it
     dtype: str  # torch dtype name
-    purpose: str
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 PRESETS = {
-    # The published experiment (seed 000): 4 stages x 6 layers at width 4096, 8192 rows, bf16.
-    "seed": Preset("seed", 4096, 6, 8192, "bfloat16", "the seed experiment, for GPUs"),
-    # Sized on a 2-core machine: a stage's full-batch F+B takes ~130 ms on one thread, against ~1 ms for
-    # a 1 MB gloo hop and ~3 ms of SGD step. At m=1, P=2 those are ~2% of the step, so GPipe's bubble
-    # measures within 0.02 of (p-1)/p (4 layers measured 0.515-0.55); P=4 M=8 still runs in seconds.
-    "cpu": Preset("cpu", 512, 8, 512, "float32", "the default without GPUs"),
+    # The seed experiment, for GPUs: 4 stages x 6 layers at width 4096, 8192 rows, bf16.
+    "seed": Preset("seed", 4096, 6, 8192, "bfloat16"),
+    # The default without GPUs: enough layers that a stage's full-batch F+B dwarfs a gloo hop and the
+    # SGD step, so the m=1 bubble measures close to (p-1)/p; small enough that P=4 M=8 runs in seconds.
+    "cpu": Preset("cpu", 512, 8, 512, "float32"),
     # For tests: seconds per run, shapes still distinct per stage.
-    "tiny": Preset("tiny", 64, 2, 64, "float32", "tests: end-to-end runs in seconds"),
+    "tiny": Preset("tiny", 64, 2, 64, "float32"),
 }
 
 

@@ -9,7 +9,7 @@ run on a GPU machine would measure something else than the user asked for (--dev
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from runners.engines import ENGINES
@@ -37,9 +37,6 @@ class RunRequest:
     timed_steps: int = 5  # unprofiled steps whose median is step_time_unprofiled_ms; each is followed by a calibration sample
     rows_per_microbatch: int | None = None  # fixed microbatch size: the batch grows to m x this; None: preset's batch
     profile_memory: bool = True  # torch.profiler's allocator events ([memory]) in the traces
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from runners.measure import calibration, calibration_samples, pooled
 from runners.model import build_stages, stage_input
 from runners.presets import Preset
 
-PRESET = Preset("test", width=16, layers_per_rank=2, rows=32, dtype="float32", purpose="unit tests")
+PRESET = Preset("test", width=16, layers_per_rank=2, rows=32, dtype="float32")
 
 
 def test_every_stage_of_the_rank_is_sampled_in_index_order(tmp_path):

@@ -15,7 +15,7 @@ from runners.p2p import open_links
 from runners.presets import Preset
 from runners.schedules import Action, build, lower
 
-PRESET = Preset("test", width=16, layers_per_rank=2, rows=32, dtype="float64", purpose="unit tests")
+PRESET = Preset("test", width=16, layers_per_rank=2, rows=32, dtype="float64")
 LR = 0.5
 
 
