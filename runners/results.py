@@ -2,9 +2,10 @@
 so it runs on the GPU machine, which has neither polars nor network).
 
 Per run: the formula bubble (p-1)/(v*m+p-1), the unprofiled step time, and the busiest rank's full-batch
-compute (its stages' calibrated F+B: the seed's m*t_slot at full-batch efficiency), whose complement
-`1 - compute / step` is the seed experiment's measured bubble; it includes the small-GEMM slowdown,
-which analysis/ then separates out (its summary.json's bubble_measured is added when present).
+compute (the calibrated F+B of the stages the schedule places on it: the seed's m*t_slot at full-batch
+efficiency), whose complement `1 - compute / step` is the seed experiment's measured bubble; it includes
+the small-GEMM slowdown, which analysis/ then separates out (its summary.json's bubble_measured is added
+when present).
 """
 
 from __future__ import annotations
@@ -13,15 +14,19 @@ import json
 import sys
 from pathlib import Path
 
+from runners.rundir import is_complete
+from runners.schedules import Schedule, build, formula_bubble
+
 COLUMNS = ("run", "device", "schedule", "p", "m", "v", "rows/mb", "step ms", "full-batch compute ms",
            "bubble formula", "1 - compute/step", "analysis bubble", "run s")
 
 
-def busiest_rank_compute_ms(config: dict) -> float:
-    """Max over ranks of the sum of its stages' full-batch F+B (stage s on rank s % p)."""
-    per_rank = [0.0] * config["p"]
-    for stage, times in config["calibration"].items():
-        per_rank[int(stage) % config["p"]] += times["F_ms"] + times["B_ms"]
+def busiest_rank_compute_ms(calibration: dict[str, dict[str, float]], schedule: Schedule) -> float:
+    """Max over ranks of the sum of its stages' full-batch F+B, each stage on the rank the schedule's
+    placement gives it (stage s on rank s % p, or in a V for zbv and dualpipev)."""
+    per_rank = [0.0] * schedule.p
+    for stage, times in calibration.items():
+        per_rank[schedule.rank_of(int(stage))] += times["F_ms"] + times["B_ms"]
     return max(per_rank)
 
 
@@ -29,14 +34,14 @@ def row(run_dir: Path) -> dict:
     config = json.loads((run_dir / "run.json").read_text())
     p, m, v = config["p"], config["m"], config["v"]
     step_ms = config["step_time_unprofiled_ms"]
-    compute_ms = busiest_rank_compute_ms(config)
+    compute_ms = busiest_rank_compute_ms(config["calibration"], build(config["schedule"], p, m, v))
     summary_path = run_dir / "analysis" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return {
         "run": run_dir.name, "device": config["host"].get("gpu", config["device"]),
         "schedule": config["schedule"], "p": p, "m": m, "v": v, "rows/mb": config["dims"]["microbatch_rows"][0],
         "step ms": step_ms, "full-batch compute ms": compute_ms,
-        "bubble formula": (p - 1) / (v * m + p - 1), "1 - compute/step": 1 - compute_ms / step_ms,
+        "bubble formula": formula_bubble(p, m, v), "1 - compute/step": 1 - compute_ms / step_ms,
         "analysis bubble": summary.get("bubble_measured"), "run s": sum(config.get("phases_s", {}).values()),
     }
 
@@ -63,13 +68,10 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str]) -> int:
     complete = []
     for path in dict.fromkeys(Path(arg).resolve() for arg in argv):  # traces/latest repeats a run
-        try:
-            if json.loads((path / "run.json").read_text()).get("complete") is True:
-                complete.append(path)
-                continue
-        except (OSError, ValueError):
-            pass
-        print(f"skipped {path}: no complete run.json", file=sys.stderr)
+        if is_complete(path):
+            complete.append(path)
+        else:
+            print(f"skipped {path}: no complete run.json", file=sys.stderr)
     rows = sorted((row(path) for path in complete), key=lambda r: (r["schedule"], r["p"], r["v"], r["m"]))
     sys.stdout.write(table(rows))
     return 0 if rows else 1

@@ -11,15 +11,16 @@ import pytest
 
 from runners.results import busiest_rank_compute_ms, row, table
 from runners.rundir import write_run_json
+from runners.schedules import build
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 
 
-def fake_run(directory: Path, p: int, m: int, v: int, calibration: dict, step_ms: float) -> Path:
+def fake_run(directory: Path, p: int, m: int, v: int, calibration: dict, step_ms: float, schedule: str = "") -> Path:
     directory.mkdir(parents=True)
     write_run_json(directory, {
-        "schedule": "interleaved" if v > 1 else "gpipe", "p": p, "m": m, "v": v, "device": "cuda",
+        "schedule": schedule or ("interleaved" if v > 1 else "gpipe"), "p": p, "m": m, "v": v, "device": "cuda",
         "host": {"gpu": "NVIDIA H200"}, "dims": {"microbatch_rows": [8192 // m] * m},
         "calibration": calibration, "step_time_unprofiled_ms": step_ms, "phases_s": {"a": 1.5, "b": 2.0},
     })
@@ -35,11 +36,23 @@ def test_busiest_rank_sums_its_interleaved_stages(tmp_path):
     calibration = {"0": {"F_ms": 1, "B_ms": 2}, "1": {"F_ms": 1, "B_ms": 1},
                    "2": {"F_ms": 3, "B_ms": 4}, "3": {"F_ms": 1, "B_ms": 1}}
     run = fake_run(tmp_path / "r", 2, 4, 2, calibration, step_ms=20.0)
-    assert busiest_rank_compute_ms({"p": 2, "calibration": calibration}) == 10
+    assert busiest_rank_compute_ms(calibration, build("interleaved", 2, 4, 2)) == 10
     result = row(run)
     assert result["bubble formula"] == pytest.approx(1 / 9)  # (p-1)/(v*m+p-1) = 1/(8+1)
     assert result["1 - compute/step"] == pytest.approx(0.5)  # 1 - 10/20
     assert result["run s"] == pytest.approx(3.5) and result["device"] == "NVIDIA H200"
+
+
+def test_busiest_rank_follows_the_v_placement_of_zbv(tmp_path):
+    # p=2 in a V: rank 0 holds stages 0 and 3 (3 + 2 = 5 ms), rank 1 stages 1 and 2 (2 + 5 = 7 ms). Placed
+    # as a loop (stage s on rank s % 2) rank 0 would hold 0 and 2, 8 ms, and be the busiest.
+    calibration = {"0": {"F_ms": 1, "B_ms": 2}, "1": {"F_ms": 1, "B_ms": 1},
+                   "2": {"F_ms": 2, "B_ms": 3}, "3": {"F_ms": 1, "B_ms": 1}}
+    run = fake_run(tmp_path / "zbv", 2, 4, 2, calibration, step_ms=14.0, schedule="zbv")
+    result = row(run)
+    assert result["full-batch compute ms"] == 7
+    assert result["1 - compute/step"] == pytest.approx(0.5)  # 1 - 7/14
+    assert result["bubble formula"] == pytest.approx(1 / 9)  # the (p-1)/(v*m+p-1) column, as for interleaved
 
 
 def test_table_has_one_line_per_run(tmp_path):
