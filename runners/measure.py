@@ -3,10 +3,10 @@ small-GEMM analysis) and the step time without the profiler.
 
 Timings use CUDA events on a GPU and the wall clock on CPU. Calibration runs one rank at a time,
 with a barrier between ranks, so CPU ranks sharing cores do not slow each other down. It is sampled
-between the timed steps, just before the profiled ones, so it sees the machine as the steps did: on a
-shared 2-core VM whose speed swings by 10-30% from second to second, calibrations taken in one burst
-before the first step were a median 15% off the whole-batch cells of m=1 runs (which should match
-them exactly), and one burst after the profiled steps 10%, with single runs off by 35%.
+between the timed steps, just before the profiled ones, so it sees the machine as the steps did: where
+its speed drifts (a shared VM), a calibration taken in one burst before the first step or after the
+profiled ones times a different machine from the one the steps ran on, and the whole-batch cells of
+an m=1 run, which should match it, do not.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The executor samples the meter inside the span of every action that stashes or frees activations, on
 the wall clock (time.time_ns), which is the clock torch.profiler stamps its events with; the samples
 then become Chrome counter events ("ph": "C") in the rank's trace at export, so Perfetto draws them
-as counter tracks under the rank and analysis.memory reads them back. On CUDA a second counter holds
+as counter tracks under the rank and the analysis reads them back. On CUDA a second counter holds
 each step's allocator peak above what was allocated when the step began.
 """
 

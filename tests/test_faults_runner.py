@@ -1,4 +1,4 @@
-"""Runner faults with real processes (issue 8): a rank killed mid-run, Ctrl-C, two runs at once.
+"""Runner faults with real processes: a rank killed mid-run, Ctrl-C, two runs at once.
 
 Each run is the tiny preset on 2 gloo ranks. The killed and interrupted runs are given far more timed
 steps than they will live to run, so the fault always lands while the workers are at work.

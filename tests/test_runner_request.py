@@ -76,7 +76,7 @@ def test_microbatches_cover_the_batch_evenly(rows, m):
     assert len(sizes) == m and sum(sizes) == rows and max(sizes) - min(sizes) <= 1
 
 
-def test_every_preset_runs_the_issue_matrix():
+def test_every_preset_runs_the_example_requests():
     """SCHED=gpipe/1f1b/zb M=8, interleaved V=2, M=1: all allowed by every preset (P=4)."""
     for preset in PRESETS.values():
         assert all(preset_problem(preset, m, v) is None for m, v in [(8, 1), (8, 2), (1, 1)]), preset.name

@@ -78,7 +78,7 @@ def zb(p: int, m: int, v: int = 1) -> tuple[tuple[Action, ...], ...]:
 
     With v > 1 chunks (the family of torch's ScheduleInterleavedZeroBubble): interleaved 1F1B's order
     with each backward split into I and its W right after. That order is valid but places W less
-    cleverly than torch; the analysis replays a run in the order it executed (analysis.shape)."""
+    cleverly than torch; the analysis replays a run in the order it executed, not in this one."""
     if v > 1:
         return tuple(tuple(_split_backward(order)) for order in interleaved(p, m, v))
     return tuple(
