@@ -116,7 +116,8 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
         parser.add_argument("--m", "--microbatches", dest="m", type=int, required=True, help="microbatches per step")
     parser.add_argument("--v", "--chunks", dest="v", type=int, default=1,
                         help="chunks per rank (interleaved; zbv and dualpipev: 2)")
-    parser.add_argument("--engine", default="native", help=" | ".join(ENGINES))
+    parser.add_argument("--engine", default="native",
+                        help="; ".join(f"{name}: {engine.description}" for name, engine in ENGINES.items()))
     parser.add_argument("--preset", default=None, help="seed | cpu | tiny (default: seed on CUDA, cpu otherwise)")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
