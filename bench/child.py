@@ -19,11 +19,11 @@ from pathlib import Path
 
 def analyze(directory: Path, schedule: str | None, m: int | None) -> tuple[float, int]:
     from analysis.pipeline import analyze_run, read_run
-    from analysis.cli.analyze import write
+    from analysis.results import write
 
     began = time.perf_counter()
     result = analyze_run(read_run(directory), schedule=schedule, m=m)
-    write(directory / "analysis", result)
+    write(directory, result)
     return began, result.cells.height
 
 

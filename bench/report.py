@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from bench.stats import Stats
-from analysis.attribution.parts import BARS
+from analysis.schema import WATERFALL_TERMS
 from runners.results import markdown_table
 
 SEED_COLUMNS = ("p", "m", "slot_ms", "step_ms", "bubble_theory", "bubble_measured")
-OUR_COLUMNS = ("analysis_bubble", "profiled_step_ms", *(f"{bar}_ms" for bar in BARS))
+OUR_COLUMNS = ("analysis_bubble", "profiled_step_ms", *(f"{term}_ms" for term in WATERFALL_TERMS))
 SWEEP_COLUMNS = ("schedule", "m", "step_ms", "step_ms_min", "step_ms_max", "profiled_step_ms", "profiler_ratio",
                  "simulated_step_ms", "sim_error")
 

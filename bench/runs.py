@@ -17,10 +17,11 @@ import polars as pl
 
 from analysis.pipeline import analyze_run, read_run
 from bench.stats import stats, verdict
-from analysis.attribution.parts import BARS
+from analysis.schema import WATERFALL_TERMS
 from analysis.errors import InputError
 from runners.launch import LaunchError, launch
 from runners.request import RequestError, RunRequest, resolve
+from runners.schedules import formula_bubble
 
 PROFILER_TARGET = 1.10  # profiled / unprofiled step time
 SIM_TARGET = 0.05  # |simulated / measured - 1| on every run
@@ -56,18 +57,18 @@ def sweep_row(run_dir: Path) -> dict:
     config = json.loads((run_dir / "run.json").read_text())
     result = analyze_run(read_run(run_dir))
     summary = result.summary
-    p, m = summary["p"], summary["m"]
+    p, m = summary.p, summary.m
     step, samples = config["step_time_unprofiled_ms"], config["step_times_unprofiled_ms"]
-    slot = slot_ms(result.cells, summary["median_step"])
-    profiled, simulated = summary["step_time_ms"], summary["simulated_step_time_ms"]
+    slot = slot_ms(result.cells, summary.median_step)
+    profiled, simulated = summary.step_time_ms, summary.simulated_step_time_ms
     return {
-        "run": run_dir.name, "schedule": summary["schedule"], "p": p, "m": m,
+        "run": run_dir.name, "schedule": summary.schedule, "p": p, "m": m,
         "slot_ms": slot, "step_ms": step, "step_ms_min": min(samples), "step_ms_max": max(samples),
-        "bubble_theory": (p - 1) / (m + p - 1), "bubble_measured": 1 - m * slot / step,
-        "analysis_bubble": summary["bubble_measured"], "profiled_step_ms": profiled,
+        "bubble_theory": formula_bubble(p, m, summary.v), "bubble_measured": 1 - m * slot / step,
+        "analysis_bubble": summary.bubble_measured, "profiled_step_ms": profiled,
         "simulated_step_ms": simulated, "sim_error": simulated / profiled - 1,
         "profiler_ratio": profiled / step,
-        **{f"{bar}_ms": summary["waterfall_ms"][bar] for bar in BARS},
+        **{f"{term}_ms": getattr(summary.waterfall_ms, term) for term in WATERFALL_TERMS},
     }
 
 
@@ -132,9 +133,9 @@ def m1_bubble(plan: RunPlan, runs: int, progress: Callable[[str], None]) -> dict
             failed.append(str(error))
             progress(f"  [{done}/{runs}] failed: {error}")
             continue
-        bubbles.append(summary["bubble_measured"])
-        calibration_errors += [abs(rank["small_gemm_ms"] / rank["compute_ms"]) for rank in summary["ranks"]]
-        progress(f"  [{done}/{runs}] bubble {summary['bubble_measured']:.4f}")
+        bubbles.append(summary.bubble_measured)
+        calibration_errors += [abs(rank.small_gemm_ms / rank.compute_ms) for rank in summary.ranks]
+        progress(f"  [{done}/{runs}] bubble {summary.bubble_measured:.4f}")
     if not bubbles:
         return {"runs": runs, "failed": failed}
     deviation = stats([abs(bubble - 0.5) for bubble in bubbles])

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from synthetic import shapes
 from analysis.cli import standalone
 from analysis.errors import InputError
+from analysis.traces.kineto import STEP_PREFIX
 from analysis.files import write_atomically
 from runners.schedules import SCHEDULES, Action, Kind, Schedule, ScheduleError, build, lower, simulate
 from runners.schedules.dependencies import matching_send
@@ -129,7 +130,7 @@ def _document(schedule: Schedule, rank: int, cells, step_ns: int, steps: int, sh
         events += _gpu_steps(moved, pid, device, shifts[-1] + step_ns)
     else:
         for step, (shift, step_cells) in enumerate(zip(shifts, moved)):
-            events.append(shapes.span(f"ProfilerStep#{step}", "user_annotation", pid, pid, shift, shift + step_ns))
+            events.append(shapes.span(f"{STEP_PREFIX}{step}", "user_annotation", pid, pid, shift, shift + step_ns))
             events += [event for cell in step_cells for event in shapes.cpu_cell(cell, pid)]
     gpu = [{"id": device, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
     return {
@@ -159,7 +160,7 @@ def _gpu_steps(steps: list[list[shapes.Cell]], pid: int, device: int, last_end: 
     events = []
     for step, (step_cells, ends) in enumerate(zip(steps, per_step)):
         finish = begins[step + 1] if step + 1 < len(steps) else last_end
-        events.append(shapes.span(f"ProfilerStep#{step}", "user_annotation", pid, pid, begins[step], finish))
+        events.append(shapes.span(f"{STEP_PREFIX}{step}", "user_annotation", pid, pid, begins[step], finish))
         for number, (cell, launch_end) in enumerate(zip(step_cells, ends)):
             events += shapes.gpu_cell(cell, pid, device, bounds[step] + number + 1, launch_end)
     return events

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from analysis.traces.kineto import BACKWARD_OP_PREFIX
 from runners.schedules import Action, Kind
+from runners.schedules.trace_names import label
 
 COMPUTE_STREAM = 7
 COMM_STREAM = 20
@@ -20,9 +22,9 @@ HOST_LEAD_NS = 20_000  # how far ahead of the device a host that is not late iss
 LABEL_PAD_NS = 1_000  # host time in a PP label before and after its launch call
 _OPS = {  # (outer op, inner op) that fill a compute cell, as in the runners' CPU traces
     Kind.F: ("aten::linear", "aten::gelu"),
-    Kind.B: ("autograd::engine::evaluate_function: MmBackward0", "aten::mm"),
-    Kind.I: ("autograd::engine::evaluate_function: MmBackward0", "aten::mm"),
-    Kind.W: ("autograd::engine::evaluate_function: MmBackward0", "aten::mm"),
+    Kind.B: (f"{BACKWARD_OP_PREFIX} MmBackward0", "aten::mm"),
+    Kind.I: (f"{BACKWARD_OP_PREFIX} MmBackward0", "aten::mm"),
+    Kind.W: (f"{BACKWARD_OP_PREFIX} MmBackward0", "aten::mm"),
 }
 
 
@@ -52,17 +54,17 @@ def metadata(pid: int, tid: int, process: str, thread: str) -> list[dict[str, An
 
 def cpu_cell(cell: Cell, pid: int) -> list[dict[str, Any]]:
     """PP span on the main thread; compute filled by two aten ops, a RECV's wait inside gloo:recv."""
-    label = span(f"PP:{cell.action}", "user_annotation", pid, pid, cell.issue, cell.end)
+    annotation = span(label(cell.action), "user_annotation", pid, pid, cell.issue, cell.end)
     kind = cell.action.kind
     if kind.is_compute:
         outer, inner = _OPS[kind]
         split = cell.start + (cell.end - cell.start) * 4 // 5
-        return [label | {"ts": cell.start / 1000, "dur": (cell.end - cell.start) / 1000},
+        return [annotation | {"ts": cell.start / 1000, "dur": (cell.end - cell.start) / 1000},
                 span(outer, "cpu_op", pid, pid, cell.start, split), span(inner, "cpu_op", pid, pid, split, cell.end)]
     if kind in (Kind.RECV_F, Kind.RECV_B):
-        return [label, span("c10d::recv_", "cpu_op", pid, pid, cell.issue, cell.end),
+        return [annotation, span("c10d::recv_", "cpu_op", pid, pid, cell.issue, cell.end),
                 span("gloo:recv", "user_annotation", pid, pid, cell.issue, cell.end)]
-    return [label, span("c10d::send", "cpu_op", pid, pid, cell.start, cell.end)]
+    return [annotation, span("c10d::send", "cpu_op", pid, pid, cell.start, cell.end)]
 
 
 def host_launches(cells: list[Cell]) -> list[int]:
@@ -97,12 +99,12 @@ def gpu_cell(cell: Cell, pid: int, device: int, correlation: int, launch_end: in
     stream = COMPUTE_STREAM if kind.is_compute else COMM_STREAM
     kernel = "ampere_sgemm_128x64_tn" if kind.is_compute else "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"
     ids = {"correlation": correlation, "External id": correlation}
-    label = f"PP:{cell.action}"
+    name = label(cell.action)
     return [
-        span(label, "user_annotation", pid, pid, label_start(launch_end), launch_end + LABEL_PAD_NS),
+        span(name, "user_annotation", pid, pid, label_start(launch_end), launch_end + LABEL_PAD_NS),
         span("cudaLaunchKernel", "cuda_runtime", pid, pid, launch_start, launch_end, cbid=211, **ids),
         span(kernel, "kernel", device, stream, device_start, cell.end, device=device, stream=stream, **ids),
-        span(label, "gpu_user_annotation", device, stream, device_start, cell.end, device=device, stream=stream),
+        span(name, "gpu_user_annotation", device, stream, device_start, cell.end, device=device, stream=stream),
         {"ph": "s", "id": correlation, "pid": pid, "tid": pid, "ts": launch_start / 1000, "cat": "ac2g", "name": "ac2g"},
         {"ph": "f", "id": correlation, "pid": device, "tid": stream, "ts": device_start / 1000, "cat": "ac2g",
          "name": "ac2g", "bp": "e"},

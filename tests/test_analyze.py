@@ -15,18 +15,22 @@ from runners.schedules import build
 
 SUMMARY_KEYS = {"schedule", "engine", "device", "p", "m", "v", "steps_analyzed", "step_time_ms", "bubble_formula",
                 "bubble_measured", "simulated_step_time_ms", "waterfall_ms", "ranks", "rules"}  # fmt: skip
-RANK_KEYS = {"rank", "stage_ids", "compute_ms", "bubble_ms", "p2p_wait_ms", "launch_overhead_ms", "small_gemm_ms",
-             "other_ms", "peak_activation_bytes"}  # fmt: skip
+RANK_KEYS_IN_ORDER = ("rank", "stage_ids", "compute_ms", "small_gemm_ms", "bubble_ms", "p2p_wait_ms",
+                      "launch_overhead_ms", "other_ms", "peak_activation_bytes")
+RANK_KEYS = set(RANK_KEYS_IN_ORDER)
 
 
-def test_analyze_writes_the_four_files_and_prints_the_table(tmp_path, capsys):
+def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
     run = gpipe_m1_run(tmp_path / "run")
     assert main(["analyze", str(run)]) == 0
     written = sorted(p.name for p in (run / "analysis").iterdir())
-    assert written == ["cells.parquet", "gaps.parquet", "ranks.parquet", "summary.json"]
+    assert written == ["cells.parquet", "gaps.parquet", "ideal.parquet", "ranks.parquet", "schedule.json",
+                       "summary.json"]
     assert not [p for p in run.iterdir() if p.name.startswith(".analysis")]  # no staging left behind
     summary = json.loads((run / "analysis" / "summary.json").read_text())
-    assert SUMMARY_KEYS <= set(summary) and set(summary) - SUMMARY_KEYS <= {"median_step", "clock", "inferred_cells"}
+    assert SUMMARY_KEYS <= set(summary) and set(summary) - SUMMARY_KEYS == {"median_step", "clock", "inferred_cells",
+                                                                             "parts", "notes"}
+    assert summary["parts"] == [key for key in RANK_KEYS_IN_ORDER if key.endswith("_ms")]
     assert all(set(rank) == RANK_KEYS for rank in summary["ranks"])
     cells = pl.read_parquet(run / "analysis" / "cells.parquet")
     assert cells.columns == ["rank", "step", "stage", "kind", "microbatch", "start_ns", "end_ns", "blocked_ns", "inferred",
@@ -66,8 +70,8 @@ def test_without_run_json_the_schedule_is_inferred_from_the_labels(tmp_path, nam
     write_run(tmp_path, build(name, p, m, v), steps=1)
     (tmp_path / "run.json").unlink()
     summary = analyze_run(read_run(tmp_path)).summary
-    assert (summary["schedule"], summary["p"], summary["m"], summary["v"]) == (name, p, m, v)
-    assert summary["waterfall_ms"]["small_gemm"] is None and summary["engine"] is None
+    assert (summary.schedule, summary.p, summary.m, summary.v) == (name, p, m, v)
+    assert summary.waterfall_ms.small_gemm is None and summary.engine is None
 
 
 def test_schedule_hint_that_disagrees_with_the_order_is_an_input_error(tmp_path, capsys):

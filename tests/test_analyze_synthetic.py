@@ -4,13 +4,15 @@ close exactly."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from analysis.pipeline import analyze_run, read_run
+from analysis.schema import RANK_PARTS
 from synthetic.generate import write_run
 from runners.schedules import build
 
-PARTS = ("compute", "small_gemm", "bubble", "p2p_wait", "launch_overhead")
+INJECTED_PARTS = ("compute", "small_gemm", "bubble", "p2p_wait", "launch_overhead")  # synthetic.RankTruth's
 CASES = [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zb", 3, 6, 1), ("zbv", 3, 6, 2),
          ("dualpipev", 2, 4, 2)]
 INJECTED = dict(durations_us={"F": 1000, "B": 2000, "I": 1000, "W": 1000}, p2p_latency_us=50, launch_gap_us=20,
@@ -28,26 +30,26 @@ def test_injected_parts_are_recovered_per_rank(tmp_path, name, p, m, v, offsets,
     clock = {r: (-1) ** r * 3_000_000 * r for r in range(p)} if offsets else None
     synthetic = write_run(tmp_path, build(name, p, m, v), clock_offset_ns=clock, shape=shape, **INJECTED)
     summary = analyze_run(read_run(tmp_path)).summary
-    assert summary["step_time_ms"] * 1e6 == pytest.approx(synthetic.truth[0].step_ns, abs=1)
-    for rank in summary["ranks"]:
-        truth = synthetic.truth[rank["rank"]]
-        misses = {part: (rank[f"{part}_ms"], getattr(truth, f"{part}_ns") / 1e6) for part in PARTS
-                  if not close(rank[f"{part}_ms"], getattr(truth, f"{part}_ns"))}  # fmt: skip
-        assert not misses, (rank["rank"], misses)
-        assert rank["other_ms"] == pytest.approx(0, abs=1e-6)
-        assert sum(rank[f"{part}_ms"] for part in (*PARTS, "other")) == pytest.approx(summary["step_time_ms"], abs=1e-9)
+    assert summary.step_time_ms * 1e6 == pytest.approx(synthetic.truth[0].step_ns, abs=1)
+    for rank in summary.ranks:
+        truth = synthetic.truth[rank.rank]
+        misses = {part: (rank.part_ms(part), getattr(truth, f"{part}_ns") / 1e6) for part in INJECTED_PARTS
+                  if not close(rank.part_ms(part), getattr(truth, f"{part}_ns"))}  # fmt: skip
+        assert not misses, (rank.rank, misses)
+        assert rank.other_ms == pytest.approx(0, abs=1e-6)
+        assert sum(rank.part_ms(part) for part in RANK_PARTS) == pytest.approx(summary.step_time_ms, abs=1e-9)
 
 
 @pytest.mark.parametrize("name,p,m,v", CASES)
 def test_replay_with_measured_inputs_matches_the_step(tmp_path, name, p, m, v):
     write_run(tmp_path, build(name, p, m, v), **INJECTED)
     summary = analyze_run(read_run(tmp_path)).summary
-    assert summary["simulated_step_time_ms"] == pytest.approx(summary["step_time_ms"], abs=1e-3)  # 1 us
-    bars = summary["waterfall_ms"]
-    assert sum(bars.values()) == pytest.approx(summary["step_time_ms"], abs=1e-9)
+    assert summary.simulated_step_time_ms == pytest.approx(summary.step_time_ms, abs=1e-3)  # 1 us
+    terms = summary.waterfall_ms
+    assert sum(msgspec.structs.asdict(terms).values()) == pytest.approx(summary.step_time_ms, abs=1e-9)
     # the slowdown is the only duration change: 25% of the ideal work shows as small-GEMM, no imbalance
-    assert bars["imbalance"] == pytest.approx(0, abs=1e-6)
-    assert bars["small_gemm"] > 0 and bars["launch_overhead"] > 0 and bars["p2p_wait"] > 0
+    assert terms.imbalance == pytest.approx(0, abs=1e-6)
+    assert terms.small_gemm > 0 and terms.launch_overhead > 0 and terms.p2p_wait > 0
 
 
 def test_without_calibration_small_gemm_is_unknown_and_compute_is_measured(tmp_path):
@@ -55,8 +57,8 @@ def test_without_calibration_small_gemm_is_unknown_and_compute_is_measured(tmp_p
     config = (tmp_path / "run.json").read_text()
     (tmp_path / "run.json").write_text(config.replace('"calibration"', '"not_calibration"'))
     summary = analyze_run(read_run(tmp_path)).summary
-    assert summary["waterfall_ms"]["small_gemm"] is None
-    for rank in summary["ranks"]:
-        truth = synthetic.truth[rank["rank"]]
-        assert rank["small_gemm_ms"] is None
-        assert close(rank["compute_ms"], truth.compute_ns + truth.small_gemm_ns)
+    assert summary.waterfall_ms.small_gemm is None
+    for rank in summary.ranks:
+        truth = synthetic.truth[rank.rank]
+        assert rank.small_gemm_ms is None
+        assert close(rank.compute_ms, truth.compute_ns + truth.small_gemm_ns)

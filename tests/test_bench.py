@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from bench.suite import main
@@ -57,9 +58,10 @@ def test_replicated_set_analyses_like_its_source(source, tmp_path):
     ours, theirs = copied.summary, original.summary
     # every step of every copy lasts as a source step does, copy boundaries included
     assert set(copied.ranks["step_ms"].round(6)) == set(original.ranks["step_ms"].round(6))
-    assert ours["steps_analyzed"] == trace_set.steps_per_rank
-    assert ours["step_time_ms"] == pytest.approx(theirs["step_time_ms"], abs=1e-6)
-    assert ours["waterfall_ms"] == pytest.approx(theirs["waterfall_ms"], abs=1e-6)
+    assert ours.steps_analyzed == trace_set.steps_per_rank
+    assert ours.step_time_ms == pytest.approx(theirs.step_time_ms, abs=1e-6)
+    assert msgspec.structs.asdict(ours.waterfall_ms) == pytest.approx(msgspec.structs.asdict(theirs.waterfall_ms),
+                                                                      abs=1e-6)
 
 
 def test_stats_and_verdicts():

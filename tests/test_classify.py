@@ -72,7 +72,7 @@ def test_gpu_idle_is_split_by_the_nccl_wait_and_the_launch_queue(tmp_path):
     # send kernel (75,79) is p2p; drain (79,100) bubble; (50,52.25) before B0's launch is the host not
     # having issued work: launch; idle with a kernel queued ((34,35), (52.25,53)) is other
     assert totals(result.gaps, 1) == {"bubble": 41 * US, "p2p_wait": 8 * US, "launch_overhead": 2_250, "other": 1_750}
-    assert result.summary["step_time_ms"] == pytest.approx(0.090, abs=1e-12)  # (10,100) on both ranks
-    for rank in result.summary["ranks"]:
-        parts = sum(rank[k] for k in ("compute_ms", "bubble_ms", "p2p_wait_ms", "launch_overhead_ms", "other_ms"))
+    assert result.summary.step_time_ms == pytest.approx(0.090, abs=1e-12)  # (10,100) on both ranks
+    for rank in result.summary.ranks:
+        parts = sum(getattr(rank, k) or 0.0 for k in result.summary.parts)  # small_gemm unknown: no calibration
         assert parts == pytest.approx(0.090, abs=1e-12)

@@ -91,16 +91,16 @@ def seed_run(tmp_path_factory) -> Path:
 def test_unannotated_gpipe_is_analysed_from_inferred_cells(seed_run):
     result = analyze_run(read_run(seed_run))
     summary = result.summary
-    assert (summary["schedule"], summary["p"], summary["m"], summary["v"]) == ("gpipe", P, 1, 1)
-    assert summary["inferred_cells"] == result.cells.height > 0
+    assert (summary.schedule, summary.p, summary.m, summary.v) == ("gpipe", P, 1, 1)
+    assert summary.inferred_cells == result.cells.height > 0
     compute = result.cells.filter(pl.col("kind").is_in(["F", "B"]))
     per_step = compute.group_by("rank", "step").agg(pl.col("kind").sort().str.join(","))
     assert set(per_step["kind"]) == {"B,F"}  # one F and one B per rank and step, nothing else
-    assert abs(summary["bubble_measured"] - (P - 1) / P) < 0.02, summary  # issue 3's bound; measured 0.007-0.009
+    assert abs(summary.bubble_measured - (P - 1) / P) < 0.02, summary  # issue 3's bound; measured 0.007-0.009
 
 
 def test_hints_must_agree_with_the_traces(seed_run):
-    assert analyze_run(read_run(seed_run), schedule="gpipe", m=1).summary["schedule"] == "gpipe"
+    assert analyze_run(read_run(seed_run), schedule="gpipe", m=1).summary.schedule == "gpipe"
     with pytest.raises(InputError, match="--m 8"):
         analyze_run(read_run(seed_run), m=8)
     with pytest.raises(InputError, match="--schedule 1f1b"):

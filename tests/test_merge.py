@@ -19,6 +19,8 @@ from analysis.cells.labelled import CELL_KEY, rank_cells
 from analysis.traces.load import load_run, read_trace
 from analysis.merge.merged import merge, read_ranks
 from analysis.merge.perfetto_check import problems
+from analysis.pipeline import analyze_dir
+from analysis.timeline.clock import ClockEstimate
 from runners.schedules import build
 
 MS = 1_000_000
@@ -26,9 +28,11 @@ US = 1_000
 OFFSETS = {0: 0, 1: 4_700 * US, 2: -5 * MS, 3: 1_234_567}
 
 
-def merged_run(directory, shape: str, **options) -> tuple[dict, object]:
+def merged_run(directory, shape: str, **options) -> tuple[dict, ClockEstimate]:
+    """A skewed synthetic 1f1b run, analysed and merged; the trace and the clock it was aligned with."""
     synthetic.write_run(directory, build("1f1b", 4, 8), p2p_latency_us=50, clock_offset_ns=OFFSETS, shape=shape, **options)
-    return merge(read_ranks(directory, None), None, None)
+    analysis = analyze_dir(directory)
+    return merge(read_ranks(directory, None), None, analysis), analysis.summary.clock
 
 
 def flows(trace: dict, cat: str) -> dict[int, dict[str, dict]]:
@@ -93,9 +97,10 @@ def test_cli_limits_steps_and_ranks_and_says_so(tmp_path, capsys):
     steps = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["name"].startswith("ProfilerStep")}
     assert kept == {1, 2} and steps == {"ProfilerStep#1"}
     assert trace["pipelineMerge"]["limited"].endswith("(limited by --steps/--ranks)")
-    clock_file = json.loads((tmp_path / "analysis" / "clock.json").read_text())
-    assert set(clock_file) == {"reference_rank", "ranks", "transfers", "collectives", "inconsistent_pairs"}
-    assert abs(clock_file["ranks"]["2"]["offset_ns"] - (OFFSETS[1] - OFFSETS[2])) <= 50 * US  # rank 1 is the reference
+    clock = trace["pipelineMerge"]["clock"]  # the analysis's, over every rank: rank 0 is the reference
+    assert set(clock) == {"reference_rank", "ranks", "transfers", "collectives", "inconsistent_pairs"}
+    offsets = {entry["rank"]: entry["offset_ns"] for entry in clock["ranks"]}
+    assert clock["reference_rank"] == 0 and abs(offsets[2] + OFFSETS[2]) <= 50 * US
 
 
 def test_overlapping_slices_move_to_a_named_overlap_thread(tmp_path):
@@ -106,7 +111,7 @@ def test_overlapping_slices_move_to_a_named_overlap_thread(tmp_path):
     ]
     path = tmp_path / "rank0.json"
     path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0}}))
-    trace, _ = merge(read_ranks(path, None), None, None)
+    trace = merge(read_ranks(path, None), None, None)
     assert problems(trace) == []
     threads = thread_names(trace)
     placed = {e["name"]: threads[(e["pid"], e["tid"])] for e in trace["traceEvents"] if e["ph"] == "X"}

@@ -1,82 +1,59 @@
-"""The HTML report: pages from summary.json and tables written to the contract (DESIGN.md section 3).
+"""The HTML report: pages from what `analyze` writes (analysis.results), never re-derived.
 
-`write_contract_run` makes a run directory the way `python -m analysis analyze` leaves it, from a
-unit-time replay of a real schedule, so these tests need neither torchrun nor the analysis.
+`write_contract_run` makes a run directory as the runners and `python -m analysis analyze` leave it:
+a synthetic run (synthetic.write_run: a real schedule replayed with F = forward_ms, B = 2 F) analysed
+by the real analysis, so the report is tested against the contract its input really has.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import polars as pl
 import pytest
 
+from analysis import results
+from analysis.pipeline import analyze_dir, caveats
 from analysis.report import build_report
-from analysis.report.frames import coarsen, representative_step, timeline_frame, waterfall_frame
-from analysis.report.ideal import ideal_timeline
+from analysis.report.frames import coarsen, ideal_frame, step_origin, timeline_frame, waterfall_frame
 from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks, thinned
 from analysis.report.runs import run_directories
-from analysis.report.sweeps import formula_curve, families, measured_steps, newest_per_m, run_row, runs_frame
-from runners.schedules import build, simulate
-
-NS = 1_000_000  # ns per ms
-
-
-def contract_tables(schedule: str, p: int, m: int, v: int, steps: int, forward_ms: float):
-    """cells and gaps for `steps` steps of the schedule replayed with F = forward_ms, B = 2 F."""
-    plan = build(schedule, p, m, v)
-    timeline = simulate(plan, duration=lambda _r, a: forward_ms * (1 if a.kind.value == "F" else 2))
-    span = timeline.makespan
-    cells = pl.DataFrame(
-        [{"rank": r, "step": s, "stage": a.stage, "kind": a.kind.value, "microbatch": a.microbatch,
-          "start_ns": int((s * span * 1.1 + start) * NS), "end_ns": int((s * span * 1.1 + end) * NS),
-          "blocked_ns": 0, "inferred": False} for s in range(steps) for r, a, start, end in timeline.rows])
-    gaps = (cells.sort("rank", "step", "start_ns")
-            .with_columns(gap_end=pl.col("start_ns").shift(-1).over("rank", "step"))
-            .filter(pl.col("gap_end") > pl.col("end_ns"))
-            .select("rank", "step", start_ns="end_ns", end_ns="gap_end", **{"class": pl.lit("bubble")}))
-    return timeline, cells, gaps
+from analysis.report.sweeps import families, formula_curve, measured_steps, newest_per_m, run_row, runs_frame
+from analysis.schema import Rules, Summary, Waterfall
+from runners.schedules import build
+from synthetic import write_run
 
 
 def write_contract_run(traces: Path, name: str, schedule: str = "gpipe", p: int = 2, m: int = 4, v: int = 1,
                        engine: str = "native", forward_ms: float = 1.0, steps: int = 2, peak_bytes=None) -> Path:
-    """A run directory as the runners and the analysis leave it; the waterfall closes on the step time."""
+    """A run directory as the runners and the analysis leave it (`peak_bytes`: every rank's peak activation
+    memory, which synthetic traces do not record)."""
     run = traces / name
-    (run / "analysis").mkdir(parents=True)
-    for rank in range(p):
-        with gzip.open(run / f"rank{rank}.json.gz", "wt") as trace:
-            json.dump({"traceEvents": [], "distributedInfo": {"rank": rank}}, trace)
-    timeline, cells, gaps = contract_tables(schedule, p, m, v, steps, forward_ms)
-    cells.write_parquet(run / "analysis" / "cells.parquet")
-    gaps.write_parquet(run / "analysis" / "gaps.parquet")
-    step = timeline.makespan
-    busy = [timeline.busy(r) for r in range(p)]
-    ideal = 3 * forward_ms * m * v
-    formula_step = ideal / (1 - (p - 1) / (v * m + p - 1))
-    summary = {
-        "schedule": schedule, "engine": engine, "device": "cpu", "p": p, "m": m, "v": v, "steps_analyzed": steps,
-        "step_time_ms": step, "bubble_formula": (p - 1) / (v * m + p - 1),
-        "bubble_measured": 1 - sum(busy) / (p * step), "simulated_step_time_ms": step,
-        "waterfall_ms": {"ideal": ideal, "formula_bubble": formula_step - ideal, "imbalance": 0.0,
-                         "small_gemm": None, "launch_overhead": 0.0, "p2p_wait": 0.0,
-                         "residual": step - formula_step},
-        "ranks": [{"rank": r, "stage_ids": [r + p * c for c in range(v)], "compute_ms": busy[r],
-                   "bubble_ms": step - busy[r], "p2p_wait_ms": 0.0, "launch_overhead_ms": 0.0,
-                   "small_gemm_ms": None, "other_ms": 0.0, "peak_activation_bytes": peak_bytes}
-                  for r in range(p)],
-        "rules": {"launch_gap_max_ms": 0.05},
-    }
-    (run / "analysis" / "summary.json").write_text(json.dumps(summary))
-    calibration = {str(s): {"F_ms": forward_ms * m, "B_ms": 2 * forward_ms * m} for s in range(p * v)}
-    config = {"schedule": schedule, "p": p, "m": m, "v": v, "engine": engine, "device": "cpu",
-              "calibration": calibration, "complete": True}
-    (run / "run.json").write_text(json.dumps(config))
+    write_run(run, build(schedule, p, m, v), durations_us={"F": forward_ms * 1000, "B": 2000 * forward_ms},
+              steps=steps, run_id=name)
+    config = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps(config | {"engine": engine}))
+    analysis = analyze_dir(run)
+    if peak_bytes is not None:
+        ranks = [msgspec.structs.replace(entry, peak_activation_bytes=peak_bytes) for entry in analysis.summary.ranks]
+        results.write(run, replace(analysis, summary=msgspec.structs.replace(analysis.summary, ranks=ranks)))
     return run
+
+
+def summary_of(**fields) -> Summary:
+    """A summary with the given fields over a plain gpipe p=2 m=4 one (for the index's frames)."""
+    waterfall = Waterfall(ideal=6.0, formula_bubble=2.0, imbalance=0.5, small_gemm=None, launch_overhead=1.0,
+                          p2p_wait=1.0, residual=-0.5)
+    base = Summary(schedule="gpipe", engine="native", device="cpu", p=2, m=4, v=1, steps_analyzed=1, median_step=0,
+                   step_time_ms=10.0, bubble_formula=0.2, bubble_measured=0.3, simulated_step_time_ms=10.5,
+                   waterfall_ms=waterfall, parts=(), ranks=[], rules=Rules(), clock=None, inferred_cells=0, notes=[])
+    return msgspec.structs.replace(base, **fields)
 
 
 def _report(tmp_path: Path, **runs) -> tuple[Path, Path]:
@@ -87,29 +64,22 @@ def _report(tmp_path: Path, **runs) -> tuple[Path, Path]:
 
 
 def test_formula_curve_is_the_bubble_formula_at_every_m():
-    rows = [run_row(f"r{m}", {"schedule": "interleaved", "engine": "native", "device": "cpu", "p": 4, "m": m, "v": 2,
-                              "step_time_ms": 10.0 + m}) for m in (2, 6)]
+    rows = [run_row(f"r{m}", summary_of(schedule="interleaved", p=4, m=m, v=2, step_time_ms=10.0 + m)) for m in (2, 6)]
     curve = formula_curve(families(runs_frame(rows)))
     assert curve["m"].to_list() == [1, 2, 3, 4, 5, 6]
     assert curve.filter(pl.col("m") == 3)["bubble"].item() == pytest.approx(3 / 9)  # (p-1)/(v*m+p-1)
 
 
 def test_best_m_is_the_fastest_and_newest_run_stands_for_a_repeated_m():
-    summary = {"schedule": "gpipe", "engine": "native", "device": "cpu", "p": 2, "v": 1}
-    rows = [run_row("new-m4", summary | {"m": 4, "step_time_ms": 7.0}),
-            run_row("old-m4", summary | {"m": 4, "step_time_ms": 3.0}),
-            run_row("m2", summary | {"m": 2, "step_time_ms": 8.0}),
-            run_row("m8", summary | {"m": 8, "step_time_ms": 9.0})]
+    rows = [run_row("new-m4", summary_of(m=4, step_time_ms=7.0)), run_row("old-m4", summary_of(m=4, step_time_ms=3.0)),
+            run_row("m2", summary_of(m=2, step_time_ms=8.0)), run_row("m8", summary_of(m=8, step_time_ms=9.0))]
     steps = measured_steps(newest_per_m(families(runs_frame(rows))))
     assert steps.filter(pl.col("best"))["m"].to_list() == [4]
     assert steps.filter(pl.col("m") == 4)["step_time_ms"].item() == 7.0
 
 
 def test_waterfall_bars_chain_from_formula_to_measured():
-    summary = {"step_time_ms": 10.0, "waterfall_ms": {"ideal": 6.0, "formula_bubble": 2.0, "imbalance": 0.5,
-                                                       "small_gemm": None, "launch_overhead": 1.0,
-                                                       "p2p_wait": 1.0, "residual": -0.5}}
-    bars = waterfall_frame(summary)
+    bars = waterfall_frame(summary_of())
     terms = bars.filter(pl.col("term") != "measured")
     assert terms["start"][1:].to_list() == terms["end"][:-1].to_list()
     assert terms["end"][-1] == pytest.approx(10.0)
@@ -117,19 +87,19 @@ def test_waterfall_bars_chain_from_formula_to_measured():
     assert bars.filter(pl.col("term") == "residual")["bar"].item() == "decrease"
 
 
-def test_timeline_shows_one_step_from_zero_with_every_cell_and_gap():
-    _, cells, gaps = contract_tables("gpipe", 2, 4, 1, steps=3, forward_ms=1.0)
-    step = representative_step(cells)
-    frame = timeline_frame(cells, gaps, step)
+def test_timeline_shows_one_step_from_zero_with_every_cell_and_gap(tmp_path):
+    analysis = results.read(write_contract_run(tmp_path, "run", "gpipe", p=2, m=4, steps=3))
+    step = analysis.summary.median_step
+    frame = timeline_frame(analysis.cells, analysis.gaps, step, step_origin(analysis.cells, analysis.gaps, step))
     assert frame.filter(pl.col("track") == "compute").height == 2 * 2 * 4  # p ranks x m microbatches x F, B
-    assert frame.filter(pl.col("track") == "idle").height == gaps.filter(pl.col("step") == step).height
+    assert frame.filter(pl.col("track") == "idle").height == analysis.gaps.filter(pl.col("step") == step).height
     assert frame["start_ms"].min() == 0.0
     assert set(frame.filter(pl.col("track") == "compute")["action"]) >= {"0F0", "1B3"}
 
 
-def test_a_huge_step_is_drawn_from_time_bins_that_keep_its_time():
-    _, cells, gaps = contract_tables("1f1b", 4, 400, 1, steps=1, forward_ms=0.01)
-    frame = timeline_frame(cells, gaps, 0)
+def test_a_huge_step_is_drawn_from_time_bins_that_keep_its_time(tmp_path):
+    analysis = results.read(write_contract_run(tmp_path, "run", "1f1b", p=4, m=400, forward_ms=0.01, steps=1))
+    frame = timeline_frame(analysis.cells, analysis.gaps, 0, step_origin(analysis.cells, analysis.gaps, 0))
     bars = coarsen(frame, bins=50, rows_max=1000)
     assert frame.height > 1000 and bars.height <= 4 * 3 * 50
     assert bars["cells"].sum() == frame.height
@@ -140,26 +110,34 @@ def test_a_huge_step_is_drawn_from_time_bins_that_keep_its_time():
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_measured_in_flight_peaks_follow_the_schedule(schedule):
-    _, cells, _ = contract_tables(schedule, 4, 8, 1, steps=1, forward_ms=1.0)
-    peaks = peaks_frame(measured_in_flight(cells, 0), theory_peaks({"schedule": schedule, "p": 4, "m": 8}))
+def test_measured_in_flight_peaks_follow_the_schedule(tmp_path, schedule):
+    analysis = results.read(write_contract_run(tmp_path, "run", schedule, p=4, m=8, steps=1))
+    measured = measured_in_flight(analysis.cells, 0, step_origin(analysis.cells, analysis.gaps, 0))
+    peaks = peaks_frame(measured, theory_peaks(analysis.schedule))
     expected = [8, 8, 8, 8] if schedule == "gpipe" else [4, 3, 2, 1]  # m on every stage; p - s on stage s
     assert peaks["measured"].to_list() == expected
     assert peaks["theory"].to_list() == expected
-    thin = thinned(measured_in_flight(cells, 0), bins=4, rows_max=10)
+    thin = thinned(measured, bins=4, rows_max=10)
     assert thin.height <= 4 * 4 and thin.group_by("rank").agg(pl.col("live").max()).sort("rank")["live"].to_list() \
         == expected
 
 
-def test_ideal_timeline_replays_calibrated_durations():
-    config = {"schedule": "gpipe", "p": 2, "m": 4, "v": 1,
-              "calibration": {"0": {"F_ms": 4.0, "B_ms": 8.0}, "1": {"F_ms": 4.0, "B_ms": 8.0}}}
-    frame, caption = ideal_timeline(config, None)
-    # GPipe with equal stages: (m + p - 1) slots of F then of B, F = 4/4 ms and B = 8/4 ms per microbatch.
-    assert frame["end_ms"].max() == pytest.approx((4 + 2 - 1) * (1.0 + 2.0))
-    assert "calibration" in caption
-    missing, why = ideal_timeline({"schedule": "no-such", "p": 2, "m": 4}, None)
-    assert missing is None and "cannot be rebuilt" in why
+def test_the_report_draws_the_waterfalls_ideal_rung(tmp_path):
+    # Unequal stages and a small-GEMM slowdown: the ideal timeline must be the rung at reference durations
+    # (calibrated F and B per microbatch), not the measured cells and not equal slots.
+    run = tmp_path / "run"
+    write_run(run, build("gpipe", 2, 4), durations_us={"F": 1000, "B": 2000, (1, "F"): 1500, (1, "B"): 3000},
+              slowdown=1.25, p2p_latency_us=50, launch_gap_us=20, steps=2)
+    analysis = analyze_dir(run)
+    waterfall, ideal = analysis.summary.waterfall_ms, analysis.ideal
+    makespan_ms = (ideal["end_ns"].max() - ideal["start_ns"].min()) / 1e6
+    assert makespan_ms == pytest.approx(waterfall.ideal + waterfall.formula_bubble + waterfall.imbalance, abs=1e-6)
+    assert waterfall.imbalance > 0 and waterfall.small_gemm > 0  # the rung is neither equal slots nor the cells
+    # GPipe at reference durations: stage 1's F (1.5 ms) paces the forwards, its B (3 ms) the backwards.
+    assert makespan_ms == pytest.approx(1.0 + 4 * 1.5 + 4 * 3.0 + 2.0)
+    drawn = ideal_frame(ideal, step_origin(analysis.cells, analysis.gaps, analysis.summary.median_step))
+    assert drawn.height == ideal.height == 2 * 2 * 4
+    assert results.read(run).ideal.equals(ideal)
 
 
 def test_index_lists_runs_newest_first_and_a_broken_run_as_an_error_row(tmp_path):
@@ -190,6 +168,7 @@ def test_names_from_traces_cannot_inject_markup(tmp_path):
     summary_path.write_text(json.dumps(summary | {"schedule": "</script><script>alert(2)</script>"}))
     build_report(traces, tmp_path / "reports")
     pages = [index, *sorted((tmp_path / "reports" / "runs").glob("*.html"))]
+    assert "&lt;/script&gt;" in (tmp_path / "reports" / "index.html").read_text()  # the edited summary was read
     for page in pages:
         text = page.read_text()
         assert "<img" not in text and "<script>alert" not in text, page
@@ -241,20 +220,31 @@ def test_native_and_torch_runs_of_one_configuration_are_compared(tmp_path):
     ({"device": "cpu", "p": 2, "threads_per_rank": 1, "host": {"cpu_count": 2}}, None),
     ({"device": "cuda", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}}, None),
     ({"device": "cpu", "p": 4}, None),  # someone else's run.json: no facts, no claim
-    (None, None),
+    ({}, None),
 ])
 def test_oversubscribed_cpu_runs_are_called_out(config, said):
-    from analysis.cli.analyze import oversubscription
-
-    caveat = oversubscription(config)
-    assert caveat is None if said is None else caveat.startswith(said)
+    notes = caveats(config)
+    assert notes == [] if said is None else (len(notes) == 1 and notes[0].startswith(said))
 
 
 def test_the_run_page_says_when_ranks_shared_cores(tmp_path):
     traces = tmp_path / "traces"
     run = write_contract_run(traces, "crowded", p=2)
     config = json.loads((run / "run.json").read_text())
-    (run / "run.json").write_text(json.dumps(config | {"threads_per_rank": 1, "host": {"cpu_count": 1}}))
+    (run / "run.json").write_text(json.dumps(config | {"device": "cpu", "threads_per_rank": 1,
+                                                       "host": {"cpu_count": 1}}))
+    analyze_dir(run)
     build_report(traces, tmp_path / "reports")
     page = (tmp_path / "reports" / "runs" / "crowded.html").read_text()
     assert "Note: 2 ranks x 1 thread(s) on 1 cores: ranks take turns" in page
+
+
+def test_a_run_analysed_by_another_version_is_analysed_again(tmp_path):
+    traces = tmp_path / "traces"
+    run = write_contract_run(traces, "old")
+    summary = json.loads((run / "analysis" / "summary.json").read_text())
+    del summary["waterfall_ms"]  # an older summary.json without this key
+    (run / "analysis" / "summary.json").write_text(json.dumps(summary))
+    index = build_report(traces, tmp_path / "reports").read_text()
+    assert 'class="error"' not in index and (tmp_path / "reports" / "runs" / "old.html").is_file()
+    assert "waterfall_ms" in json.loads((run / "analysis" / "summary.json").read_text())

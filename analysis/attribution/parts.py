@@ -1,65 +1,22 @@
-"""Where the step time went: per-rank parts that close exactly, and the waterfall from the formula.
+"""Per-rank parts of the step that close exactly on the step time.
 
 Per rank and step the step time is cut into compute at reference efficiency, small-GEMM excess
-(busy time beyond the reference), bubble, p2p_wait, launch_overhead and other (idle time of those
-classes, plus the stretch by which this rank's step span is shorter than the step's longest). The
-small-GEMM excess is defined per compute cell (`cell_small_gemm`) and a rank's part is its cells' sum.
-
-The waterfall is a ladder of replays of the same schedule (DESIGN.md section 4): equal slots at
-reference efficiency -> per-stage reference durations -> measured cell durations -> plus measured
-gaps -> plus measured p2p latencies; each rung's increase is one bar, the rest is the residual.
+(busy time beyond the reference, analysis.attribution.reference), and the idle time of each gap class
+(bubble, p2p_wait, launch_overhead, other), plus in `other` the stretch by which this rank's window is
+shorter than the step's longest. The small-GEMM excess is defined per compute cell
+(`cell_small_gemm`) and a rank's part is its cells' sum; compute is the rank's busy time (its window
+less its gaps) less that excess, so compute is the term that closes the split.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import polars as pl
 
-from analysis.timeline.gaps import COMPUTE_KINDS
-from analysis.attribution.replay import Measured, replay
-from runners.schedules import Schedule
+from analysis.attribution.reference import Reference
+from analysis.schema import GAP_CLASSES, RANK_PARTS, RankEntry
+from runners.schedules import COMPUTE_KINDS, Schedule
 
-PARTS = ("compute", "small_gemm", "bubble", "p2p_wait", "launch_overhead", "other")
-BARS = ("ideal", "formula_bubble", "imbalance", "small_gemm", "launch_overhead", "p2p_wait", "residual")
-
-
-@dataclass(frozen=True)
-class Reference:
-    """Per (stage, kind) duration of one microbatch in ns at reference efficiency.
-
-    Calibrated: the whole batch in one piece (run.json `calibration`) divided by m. Otherwise the
-    median measured duration stands in, and the small-GEMM term is unknown.
-    """
-
-    ns: dict[tuple[int, str], float]
-    calibrated: bool
-
-
-def _measured_ns() -> pl.Expr:
-    return pl.col("end_ns") - pl.col("start_ns") - pl.col("blocked_ns")
-
-
-def reference(cells: pl.DataFrame, calibration: dict | None, m: int) -> Reference:
-    """Reference durations; backward halves (I, W) without their own calibration split the calibrated
-    B in their measured ratio."""
-    compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
-    medians = {
-        (stage, kind): float(ns)
-        for stage, kind, ns in compute.group_by("stage", "kind").agg(_measured_ns().median()).iter_rows()
-    }
-    stages = {stage for stage, _ in medians}
-    if not calibration or any(str(stage) not in calibration for stage in stages):
-        return Reference(medians, calibrated=False)
-    ns = {}
-    for (stage, kind), median in medians.items():
-        calibrated = calibration[str(stage)]
-        if f"{kind}_ms" in calibrated:
-            ns[(stage, kind)] = calibrated[f"{kind}_ms"] * 1e6 / m
-        else:
-            halves = medians.get((stage, "I"), 0.0) + medians.get((stage, "W"), 0.0)
-            ns[(stage, kind)] = calibrated["B_ms"] * 1e6 / m * (median / halves if halves else 0.5)
-    return Reference(ns, calibrated=True)
+NS_PER_MS = 1e6
 
 
 def _reference_column(cells: pl.DataFrame, ref: Reference) -> pl.DataFrame:
@@ -104,7 +61,7 @@ def cell_small_gemm(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFra
 
 
 def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
-    """Per (rank, step): step_ns and the PARTS in ns, summing to step_ns (small_gemm null if unknown).
+    """Per (rank, step): step_ns and the RANK_PARTS in ns, summing to step_ns (small_gemm null if unknown).
 
     `cells` carry `small_gemm_ns` (cell_small_gemm); compute is the busy time less that excess.
     """
@@ -113,7 +70,7 @@ def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -
     ).with_columns(step_ns=pl.col("window_ns").max().over("step"))
     idle = gaps.group_by("rank", "step").agg(
         (pl.col("end_ns") - pl.col("start_ns")).filter(pl.col("class") == name).sum().alias(name)
-        for name in ("bubble", "p2p_wait", "launch_overhead", "other")
+        for name in GAP_CLASSES
     )
     excess = cells.group_by("rank", "step").agg(
         pl.when(pl.col("small_gemm_ns").is_not_null().any()).then(pl.col("small_gemm_ns").sum()).alias("small_gemm")
@@ -123,42 +80,32 @@ def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -
         .fill_null(0)
         .join(excess, on=["rank", "step"], how="left")
         .with_columns(
-            busy=pl.col("window_ns") - pl.sum_horizontal("bubble", "p2p_wait", "launch_overhead", "other"),
+            busy=pl.col("window_ns") - pl.sum_horizontal(GAP_CLASSES),
             other=pl.col("other") + pl.col("step_ns") - pl.col("window_ns"),
         )
         .with_columns(compute=(pl.col("busy") - pl.col("small_gemm").fill_null(0)).cast(pl.Float64))
     )
-    return parts.select("rank", "step", "step_ns", *PARTS).sort("step", "rank")
+    return parts.select("rank", "step", "step_ns", *RANK_PARTS).sort("step", "rank")
 
 
-def _with_durations(measured: Measured, durations: dict) -> Measured:
-    return Measured(durations, measured.latency, measured.gap)
+def median_step(parts: pl.DataFrame) -> int:
+    """The step whose time is the median, the lower one for an even count: a step that happened, so its
+    parts close exactly."""
+    per_step = parts.group_by("step").agg(pl.col("step_ns").first()).sort("step_ns", "step")
+    return int(per_step["step"][(per_step.height - 1) // 2])
 
 
-def waterfall(schedule: Schedule, measured: Measured, ref: Reference, step_ns: float) -> dict[str, float | None]:
-    """The BARS in ns for one step; they sum to `step_ns` (a null small_gemm counts as 0)."""
-    actions = list(measured.duration)
-    per_stage = {a: ref.ns.get((a.stage, a.kind.value), 0.0) for a in actions}
-    kinds = {a.kind.value for a in actions}
-    equal = {
-        kind: sum(ns for (_, k), ns in ref.ns.items() if k == kind) / max(1, sum(1 for _, k in ref.ns if k == kind))
-        for kind in kinds
-    }
-    slots = {a: equal[a.kind.value] for a in actions}
-    ideal = sum(per_stage.values()) / schedule.p
-    formula = replay(schedule, _with_durations(measured, slots), gaps=False, latencies=False)
-    imbalanced = replay(schedule, _with_durations(measured, per_stage), gaps=False, latencies=False)
-    cells = replay(schedule, measured, gaps=False, latencies=False)
-    launched = replay(schedule, measured, gaps=True, latencies=False)
-    simulated = replay(schedule, measured, gaps=True, latencies=True)
-    if not ref.calibrated:  # the per-stage rung would be measured medians: fold it into imbalance
-        imbalanced = cells
-    return {
-        "ideal": ideal,
-        "formula_bubble": formula - ideal,
-        "imbalance": imbalanced - formula,
-        "small_gemm": cells - imbalanced if ref.calibrated else None,
-        "launch_overhead": launched - cells,
-        "p2p_wait": simulated - launched,
-        "residual": step_ns - simulated,
-    }
+def rank_entries(parts: pl.DataFrame, schedule: Schedule, peaks: dict[int, int]) -> list[RankEntry]:
+    """One step's rows of `rank_parts` as summary entries in ms; `peaks`: rank -> peak activation bytes."""
+    return [
+        RankEntry(rank=row["rank"], stage_ids=list(schedule.stages_of(row["rank"])),
+                  peak_activation_bytes=peaks.get(row["rank"]),
+                  **{f"{part}_ms": None if row[part] is None else row[part] / NS_PER_MS for part in RANK_PARTS})
+        for row in parts.sort("rank").iter_rows(named=True)
+    ]
+
+
+def in_ms(parts: pl.DataFrame) -> pl.DataFrame:
+    """ranks.parquet: every analysed step's parts per rank, in ms (step_ms, <part>_ms)."""
+    return parts.with_columns(pl.col("step_ns", *RANK_PARTS) / NS_PER_MS).rename(
+        {"step_ns": "step_ms", **{part: f"{part}_ms" for part in RANK_PARTS}})

@@ -4,7 +4,7 @@ From the cells of one step (all ranks, one clock) come, per compute action: its 
 blocked time excluded), the latency of each cross-rank input (when the data was there on the consumer,
 minus when the producer finished) and the gap (how long after it could have started it did start).
 With all three the replay reproduces the measured compute starts; dropping some of them gives the
-counterfactual rungs of the waterfall (analysis.attribution.parts).
+counterfactual rungs of the waterfall (analysis.attribution.waterfall).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from runners.schedules import Action, Kind, Schedule, dependencies, simulate
+from runners.schedules import Action, Kind, Schedule, Timeline, dependencies, simulate
 from runners.schedules.dependencies import receiving
 
 
@@ -73,12 +73,12 @@ def measure(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origin
     return Measured(duration, latency, gap)
 
 
-def replay(schedule: Schedule, measured: Measured, gaps: bool = True, latencies: bool = True) -> float:
-    """Simulated step time in ns: the replay's last end, from the step's origin."""
-    timeline = simulate(
+def replay(schedule: Schedule, measured: Measured, gaps: bool = True, latencies: bool = True) -> Timeline:
+    """The schedule replayed with the measured durations, and with the measured gaps and latencies
+    where asked; times in ns from the step's origin."""
+    return simulate(
         schedule,
         duration=lambda _rank, action: measured.duration.get(action, 0.0),
         latency=(lambda dep, action: measured.latency.get((dep, action), 0.0)) if latencies else None,
         gap=(lambda _rank, action: measured.gap.get(action, 0.0)) if gaps else None,
     )
-    return max((end for *_, end in timeline.rows), default=0.0)

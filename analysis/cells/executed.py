@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis.errors import InputError
-from analysis.timeline.gaps import COMPUTE_KINDS
+from runners.schedules import COMPUTE_KINDS
 from analysis.traces.load import TraceWarning
 from runners.schedules import SCHEDULES, Action, Kind, Schedule, ScheduleError, build
 

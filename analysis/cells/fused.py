@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import polars as pl
 
+from analysis.traces.kineto import BACKWARD_OP_PREFIX
+
 FUSED = r"^PP:\((\d+F\d+);(\d+[BI]\d+)\)OVERLAP_F_B$"
-BACKWARD_PREFIX = "autograd::engine::evaluate_function:"
 SUB_ACTION = r"^(\d+)([A-Z]+)(\d+)$"
 
 
@@ -38,7 +39,7 @@ def _cuts(frame: pl.DataFrame, fused: pl.DataFrame) -> pl.DataFrame:
         .join_asof(labels.sort("start_ns"), left_on="op_start", right_on="start_ns", by="rank", check_sortedness=False)
         .filter(pl.col("op_end") <= pl.col("end_ns"))
     )
-    first_backward = inside.filter(pl.col("name").str.starts_with(BACKWARD_PREFIX)).group_by("label").agg(
+    first_backward = inside.filter(pl.col("name").str.starts_with(BACKWARD_OP_PREFIX)).group_by("label").agg(
         backward_ns=pl.col("op_start").min()
     )
     forward_end = (

@@ -27,11 +27,12 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA, LABEL_PREFIX, RankCells, _assign_steps, rank_cells, step_spans
+from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA, RankCells, _assign_steps, rank_cells, step_spans
+from analysis.traces.kineto import BACKWARD_OP_PREFIX, STEP_PREFIX
+from runners.schedules.trace_names import LABEL_PREFIX
 
 RECV_OPS = ("c10d::recv_",)
 SEND_OPS = ("c10d::send",)
-BACKWARD_PREFIX = "autograd::engine::evaluate_function:"
 # Ops that make a run of forward ops a forward: matrix work (a stage without it computes nothing).
 GEMM_OPS = ("aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "aten::bmm", "aten::baddbmm",
             "aten::convolution", "aten::scaled_dot_product_attention")
@@ -61,7 +62,7 @@ def cells_of(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells
 
 def _main_thread(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.Expr:
     """The thread that ran the steps (else the one with the most ops)."""
-    marked = frame.filter(pl.col("name").str.starts_with("ProfilerStep#"))["tid"]
+    marked = frame.filter(pl.col("name").str.starts_with(STEP_PREFIX))["tid"]
     if marked.len():
         return pl.col("tid") == marked[0]
     busiest = frame.filter(pl.col("cat") == "cpu_op")["tid"].mode()
@@ -119,7 +120,7 @@ def _runs(ops: pl.DataFrame) -> pl.DataFrame:
         pl.when(pl.col("name").is_in(RECV_OPS)).then(pl.lit("RECV"))
         .when(pl.col("name").is_in(SEND_OPS)).then(pl.lit("SEND"))
         .when(pl.col("label_kind").is_not_null()).then("label_kind")
-        .when(pl.col("name").str.starts_with(BACKWARD_PREFIX)).then(pl.lit("B"))
+        .when(pl.col("name").str.starts_with(BACKWARD_OP_PREFIX)).then(pl.lit("B"))
         .otherwise(pl.lit("F"))
     )
     ops = ops.sort("rank", "start_ns").with_columns(role=role)

@@ -18,20 +18,19 @@ import polars as pl
 
 from analysis.errors import InputError
 from analysis.cells.fused import fused_halves
-from runners.schedules.actions import Action, ActionParseError
+from analysis.traces.kineto import DEVICE_WORK_CATS, STEP_PREFIX
+from runners.schedules import Action, ActionParseError
+from runners.schedules.trace_names import LABEL_PREFIX
 
-LABEL_PREFIX = "PP:"
 # torch's runtime also labels bookkeeping (PP:0REDUCE_GRAD, PP:1UNSHARD): not actions of the IR, so
 # not cells. DualPipeV's fused PP:(0F1;3B0)OVERLAP_F_B is not parsed as one: analysis.cells.fused cuts it
 # into its F and B cells.
 TORCH_BOOKKEEPING = r"(UNSHARD|RESHARD|REDUCE_GRAD|OVERLAP_F_B)$"
-STEP_PREFIX = "ProfilerStep#"
 # Blocking p2p waits on the host thread (the span covers the wait until the data arrived).
 HOST_WAIT_NAMES = ("gloo:recv",)
 # Host spans that are not work of the rank's own: labels, steps, and async comm spans that outlive
 # the call that started them (gloo:send runs until the peer has the data).
-NOT_HOST_WORK = ("PP:", "ProfilerStep#", "gloo:", "nccl:")
-DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+NOT_HOST_WORK = (LABEL_PREFIX, STEP_PREFIX, "gloo:", "nccl:")
 
 CELL_SCHEMA = {
     "rank": pl.Int64,
@@ -171,7 +170,7 @@ def device_events(frame: pl.DataFrame) -> pl.DataFrame:
     launches = frame.filter(
         pl.col("cat").str.to_lowercase().str.contains("runtime|driver") & pl.col("correlation").is_not_null()
     ).select("rank", "tid", "correlation", launch_ns="start_ns", issued_ns="end_ns")
-    kernels = frame.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_CATS)).select(
+    kernels = frame.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_WORK_CATS)).select(
         "rank", "stream", "correlation", "start_ns", "end_ns", is_p2p=pl.col("name").str.to_lowercase().str.contains("nccl")
     )
     return kernels.join(launches, on=["rank", "correlation"], how="left")

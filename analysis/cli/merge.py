@@ -7,7 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from analysis.merge.merged import merge, read_ranks, write_json, write_json_gz
+from analysis.errors import InputError
+from analysis.merge.merged import merge, read_ranks, write_json_gz
+from analysis.pipeline import analysis_of
+from analysis.results import Analysis
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,16 +25,26 @@ def run(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     traces = read_ranks(args.source, args.ranks)
     out = args.out or (args.source if args.source.is_dir() else args.source.parent) / "merged.json.gz"
-    analysis_dir = args.source / "analysis" if args.source.is_dir() else None
-    merged, estimate = merge(traces, args.steps, analysis_dir, align=not args.no_align)
+    merged = merge(traces, args.steps, _analysis(args.source), align=not args.no_align)
     size = write_json_gz(out, merged)
-    write_json(out.parent / "analysis" / "clock.json", estimate.to_json())
     notes = merged["pipelineMerge"]
     print(f"{out}: {len(traces)} rank(s), {notes['events']} events, {size / 1e6:.1f} MB of JSON, "
           f"{time.perf_counter() - began:.2f} s; {notes['limited']}")  # fmt: skip
     for line in notes["notes"]:
         print(f"note: {line}", file=sys.stderr)
     return 0
+
+
+def _analysis(source: Path) -> Analysis | None:
+    """The run's analysis (made first where it is missing); None for one trace file or traces that are
+    not a pipeline the analysis can read."""
+    if not source.is_dir():
+        return None
+    try:
+        return analysis_of(source)
+    except InputError as error:
+        print(f"note: merged without the analysis: {error}", file=sys.stderr)
+        return None
 
 
 def _int_list(text: str) -> tuple[int, ...]:

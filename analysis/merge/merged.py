@@ -4,11 +4,11 @@ Each rank becomes one process (pid = rank, named `rank r · stage s, s'`), its C
 streams become that process's threads, so OS pids and GPU device indices of different ranks or hosts
 cannot collide. Flow ids are renumbered densely across the file, so a profiler's launch arrows stay in
 their rank, and each pipeline transfer gets an arrow from the sender's SEND (GPU: its NCCL kernel) to
-the receiver's RECV. Clocks are aligned by analysis.timeline.clock; the offsets go into the trace's metadata
-and into `analysis/clock.json` beside the output. Slices that overlap without nesting (real traces
-have them) go to a named overlap thread instead of being silently moved by Perfetto.
-Where `analyze` has run, each rank also gets analysis tracks (analysis.merge.analysis_tracks): the gap
-classes, each compute cell's small-GEMM excess, and the simulated ideal step.
+the receiver's RECV. The clock, the cells behind the arrows and the analysis tracks (the gap classes,
+each compute cell's small-GEMM excess, the ideal timeline: analysis.merge.analysis_tracks) are what
+`analyze` wrote (analysis.results); the clock offsets also go into the trace's metadata. Slices that
+overlap without nesting (real traces have them) go to a named overlap thread instead of being
+silently moved by Perfetto.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from pathlib import Path
 import msgspec
 import polars as pl
 
-from analysis.timeline import clock
-from analysis.cells.labelled import rank_cells, step_spans
+from analysis.cells.labelled import step_spans
 from analysis.errors import InputError
-from analysis.traces.load import RawTrace, load_run, read_trace
-from analysis.merge.analysis_tracks import analysis_tracks
+from analysis.merge.analysis_tracks import analysis_tracks, applied_offsets
 from analysis.merge.tracks import layout, p2p_flows, profiler_flows
+from analysis.results import Analysis
+from analysis.timeline import clock
+from analysis.traces.load import RawTrace, load_run, read_trace
 from analysis.files import write_atomically
 
 BROWSER_LIMIT_BYTES = 1 << 30  # Perfetto's UI struggles to open JSON traces past about this size
@@ -46,42 +47,47 @@ def read_ranks(source: Path, ranks: tuple[int, ...] | None) -> dict[int, RawTrac
     return kept
 
 
-def merge(
-    traces: dict[int, RawTrace], steps: tuple[int, ...] | None, analysis_dir: Path | None, align: bool = True
-) -> tuple[dict, clock.ClockEstimate]:
-    """The merged Chrome trace (as a dict) and the clock estimate that aligned it."""
+def merge(traces: dict[int, RawTrace], steps: tuple[int, ...] | None, analysis: Analysis | None,
+          align: bool = True) -> dict:
+    """The merged Chrome trace (as a dict). With `analysis` (what `analyze` wrote for these traces) the
+    ranks go onto its clock and get its transfer arrows and analysis tracks; without it (traces that are
+    not a pipeline) clocks are aligned by their collectives alone (analysis.timeline.clock)."""
     frames = {rank: trace.frame.with_columns(rank=pl.lit(rank, pl.Int64)) for rank, trace in traces.items()}
-    cells = _pipeline_cells(traces, frames)
-    events = pl.concat([f.select("rank", "name", "cat", "ph", "start_ns", "end_ns") for f in frames.values()])
-    estimate = clock.estimate(list(traces), cells if align else None, events if align else events.clear())
     notes: list[str] = []
+    cells, estimate = _own_clock_cells(analysis), analysis.summary.clock if analysis is not None else None
+    if analysis is None and align:
+        events = pl.concat([f.select("rank", "name", "cat", "ph", "start_ns", "end_ns") for f in frames.values()])
+        estimate = clock.estimate(list(traces), None, events)
     kept = {rank: _within_steps(frame, steps, notes) for rank, frame in frames.items()}
     tracks = {rank: layout(frame, traces[rank].events_json) for rank, frame in kept.items()}
-    shift = {rank: estimate.offset_ns(rank) for rank in traces}
+    shift = {rank: estimate.offset_ns(rank) if align and estimate is not None else 0 for rank in traces}
     origin = min(t.slices["start_ns"].min() + shift[r] for r, t in tracks.items() if t.slices.height)
     out: list[dict] = []
     next_id = 0
     for rank, track in tracks.items():
-        stages = sorted(set(cells.filter(pl.col("rank") == rank)["stage"].to_list())) if cells is not None else []
+        stages = [] if analysis is None else list(analysis.schedule.stages_of(rank))
         out.extend(track.metadata_events(rank, _process_name(rank, stages)))
         out.extend(track.slice_events(rank, shift[rank] - origin))
         flows, next_id = profiler_flows(track, rank, shift[rank] - origin, next_id)
         out.extend(flows)
-    if cells is not None:
+    if analysis is not None:
         arrows, next_id = p2p_flows(clock.transfers(cells), tracks, shift, origin, next_id)
         out.extend(arrows)
-    out.extend(analysis_tracks(analysis_dir, tracks, shift, origin, steps, notes))
-    limited = _limits(steps, traces)
-    meta = {"clock": estimate.to_json(), "origin_ns": origin, "limited": limited, "notes": notes,
-            "events": len(out), "sources": {str(r): t.path.name for r, t in traces.items()}}  # fmt: skip
-    return {"traceEvents": out, "displayTimeUnit": "ns", "pipelineMerge": meta}, estimate
+        out.extend(analysis_tracks(analysis, tracks, shift, origin, steps, notes))
+    else:
+        notes.append("no analysis of these traces: no transfer arrows or analysis tracks")
+    meta = {"clock": msgspec.to_builtins(estimate), "origin_ns": origin, "limited": _limits(steps, traces),
+            "notes": notes, "events": len(out), "sources": {str(r): t.path.name for r, t in traces.items()}}
+    return {"traceEvents": out, "displayTimeUnit": "ns", "pipelineMerge": meta}
 
 
-def _pipeline_cells(traces: dict[int, RawTrace], frames: dict[int, pl.DataFrame]) -> pl.DataFrame | None:
-    """All ranks' cells (analysis.cells.labelled), or None when no trace carries PP: labels."""
-    found = [rank_cells(frames[r], traces[r].path).cells for r in traces]
-    cells = pl.concat(found) if found else None
-    return cells if cells is not None and cells.height else None
+def _own_clock_cells(analysis: Analysis | None) -> pl.DataFrame | None:
+    """The analysis's cells back on each rank's own clock, where the traces' slices are."""
+    if analysis is None:
+        return None
+    offsets = applied_offsets(analysis)
+    offset = pl.col("rank").replace_strict(offsets, default=0, return_dtype=pl.Int64)
+    return analysis.cells.with_columns(pl.col("start_ns", "end_ns") - offset)
 
 
 def _within_steps(frame: pl.DataFrame, steps: tuple[int, ...] | None, notes: list[str]) -> pl.DataFrame:
@@ -121,10 +127,6 @@ def write_json_gz(path: Path, document: dict) -> int:
         print(f"warning: {path} is {len(data) / 1e9:.1f} GB of JSON; Perfetto's UI may not open it. "
               "Limit it with --steps or --ranks.", file=sys.stderr)  # fmt: skip
     return len(data)
-
-
-def write_json(path: Path, document: dict) -> None:
-    _atomic_write(path, msgspec.json.format(msgspec.json.encode(document)) + b"\n")
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

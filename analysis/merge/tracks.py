@@ -14,9 +14,11 @@ from dataclasses import dataclass
 import msgspec
 import polars as pl
 
-# Event categories that live on a GPU stream (current Kineto and the 2021 capitalised form).
-DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "memcpy", "memset")
-_TRANSFER_KINDS = "SEND_F|RECV_F|SEND_B|RECV_B"
+from analysis.traces.kineto import DEVICE_TRACK_CATS
+from runners.schedules import COMM_KINDS
+from runners.schedules.trace_names import LABEL_PREFIX
+
+_TRANSFER_KINDS = "|".join(COMM_KINDS)
 _NO_ARGS = msgspec.Raw(b"{}")
 
 
@@ -94,7 +96,7 @@ def layout(frame: pl.DataFrame, events_json: msgspec.Raw) -> RankTracks:
     )
     args = [e.args for e in events]
     keyed = frame.drop("pid", "tid").join(keys, on="index", how="left")
-    device = keyed.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_CATS)).select("pid_key", "tid_key").unique()
+    device = keyed.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_TRACK_CATS)).select("pid_key", "tid_key").unique()
     slices = keyed.filter(pl.col("ph") == "X").sort(
         ["pid_key", "tid_key", "start_ns", "end_ns"], descending=[False, False, False, True]
     )
@@ -193,7 +195,7 @@ def _transfer_slices(tracks: dict[int, RankTracks]) -> tuple[pl.DataFrame, pl.Da
     """Where arrows can end: NCCL kernels by (rank, start_ns), and PP transfer labels by (rank, name,
     start_ns) with, on GPU, the device-side label of the same occurrence (it encloses the NCCL kernel)."""
     kernel = (pl.col("cat").str.to_lowercase() == "kernel") & pl.col("name").str.to_lowercase().str.contains("nccl")
-    label = pl.col("name").str.starts_with("PP:") & pl.col("name").str.contains(_TRANSFER_KINDS)
+    label = pl.col("name").str.starts_with(LABEL_PREFIX) & pl.col("name").str.contains(_TRANSFER_KINDS)
     slices = pl.concat([t.slices.with_columns(rank=pl.lit(r, pl.Int64)) for r, t in tracks.items()])
     kernels = slices.filter(kernel).unique(["rank", "start_ns"]).select(
         "rank", "start_ns", k_tid="tid", k_start="start_ns", k_end="end_ns"
@@ -214,7 +216,7 @@ def _ends(pairs: pl.DataFrame, side: str, kernels: pl.DataFrame, labels: pl.Data
     """The slice (tid, start, end) for each transfer's `side` (send | recv): its NCCL kernel, else the
     device-side label around that kernel, else the host label."""
     rank, stage, kind = ("src_rank", "send_stage", "send_kind") if side == "send" else ("dst_rank", "recv_stage", "recv_kind")
-    name = pl.format("PP:{}{}{}", stage, kind, "microbatch")
+    name = pl.format(LABEL_PREFIX + "{}{}{}", stage, kind, "microbatch")
     keyed = pairs.select(pl.col(rank).alias("rank"), pl.col(f"{side}_start_ns").alias("start_ns"), name=name)
     found = keyed.join(kernels, on=["rank", "start_ns"], how="left").join(labels, on=["rank", "name", "start_ns"], how="left")
     return found.select(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import altair as alt
 import polars as pl
 
-from analysis.report.frames import COMM_KINDS, COMPUTE_KINDS, GAP_CLASSES, RANK_PARTS, WATERFALL_TERMS
+from analysis.schema import COMM_KINDS, COMPUTE_KINDS, GAP_CLASSES, RANK_PARTS, WATERFALL_TERMS
 
 TRACKS = ("compute", "p2p", "idle")
 # Compute kinds in strong colours, their p2p counterparts pale, idle classes in greys and muted tones.
@@ -99,7 +99,7 @@ def rank_parts(frame: pl.DataFrame) -> Plot:
     """Each rank's step as one stacked bar of its parts (they sum to the step time)."""
     chart = alt.Chart(_named("parts")).mark_bar().encode(
         x=alt.X("sum(ms):Q", title="ms of the step"), y=alt.Y("rank:O"),
-        color=alt.Color("part:N", scale=_scale(_PART_COLOURS, tuple(p.removesuffix("_ms") for p in RANK_PARTS))),
+        color=alt.Color("part:N", scale=_scale(_PART_COLOURS, RANK_PARTS)),
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("part:N"), alt.Tooltip("ms:Q", format=".3f")],
     ).properties(width=WIDTH * 2 // 3)

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import polars as pl
 
-COMPUTE_KINDS = ("F", "B", "I", "W")
-COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
-GAP_CLASSES = ("bubble", "p2p_wait", "launch_overhead", "other")
-# The waterfall's order, from the formula's step time to the measured one (DESIGN.md section 4).
-WATERFALL_TERMS = ("ideal", "formula_bubble", "imbalance", "small_gemm", "launch_overhead", "p2p_wait", "residual")
+from analysis.schema import COMPUTE_KINDS, RANK_PARTS, WATERFALL_TERMS, Summary
+
+# The terms that depart from the formula's step time (ideal + formula_bubble).
 DEVIATION_TERMS = WATERFALL_TERMS[2:]
-RANK_PARTS = ("compute_ms", "small_gemm_ms", "bubble_ms", "p2p_wait_ms", "launch_overhead_ms", "other_ms")
 TIMELINE_COLUMNS = ("rank", "track", "what", "action", "microbatch", "start_ms", "end_ms", "duration_ms", "cells")
 # Above this many rows a timeline is drawn from time bins: the browser stays fast, and a cell a
 # thousandth of the chart wide could not be hovered anyway.
@@ -22,27 +19,19 @@ TIMELINE_ROWS_MAX = 10_000
 TIMELINE_BINS = 600
 
 
-def representative_step(cells: pl.DataFrame) -> int:
-    """The step whose span is the median one: a typical step, not the warm-up or an outlier."""
-    spans = (
-        cells.group_by("step")
-        .agg(span=pl.col("end_ns").max() - pl.col("start_ns").min())
-        .sort("span", "step")
-    )
-    return int(spans["step"][(spans.height - 1) // 2])
-
-
 def _milliseconds(column: str, origin: int) -> pl.Expr:
     return ((pl.col(column) - origin) / 1e6).round(4)
 
 
-def timeline_frame(cells: pl.DataFrame, gaps: pl.DataFrame | None, step: int) -> pl.DataFrame:
+def step_origin(cells: pl.DataFrame, gaps: pl.DataFrame, step: int) -> int:
+    """Where a step's timelines start: its first cell or gap, whichever is earlier (ns, analysis clock)."""
+    starts = [frame.filter(pl.col("step") == step)["start_ns"].min() for frame in (cells, gaps)]
+    return int(min(start for start in starts if start is not None))
+
+
+def timeline_frame(cells: pl.DataFrame, gaps: pl.DataFrame, step: int, origin: int) -> pl.DataFrame:
     """One row per cell and per gap of `step`: compute cells, p2p cells and idle gaps on three tracks."""
     step_cells = cells.filter(pl.col("step") == step)
-    step_gaps = gaps.filter(pl.col("step") == step) if gaps is not None else None
-    origin = int(step_cells["start_ns"].min())
-    if step_gaps is not None and step_gaps.height:
-        origin = min(origin, int(step_gaps["start_ns"].min()))
     cell_rows = step_cells.select(
         pl.col("rank").cast(pl.Int64),
         track=pl.when(pl.col("kind").is_in(COMPUTE_KINDS)).then(pl.lit("compute")).otherwise(pl.lit("p2p")),
@@ -52,20 +41,16 @@ def timeline_frame(cells: pl.DataFrame, gaps: pl.DataFrame | None, step: int) ->
         start_ms=_milliseconds("start_ns", origin),
         end_ms=_milliseconds("end_ns", origin),
     )
-    frames = [cell_rows]
-    if step_gaps is not None:
-        frames.append(
-            step_gaps.select(
-                pl.col("rank").cast(pl.Int64),
-                track=pl.lit("idle"),
-                what=pl.col("class").cast(pl.String),
-                action=pl.col("class").cast(pl.String),
-                microbatch=pl.lit(None, pl.Int64),
-                start_ms=_milliseconds("start_ns", origin),
-                end_ms=_milliseconds("end_ns", origin),
-            )
-        )
-    return _with_duration(pl.concat(frames)).sort("rank", "start_ms")
+    gap_rows = gaps.filter(pl.col("step") == step).select(
+        pl.col("rank").cast(pl.Int64),
+        track=pl.lit("idle"),
+        what=pl.col("class").cast(pl.String),
+        action=pl.col("class").cast(pl.String),
+        microbatch=pl.lit(None, pl.Int64),
+        start_ms=_milliseconds("start_ns", origin),
+        end_ms=_milliseconds("end_ns", origin),
+    )
+    return _with_duration(pl.concat([cell_rows, gap_rows])).sort("rank", "start_ms")
 
 
 def _with_duration(frame: pl.DataFrame) -> pl.DataFrame:
@@ -91,29 +76,20 @@ def coarsen(frame: pl.DataFrame, bins: int = TIMELINE_BINS, rows_max: int = TIME
     ).select(TIMELINE_COLUMNS).sort("rank", "start_ms")
 
 
-def ideal_frame(rows: list[tuple]) -> pl.DataFrame:
-    """The simulated timeline's rows (rank, action, start, end in ms) in the measured frame's shape."""
-    frame = pl.DataFrame(
-        {
-            "rank": [row[0] for row in rows],
-            "what": [row[1].kind.value for row in rows],
-            "action": [str(row[1]) for row in rows],
-            "microbatch": [row[1].microbatch for row in rows],
-            "start_ms": [float(row[2]) for row in rows],
-            "end_ms": [float(row[3]) for row in rows],
-        },
-        schema_overrides={"rank": pl.Int64, "microbatch": pl.Int64},
-    )
-    return _with_duration(frame.with_columns(track=pl.lit("compute"), start_ms=pl.col("start_ms").round(4),
-                                             end_ms=pl.col("end_ms").round(4)))
+def ideal_frame(ideal: pl.DataFrame, origin: int) -> pl.DataFrame:
+    """The ideal timeline (analysis.results `ideal`) in the measured frame's shape, from the same origin."""
+    return _with_duration(ideal.select(
+        "rank", track=pl.lit("compute"), what="kind", action=pl.format("{}{}{}", "stage", "kind", "microbatch"),
+        microbatch="microbatch", start_ms=_milliseconds("start_ns", origin), end_ms=_milliseconds("end_ns", origin),
+    )).sort("rank", "start_ms")
 
 
-def waterfall_frame(summary: dict) -> pl.DataFrame:
+def waterfall_frame(summary: Summary) -> pl.DataFrame:
     """The waterfall's bars: each term from where the previous ended, then the measured total from 0."""
-    waterfall = summary.get("waterfall_ms") or {}
-    terms = pl.DataFrame({"term": list(WATERFALL_TERMS), "ms": [float(waterfall.get(t) or 0.0) for t in WATERFALL_TERMS]})
+    values = [float(getattr(summary.waterfall_ms, term) or 0.0) for term in WATERFALL_TERMS]
+    terms = pl.DataFrame({"term": list(WATERFALL_TERMS), "ms": values})
     terms = terms.with_columns(end=pl.col("ms").cum_sum()).with_columns(start=pl.col("end") - pl.col("ms"))
-    total = pl.DataFrame({"term": ["measured"], "ms": [float(summary["step_time_ms"])]})
+    total = pl.DataFrame({"term": ["measured"], "ms": [summary.step_time_ms]})
     total = total.with_columns(end=pl.col("ms"), start=pl.lit(0.0))
     return pl.concat([terms, total]).with_columns(
         order=pl.int_range(pl.len()), bar=pl.when(pl.col("term") == "measured").then(pl.lit("total")).otherwise(
@@ -121,22 +97,16 @@ def waterfall_frame(summary: dict) -> pl.DataFrame:
     )
 
 
-def rank_parts_frame(summary: dict) -> pl.DataFrame:
-    """Each rank's step split into its parts (long form: rank, part, ms); a null part counts as 0."""
-    ranks = pl.DataFrame(summary.get("ranks") or [], infer_schema_length=None)
-    if ranks.is_empty():
-        return pl.DataFrame(schema={"rank": pl.Int64, "part": pl.String, "ms": pl.Float64})
-    present = [part for part in RANK_PARTS if part in ranks.columns]
-    return (
-        ranks.select(pl.col("rank").cast(pl.Int64), *[pl.col(p).cast(pl.Float64).fill_null(0.0) for p in present])
-        .unpivot(index="rank", variable_name="part", value_name="ms")
-        .with_columns(order=pl.col("part").replace_strict(list(RANK_PARTS), list(range(len(RANK_PARTS)))),
-                      part=pl.col("part").str.strip_suffix("_ms"))
-    )
+def rank_parts_frame(summary: Summary) -> pl.DataFrame:
+    """Each rank's step split into its parts (long form: rank, part, order, ms); an unknown part counts 0."""
+    rows = [(entry.rank, part, order, entry.part_ms(part) or 0.0)
+            for entry in summary.ranks for order, part in enumerate(RANK_PARTS)]
+    return pl.DataFrame(rows, schema={"rank": pl.Int64, "part": pl.String, "order": pl.Int64, "ms": pl.Float64},
+                        orient="row")
 
 
-def largest_deviation(summary: dict) -> tuple[str, float] | None:
+def largest_deviation(summary: Summary) -> tuple[str, float] | None:
     """The waterfall term (beyond ideal and formula bubble) with the largest magnitude."""
-    waterfall = summary.get("waterfall_ms") or {}
-    present = [(t, float(waterfall[t])) for t in DEVIATION_TERMS if waterfall.get(t) is not None]
+    present = [(t, getattr(summary.waterfall_ms, t)) for t in DEVIATION_TERMS]
+    present = [(t, ms) for t, ms in present if ms is not None]
     return max(present, key=lambda item: abs(item[1])) if present else None

@@ -38,9 +38,8 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
             continue
         s = run.summary
         deviation = largest_deviation(s)
-        rows.append([link(pages[run.run_id], run.run_id), *(_text(s.get(k)) for k in ("schedule", "engine", "device")),
-                     _text(s.get("p")), _text(s.get("m")), _text(s.get("v") or 1), s.get("step_time_ms"),
-                     s.get("bubble_formula"), s.get("bubble_measured"),
+        rows.append([link(pages[run.run_id], run.run_id), _text(s.schedule), _text(s.engine), _text(s.device),
+                     _text(s.p), _text(s.m), _text(s.v), s.step_time_ms, s.bubble_formula, s.bubble_measured,
                      f"{deviation[0]} {deviation[1]:+.3f}" if deviation else "—"])
         classes.append("")
     return table(RUN_COLUMNS, rows, classes)

@@ -2,8 +2,9 @@
 
 Measured: the executor's own stash counter where the trace has one (analysis.traces.memory), else from the
 cells: +1 when a forward ends, -1 when the backward that frees its activations ends (W where the
-backward is split, else B). Over time, theory is the schedule's count placed on a replay of it. Theory: runners.schedules.in_flight on the run's schedule (GPipe holds m
-on every stage, 1F1B p - s on stage s), never hard-coded here.
+backward is split, else B). Theory: runners.schedules.in_flight on the executed schedule (GPipe holds m
+on every stage, 1F1B p - s on stage s), never hard-coded here; over time it is placed on the ideal
+timeline, the replay of the same schedule.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.report.frames import TIMELINE_BINS, TIMELINE_ROWS_MAX
-from runners.schedules import Schedule, ScheduleError, build, in_flight
+from runners.schedules import Schedule, in_flight
 
 
-def measured_in_flight(cells: pl.DataFrame, step: int) -> pl.DataFrame:
-    """(rank, t_ms, live): the count after each forward or freeing backward of `step`, t from the step start."""
+def measured_in_flight(cells: pl.DataFrame, step: int, origin: int) -> pl.DataFrame:
+    """(rank, t_ms, live): the count after each forward or freeing backward of `step`, t from `origin`."""
     step_cells = cells.filter(pl.col("step") == step)
     release = "W" if (step_cells["kind"] == "W").any() else "B"
-    origin = step_cells["start_ns"].min()
     changes = step_cells.filter(pl.col("kind").is_in(["F", release])).sort("rank", "end_ns")
     return changes.select(
         pl.col("rank").cast(pl.Int64),
@@ -38,14 +38,15 @@ def thinned(live: pl.DataFrame, bins: int = TIMELINE_BINS, rows_max: int = TIMEL
             .agg(pl.col("t_ms").min(), pl.col("live").max()).drop("bin").sort("rank", "t_ms"))
 
 
-def theory_in_flight(schedule: Schedule, rows: list[tuple]) -> pl.DataFrame:
-    """(rank, t_ms, live): the schedule's count wherever an action changes it, at that action's end in a
-    replay (runners.schedules.simulate rows: rank, action, start, end)."""
-    ends = {(rank, action): end for rank, action, _, end in rows}
+def theory_in_flight(schedule: Schedule, ideal: pl.DataFrame, origin: int) -> pl.DataFrame:
+    """(rank, t_ms, live): the schedule's count wherever an action changes it, at that action's end on the
+    ideal timeline (analysis.results `ideal`), t from `origin`."""
+    ends = {(rank, str(stage) + kind + str(mb)): end
+            for rank, stage, kind, mb, end in ideal.select("rank", "stage", "kind", "microbatch", "end_ns").iter_rows()}
     points = []
     for rank, (order, counts) in enumerate(zip(schedule.orders, in_flight(schedule))):
-        changes = [(action, live) for action, live, before in zip(order, counts, (0, *counts)) if live != before]
-        points += [(rank, ends[(rank, action)], live) for action, live in changes if (rank, action) in ends]
+        changes = [(str(action), live) for action, live, before in zip(order, counts, (0, *counts)) if live != before]
+        points += [(rank, round((ends[(rank, a)] - origin) / 1e6, 4), live) for a, live in changes if (rank, a) in ends]
     return pl.DataFrame(points, schema={"rank": pl.Int64, "t_ms": pl.Float64, "live": pl.Int64}, orient="row")
 
 
@@ -56,12 +57,8 @@ def stash_in_flight(stash: pl.DataFrame, step: int) -> pl.DataFrame:
         pl.col("rank"), t_ms=((pl.col("t_ns") - pl.col("t_ns").min()) / 1e6).round(4), live=pl.col("microbatches"))
 
 
-def theory_peaks(summary: dict) -> dict[int, int] | None:
-    """Per rank, the most microbatches the schedule keeps in flight; None if it cannot be rebuilt."""
-    try:
-        schedule = build(str(summary["schedule"]), int(summary["p"]), int(summary["m"]), int(summary.get("v") or 1))
-    except (KeyError, TypeError, ValueError, ScheduleError):
-        return None
+def theory_peaks(schedule: Schedule) -> dict[int, int]:
+    """Per rank, the most microbatches the schedule keeps in flight."""
     return {rank: max(counts, default=0) for rank, counts in enumerate(in_flight(schedule))}
 
 

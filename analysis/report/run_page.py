@@ -4,55 +4,59 @@ memory, thresholds and the merged Perfetto trace."""
 from __future__ import annotations
 
 import html
+from dataclasses import asdict
 
 import polars as pl
 
 from analysis.report import charts
-from analysis.report.frames import (RANK_PARTS, coarsen, largest_deviation, rank_parts_frame, representative_step,
+from analysis.report.frames import (coarsen, ideal_frame, largest_deviation, rank_parts_frame, step_origin,
                                     timeline_frame, waterfall_frame)
-from analysis.ideal import ideal_replay
-from analysis.report.ideal import ideal_timeline
 from analysis.report.inflight import (measured_in_flight, peaks_frame, stash_in_flight, theory_in_flight, theory_peaks,
                                       thinned)
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
-from analysis.cli.analyze import oversubscription
+from analysis.schema import RANK_PARTS, Summary
 
 CONFIG_FIELDS = ("schedule", "engine", "device", "p", "m", "v", "preset", "dims", "dtype", "backend",
                  "threads_per_rank", "host", "git_revision", "versions")
 PART_MEANINGS = {
-    "compute_ms": "useful compute at reference (full-batch) efficiency; measured compute where no reference exists",
-    "small_gemm_ms": "compute beyond the reference: smaller microbatch GEMMs run less efficiently (— = no reference)",
-    "bubble_ms": "idle because the producer had not produced yet: schedule geometry plus delays from upstream",
-    "p2p_wait_ms": "idle after the peer had already sent: transfer and latency",
-    "launch_overhead_ms": "device idle while the host had not yet issued the next work",
-    "other_ms": "idle time no rule explains",
+    "compute": "useful compute at reference (full-batch) efficiency; measured compute where no reference exists",
+    "small_gemm": "compute beyond the reference: smaller microbatch GEMMs run less efficiently (— = no reference)",
+    "bubble": "idle because the producer had not produced yet: schedule geometry plus delays from upstream",
+    "p2p_wait": "idle after the peer had already sent: transfer and latency",
+    "launch_overhead": "device idle while the host had not yet issued the next work",
+    "other": "idle time no rule explains",
 }
+IDEAL_CAPTION = ("Ideal: the executed schedule replayed at reference durations (each stage's calibrated F and B per "
+                 "microbatch; without calibration, the step's own cell durations), no host gaps, no p2p latency: the "
+                 "waterfall's rung ideal + formula_bubble + imbalance.")
 
 
-def figures_html(summary: dict) -> str:
+def figures_html(summary: Summary) -> str:
     """The headline numbers, each with its meaning in a tooltip."""
-    p, m, v = summary.get("p"), summary.get("m"), summary.get("v") or 1
+    p, m, v = summary.p, summary.m, summary.v
     items = [
-        ("step time", summary.get("step_time_ms"), " ms", "measured: median over the analysed profiled steps"),
-        ("simulated step", summary.get("simulated_step_time_ms"), " ms",
-         "the schedule replayed with the measured cell durations and p2p latencies"),
-        ("bubble (formula)", summary.get("bubble_formula"), "",
+        ("step time", summary.step_time_ms, " ms", "measured: the median of the analysed profiled steps"),
+        ("simulated step", summary.simulated_step_time_ms, " ms",
+         "the schedule replayed with the measured cell durations, host gaps and p2p latencies"),
+        ("bubble (formula)", summary.bubble_formula, "",
          f"(p-1)/(v*m+p-1) = ({p}-1)/({v}*{m}+{p}-1): idle fraction of the step by schedule geometry alone"),
-        ("bubble (measured)", summary.get("bubble_measured"), "",
+        ("bubble (measured)", summary.bubble_measured, "",
          "1 - sum over ranks of busy time / (p * step time): the fraction of the step devices were not computing"),
-        ("steps analysed", summary.get("steps_analyzed"), "", "profiled steps the figures are taken over"),
+        ("steps analysed", summary.steps_analyzed, "", "profiled steps the figures are taken over"),
     ]
     parts = []
     for label, value, unit, meaning in items:
-        shown = "—" if value is None else (f"{value:.3f}{unit}" if isinstance(value, float) else f"{value}{unit}")
+        shown = f"{value:.3f}{unit}" if isinstance(value, float) else f"{value}{unit}"
         parts.append(f'<div class="figure" title="{html.escape(meaning)}"><b>{html.escape(shown)}</b>'
                      f"{html.escape(label)}</div>")
     return f'<div class="figures">{"".join(parts)}</div>'
 
 
 def config_html(run: Run) -> str:
-    shown = {**{k: run.summary.get(k) for k in ("schedule", "engine", "device", "p", "m", "v")}, **run.config}
+    summary = run.summary
+    shown = {"schedule": summary.schedule, "engine": summary.engine, "device": summary.device, "p": summary.p,
+             "m": summary.m, "v": summary.v, **run.config}
     rows = [[key, shown[key]] for key in CONFIG_FIELDS if shown.get(key) not in (None, "", {})]
     columns = [Column("setting", "as recorded in run.json (or the summary)", text=True),
                Column("value", "the setting's value", show=_plain, text=True)]
@@ -67,34 +71,26 @@ def _plain(value) -> str:
     return str(value)
 
 
-def shown_step(run: Run) -> int:
-    """The summary's ranks and waterfall are its median step's; show that step where it says which."""
-    step = run.summary.get("median_step")
-    return representative_step(run.cells) if step is None else int(step)
-
-
-def timeline_figure(run: Run) -> Figure | None:
-    """Measured cells and gaps of a typical step above the ideal replay of the same schedule."""
-    if run.cells is None or run.cells.is_empty():
-        return None
-    step = shown_step(run)
-    measured = timeline_frame(run.cells, run.gaps, step)
-    ideal, ideal_caption = ideal_timeline({**run.summary, "calibration": run.config.get("calibration")}, run.cells)
+def timeline_figure(run: Run) -> Figure:
+    """Measured cells and gaps of the median step above the ideal timeline of the same step."""
+    analysis, step = run.analysis, run.summary.median_step
+    origin = step_origin(analysis.cells, analysis.gaps, step)
+    measured = timeline_frame(analysis.cells, analysis.gaps, step, origin)
     ranks = measured["rank"].n_unique()
     shown_measured = coarsen(measured)
     binned = (f" With {measured.height} rows the timeline is drawn from {shown_measured.height} time bins, each "
               "coloured by the kind that filled most of it (hover: how many cells)." if shown_measured is not measured
               else "")
-    inferred = run.cells.filter(pl.col("inferred")).height if "inferred" in run.cells.columns else 0
     caption = (f"Measured: step {step} (the step of median length), {measured.height} cells and gaps; each rank's row "
                "has three tracks: compute cells (F/B/I/W), p2p cells (SEND/RECV spans, including blocking waits) and "
-               f"the idle gaps by class. {inferred} of the run's cells were inferred from the op stream rather than "
-               f"read from PP: labels. {ideal_caption} Hover a cell for its action, microbatch and duration.{binned}")
-    ideal = None if ideal is None else coarsen(ideal)
-    return Figure("timeline", charts.timelines(shown_measured, ideal, ranks, "simulated ideal"), caption, "canvas")
+               f"the idle gaps by class. {run.summary.inferred_cells} of the run's cells were inferred from the op "
+               f"stream rather than read from PP: labels. {IDEAL_CAPTION} Hover a cell for its action, microbatch and "
+               f"duration.{binned}")
+    ideal = coarsen(ideal_frame(analysis.ideal, origin))
+    return Figure("timeline", charts.timelines(shown_measured, ideal, ranks, "ideal timeline"), caption, "canvas")
 
 
-def waterfall_figure(summary: dict) -> Figure:
+def waterfall_figure(summary: Summary) -> Figure:
     deviation = largest_deviation(summary)
     largest = f" The largest deviation is {deviation[0]} ({deviation[1]:.3f} ms)." if deviation else ""
     caption = ("Where the step time went, in ms: ideal (the work at reference efficiency, evenly split) plus the "
@@ -105,67 +101,65 @@ def waterfall_figure(summary: dict) -> Figure:
     return Figure("waterfall", charts.waterfall(waterfall_frame(summary)), caption)
 
 
-def parts_html(summary: dict) -> str:
+def parts_html(summary: Summary) -> str:
     """Per-rank table: each rank's parts sum to the step time (the closure column shows it)."""
     columns = [Column("rank", "pipeline rank (one process)"), Column("stages", "global stage indices on this rank",
                                                                       show=_plain, text=True)]
-    columns += [Column(part.removesuffix("_ms") + " (ms)", PART_MEANINGS[part], show=number(3)) for part in RANK_PARTS]
+    columns += [Column(f"{part} (ms)", PART_MEANINGS[part], show=number(3)) for part in RANK_PARTS]
     columns += [Column("sum (ms)", "sum of the parts: equals the step time when the split closes", show=number(3)),
                 Column("peak activations (MiB)", "largest live activation memory held for backward",
                        show=number(2))]
     rows = []
-    for rank in summary.get("ranks") or []:
-        parts = [rank.get(part) for part in RANK_PARTS]
-        peak = rank.get("peak_activation_bytes")
-        rows.append([rank.get("rank"), rank.get("stage_ids"), *parts, sum(x or 0.0 for x in parts),
+    for entry in summary.ranks:
+        parts = [entry.part_ms(part) for part in RANK_PARTS]
+        peak = entry.peak_activation_bytes
+        rows.append([entry.rank, entry.stage_ids, *parts, sum(x or 0.0 for x in parts),
                      None if peak is None else peak / 2**20])
     return table(columns, rows)
 
 
-def memory_figure(summary: dict) -> Figure | None:
-    ranks = [r for r in summary.get("ranks") or [] if r.get("peak_activation_bytes") is not None]
+def memory_figure(summary: Summary) -> Figure | None:
+    ranks = [entry for entry in summary.ranks if entry.peak_activation_bytes is not None]
     if not ranks:
         return None
-    frame = pl.DataFrame({"rank": [r["rank"] for r in ranks], "stage_ids": [_plain(r.get("stage_ids")) for r in ranks],
-                          "peak_mib": [r["peak_activation_bytes"] / 2**20 for r in ranks]})
+    frame = pl.DataFrame({"rank": [r.rank for r in ranks], "stage_ids": [_plain(r.stage_ids) for r in ranks],
+                          "peak_mib": [r.peak_activation_bytes / 2**20 for r in ranks]})
     caption = ("Peak activation memory per rank in MiB: the most bytes held for backward at once (GPipe holds all m "
                "microbatches' activations, 1F1B at most p - s on stage s).")
     return Figure("memory", charts.memory_per_rank(frame), caption)
 
 
-def _measured_in_flight(run: Run, step: int) -> tuple[pl.DataFrame, str]:
+def _measured_in_flight(run: Run, step: int, origin: int) -> tuple[pl.DataFrame, str]:
     """The executor's own stash counter where the run recorded one, else the count from the cells."""
-    if run.memory is not None and not run.memory.filter(pl.col("step") == step).is_empty():
-        return stash_in_flight(run.memory, step), "the executor's stash counter (microbatches it held for backward)"
-    return measured_in_flight(run.cells, step), "the cells (+1 at a forward's end, -1 at its freeing backward's)"
+    memory = run.analysis.memory
+    if memory is not None and not memory.stash.filter(pl.col("step") == step).is_empty():
+        return stash_in_flight(memory.stash, step), "the executor's stash counter (microbatches it held for backward)"
+    return (measured_in_flight(run.analysis.cells, step, origin),
+            "the cells (+1 at a forward's end, -1 at its freeing backward's)")
 
 
-def in_flight_section(run: Run) -> tuple[str, Figure | None]:
-    """Measured in-flight microbatches over the step against the schedule's count over a replay of it."""
-    theory = theory_peaks(run.summary)
-    if run.cells is None or run.cells.is_empty() or theory is None:
-        return "<p>No in-flight count: no cells, or the schedule cannot be rebuilt.</p>", None
-    step = shown_step(run)
-    measured, source = _measured_in_flight(run, step)
-    peaks = peaks_frame(measured, theory)
-    schedule, replay, _ = ideal_replay({**run.summary, "calibration": run.config.get("calibration")}, run.cells)
-    over_time = None if replay is None else theory_in_flight(schedule, list(replay.rows))
+def in_flight_section(run: Run) -> tuple[str, Figure]:
+    """Measured in-flight microbatches over the step against the schedule's count on the ideal timeline."""
+    analysis, step = run.analysis, run.summary.median_step
+    origin = step_origin(analysis.cells, analysis.gaps, step)
+    measured, source = _measured_in_flight(run, step, origin)
+    peaks = peaks_frame(measured, theory_peaks(analysis.schedule))
+    over_time = theory_in_flight(analysis.schedule, analysis.ideal, origin)
     columns = [Column("rank", "pipeline rank"),
                Column("measured peak", "most microbatches whose forward had ended and freeing backward had not"),
                Column("theory peak", "the schedule's own count (runners.schedules.in_flight)")]
-    figure = Figure("in-flight", charts.in_flight(thinned(measured), over_time, peaks, "theory: the simulated ideal"),
+    figure = Figure("in-flight", charts.in_flight(thinned(measured), over_time, peaks, "theory: the ideal timeline"),
                     f"Step {step}: microbatches in flight per rank (activations held for backward), measured from "
-                    f"{source}; below, the schedule's own count (runners.schedules.in_flight) over the simulated ideal "
-                    "replay of the same schedule; dashed: the schedule's peak (GPipe: m on every stage; 1F1B: p - s "
-                    "on stage s).")
+                    f"{source}; below, the schedule's own count (runners.schedules.in_flight) over the ideal timeline "
+                    "of the same schedule; dashed: the schedule's peak (GPipe: m on every stage; 1F1B: p - s on "
+                    "stage s).")
     return table(columns, [list(row) for row in peaks.iter_rows()]) + figure.html(), figure
 
 
-def rules_html(summary: dict) -> str:
-    rules = summary.get("rules") or {}
+def rules_html(summary: Summary) -> str:
     columns = [Column("threshold", "name of the classification rule's parameter", text=True),
                Column("value", "the value this analysis used", show=_plain, text=True)]
-    return table(columns, [[name, value] for name, value in rules.items()]) if rules else "<p>none recorded</p>"
+    return table(columns, [[name, value] for name, value in asdict(summary.rules).items()])
 
 
 def merged_html(merged_href: str | None) -> str:
@@ -191,8 +185,8 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         '<p><a href="../index.html">all runs</a></p>',
         f"<h1>{html.escape(run.run_id)}</h1>",
         figures_html(summary),
-        *(f'<p>Note: {html.escape(caveat)}.</p>' for caveat in [oversubscription(run.config)] if caveat),
-        "<h2>Timeline</h2>", timeline.html() if timeline else "<p>No cells table: the timeline cannot be drawn.</p>",
+        *(f"<p>Note: {html.escape(note)}.</p>" for note in summary.notes),
+        "<h2>Timeline</h2>", timeline.html(),
         "<h2>Waterfall: from the formula to the measurement</h2>", waterfall.html(),
         "<h2>Per rank</h2>", parts_html(summary), parts.html(),
         "<h2>Activation memory</h2>", in_flight_html,

@@ -10,9 +10,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import polars as pl
-
 from analysis.errors import InputError
+from analysis.pipeline import analysis_of
+from analysis.results import Analysis
+from analysis.schema import Summary
 
 
 @dataclass(frozen=True)
@@ -20,11 +21,12 @@ class Run:
     run_id: str
     path: Path
     config: dict  # run.json, or {} where the run has none (traces written by someone else)
-    summary: dict | None = None
-    cells: pl.DataFrame | None = None
-    gaps: pl.DataFrame | None = None
-    memory: pl.DataFrame | None = None  # the executor's stash samples (analysis/memory.parquet), if recorded
+    analysis: Analysis | None = None  # what `analyze` wrote (analysis.results); None with `error`
     error: str | None = None
+
+    @property
+    def summary(self) -> Summary:
+        return self.analysis.summary
 
     @property
     def merged_trace(self) -> Path | None:
@@ -59,34 +61,13 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-def _read_table(path: Path) -> pl.DataFrame | None:
-    if not path.is_file():
-        return None
-    try:
-        return pl.read_parquet(path)
-    except Exception as error:  # polars raises several unrelated types for a broken file
-        raise InputError(path, f"not a readable parquet table ({error})") from error
-
-
-def _analyse(path: Path) -> None:
-    """Run the analysis for a run that has none yet; imported here so a broken analysis costs one row."""
-    from analysis.cli.analyze import analyze_dir
-
-    analyze_dir(path)
-
-
 def load_run(path: Path) -> Run:
     """Read one run's config and analysis, analysing it first if needed; any failure -> error row."""
     config: dict = {}
     try:
         if (path / "run.json").is_file():
             config = _read_json(path / "run.json")
-        analysis = path / "analysis"
-        if not (analysis / "summary.json").is_file():
-            _analyse(path)
-        summary = _read_json(analysis / "summary.json")
-        return Run(path.name, path, config, summary, _read_table(analysis / "cells.parquet"),
-                   _read_table(analysis / "gaps.parquet"), _read_table(analysis / "memory.parquet"))
+        return Run(path.name, path, config, analysis_of(path))
     except Exception as error:  # one bad run must not stop the report; the index shows why
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         return Run(path.name, path, config, error=f"{type(error).__name__}: {message}")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.report.frames import WATERFALL_TERMS
+from analysis.schema import WATERFALL_TERMS, Summary
+from runners.schedules import formula_bubble
 
 RUN_COLUMNS = {
     "run_id": pl.String, "schedule": pl.String, "engine": pl.String, "device": pl.String, "p": pl.Int64,
@@ -18,16 +19,14 @@ RUN_COLUMNS = {
 }
 
 
-def run_row(run_id: str, summary: dict, config: dict | None = None) -> dict:
+def run_row(run_id: str, summary: Summary, config: dict | None = None) -> dict:
     """The index's numbers for one analysed run, flat (run.json's rows_per_microbatch: set when the
     microbatch size was fixed rather than the batch)."""
-    waterfall = summary.get("waterfall_ms") or {}
-    peaks = [r.get("peak_activation_bytes") for r in summary.get("ranks") or []]
-    peaks = [peak for peak in peaks if peak is not None]
-    row = {name: summary.get(name) for name in RUN_COLUMNS if name in summary}
-    return row | {"run_id": run_id, "v": summary.get("v") or 1, "peak_activation_bytes": max(peaks, default=None),
+    peaks = [entry.peak_activation_bytes for entry in summary.ranks if entry.peak_activation_bytes is not None]
+    row = {name: getattr(summary, name) for name in RUN_COLUMNS if name in Summary.__struct_fields__}
+    return row | {"run_id": run_id, "peak_activation_bytes": max(peaks, default=None),
                   "rows_per_microbatch": (config or {}).get("rows_per_microbatch"),
-                  **{term: waterfall.get(term) for term in WATERFALL_TERMS}}
+                  **{term: getattr(summary.waterfall_ms, term) for term in WATERFALL_TERMS}}
 
 
 def runs_frame(rows: list[dict]) -> pl.DataFrame:
@@ -45,13 +44,12 @@ def families(runs: pl.DataFrame) -> pl.DataFrame:
 
 
 def formula_curve(family_runs: pl.DataFrame) -> pl.DataFrame:
-    """(p-1)/(v*m+p-1) at every integer m from 1 to the family's largest m."""
-    return (
-        family_runs.group_by("family").agg(pl.col("p").first(), pl.col("v").first(), top=pl.col("m").max())
-        .with_columns(m=pl.int_ranges(1, pl.col("top") + 1)).explode("m")
-        .with_columns(bubble=(pl.col("p") - 1) / (pl.col("v") * pl.col("m") + pl.col("p") - 1))
-        .select("family", "m", "bubble").sort("family", "m")
-    )
+    """The formula bubble (runners.schedules.formula_bubble) at every integer m up to the family's largest."""
+    families = family_runs.group_by("family").agg(pl.col("p").first(), pl.col("v").first(), top=pl.col("m").max())
+    rows = [(family, m, formula_bubble(p, m, v)) for family, p, v, top in families.iter_rows()
+            for m in range(1, top + 1)]
+    return pl.DataFrame(rows, schema={"family": pl.String, "m": pl.Int64, "bubble": pl.Float64},
+                        orient="row").sort("family", "m")
 
 
 def newest_per_m(family_runs: pl.DataFrame) -> pl.DataFrame:

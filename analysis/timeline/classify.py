@@ -14,31 +14,13 @@ the first action is the host getting to it: launch_overhead.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import polars as pl
 
 from analysis.cells.labelled import CELL_KEY, device_events
+from analysis.schema import Rules
 from analysis.timeline.gaps import INTERVAL, queued, runs, segments
 
-CLASSES = ("bubble", "p2p_wait", "launch_overhead", "other")
 GAP_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "class": pl.Utf8}
-
-
-@dataclass(frozen=True)
-class Rules:
-    """Classification thresholds; echoed into summary.json `rules`."""
-
-    # Idle between two actions (CPU) or before a rank's first action (CPU, GPU) up to this long is
-    # launch_overhead (the host getting to it); longer, between actions it is `other` (optimizer,
-    # data loading), before the first action `bubble` (nothing to do yet).
-    host_gap_max_ns: int = 1_000_000
-    # device_idle only: a queued stretch between two kernels shorter than this is the device's own
-    # kernel-to-kernel delay (HTA's consecutive_kernel_delay, same default).
-    kernel_wait_max_ns: int = 30
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 # RECV kind -> (stage step to the producer, the producer's SEND kind, its compute kinds by preference)

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from analysis.cells.labelled import CELL_KEY, RankCells
+from runners.schedules import COMM_KINDS
+
 # A send of kind K of stage s is received by the RECV of the same microbatch at stage s + step.
 _RECEIVER = {"SEND_F": ("RECV_F", 1), "SEND_B": ("RECV_B", -1)}
 # Host-side collectives that block until every rank has joined (gloo); p2p ops are not collectives.
@@ -47,18 +50,6 @@ class ClockEstimate:
 
     def offset_ns(self, rank: int) -> int:
         return next((r.offset_ns for r in self.ranks if r.rank == rank), 0)
-
-    def to_json(self) -> dict:
-        return {
-            "reference_rank": self.reference_rank,
-            "ranks": {
-                str(r.rank): {"offset_ns": r.offset_ns, "uncertainty_ns": r.uncertainty_ns, "via": r.via}
-                for r in self.ranks
-            },
-            "transfers": self.transfers,
-            "collectives": self.collectives,
-            "inconsistent_pairs": [list(pair) for pair in self.inconsistent_pairs],
-        }
 
 
 def transfers(cells: pl.DataFrame) -> pl.DataFrame:
@@ -189,4 +180,40 @@ def estimate(ranks: list[int], cells: pl.DataFrame | None, events: pl.DataFrame)
 
 def _p2p_device_starts(cells: pl.DataFrame) -> pl.DataFrame:
     """(rank, start_ns) of transfer cells: on GPU these are the NCCL kernels to keep out of collectives."""
-    return cells.filter(pl.col("kind").str.contains("SEND|RECV")).select("rank", "start_ns")
+    return cells.filter(pl.col("kind").is_in(COMM_KINDS)).select("rank", "start_ns")
+
+
+def _shift(rank: RankCells, offset: int) -> RankCells:
+    times = ("start_ns", "end_ns", "launch_ns", "issued_ns")
+
+    def moved(frame: pl.DataFrame | None) -> pl.DataFrame | None:
+        if frame is None:
+            return None
+        return frame.with_columns(pl.col(c) + offset for c in times if c in frame.columns)
+
+    return RankCells(moved(rank.cells), moved(rank.waits), moved(rank.steps), moved(rank.kernels),
+                     moved(rank.unscheduled))
+
+
+def _arrived(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
+    """Cells with each RECV ending when its data arrived: torch's runtime only posts the receive inside
+    the RECV label, and its wait (keyed by the RECV) ends later, inside the consumer. Causality holds
+    for the arrival, not for the post."""
+    arrival = waits.group_by(CELL_KEY).agg(arrival_ns=pl.col("end_ns").max())
+    return (
+        cells.join(arrival, on=CELL_KEY, how="left")
+        .with_columns(end_ns=pl.max_horizontal("end_ns", "arrival_ns"))
+        .drop("arrival_ns")
+    )
+
+
+def on_one_clock(per_rank: list[RankCells], frames: dict[int, pl.DataFrame]) -> tuple[list[RankCells], ClockEstimate | None]:
+    """The ranks shifted onto one clock, and the estimate applied; unshifted (None) unless causality says
+    their clocks differ: ranks on one host share a clock, and an estimate would invent a skew."""
+    cells = _arrived(pl.concat([r.cells for r in per_rank]), pl.concat([r.waits for r in per_rank]))
+    pairs = transfers(cells)
+    if pairs.filter(pl.col("send_start_ns") > pl.col("recv_end_ns")).height == 0:
+        return per_rank, None
+    found = estimate(sorted(frames), cells, pl.concat(list(frames.values()), how="diagonal_relaxed"))
+    shifted = [_shift(r, found.offset_ns(int(r.cells["rank"][0]))) for r in per_rank]
+    return shifted, found

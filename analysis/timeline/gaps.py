@@ -14,8 +14,8 @@ from dataclasses import replace
 import polars as pl
 
 from analysis.cells.labelled import RankCells
+from runners.schedules import COMPUTE_KINDS
 
-COMPUTE_KINDS = ("F", "B", "I", "W")
 INTERVAL = ["rank", "step", "layer", "start_ns", "end_ns"]
 
 

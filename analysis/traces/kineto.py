@@ -17,6 +17,13 @@ import msgspec
 # |ts|, |dur| below this many microseconds (about 127 years): base + ts then fits in int64 nanoseconds,
 # and every such int is exact as a float.
 MAX_US = 4 * 10**15
+# Event categories (lowercased: the 2021 format capitalises them) of work that runs on a GPU stream, and
+# of every event that lives on one (the device-side copies of user annotations too).
+# Names torch.profiler gives: its step spans (ProfilerStep#N) and autograd's backward ops.
+STEP_PREFIX = "ProfilerStep#"
+BACKWARD_OP_PREFIX = "autograd::engine::evaluate_function:"
+DEVICE_WORK_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset")
+DEVICE_TRACK_CATS = (*DEVICE_WORK_CATS, "gpu_user_annotation")
 _IN_RANGE = msgspec.Meta(gt=-MAX_US, lt=MAX_US)
 Micros = Annotated[int, _IN_RANGE] | Annotated[float, _IN_RANGE] | None
 

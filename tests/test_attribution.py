@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from test_cells import gpipe_m1_run
 
 from analysis.pipeline import analyze_run, read_run
-from analysis.attribution.parts import BARS, PARTS, Reference, waterfall
+from analysis.attribution.reference import Reference
 from analysis.attribution.replay import Measured, replay
-from runners.schedules import build, simulate
+from analysis.attribution.waterfall import ladder
+from analysis.schema import RANK_PARTS, WATERFALL_TERMS
+from runners.schedules import build, formula_bubble, simulate
 
 CALIBRATION = {"0": {"F_ms": 0.008, "B_ms": 0.016}, "1": {"F_ms": 0.016, "B_ms": 0.024}}
 RUN_JSON = {"schedule": "gpipe", "p": 2, "m": 1, "v": 1, "calibration": CALIBRATION, "complete": True}
@@ -20,22 +23,22 @@ def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
     # chain is also 80 (no imbalance at m=1); gaps 2,2,1,2 push it to 87, latencies 3 and 1 to 91
     expected = {"ideal": 0.040, "formula_bubble": 0.040, "imbalance": 0.0, "small_gemm": None,
                 "launch_overhead": 0.007, "p2p_wait": 0.004, "residual": 0.009}  # fmt: skip
-    assert list(summary["waterfall_ms"]) == list(BARS)
-    assert summary["waterfall_ms"] == {bar: pytest.approx(ms, abs=1e-9) if ms is not None else None
-                                       for bar, ms in expected.items()}
-    assert summary["simulated_step_time_ms"] == pytest.approx(0.091)
-    assert summary["bubble_measured"] == pytest.approx(1 - 80 / 200)
+    assert list(expected) == list(WATERFALL_TERMS)
+    assert msgspec.structs.asdict(summary.waterfall_ms) == {
+        term: pytest.approx(ms, abs=1e-9) if ms is not None else None for term, ms in expected.items()}
+    assert summary.simulated_step_time_ms == pytest.approx(0.091)
+    assert summary.bubble_measured == pytest.approx(1 - 80 / 200)
 
 
 def test_calibration_gives_small_gemm_and_reference_compute(tmp_path):
     summary = analyze_run(read_run(gpipe_m1_run(tmp_path, RUN_JSON))).summary
-    ranks = {r["rank"]: r for r in summary["ranks"]}
-    assert ranks[0]["compute_ms"] == pytest.approx(0.024) and ranks[0]["small_gemm_ms"] == pytest.approx(0.006)
-    assert ranks[1]["compute_ms"] == pytest.approx(0.040) and ranks[1]["small_gemm_ms"] == pytest.approx(0.010)
-    bars = summary["waterfall_ms"]
-    assert bars["ideal"] == pytest.approx(0.032) and bars["formula_bubble"] == pytest.approx(0.032)
-    assert bars["small_gemm"] == pytest.approx(0.016)
-    assert sum(bars.values()) == pytest.approx(summary["step_time_ms"], abs=1e-12)
+    ranks = {entry.rank: entry for entry in summary.ranks}
+    assert ranks[0].compute_ms == pytest.approx(0.024) and ranks[0].small_gemm_ms == pytest.approx(0.006)
+    assert ranks[1].compute_ms == pytest.approx(0.040) and ranks[1].small_gemm_ms == pytest.approx(0.010)
+    terms = msgspec.structs.asdict(summary.waterfall_ms)
+    assert terms["ideal"] == pytest.approx(0.032) and terms["formula_bubble"] == pytest.approx(0.032)
+    assert terms["small_gemm"] == pytest.approx(0.016)
+    assert sum(terms.values()) == pytest.approx(summary.step_time_ms, abs=1e-12)
 
 
 def test_each_compute_cell_carries_its_excess_over_the_calibration(tmp_path):
@@ -49,10 +52,11 @@ def test_each_compute_cell_carries_its_excess_over_the_calibration(tmp_path):
 @pytest.mark.parametrize("with_run_json", [False, True])
 def test_each_ranks_parts_sum_to_the_step_time(tmp_path, with_run_json):
     result = analyze_run(read_run(gpipe_m1_run(tmp_path, RUN_JSON if with_run_json else None)))
-    for rank in result.summary["ranks"]:
-        total = sum(rank[f"{part}_ms"] or 0.0 for part in PARTS)
-        assert total == pytest.approx(result.summary["step_time_ms"], abs=1e-12)
-    assert result.summary["step_time_ms"] == pytest.approx(0.1)
+    assert result.summary.parts == tuple(f"{part}_ms" for part in RANK_PARTS)
+    for entry in result.summary.ranks:
+        total = sum(getattr(entry, key) or 0.0 for key in result.summary.parts)
+        assert total == pytest.approx(result.summary.step_time_ms, abs=1e-12)
+    assert result.summary.step_time_ms == pytest.approx(0.1)
 
 
 @pytest.mark.parametrize("name,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zb", 3, 6, 1)])
@@ -60,7 +64,7 @@ def test_unit_replay_reproduces_the_schedule_simulator(name, p, m, v):
     schedule = build(name, p, m, v)
     unit = Measured({a: 1.0 for order in schedule.orders for a in order})
     expected = max(end for *_, end in simulate(schedule).rows)
-    assert replay(schedule, unit) == expected
+    assert replay(schedule, unit).makespan == expected
 
 
 @pytest.mark.parametrize("name,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 4, 1), ("interleaved", 2, 4, 2)])
@@ -69,8 +73,8 @@ def test_equal_slots_give_the_formula_bubble(name, p, m, v):
     actions = [a for order in schedule.orders for a in order]
     ref = Reference({(a.stage, a.kind.value): 1.0 if a.kind.value == "F" else 2.0 for a in actions}, calibrated=True)
     measured = Measured({a: ref.ns[(a.stage, a.kind.value)] for a in actions})
-    bars = waterfall(schedule, measured, ref, step_ns=1000.0)
-    step = bars["ideal"] + bars["formula_bubble"]
-    assert bars["formula_bubble"] / step == pytest.approx((p - 1) / (v * m + p - 1))
-    assert bars["imbalance"] == 0 and bars["small_gemm"] == 0
-    assert sum(bars.values()) == pytest.approx(1000.0)
+    terms = ladder(schedule, measured, ref, step_ns=1e6).waterfall
+    step = terms.ideal + terms.formula_bubble
+    assert terms.formula_bubble / step == pytest.approx(formula_bubble(p, m, v))
+    assert terms.imbalance == 0 and terms.small_gemm == 0
+    assert sum(msgspec.structs.asdict(terms).values()) == pytest.approx(1.0)  # ms

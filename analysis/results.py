@@ -1,0 +1,139 @@
+"""A run's analysis/ directory: its one writer (`write`, called by `analyze`) and its one reader (`read`,
+for the merge, the report and the benchmarks), so every page and track shows what summary.json holds.
+
+    summary.json          Summary (analysis.schema), the median step's figures
+    schedule.json         the executed schedule: name, p, m, v, placement and each rank's order of actions
+    cells.parquet         rank, step, stage, kind, microbatch, start_ns, end_ns, blocked_ns, inferred,
+                          small_gemm_ns (a compute cell's busy time beyond its reference; null uncalibrated)
+    gaps.parquet          rank, step, start_ns, end_ns, class (analysis.schema.GAP_CLASSES)
+    ranks.parquet         every analysed step's parts per rank, in ms
+    ideal.parquet         the ideal timeline (analysis.attribution.waterfall): rank, stage, kind,
+                          microbatch, start_ns, end_ns from the median step's origin
+    memory.parquet, memory_peaks.parquet
+                          where the traces carry memory events (analysis.traces.memory)
+
+Times in the tables are on the analysis's clock: each rank's own plus its offset in `summary.clock`.
+The directory is written into a fresh temporary sibling and renamed into place, so a crash leaves the
+previous analysis whole; `analyze` replaces it entirely, so nothing else keeps files there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import polars as pl
+
+from analysis.errors import InputError
+from analysis.schema import Summary
+from analysis.traces.memory import Memory
+from runners.schedules import Action, Schedule
+
+ANALYSIS_DIR = "analysis"
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything `analyze` finds for one run; what `read` gives back."""
+
+    summary: Summary
+    schedule: Schedule  # as executed: the replay, the in-flight count and the ideal timeline follow it
+    cells: pl.DataFrame
+    gaps: pl.DataFrame
+    ranks: pl.DataFrame
+    ideal: pl.DataFrame
+    memory: Memory | None = None  # None: the traces have no memory events
+
+
+class _ScheduleFile(msgspec.Struct):
+    name: str
+    p: int
+    m: int
+    v: int
+    placement: str
+    orders: list[list[str]]  # per rank, its actions in execution order, in the compact form "0F3"
+
+
+def _schedule_json(schedule: Schedule) -> bytes:
+    orders = [[str(action) for action in order] for order in schedule.orders]
+    document = _ScheduleFile(schedule.name, schedule.p, schedule.m, schedule.v, schedule.placement, orders)
+    return msgspec.json.format(msgspec.json.encode(document)) + b"\n"
+
+
+def write(run_dir: Path, analysis: Analysis) -> Path:
+    """RUN/analysis/, replaced as a whole; returns its path."""
+    target = Path(run_dir) / ANALYSIS_DIR
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{ANALYSIS_DIR}.", dir=target.parent))
+    except OSError as error:
+        raise InputError(target.parent, f"cannot write the analysis: {error.strerror}") from None
+    try:
+        (staging / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(analysis.summary)) + b"\n")
+        (staging / "schedule.json").write_bytes(_schedule_json(analysis.schedule))
+        for name in ("cells", "gaps", "ranks", "ideal"):
+            getattr(analysis, name).write_parquet(staging / f"{name}.parquet")
+        if analysis.memory is not None and not analysis.memory.peaks.is_empty():
+            analysis.memory.stash.write_parquet(staging / "memory.parquet")
+            analysis.memory.peaks.write_parquet(staging / "memory_peaks.parquet")
+        if target.exists():
+            old = target.with_name(f".{ANALYSIS_DIR}.old.{os.getpid()}")
+            os.replace(target, old)
+            os.replace(staging, target)
+            shutil.rmtree(old)
+        else:
+            os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def exists(run_dir: Path) -> bool:
+    return (Path(run_dir) / ANALYSIS_DIR / "summary.json").is_file()
+
+
+def _decode(path: Path, kind: type):
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=kind)
+    except FileNotFoundError:
+        raise InputError(path, "missing") from None
+    except (OSError, msgspec.DecodeError) as error:  # ValidationError is a DecodeError: an older analysis
+        raise InputError(path, f"not this version's analysis ({error})") from None
+
+
+def _table(path: Path, required: bool = True) -> pl.DataFrame | None:
+    if not path.is_file():
+        if required:
+            raise InputError(path, "missing")
+        return None
+    try:
+        return pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError) as error:
+        raise InputError(path, f"not a readable table ({type(error).__name__})") from None
+
+
+def _schedule(path: Path) -> Schedule:
+    found = _decode(path, _ScheduleFile)
+    try:
+        orders = tuple(tuple(Action.parse(text) for text in order) for order in found.orders)
+        return Schedule(found.name, found.p, found.m, found.v, orders, placement=found.placement)
+    except ValueError as error:  # ActionParseError, ScheduleError
+        raise InputError(path, f"not a schedule: {error}") from None
+
+
+def read(run_dir: Path) -> Analysis:
+    """RUN/analysis/ as `analyze` wrote it; InputError naming the file that is missing or unreadable."""
+    directory = Path(run_dir) / ANALYSIS_DIR
+    stash, peaks = _table(directory / "memory.parquet", False), _table(directory / "memory_peaks.parquet", False)
+    return Analysis(
+        summary=_decode(directory / "summary.json", Summary),
+        schedule=_schedule(directory / "schedule.json"),
+        cells=_table(directory / "cells.parquet"),
+        gaps=_table(directory / "gaps.parquet"),
+        ranks=_table(directory / "ranks.parquet"),
+        ideal=_table(directory / "ideal.parquet"),
+        memory=None if stash is None or peaks is None else Memory(stash, peaks),
+    )

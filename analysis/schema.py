@@ -1,0 +1,103 @@
+"""The analysis's vocabulary and its typed summary: every name more than one room uses, declared once.
+
+`summary.json` is a `Summary` encoded as JSON; `analysis.results` writes it and decodes it back into the
+same Struct, so the merge, the report and the benchmarks read attributes, not string keys. Times are
+milliseconds of one training step (the median profiled step's). The action kinds are the schedules'
+own (runners.schedules: COMPUTE_KINDS, COMM_KINDS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from analysis.timeline.clock import ClockEstimate
+from runners.schedules import COMM_KINDS, COMPUTE_KINDS
+
+__all__ = ["COMM_KINDS", "COMPUTE_KINDS", "GAP_CLASSES", "RANK_PARTS", "WATERFALL_TERMS", "RankEntry", "Rules", "Summary",
+           "Waterfall"]
+
+@dataclass(frozen=True)
+class Rules:
+    """The classification thresholds (analysis.timeline.classify); echoed into summary.json `rules`."""
+
+    # Idle between two actions (CPU) or before a rank's first action (CPU, GPU) up to this long is
+    # launch_overhead (the host getting to it); longer, between actions it is `other` (optimizer,
+    # data loading), before the first action `bubble` (nothing to do yet).
+    host_gap_max_ns: int = 1_000_000
+    # device_idle only: a queued stretch between two kernels shorter than this is the device's own
+    # kernel-to-kernel delay (HTA's consecutive_kernel_delay, same default).
+    kernel_wait_max_ns: int = 30
+
+
+# What an idle stretch of a rank's step is (gaps.parquet `class`; DESIGN.md section 4).
+GAP_CLASSES = ("bubble", "p2p_wait", "launch_overhead", "other")
+
+
+class RankEntry(msgspec.Struct, kw_only=True):
+    """One rank of the median step. The `_ms` fields are its parts: they sum to the step time exactly."""
+
+    rank: int
+    stage_ids: list[int]  # global stages on this rank, from the schedule's placement
+    compute_ms: float  # busy time at reference (full-batch) efficiency; all busy time without calibration
+    small_gemm_ms: float | None  # busy time beyond the reference; None without calibration (unknown, not 0)
+    bubble_ms: float
+    p2p_wait_ms: float
+    launch_overhead_ms: float
+    other_ms: float
+    peak_activation_bytes: int | None  # None: the traces have no memory events (unknown, not 0)
+
+    def part_ms(self, part: str) -> float | None:
+        return getattr(self, f"{part}_ms")
+
+
+# The rank parts in the order the report stacks them: compute, small_gemm, then the gap classes.
+RANK_PARTS = tuple(name.removesuffix("_ms") for name in RankEntry.__struct_fields__ if name.endswith("_ms"))
+
+
+class Waterfall(msgspec.Struct, kw_only=True):
+    """The step time as a ladder of replays, rung by rung from the formula to the measurement (ms).
+
+    ideal + formula_bubble is the formula's step time; the rungs after it add stage imbalance,
+    small-GEMM time, host gaps and p2p latencies; `residual` is the measured step minus the last rung.
+    The terms sum to the step time (a None small_gemm, no calibration, counts as 0: it is folded into
+    imbalance)."""
+
+    ideal: float
+    formula_bubble: float
+    imbalance: float
+    small_gemm: float | None
+    launch_overhead: float
+    p2p_wait: float
+    residual: float
+
+
+WATERFALL_TERMS = Waterfall.__struct_fields__
+
+
+class Summary(msgspec.Struct, kw_only=True):
+    """summary.json: DESIGN.md section 3's keys, plus what the later stages need to show them."""
+
+    schedule: str
+    engine: str | None
+    device: str
+    p: int
+    m: int
+    v: int
+    steps_analyzed: int
+    median_step: int  # the ProfilerStep whose time is the (lower) median: ranks and waterfall are its
+    step_time_ms: float  # profiled: the longest rank window of the median step
+    bubble_formula: float
+    bubble_measured: float  # 1 - sum of busy time / (p * step): the seed's 1 - m*t_slot/step
+    simulated_step_time_ms: float  # the last rung of the replay ladder (step - residual)
+    waterfall_ms: Waterfall
+    parts: tuple[str, ...]  # the rank-entry keys that sum to the step time
+    ranks: list[RankEntry]
+    rules: Rules  # the classification thresholds used
+    clock: ClockEstimate | None  # offsets applied to put ranks on one clock; None: they share one
+    inferred_cells: int  # cells read from the op stream rather than from PP: labels
+    notes: list[str]  # caveats a reader of the numbers must know (e.g. more rank threads than cores)
+
+    def rank_entry(self, rank: int) -> RankEntry:
+        return next(entry for entry in self.ranks if entry.rank == rank)
