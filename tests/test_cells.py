@@ -12,6 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import REAL_TRACES
 
 from analysis.cells.labelled import rank_cells
 from analysis.errors import InputError
@@ -134,15 +135,10 @@ def gpipe_m1_run(directory: Path, run_json: dict | None = None, extra: dict[int,
     return directory
 
 
-REAL_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "real-traces"
-
-
 @pytest.mark.parametrize("name", ["kineto_tb_plugin/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz",
                                   "tracelens/mi300/resnet_act_checkpoint.json.gz"])
 def test_real_gpu_trace_without_pp_labels_gives_steps_and_no_cells(name):
     path = REAL_TRACES / name
-    if not path.exists():
-        pytest.skip(f"{path} is not checked out beside the repository")
     frame = load_trace(path)
     found = rank_cells(frame, path)
     host_steps = frame.filter(pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("ph") == "X")

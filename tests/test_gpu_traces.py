@@ -1,17 +1,18 @@
-"""GPU pipeline traces through the loader: GPU-shaped synthetic runs now, the real H200 runs once a GPU
-session has copied them to ../shared/real-traces/pipeline_gpu/<run>/ (scripts/gpu_check.sh writes them)."""
+"""GPU pipeline traces through the loader: GPU-shaped synthetic runs now, and real GPU runs once a session
+on a CUDA machine has copied one into tests/data/pipeline_gpu/<run>/ (scripts/gpu_check.sh writes them
+under OUT/traces/<run>/: run.json and one trace per rank)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from conftest import PIPELINE_GPU
 
 from runners.schedules import build, lower
 
 load = pytest.importorskip("analysis.traces.load")
 synthetic = pytest.importorskip("synthetic.generate")
-REAL_GPU_RUNS = Path(__file__).resolve().parent.parent.parent / "shared" / "real-traces" / "pipeline_gpu"
 
 
 def device_labels(run) -> dict[int, set[str]]:
@@ -36,10 +37,11 @@ def test_gpu_shaped_run_loads_with_device_side_labels(tmp_path, name, p, m, v):
 
 
 def real_gpu_runs() -> list[Path]:
-    return sorted(path for path in REAL_GPU_RUNS.glob("*") if (path / "run.json").exists())
+    return sorted(path for path in PIPELINE_GPU.glob("*") if (path / "run.json").exists())
 
 
-@pytest.mark.skipif(not real_gpu_runs(), reason=f"no real GPU pipeline runs in {REAL_GPU_RUNS} yet")
+@pytest.mark.skipif(not real_gpu_runs(), reason="no real GPU pipeline run in tests/data/pipeline_gpu/ yet (a run "
+                    "directory from scripts/gpu_check.sh on a CUDA machine goes there)")
 @pytest.mark.parametrize("directory", real_gpu_runs(), ids=lambda path: path.name)
 def test_real_gpu_run_loads_with_every_compute_action(directory):
     run = load.load_run(directory)

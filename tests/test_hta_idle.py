@@ -9,12 +9,12 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import REAL_TRACES
 from test_cells import span, trace, write_trace
 
 from analysis.timeline.classify import Rules, device_idle
 from analysis.traces.load import load_trace
 
-REAL_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "real-traces"
 SETS = ["param_dlrm_8rank", "hta/critical_path/alexnet"]
 KERNEL_WAIT_US = 30  # HTA's consecutive_kernel_delay, which it applies in the traces' unit (us here)
 RULES = Rules(kernel_wait_max_ns=KERNEL_WAIT_US * 1000)
@@ -47,7 +47,9 @@ def ours(directory: Path) -> pl.DataFrame:
 
 
 def hta_totals_us(directory: Path) -> dict[tuple[int, str], float]:
-    trace_analysis = pytest.importorskip("hta.trace_analysis")
+    trace_analysis = pytest.importorskip(
+        "hta.trace_analysis", reason="Holistic Trace Analysis (package hta, from the dev extras: pip install -e '.[dev]') "
+        "is not installed: nothing to compare with")
     logging.disable(logging.INFO)  # HTA logs every file it parses
     try:
         analysis = trace_analysis.TraceAnalysis(trace_dir=str(directory))

@@ -9,12 +9,10 @@ from pathlib import Path
 import msgspec
 import polars as pl
 import pytest
+from conftest import REAL_FILES, REAL_TRACES, gunzipped, real_id
 
 from analysis.errors import InputError
 from analysis.traces.load import load_trace, rank_from_name, read_trace
-
-REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "real-traces"
-REAL_FILES = sorted(REAL.rglob("*.json.gz"))
 
 
 def write(path: Path, document, compress: bool = False) -> Path:
@@ -29,10 +27,9 @@ def event(**fields):
     return {k: v for k, v in base.items() if v is not None}
 
 
-@pytest.mark.skipif(not REAL_FILES, reason="../shared/real-traces is not beside the repository")
-@pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: str(p.relative_to(REAL)))
+@pytest.mark.parametrize("path", REAL_FILES, ids=real_id)
 def test_every_real_trace_loads_with_the_event_count_of_its_file(path: Path):
-    document = msgspec.json.decode(gzip.decompress(path.read_bytes()), type=list[msgspec.Raw] | dict[str, msgspec.Raw])
+    document = msgspec.json.decode(gunzipped(path), type=list[msgspec.Raw] | dict[str, msgspec.Raw])
     events = document if isinstance(document, list) else msgspec.json.decode(document["traceEvents"], type=list[msgspec.Raw])
     frame = load_trace(path)
     assert frame.height == len(events)
@@ -40,10 +37,9 @@ def test_every_real_trace_loads_with_the_event_count_of_its_file(path: Path):
     assert (complete["end_ns"] >= complete["start_ns"]).all()
 
 
-@pytest.mark.skipif(not REAL_FILES, reason="../shared/real-traces is not beside the repository")
 def test_real_gpu_trace_times_are_base_plus_ts_in_exact_nanoseconds():
-    path = REAL / "tracelens" / "b200" / "eager_trace.json.gz"
-    document = json.loads(gzip.decompress(path.read_bytes()))
+    path = REAL_TRACES / "tracelens" / "b200" / "eager_trace.json.gz"
+    document = json.loads(gunzipped(path))
     first = document["traceEvents"][0]  # ts 1365627862757.064 us, dur 87412.863 us in this file
     row = load_trace(path).row(0, named=True)
     text_ts = repr(first["ts"])

@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import REAL_TRACES
 
 from analysis.errors import InputError
 from analysis.traces.load import load_run
-
-REAL_DLRM = Path(__file__).resolve().parents[1] / ".." / "shared" / "real-traces" / "param_dlrm_8rank"
 
 
 def rank_file(directory: Path, name: str, rank: int | None, world_size: int | None = 2, run_id: str | None = None):
@@ -43,9 +42,8 @@ def test_a_whole_run_loads_in_rank_order_with_its_config(tmp_path):
     assert run.frame()["name"].to_list() == ["work0", "work1"]
 
 
-@pytest.mark.skipif(not REAL_DLRM.is_dir(), reason="../shared/real-traces is not beside the repository")
 def test_the_real_eight_rank_job_loads():
-    run = load_run(REAL_DLRM)
+    run = load_run(REAL_TRACES / "param_dlrm_8rank")
     assert run.world_size == 8 and run.config is None
     assert run.frame()["rank"].unique().sort().to_list() == list(range(8))
 

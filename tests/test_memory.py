@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import polars as pl
-import pytest
 import torch
-from test_cells import REAL_TRACES, gpipe_m1_run
+from conftest import REAL_TRACES
+from test_cells import gpipe_m1_run
 
 from analysis.pipeline import analyze_run, read_run
 from analysis.cells.labelled import step_spans
@@ -104,8 +104,6 @@ def test_cuda_peak_counter_beats_the_allocator_events(tmp_path):
 
 def test_real_trace_allocator_events_without_total_allocated():
     path = REAL_TRACES / "kineto_tb_plugin/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
-    if not path.exists():
-        pytest.skip(f"{path} is not checked out beside the repository")
     trace = read_trace(path)
     events = with_steps(memory_events(trace), step_spans(trace.frame))
     peaks = step_peaks(events).filter(pl.col("source") == "cuda_allocator")
