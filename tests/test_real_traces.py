@@ -1,36 +1,48 @@
-"""Real Kineto traces nobody here wrote (../shared/real-traces, see its PROVENANCE.md) merge into valid
-Perfetto traces; the 8-rank DLRM set becomes 8 rank processes on collective-aligned clocks."""
+"""Real Kineto traces nobody here wrote (tests/data/real-traces, see its PROVENANCE.md) merge into valid
+Perfetto traces that keep every slice; the 8-rank DLRM set becomes 8 rank processes on
+collective-aligned clocks."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
+import re
 
 import pytest
+from conftest import REAL_FILES, REAL_TRACES, gunzipped, real_id
 
 from analysis.errors import InputError
 from analysis.merge.merged import merge, read_ranks
 from analysis.merge.perfetto_check import problems
 
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "real-traces"
-FILES = sorted(REAL.rglob("*.json.gz")) if REAL.is_dir() else []
-needs_real = pytest.mark.skipif(not FILES, reason=f"no real traces at {REAL}")
+# Real files the merge must refuse, by test id, with the one-line reason it gives. None today: every
+# copied trace, GPU or CPU, Kineto or legacy, merges. A file added here must really be refused.
+REFUSED: dict[str, str] = {}
 
 
-@needs_real
-@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(REAL)))
-def test_every_real_trace_merges_valid_or_says_why_in_one_line(path):
-    try:
-        trace, _ = merge(read_ranks(path, None), None, None)
-    except InputError as error:
-        assert "\n" not in str(error) and str(path) in str(error)
+def test_every_real_trace_has_its_provenance_and_the_refused_list_names_only_them():
+    listed = re.findall(r"^### `([^`]+)`", (REAL_TRACES / "PROVENANCE.md").read_text(), re.MULTILINE)
+    assert listed and sorted(listed) == sorted(real_id(path) for path in REAL_FILES)
+    assert set(REFUSED) <= set(listed)
+
+
+@pytest.mark.parametrize("path", REAL_FILES, ids=real_id)
+def test_every_real_trace_merges_into_a_valid_trace_with_all_its_slices(path):
+    if real_id(path) in REFUSED:
+        with pytest.raises(InputError) as caught:
+            merge(read_ranks(path, None), None, None)
+        assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+        assert REFUSED[real_id(path)] in str(caught.value)
         return
+    trace, _ = merge(read_ranks(path, None), None, None)
     assert problems(trace) == []
-    assert any(e["ph"] == "X" for e in trace["traceEvents"])
+    document = json.loads(gunzipped(path))
+    slices = sum(e.get("ph") == "X" for e in (document if isinstance(document, list) else document["traceEvents"]))
+    assert slices > 0
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == slices
 
 
-@needs_real
 def test_dlrm_eight_ranks_merge_into_eight_processes_on_aligned_clocks():
-    trace, estimate = merge(read_ranks(REAL / "param_dlrm_8rank", None), None, None)
+    trace, estimate = merge(read_ranks(REAL_TRACES / "param_dlrm_8rank", None), None, None)
     assert problems(trace) == []
     names = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]
     assert names == [f"rank {r}" for r in range(8)]
