@@ -1,4 +1,6 @@
-"""Fuzz the loader with mutated real and synthetic traces: nothing but InputError may escape.
+"""Fuzz the loader with mutated real and synthetic traces: nothing but a one-line InputError naming the
+file may escape, and what loads is the loader's frame as documented (columns, integer times, one row
+per event, times in order).
 
 FUZZ_EXAMPLES sets the number of inputs per mutation kind (small by default; `make fuzz` sets 20000).
 """
@@ -11,7 +13,10 @@ import os
 import warnings
 from pathlib import Path
 
+import msgspec
+import polars as pl
 import pytest
+from conftest import gunzipped, real_traces_in
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +25,6 @@ from analysis.traces.load import read_trace
 from synthetic.generate import synthesize
 from runners.schedules import build
 
-REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "real-traces"
 SMALL_REAL = ["hta/cpu_only", "hta/critical_path/cuda_event_sync", "hta/amd_trace", "pippy"]
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES < 1000,
@@ -31,11 +35,15 @@ def _seeds() -> list[bytes]:
     documents = [json.dumps(synthesize(build("1f1b", 2, 2), shape=shape, steps=1, p2p_latency_us=3).traces[1]).encode()
                  for shape in ("cpu", "gpu")]
     for folder in SMALL_REAL:
-        documents += [gzip.decompress(p.read_bytes()) for p in sorted((REAL / folder).glob("*.json.gz"))]
+        documents += [gunzipped(path) for path in real_traces_in(folder)]
     return documents
 
 
 SEEDS = _seeds()
+# The loader's frame (analysis.traces.load): these columns, times and ids as integers.
+COLUMNS = {"index": pl.Int64, "rank": pl.Int64, "ph": pl.String, "name": pl.String, "cat": pl.String, "pid": pl.Int64,
+           "tid": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "correlation": pl.Int64, "external_id": pl.Int64,
+           "stream": pl.Int64, "flow_id": pl.Int64, "bp": pl.String}
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
@@ -44,6 +52,7 @@ JSON_VALUES = st.recursive(
 
 
 def only_input_errors(tmp_path: Path, data: bytes, name: str = "rank0.json") -> None:
+    """No exception but a one-line InputError naming the file; what loads is a frame as documented."""
     path = tmp_path / name
     path.write_bytes(data)
     with warnings.catch_warnings():
@@ -51,9 +60,25 @@ def only_input_errors(tmp_path: Path, data: bytes, name: str = "rank0.json") -> 
         try:
             trace = read_trace(path)
         except InputError as error:
-            assert "\n" not in str(error)
+            assert "\n" not in str(error) and str(path) in str(error), str(error)
             return
-    assert trace.frame.height >= 0
+    loaded_as_documented(trace)
+
+
+def loaded_as_documented(trace) -> None:
+    """The loader's columns with integer times and ids; one row per event of the file but those dropped
+    for a negative duration, in file order; an "X" event ends no earlier than it starts, any other at
+    its start; every event has its phase."""
+    frame = trace.frame
+    assert dict(frame.schema) == COLUMNS
+    assert frame.height + trace.dropped == len(trace.events())
+    index = frame["index"]
+    assert index.null_count() == 0 and index.is_unique().all() and index.is_sorted()
+    assert frame.height == 0 or (index.min() >= 0 and index.max() < len(trace.events()))
+    assert frame["ph"].null_count() == 0 and frame["name"].null_count() == 0
+    timed = frame.filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    assert (timed["end_ns"] >= timed["start_ns"]).all()
+    assert (timed.filter(pl.col("ph") != "X").select(pl.col("end_ns") == pl.col("start_ns")).to_series()).all()
 
 
 @FUZZ
@@ -98,6 +123,22 @@ def test_header_type_swaps(tmp_path, header):
     only_input_errors(tmp_path, json.dumps(header).encode())
 
 
-@pytest.mark.skipif(not (REAL / "pippy").is_dir(), reason="../shared/real-traces is not beside the repository")
-def test_seeds_include_real_traces():
-    assert len(SEEDS) > 2
+@pytest.mark.xfail(strict=True, raises=msgspec.DecodeError,
+                   reason="known bug: the loader checks UTF-8 only in the fields it types, so invalid bytes in args "
+                   "load; RawTrace.events() then raises msgspec.DecodeError and the merge copies them into a merged "
+                   "trace that is not valid JSON")
+def test_invalid_utf8_in_args_is_refused_or_stays_decodable(tmp_path):
+    # found by test_byte_flips with FUZZ_EXAMPLES=1500 (a flipped byte inside a synthetic trace's args)
+    data = b'{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1, "args": {"note": "\x80"}}]}'
+    only_input_errors(tmp_path, data)
+
+
+def test_every_seed_loads_as_documented(tmp_path):
+    """The unmutated seeds (2 synthetic, the rest real) load, so the mutations start from valid traces."""
+    assert len(SEEDS) == 2 + sum(len(real_traces_in(folder)) for folder in SMALL_REAL)
+    for number, seed in enumerate(SEEDS):
+        path = tmp_path / f"seed{number}.json"
+        path.write_bytes(seed)
+        trace = read_trace(path)
+        loaded_as_documented(trace)
+        assert trace.dropped == 0 and trace.frame.height == len(trace.events()) > 0
