@@ -22,7 +22,7 @@ RUN_ARGS = --sched $(strip $(SCHED)) --p $(strip $(P)) --v $(strip $(V)) --engin
            --steps $(strip $(STEPS)) --device $(strip $(DEVICE)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET))) \
            $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(strip $(ROWS_PER_MB)))
 
-.PHONY: setup trace sweep analyze merge report bench test fuzz browser clean
+.PHONY: setup trace sweep analyze merge report bench lint test fuzz browser clean
 .DEFAULT_GOAL := trace
 
 .venv/.installed: pyproject.toml
@@ -61,6 +61,10 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 	  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 	  echo "warning: chromium not installed; the browser test will be skipped"; }
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 test: setup browser
 	$(PY) -m pytest -q
