@@ -1,4 +1,4 @@
-"""The loader's own figures (issue 3, deliverable 1): MB/s of uncompressed JSON on one core, and peak
+"""The loader's own figures: MB/s of uncompressed JSON on one core, and peak
 memory over the uncompressed size. Targets: at least 100 MB/s, under 3x.
 
 Each sample loads one trace file with analysis.traces.load.read_trace in a fresh process with

@@ -26,7 +26,7 @@ from runners.schedules import formula_bubble
 PROFILER_TARGET = 1.10  # profiled / unprofiled step time
 SIM_TARGET = 0.05  # |simulated / measured - 1| on every run
 EXECUTOR_TARGET = 1.0  # native / torch step time
-BUBBLE_TARGET = 0.02  # |bubble_measured - 1/2| of gpipe p=2 m=1 on every run (issue 3; the seed got 0.009 of it)
+BUBBLE_TARGET = 0.02  # |bubble_measured - 1/2| of gpipe p=2 m=1 on every run (the seed got 0.009 of it)
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ def test_unannotated_gpipe_is_analysed_from_inferred_cells(seed_run):
     compute = result.cells.filter(pl.col("kind").is_in(["F", "B"]))
     per_step = compute.group_by("rank", "step").agg(pl.col("kind").sort().str.join(","))
     assert set(per_step["kind"]) == {"B,F"}  # one F and one B per rank and step, nothing else
-    assert abs(summary.bubble_measured - (P - 1) / P) < 0.02, summary  # issue 3's bound; measured 0.007-0.009
+    assert abs(summary.bubble_measured - (P - 1) / P) < 0.02, summary
 
 
 def test_hints_must_agree_with_the_traces(seed_run):

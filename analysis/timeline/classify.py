@@ -3,7 +3,7 @@
 A wait on a peer (a RECV's blocked interval) is matched to the peer's SEND of the same microbatch on
 the other rank: the part of the wait before the SEND started is bubble (the producer had not produced
 yet), the rest is p2p_wait (transfer and latency); so is a CPU sender's own time inside its SEND
-(gloo copies the payload there: measured 0.5-12 ms for 1 MB on the shared 2-core machine). Idle
+(gloo copies the payload there). Idle
 time that is not a wait is launch overhead when the host had not yet issued the next work (GPU: no
 launched kernel pending, HTA's host-wait rule; CPU: framework time inside RECV actions or between
 actions up to a threshold), else other. Idle before a rank's first action of the step or after its

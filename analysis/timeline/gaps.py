@@ -118,9 +118,8 @@ def aligned_starts(ranks: list[RankCells]) -> list[RankCells]:
     """The ranks (on one clock) with step windows that open no earlier than the step's last-opening
     window, unless the rank computes before that. In a loop without a barrier at the end of a step
     (others' traces; our runners add one), a rank that finished the previous step early opens its next
-    ProfilerStep at once and waits in it for the ranks still finishing. That wait is the previous step's,
-    and it made the step time, the longest window, read long: a hand-written GPipe p=2 m=1 measured
-    bubbles of 0.53-0.56 on such steps against ~0.512 on the others."""
+    ProfilerStep at once and waits in it for the ranks still finishing. That wait is the previous step's;
+    counted in this one, it would make the step time, the longest window, read long."""
     opened = pl.concat([rank.steps for rank in ranks]).group_by("step").agg(last_open=pl.col("start_ns").max())
     aligned = []
     for rank in ranks:
