@@ -45,7 +45,8 @@ def _synthetic(name: str, p: int, m: int, v: int = 1, shape: str = "cpu") -> Run
 
 
 def _real(folder: str) -> Run:
-    return {path.name.removesuffix(".gz"): json.loads(gunzipped(path)) for path in real_traces_in(folder)}, None
+    traces = {path.name.removesuffix(".gz"): json.loads(gunzipped(path)) for path in real_traces_in(folder)}
+    return traces, None
 
 
 # The real seeds (folders of tests/data/real-traces) and what each comes to unmutated: neither is a

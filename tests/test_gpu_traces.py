@@ -40,8 +40,11 @@ def real_gpu_runs() -> list[Path]:
     return sorted(path for path in PIPELINE_GPU.glob("*") if (path / "run.json").exists())
 
 
-@pytest.mark.skipif(not real_gpu_runs(), reason="no real GPU pipeline run in tests/data/pipeline_gpu/ yet (a run "
-                    "directory from scripts/gpu_check.sh on a CUDA machine goes there)")
+@pytest.mark.skipif(
+    not real_gpu_runs(),
+    reason="no real GPU pipeline run in tests/data/pipeline_gpu/ yet (a run directory from "
+    "scripts/gpu_check.sh on a CUDA machine goes there)",
+)
 @pytest.mark.parametrize("directory", real_gpu_runs(), ids=lambda path: path.name)
 def test_real_gpu_run_loads_with_every_compute_action(directory):
     run = load.load_run(directory)

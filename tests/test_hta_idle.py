@@ -48,8 +48,10 @@ def ours(directory: Path) -> pl.DataFrame:
 
 def hta_totals_us(directory: Path) -> dict[tuple[int, str], float]:
     trace_analysis = pytest.importorskip(
-        "hta.trace_analysis", reason="Holistic Trace Analysis (package hta, from the dev extras: pip install -e '.[dev]') "
-        "is not installed: nothing to compare with")
+        "hta.trace_analysis",
+        reason="Holistic Trace Analysis (package hta, from the dev extras: pip install -e '.[dev]') is not "
+        "installed: nothing to compare with",
+    )
     logging.disable(logging.INFO)  # HTA logs every file it parses
     try:
         analysis = trace_analysis.TraceAnalysis(trace_dir=str(directory))

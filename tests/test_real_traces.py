@@ -36,7 +36,8 @@ def test_every_real_trace_merges_into_a_valid_trace_with_all_its_slices(path):
     trace = merge(read_ranks(path, None), None, None)
     assert problems(trace) == []
     document = json.loads(gunzipped(path))
-    slices = sum(e.get("ph") == "X" for e in (document if isinstance(document, list) else document["traceEvents"]))
+    events = document if isinstance(document, list) else document["traceEvents"]
+    slices = sum(e.get("ph") == "X" for e in events)
     assert slices > 0
     assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == slices
 
@@ -51,7 +52,8 @@ def test_dlrm_eight_ranks_merge_into_eight_processes_on_aligned_clocks():
     assert [rank["rank"] for rank in clock["ranks"]] == list(range(8))
     for rank in clock["ranks"][1:]:
         assert rank["via"] == "collective"
-        assert rank["uncertainty_ns"] is not None and rank["uncertainty_ns"] < 20_000  # one host: NCCL ends agree to us
+        # one host: NCCL ends agree to microseconds
+        assert rank["uncertainty_ns"] is not None and rank["uncertainty_ns"] < 20_000
     # launch arrows stay inside their rank: GPU stream and CPU thread of the same process
     ends: dict[int, set] = {}
     for e in trace["traceEvents"]:

@@ -27,7 +27,16 @@ from pathlib import Path
 
 import msgspec
 
-DEVICE_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset", "cuda_sync", "gpu_user_annotation"}
+DEVICE_CATS = {
+    "kernel",
+    "Kernel",
+    "gpu_memcpy",
+    "Memcpy",
+    "gpu_memset",
+    "Memset",
+    "cuda_sync",
+    "gpu_user_annotation",
+}
 FLOW_PHASES = {"s", "t", "f"}
 
 
@@ -47,7 +56,9 @@ def _anchor(event: dict) -> tuple:
     return event.get("pid"), str(event.get("tid")), event.get("ts")
 
 
-def keep_mask(events: list[dict], steps: set[int] | None, window_us: tuple[float, float] | None) -> list[bool]:
+def keep_mask(
+    events: list[dict], steps: set[int] | None, window_us: tuple[float, float] | None
+) -> list[bool]:
     timed = [e for e in events if isinstance(e.get("ts"), (int, float)) and e.get("ph") != "M"]
     if steps:
         spans = [e for e in timed if _step(e) in steps and e.get("cat") not in DEVICE_CATS]
@@ -67,7 +78,9 @@ def keep_mask(events: list[dict], steps: set[int] | None, window_us: tuple[float
         return t0 <= start < t1
 
     keep = [False] * len(events)
-    host_correlations = {_correlation(e) for e in events if e.get("cat") not in DEVICE_CATS and e.get("ph") == "X"}
+    host_correlations = {
+        _correlation(e) for e in events if e.get("cat") not in DEVICE_CATS and e.get("ph") == "X"
+    }
     kept_launches = set()
     for i, e in enumerate(events):
         if e.get("ph") == "M" or not isinstance(e.get("ts"), (int, float)):
@@ -111,7 +124,9 @@ def keep_mask(events: list[dict], steps: set[int] | None, window_us: tuple[float
     return keep
 
 
-def trim(source: Path, dest: Path, steps: set[int] | None, window_us: tuple[float, float] | None) -> tuple[int, int]:
+def trim(
+    source: Path, dest: Path, steps: set[int] | None, window_us: tuple[float, float] | None
+) -> tuple[int, int]:
     top = msgspec.json.decode(gzip.decompress(source.read_bytes()), type=dict[str, msgspec.Raw])
     raw_events = msgspec.json.decode(top["traceEvents"], type=list[msgspec.Raw])
     events = [msgspec.json.decode(r) for r in raw_events]
