@@ -8,8 +8,8 @@ high-water RSS minus its RSS just before the load (the interpreter and imports),
 size; the whole high-water mark over the size is reported beside it.
 
     python -m bench.load FILE... [--repeats 5]
-Bench files of realistic shape: bench.traceset.replicate_run (e.g. HTA's df_index_resolver
-trace from ../shared/real-traces to 84 MB and 500 MB).
+Bench files of realistic shape: bench.traceset.replicate_run (e.g. a real trace from
+tests/data/real-traces replicated to 84 MB and 500 MB).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Kineto-shaped events for one rank of a synthetic run: "cpu" (gloo, ops on the main thread) or "gpu"
 (launches with correlation ids, kernels on a compute and a comm stream, ac2g flows), matching the
-real traces in ../shared/real-traces and our runners' CPU traces.
+real traces in tests/data/real-traces and our runners' CPU traces.
 
 A `Cell` is one executed action with integer-nanosecond times on the rank's true clock: `issue` is when
 the rank turned to it (for a RECV, when the wait began), [start, end] when it ran.

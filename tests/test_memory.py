@@ -8,7 +8,7 @@ from pathlib import Path
 
 import polars as pl
 import torch
-from conftest import REAL_TRACES
+from conftest import REAL_TRACES, summary_of
 from test_cells import gpipe_m1_run
 
 from analysis.pipeline import analyze_run, read_run
@@ -83,14 +83,14 @@ def test_peaks_per_source_and_step(tmp_path):
 def test_summary_takes_the_stash_where_there_is_one_else_the_allocator(tmp_path):
     run = read_run(memory_run(tmp_path / "run"))
     summary = analyze_run(run).summary
-    assert [r["peak_activation_bytes"] for r in summary["ranks"]] == [1000, 2500]
+    assert [entry.peak_activation_bytes for entry in summary.ranks] == [1000, 2500]
     samples = run.memory.stash
     assert samples["microbatches"].to_list() == [1, 0] and set(samples["step"]) == {1}
 
 
 def test_without_memory_events_the_peak_stays_unknown(tmp_path):
     summary = analyze_run(read_run(gpipe_m1_run(tmp_path / "run"))).summary
-    assert [r["peak_activation_bytes"] for r in summary["ranks"]] == [None, None]
+    assert [entry.peak_activation_bytes for entry in summary.ranks] == [None, None]
 
 
 def test_cuda_peak_counter_beats_the_allocator_events(tmp_path):
@@ -99,7 +99,7 @@ def test_cuda_peak_counter_beats_the_allocator_events(tmp_path):
     directory = gpipe_m1_run(tmp_path / "run", extra={0: [peak, allocation(5, 1000, 1000, device_type=1)],
                                                       1: [allocation(5, 64, 64, device_type=1)]})
     summary = analyze_run(read_run(directory)).summary
-    assert [r["peak_activation_bytes"] for r in summary["ranks"]] == [123_456, 64]
+    assert [entry.peak_activation_bytes for entry in summary.ranks] == [123_456, 64]
 
 
 def test_real_trace_allocator_events_without_total_allocated():
@@ -113,11 +113,13 @@ def test_real_trace_allocator_events_without_total_allocated():
 
 
 def test_theory_over_time_reaches_p_minus_s_on_stage_s_at_replayed_times():
+    from analysis.attribution.waterfall import ideal_frame
     from analysis.report.inflight import theory_in_flight
     from runners.schedules import build, simulate
 
     schedule = build("1f1b", 4, 8)
-    theory = theory_in_flight(schedule, list(simulate(schedule).rows))
+    one_ms_per_unit = simulate(schedule, duration=lambda _rank, action: 1e6)  # F = B = 1 ms
+    theory = theory_in_flight(schedule, ideal_frame(one_ms_per_unit, step=0, origin_ns=0), origin=0)
     assert theory.group_by("rank").agg(pl.col("live").max()).sort("rank")["live"].to_list() == [4, 3, 2, 1]
     # unit-time replay: rank 3's first forward ends at 4, so its count first rises there
     assert theory.filter(pl.col("rank") == 3)["t_ms"].min() == 4.0
@@ -127,9 +129,8 @@ def test_theory_over_time_reaches_p_minus_s_on_stage_s_at_replayed_times():
 def test_memory_against_m_keeps_fixed_batch_and_fixed_microbatch_apart():
     from analysis.report import sweeps
 
-    summary = {"schedule": "gpipe", "engine": "native", "device": "cpu", "p": 2, "v": 1}
-    rows = [sweeps.run_row(f"run{m}{fixed}", summary | {"m": m, "ranks": [{"peak_activation_bytes": m * 2**20}]},
-                           {"rows_per_microbatch": fixed}) for m in (2, 4) for fixed in (None, 8)]
+    rows = [sweeps.run_row(f"run{m}{fixed}", summary_of(m=m, peak_bytes=m * 2**20), {"rows_per_microbatch": fixed})
+            for m in (2, 4) for fixed in (None, 8)]
     memory = sweeps.peak_memory(sweeps.families(sweeps.runs_frame(rows)))
     lines = memory.group_by("family").agg(pl.col("m").sort()).sort("family")
     assert lines["family"].to_list() == ["gpipe p=2 v=1 (native, cpu), 8 rows/microbatch",

@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 import polars as pl
 import pytest
+from conftest import summary_of
 
 from analysis import results
 from analysis.pipeline import analyze_dir, caveats
@@ -24,8 +25,8 @@ from analysis.report import build_report
 from analysis.report.frames import coarsen, ideal_frame, step_origin, timeline_frame, waterfall_frame
 from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks, thinned
 from analysis.report.runs import run_directories
+from analysis.traces.load import TraceWarning
 from analysis.report.sweeps import families, formula_curve, measured_steps, newest_per_m, run_row, runs_frame
-from analysis.schema import Rules, Summary, Waterfall
 from runners.schedules import build
 from synthetic import write_run
 
@@ -44,16 +45,6 @@ def write_contract_run(traces: Path, name: str, schedule: str = "gpipe", p: int 
         ranks = [msgspec.structs.replace(entry, peak_activation_bytes=peak_bytes) for entry in analysis.summary.ranks]
         results.write(run, replace(analysis, summary=msgspec.structs.replace(analysis.summary, ranks=ranks)))
     return run
-
-
-def summary_of(**fields) -> Summary:
-    """A summary with the given fields over a plain gpipe p=2 m=4 one (for the index's frames)."""
-    waterfall = Waterfall(ideal=6.0, formula_bubble=2.0, imbalance=0.5, small_gemm=None, launch_overhead=1.0,
-                          p2p_wait=1.0, residual=-0.5)
-    base = Summary(schedule="gpipe", engine="native", device="cpu", p=2, m=4, v=1, steps_analyzed=1, median_step=0,
-                   step_time_ms=10.0, bubble_formula=0.2, bubble_measured=0.3, simulated_step_time_ms=10.5,
-                   waterfall_ms=waterfall, parts=(), ranks=[], rules=Rules(), clock=None, inferred_cells=0, notes=[])
-    return msgspec.structs.replace(base, **fields)
 
 
 def _report(tmp_path: Path, **runs) -> tuple[Path, Path]:
@@ -245,6 +236,7 @@ def test_a_run_analysed_by_another_version_is_analysed_again(tmp_path):
     summary = json.loads((run / "analysis" / "summary.json").read_text())
     del summary["waterfall_ms"]  # an older summary.json without this key
     (run / "analysis" / "summary.json").write_text(json.dumps(summary))
-    index = build_report(traces, tmp_path / "reports").read_text()
+    with pytest.warns(TraceWarning, match="summary.json: not this version's analysis .*; analysed again"):
+        index = build_report(traces, tmp_path / "reports").read_text()
     assert 'class="error"' not in index and (tmp_path / "reports" / "runs" / "old.html").is_file()
     assert "waterfall_ms" in json.loads((run / "analysis" / "summary.json").read_text())
