@@ -55,9 +55,9 @@ def test_summary_peak_is_the_schedules_peak_times_a_microbatchs_bytes(analysed):
     schedule, result, _ = analysed
     first_forward = result.memory.stash.sort("rank", "t_ns").filter(pl.col("microbatches") == 1)
     per_microbatch = dict(first_forward.group_by("rank", maintain_order=True).agg(pl.col("bytes").first()).iter_rows())
-    for entry, counts in zip(result.summary["ranks"], in_flight(schedule)):
-        full = max(counts) * per_microbatch[entry["rank"]]
+    for entry, counts in zip(result.summary.ranks, in_flight(schedule)):
+        full = max(counts) * per_microbatch[entry.rank]
         if schedule.split_backward:  # after I a microbatch keeps only what W needs: less than its forward's
-            assert 0 < entry["peak_activation_bytes"] <= full
+            assert 0 < entry.peak_activation_bytes <= full
         else:
-            assert entry["peak_activation_bytes"] == full > 0
+            assert entry.peak_activation_bytes == full > 0

@@ -43,11 +43,11 @@ def test_v_schedules_every_compute_action_of_every_stage_is_found(tmp_path, sche
         got = [(s, kind, i) for s, kind, i in found.select("stage", "kind", "microbatch").iter_rows()]
         wanted = [(a.stage, a.kind.value, a.microbatch) for a in expected.orders[rank]]
         assert sorted(got) == sorted(wanted), (rank, step)
-    assert compute.select("rank", "step").n_unique() == 2 * result.summary["steps_analyzed"]
-    assert (result.summary["inferred_cells"] > 0) == (schedule == "dualpipev")  # the fused halves
+    assert compute.select("rank", "step").n_unique() == 2 * result.summary.steps_analyzed
+    assert (result.summary.inferred_cells > 0) == (schedule == "dualpipev")  # the fused halves
     # a replay of the measured step lands near it (a wait taken for compute, or a wrong clock shift, puts
     # it far off)
-    assert abs(result.summary["waterfall_ms"]["residual"]) < 0.15 * result.summary["step_time_ms"]
+    assert abs(result.summary.waterfall_ms.residual) < 0.15 * result.summary.step_time_ms
 
 
 @pytest.mark.parametrize("engine", ["native", "torch"])
@@ -63,7 +63,7 @@ def test_every_microbatch_forward_and_backward_is_found(tmp_path, engine, schedu
         got = list(found.select("stage", "kind", "microbatch").iter_rows())
         assert sorted(got) == sorted(wanted), (rank, step)
     assert compute["rank"].n_unique() == 2
-    inferred = result.summary["inferred_cells"]
+    inferred = result.summary.inferred_cells
     assert (inferred > 0) == (engine == "torch" and schedule in ("gpipe", "1f1b"))  # single-stage: unlabelled
 
 
