@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Engine:
-    description: str  # what runs the step, for messages
+    description: str  # what runs the step, for people (--engine's help)
     module: str  # the module whose build_step builds it; imported when the worker asks
 
     def step_builder(self) -> StepBuilder:
