@@ -15,7 +15,6 @@ from pathlib import Path
 from runners.launch import LaunchError, launch
 from runners.request import RequestError, add_request_arguments, request_from, resolve
 
-
 GPU_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")  # NVIDIA, ROCm
 
 
@@ -43,10 +42,14 @@ def _step_ms(run_dir: Path) -> float:
 def trace(args: argparse.Namespace) -> int:
     resolved = resolve(request_from(args, args.p), _gpus)
     request = resolved.request
-    print(f"running {request.schedule} p={request.p} m={request.m} v={request.v} preset={resolved.preset.name} "
-          f"on {resolved.device} ({resolved.backend}) ...", flush=True)
+    print(
+        f"running {request.schedule} p={request.p} m={request.m} v={request.v} preset={resolved.preset.name} "
+        f"on {resolved.device} ({resolved.backend}) ...",
+        flush=True,
+    )
     run_dir = launch(resolved, args.traces)
-    print(f"traces: {run_dir} (step {_step_ms(run_dir):.1f} ms unprofiled); {args.traces / 'latest'} points at it")
+    latest = args.traces / "latest"
+    print(f"traces: {run_dir} (step {_step_ms(run_dir):.1f} ms unprofiled); {latest} points at it")
     return 0
 
 
@@ -62,15 +65,17 @@ def _microbatch_counts(text: str) -> list[int]:
 
 def sweep(args: argparse.Namespace) -> int:
     """One run per m; every request is validated before the first run starts."""
-    resolved = [resolve(request_from(args, args.p, m), _gpus)
-                for m in _microbatch_counts(args.ms)]
+    resolved = [resolve(request_from(args, args.p, m), _gpus) for m in _microbatch_counts(args.ms)]
     began = time.monotonic()
     for done, run in enumerate(resolved, start=1):
         run_dir = launch(run, args.traces)
         elapsed = time.monotonic() - began
         eta = elapsed / done * (len(resolved) - done)
-        print(f"[{done}/{len(resolved)}] m={run.request.m} step={_step_ms(run_dir):.1f} ms  {run_dir.name}  "
-              f"elapsed {elapsed:.0f} s, ETA {eta:.0f} s", flush=True)
+        print(
+            f"[{done}/{len(resolved)}] m={run.request.m} step={_step_ms(run_dir):.1f} ms  {run_dir.name}  "
+            f"elapsed {elapsed:.0f} s, ETA {eta:.0f} s",
+            flush=True,
+        )
     return 0
 
 

@@ -5,16 +5,16 @@ executed action is wrapped in record_function("PP:<action>") so traces name it i
 torch.distributed.pipelining's form. RECV handlers block until the data is there, inside their span,
 so waiting for a peer is visible as its own span. Sends are queued as PendingSend values and completed
 at the end of the step. Each handler's docstring gives its effect on the StepState in one line, with
-s the action's stage and i its microbatch. Stage 0 reads its input from first_inputs; the last stage's
-output is the loss, so its backward pops no output gradient; dx is the gradient of the stashed
-forward's input given output_grads.pop((s, i)). With the next (or previous) stage on the same rank a
-tensor goes straight into inputs (output_grads) instead of to_send.
+s the action's stage and i its microbatch, keys of StepState's dicts. Stage 0 reads its input from
+first_inputs. dx(s, i) pops forwards[s, i] and output_grads[s, i] (none on the last stage, whose output
+is the loss) and is the gradient of that forward's input. With the next (or previous) stage on the
+same rank a tensor goes straight into inputs (output_grads) instead of to_send.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch.profiler import record_function
@@ -66,7 +66,9 @@ class StepState:
     output_grads: dict[Key, torch.Tensor] = field(default_factory=dict)  # gradients for B / I
     to_send: dict[tuple[Kind, int, int], torch.Tensor] = field(default_factory=dict)  # for SEND_F / SEND_B
     # per Linear of the stage: (the module, its input, its output's gradient), what W needs after I
-    weight_work: dict[Key, list[tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    weight_work: dict[Key, list[tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]]] = field(
+        default_factory=dict
+    )
     pending: list[PendingSend] = field(default_factory=list)
 
     def leftovers(self) -> list[str]:
@@ -75,7 +77,7 @@ class StepState:
 
 
 def forward(ctx: StepContext, state: StepState, action: Action) -> None:
-    """Roughly: inputs[(s+1, i)] or to_send[SEND_F, s, i] = stage_s(inputs.pop((s, i))); stashed in forwards[(s, i)]."""
+    """Roughly: inputs[s+1, i] or to_send[SEND_F, s, i] = stage_s(inputs.pop((s, i))), kept in forwards."""
     stage, microbatch = action.stage, action.microbatch
     x = ctx.first_inputs[microbatch] if stage == 0 else state.inputs.pop((stage, microbatch))
     output, taps = ctx.stages[stage].forward_with_taps(x)
@@ -90,7 +92,9 @@ def forward(ctx: StepContext, state: StepState, action: Action) -> None:
         state.to_send[(Kind.SEND_F, stage, microbatch)] = activation
 
 
-def _pass_input_grad(ctx: StepContext, state: StepState, stage: int, microbatch: int, grad: torch.Tensor) -> None:
+def _pass_input_grad(
+    ctx: StepContext, state: StepState, stage: int, microbatch: int, grad: torch.Tensor
+) -> None:
     if stage == 0:
         return
     if ctx.is_local(stage - 1):
@@ -105,7 +109,7 @@ def _output_grad(ctx: StepContext, state: StepState, key: Key) -> torch.Tensor |
 
 
 def backward(ctx: StepContext, state: StepState, action: Action) -> None:
-    """Roughly: output_grads[(s-1, i)] or to_send[SEND_B, s, i] = dx(forwards.pop((s, i))); .grad += weight grads."""
+    """Roughly: output_grads[s-1, i] or to_send[SEND_B, s, i] = dx(s, i); each weight's .grad += its share."""
     key = (action.stage, action.microbatch)
     stashed = state.forwards.pop(key)
     torch.autograd.backward(stashed.output, _output_grad(ctx, state, key))
@@ -113,7 +117,7 @@ def backward(ctx: StepContext, state: StepState, action: Action) -> None:
 
 
 def backward_input(ctx: StepContext, state: StepState, action: Action) -> None:
-    """Roughly: output_grads[(s-1, i)] or to_send[SEND_B, s, i] = dx(forwards.pop((s, i))); weight_work[s, i] = W's."""
+    """Roughly: output_grads[s-1, i] or to_send[SEND_B, s, i] = dx(s, i); weight_work[s, i] = what W needs."""
     key = (action.stage, action.microbatch)
     stashed = state.forwards.pop(key)
     targets = [pre_activation for _, pre_activation in stashed.taps]
@@ -158,14 +162,16 @@ def send_backward(ctx: StepContext, state: StepState, action: Action) -> None:
 
 
 def recv_forward(ctx: StepContext, state: StepState, action: Action) -> None:
-    """Roughly: inputs[(s, i)] = recv(from the rank of stage s-1), blocking until it has arrived."""
+    """Roughly: inputs[s, i] = recv(from the rank of stage s-1), blocking until it has arrived."""
     activation = _receive(ctx, action, action.stage - 1, is_gradient=False)
     state.inputs[(action.stage, action.microbatch)] = activation.requires_grad_()
 
 
 def recv_backward(ctx: StepContext, state: StepState, action: Action) -> None:
-    """Roughly: output_grads[(s, i)] = recv(from the rank of stage s+1), blocking until it has arrived."""
-    state.output_grads[(action.stage, action.microbatch)] = _receive(ctx, action, action.stage + 1, is_gradient=True)
+    """Roughly: output_grads[s, i] = recv(from the rank of stage s+1), blocking until it has arrived."""
+    state.output_grads[(action.stage, action.microbatch)] = _receive(
+        ctx, action, action.stage + 1, is_gradient=True
+    )
 
 
 HANDLERS: dict[Kind, Callable[[StepContext, StepState, Action], None]] = {
@@ -184,8 +190,12 @@ HANDLERS: dict[Kind, Callable[[StepContext, StepState, Action], None]] = {
 STASHING = (Kind.F, Kind.B, Kind.I, Kind.W)
 
 
-def run_step(ctx: StepContext, order: tuple[Action, ...], optimizer: torch.optim.Optimizer,
-             meter: StashMeter | None = None) -> None:
+def run_step(
+    ctx: StepContext,
+    order: tuple[Action, ...],
+    optimizer: torch.optim.Optimizer,
+    meter: StashMeter | None = None,
+) -> None:
     """Execute one rank's order for one step, complete its sends, then take the SGD step."""
     state = StepState()
     for action in order:
@@ -199,4 +209,6 @@ def run_step(ctx: StepContext, order: tuple[Action, ...], optimizer: torch.optim
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     if state.leftovers():
-        raise RuntimeError(f"rank {ctx.rank}: step ended with unused tensors ({'; '.join(state.leftovers())})")
+        raise RuntimeError(
+            f"rank {ctx.rank}: step ended with unused tensors ({'; '.join(state.leftovers())})"
+        )

@@ -22,7 +22,9 @@ class Stage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_with_taps(x)[0]
 
-    def forward_with_taps(self, x: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def forward_with_taps(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """The output plus each Linear's (input, output): what a split backward needs for weight gradients."""
         taps = []
         hidden = x
@@ -33,7 +35,9 @@ class Stage(nn.Module):
         return hidden, taps
 
 
-def build_stages(preset: Preset, stage_ids: tuple[int, ...], v: int, device: torch.device) -> dict[int, Stage]:
+def build_stages(
+    preset: Preset, stage_ids: tuple[int, ...], v: int, device: torch.device
+) -> dict[int, Stage]:
     """This rank's stages, seeded by stage index so a stage's weights do not depend on the rank layout."""
     layers = preset.layers_per_rank // v
     stages = {}

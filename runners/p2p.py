@@ -55,7 +55,9 @@ def open_links(backend: str, timeout: timedelta) -> Links:
     for is_gradient in (False, True):
         for upward in (True, False):
             name = f"pp_{'gradient' if is_gradient else 'activation'}_{'up' if upward else 'down'}"
-            groups[(is_gradient, upward)] = dist.new_group(world, timeout=timeout, backend=backend, group_desc=name)
+            groups[(is_gradient, upward)] = dist.new_group(
+                world, timeout=timeout, backend=backend, group_desc=name
+            )
     return Links(groups)
 
 

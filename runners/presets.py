@@ -33,7 +33,10 @@ def preset_problem(preset: Preset, m: int, v: int) -> str | None:
     if preset.layers_per_rank % v:
         return f"preset {preset.name} has {preset.layers_per_rank} layers per rank; v={v} must divide it"
     if m > preset.rows:
-        return f"preset {preset.name} has {preset.rows} rows per batch; m={m} microbatches would leave some empty"
+        return (
+            f"preset {preset.name} has {preset.rows} rows per batch; "
+            f"m={m} microbatches would leave some empty"
+        )
     return None
 
 

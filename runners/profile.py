@@ -12,8 +12,8 @@ from __future__ import annotations
 import gzip
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.profiler import ProfilerActivity
@@ -48,8 +48,14 @@ def _step_with_cuda_peak(step: Callable[[], None], peaks: list[tuple[int, int]])
 
 
 def profile_steps(
-    step: Callable[[], None], path: Path, active: int, on_cuda: bool, wait: int = 1, warmup: int = 1,
-    profile_memory: bool = False, meter: StashMeter | None = None,
+    step: Callable[[], None],
+    path: Path,
+    active: int,
+    on_cuda: bool,
+    wait: int = 1,
+    warmup: int = 1,
+    profile_memory: bool = False,
+    meter: StashMeter | None = None,
 ) -> None:
     """Run wait + warmup + active steps under the profiler and write the active ones to path."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
@@ -59,10 +65,14 @@ def profile_steps(
 
     def counters(base: int) -> list[bytes]:
         return stash_events(meter.samples, base) + [
-            counter_event(CUDA_PEAK_COUNTER, t, base, {"peak_bytes_above_step_start": peak}) for t, peak in cuda_peaks]
+            counter_event(CUDA_PEAK_COUNTER, t, base, {"peak_bytes_above_step_start": peak})
+            for t, peak in cuda_peaks
+        ]
 
     with torch.profiler.profile(
-        activities=activities, schedule=schedule, profile_memory=profile_memory,
+        activities=activities,
+        schedule=schedule,
+        profile_memory=profile_memory,
         on_trace_ready=lambda prof: export_atomically(prof, path, counters),
     ) as profiler:
         for index in range(wait + warmup + active):

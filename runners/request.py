@@ -9,8 +9,8 @@ run on a GPU machine would measure something else than the user asked for (--dev
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from runners.engines import ENGINES
 from runners.engines.torch_classes import TORCH_CLASSES, TORCH_ONLY
@@ -34,8 +34,10 @@ class RunRequest:
     preset: str | None = None  # None: seed on CUDA, cpu otherwise
     steps: int = 3  # profiled steps
     device: str = "auto"
-    timed_steps: int = 5  # unprofiled steps whose median is step_time_unprofiled_ms; each is followed by a calibration sample
-    rows_per_microbatch: int | None = None  # fixed microbatch size: the batch grows to m x this; None: preset's batch
+    # unprofiled steps whose median is step_time_unprofiled_ms; each is followed by a calibration sample
+    timed_steps: int = 5
+    # fixed microbatch size: the batch grows to m x this; None: the preset's batch split m ways
+    rows_per_microbatch: int | None = None
     profile_memory: bool = True  # torch.profiler's allocator events ([memory]) in the traces
 
 
@@ -60,7 +62,8 @@ def choose_device(requested: str, p: int, gpus: int) -> str:
     if gpus == 0:
         raise RequestError(f"--device cuda needs {p} GPUs but this machine has {have}")
     raise RequestError(
-        f"P={p} ranks need {p} GPUs (one NCCL rank per GPU) but this machine has {have}; use P<={gpus} or --device cpu"
+        f"P={p} ranks need {p} GPUs (one NCCL rank per GPU) but this machine has {have}; "
+        f"use P<={gpus} or --device cpu"
     )
 
 
@@ -71,8 +74,10 @@ def choose_preset(name: str | None, device: str) -> Preset:
     return PRESETS[name]
 
 
-def resolve(request: RunRequest, count_gpus: Callable[[], int], ranks_per_node: int | None = None) -> Resolved:
-    """Check everything a run needs, in the order a user would fix it; raise RequestError on the first problem.
+def resolve(
+    request: RunRequest, count_gpus: Callable[[], int], ranks_per_node: int | None = None
+) -> Resolved:
+    """Check everything a run needs, in the order a user would fix it; raise RequestError on the first one.
 
     count_gpus (this node's GPUs) is called only when the device is not forced to CPU: it imports torch,
     which a bad request should not wait for. ranks_per_node: a multi-node job needs a GPU per local rank.
@@ -80,13 +85,17 @@ def resolve(request: RunRequest, count_gpus: Callable[[], int], ranks_per_node: 
     if request.engine not in ENGINES:
         raise RequestError(f"unknown engine {request.engine!r}; choose one of {', '.join(ENGINES)}")
     if min(request.steps, request.timed_steps) < 1:
-        raise RequestError(f"steps and timed steps must be at least 1, got {request.steps} and {request.timed_steps}")
+        raise RequestError(
+            f"steps and timed steps must be at least 1, got {request.steps} and {request.timed_steps}"
+        )
     if request.rows_per_microbatch is not None and request.rows_per_microbatch < 1:
         raise RequestError(f"rows per microbatch must be at least 1, got {request.rows_per_microbatch}")
     if request.schedule in TORCH_ONLY and request.engine != "torch":
         torch_class = TORCH_CLASSES[request.schedule]
-        raise RequestError(f"{request.schedule} runs only on --engine torch (torch's {torch_class}); "
-                           f"engine {request.engine!r} does not run it")
+        raise RequestError(
+            f"{request.schedule} runs only on --engine torch (torch's {torch_class}); "
+            f"engine {request.engine!r} does not run it"
+        )
     if request.schedule in V_SHAPED and request.v == 1:
         request = replace(request, v=2)  # a V always holds 2 stages per rank; v=1 is the option's default
     try:
@@ -110,25 +119,59 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
     torchrun's own parser takes `--m`/`--v` after the module name for abbreviations of its options, so
     the launcher passes the long spellings (--microbatches, --chunks) to workers.
     """
-    parser.add_argument("--sched", required=True,
-                        help="gpipe | 1f1b | interleaved | zb; --engine torch adds zbv | dualpipev")
+    parser.add_argument(
+        "--sched", required=True, help="gpipe | 1f1b | interleaved | zb; --engine torch adds zbv | dualpipev"
+    )
     if microbatches:  # a sweep takes its microbatch counts from --ms instead
-        parser.add_argument("--m", "--microbatches", dest="m", type=int, required=True, help="microbatches per step")
-    parser.add_argument("--v", "--chunks", dest="v", type=int, default=1,
-                        help="chunks per rank (interleaved; zbv and dualpipev: 2)")
-    parser.add_argument("--engine", default="native",
-                        help="; ".join(f"{name}: {engine.description}" for name, engine in ENGINES.items()))
-    parser.add_argument("--preset", default=None, help="seed | cpu | tiny (default: seed on CUDA, cpu otherwise)")
+        parser.add_argument(
+            "--m", "--microbatches", dest="m", type=int, required=True, help="microbatches per step"
+        )
+    parser.add_argument(
+        "--v",
+        "--chunks",
+        dest="v",
+        type=int,
+        default=1,
+        help="chunks per rank (interleaved; zbv and dualpipev: 2)",
+    )
+    parser.add_argument(
+        "--engine",
+        default="native",
+        help="; ".join(f"{name}: {engine.description}" for name, engine in ENGINES.items()),
+    )
+    parser.add_argument(
+        "--preset", default=None, help="seed | cpu | tiny (default: seed on CUDA, cpu otherwise)"
+    )
     parser.add_argument("--steps", type=int, default=3, help="profiled steps")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--timed-steps", type=int, default=5, help="unprofiled steps timed for step_time")
-    parser.add_argument("--rows-per-mb", dest="rows_per_microbatch", type=int, default=None,
-                        help="fix the microbatch size (the batch becomes m x this many rows) instead of the batch")
-    parser.add_argument("--no-profile-memory", dest="profile_memory", action="store_false",
-                        help="leave torch.profiler's memory events out of the traces")
+    parser.add_argument(
+        "--rows-per-mb",
+        dest="rows_per_microbatch",
+        type=int,
+        default=None,
+        help="fix the microbatch size (the batch becomes m x this many rows) instead of the batch",
+    )
+    parser.add_argument(
+        "--no-profile-memory",
+        dest="profile_memory",
+        action="store_false",
+        help="leave torch.profiler's memory events out of the traces",
+    )
 
 
 def request_from(args: argparse.Namespace, p: int, m: int | None = None) -> RunRequest:
     m = args.m if m is None else m
-    return RunRequest(args.sched, p, m, args.v, args.engine, args.preset, args.steps, args.device, args.timed_steps,
-                      args.rows_per_microbatch, args.profile_memory)
+    return RunRequest(
+        args.sched,
+        p,
+        m,
+        args.v,
+        args.engine,
+        args.preset,
+        args.steps,
+        args.device,
+        args.timed_steps,
+        args.rows_per_microbatch,
+        args.profile_memory,
+    )

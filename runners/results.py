@@ -17,8 +17,21 @@ from pathlib import Path
 from runners.rundir import is_complete
 from runners.schedules import Schedule, build, formula_bubble
 
-COLUMNS = ("run", "device", "schedule", "p", "m", "v", "rows/mb", "step ms", "full-batch compute ms",
-           "bubble formula", "1 - compute/step", "analysis bubble", "run s")
+COLUMNS = (
+    "run",
+    "device",
+    "schedule",
+    "p",
+    "m",
+    "v",
+    "rows/mb",
+    "step ms",
+    "full-batch compute ms",
+    "bubble formula",
+    "1 - compute/step",
+    "analysis bubble",
+    "run s",
+)
 
 
 def busiest_rank_compute_ms(calibration: dict[str, dict[str, float]], schedule: Schedule) -> float:
@@ -38,11 +51,19 @@ def row(run_dir: Path) -> dict:
     summary_path = run_dir / "analysis" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return {
-        "run": run_dir.name, "device": config["host"].get("gpu", config["device"]),
-        "schedule": config["schedule"], "p": p, "m": m, "v": v, "rows/mb": config["dims"]["microbatch_rows"][0],
-        "step ms": step_ms, "full-batch compute ms": compute_ms,
-        "bubble formula": formula_bubble(p, m, v), "1 - compute/step": 1 - compute_ms / step_ms,
-        "analysis bubble": summary.get("bubble_measured"), "run s": sum(config.get("phases_s", {}).values()),
+        "run": run_dir.name,
+        "device": config["host"].get("gpu", config["device"]),
+        "schedule": config["schedule"],
+        "p": p,
+        "m": m,
+        "v": v,
+        "rows/mb": config["dims"]["microbatch_rows"][0],
+        "step ms": step_ms,
+        "full-batch compute ms": compute_ms,
+        "bubble formula": formula_bubble(p, m, v),
+        "1 - compute/step": 1 - compute_ms / step_ms,
+        "analysis bubble": summary.get("bubble_measured"),
+        "run s": sum(config.get("phases_s", {}).values()),
     }
 
 

@@ -62,6 +62,7 @@ def point_latest(run_dir: Path) -> Path:
 
 def git_revision(root: Path = REPO_ROOT) -> str | None:
     """HEAD's hash, with "-dirty" when tracked files differ from it; None outside a git checkout."""
+
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
 

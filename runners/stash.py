@@ -13,8 +13,9 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -66,13 +67,20 @@ def _micros_text(t_ns: int, base_ns: int) -> bytes:
 def counter_event(name: str, t_ns: int, base_ns: int, args: dict[str, int]) -> bytes:
     """One Chrome counter event on this process's current thread, as JSON text."""
     values = ",".join(f'"{key}":{int(value)}' for key, value in args.items())
-    return (b'{"ph":"C","cat":"pp_memory","name":"%s","pid":%d,"tid":%d,"ts":%s,"args":{%s}}'
-            % (name.encode(), os.getpid(), threading.get_native_id(), _micros_text(t_ns, base_ns), values.encode()))
+    return b'{"ph":"C","cat":"pp_memory","name":"%s","pid":%d,"tid":%d,"ts":%s,"args":{%s}}' % (
+        name.encode(),
+        os.getpid(),
+        threading.get_native_id(),
+        _micros_text(t_ns, base_ns),
+        values.encode(),
+    )
 
 
 def stash_events(samples: Iterable[tuple[int, int, int]], base_ns: int) -> list[bytes]:
-    return [counter_event(STASH_COUNTER, t, base_ns, {"microbatches": k, "activation_bytes": b})
-            for t, k, b in samples]
+    return [
+        counter_event(STASH_COUNTER, t, base_ns, {"microbatches": k, "activation_bytes": b})
+        for t, k, b in samples
+    ]
 
 
 def base_ns(trace_json: bytes) -> int:
@@ -88,6 +96,6 @@ def with_events(trace_json: bytes, events: list[bytes]) -> bytes:
     found = _TRACE_EVENTS.search(trace_json)
     if found is None:
         raise ValueError("the exported trace has no traceEvents array")
-    rest = trace_json[found.end():]
+    rest = trace_json[found.end() :]
     separator = b"" if rest.lstrip().startswith(b"]") else b","
-    return trace_json[:found.end()] + b",".join(events) + separator + rest
+    return trace_json[: found.end()] + b",".join(events) + separator + rest

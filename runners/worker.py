@@ -14,8 +14,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -68,19 +68,34 @@ def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, thre
     request, preset = resolved.request, resolved.preset
     host = host_facts() | ({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {})
     return {
-        "schedule": request.schedule, "p": request.p, "m": request.m, "v": request.v,
-        "n_stages": schedule.n_stages, "engine": request.engine, "preset": preset.name,
+        "schedule": request.schedule,
+        "p": request.p,
+        "m": request.m,
+        "v": request.v,
+        "n_stages": schedule.n_stages,
+        "engine": request.engine,
+        "preset": preset.name,
         "dims": {
-            "width": preset.width, "layers_per_stage": preset.layers_per_rank // request.v,
-            "rows": preset.rows, "microbatch_rows": microbatch_rows(preset.rows, request.m),
+            "width": preset.width,
+            "layers_per_stage": preset.layers_per_rank // request.v,
+            "rows": preset.rows,
+            "microbatch_rows": microbatch_rows(preset.rows, request.m),
         },
-        "dtype": preset.dtype, "device": resolved.device, "backend": resolved.backend,
+        "dtype": preset.dtype,
+        "device": resolved.device,
+        "backend": resolved.backend,
         "threads_per_rank": threads,
         "nodes": dist.get_world_size() // int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
-        "profiler": {"wait": PROFILER_WAIT, "warmup": PROFILER_WARMUP, "active": request.steps,
-                     "profile_memory": request.profile_memory},
+        "profiler": {
+            "wait": PROFILER_WAIT,
+            "warmup": PROFILER_WARMUP,
+            "active": request.steps,
+            "profile_memory": request.profile_memory,
+        },
         "rows_per_microbatch": request.rows_per_microbatch,  # set: microbatch size fixed, batch = m x it
-        "versions": versions(device), "host": host, "git_revision": git_revision(),
+        "versions": versions(device),
+        "host": host,
+        "git_revision": git_revision(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
@@ -88,7 +103,11 @@ def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, thre
 def run_rank(resolved: Resolved, run_dir: Path) -> None:
     """Everything one rank does once the process group is up."""
     request, preset, rank = resolved.request, resolved.preset, dist.get_rank()
-    device = torch.device("cuda", torch.cuda.current_device()) if resolved.device == "cuda" else torch.device("cpu")
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if resolved.device == "cuda"
+        else torch.device("cpu")
+    )
     schedule = lower(build(request.schedule, request.p, request.m, request.v))
     stages = build_stages(preset, schedule.stages_of(rank), request.v, device)
     batch = stage_input(preset, device)
@@ -103,21 +122,37 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
         step_ms.append(timed_step(step, device))
         rounds.append(calibration_samples(stages, batch, schedule.n_stages, warmup=index == 0))
     marks.append(time.monotonic())
-    profile_steps(step, run_dir / f"rank{rank}.json.gz", request.steps, device.type == "cuda",
-                  PROFILER_WAIT, PROFILER_WARMUP, request.profile_memory, meter)
+    profile_steps(
+        step,
+        run_dir / f"rank{rank}.json.gz",
+        request.steps,
+        device.type == "cuda",
+        PROFILER_WAIT,
+        PROFILER_WARMUP,
+        request.profile_memory,
+        meter,
+    )
     dist.barrier()  # every rank's trace is on disk before run.json says complete
     marks.append(time.monotonic())
     if rank == 0:
         facts = run_facts(resolved, schedule, device, torch.get_num_threads())
         samples_ms = pooled(rounds)
-        write_run_json(run_dir, facts | {
-            "calibration": calibration(samples_ms),
-            "calibration_samples_ms": samples_ms,
-            "step_time_unprofiled_ms": statistics.median(step_ms),
-            "step_times_unprofiled_ms": step_ms,
-            "phases_s": dict(zip(("timed_steps_and_calibration", "profiled_steps"),
-                                 (round(b - a, 3) for a, b in zip(marks, marks[1:])))),
-        })
+        write_run_json(
+            run_dir,
+            facts
+            | {
+                "calibration": calibration(samples_ms),
+                "calibration_samples_ms": samples_ms,
+                "step_time_unprofiled_ms": statistics.median(step_ms),
+                "step_times_unprofiled_ms": step_ms,
+                "phases_s": dict(
+                    zip(
+                        ("timed_steps_and_calibration", "profiled_steps"),
+                        (round(b - a, 3) for a, b in zip(marks, marks[1:])),
+                    )
+                ),
+            },
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

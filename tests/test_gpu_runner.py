@@ -20,8 +20,26 @@ pytestmark = [
 
 
 def cuda_run(traces: Path, p: int) -> Path:
-    command = [sys.executable, "-m", "runners", "trace", "--sched", "gpipe", "--p", str(p), "--m", "4",
-               "--preset", "tiny", "--device", "cuda", "--steps", "2", "--traces", str(traces)]
+    command = [
+        sys.executable,
+        "-m",
+        "runners",
+        "trace",
+        "--sched",
+        "gpipe",
+        "--p",
+        str(p),
+        "--m",
+        "4",
+        "--preset",
+        "tiny",
+        "--device",
+        "cuda",
+        "--steps",
+        "2",
+        "--traces",
+        str(traces),
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return (traces / "latest").resolve()
@@ -38,7 +56,9 @@ def test_one_rank_on_cuda_labels_host_and_device(tmp_path):
     assert config["host"]["gpu"] and config["step_time_unprofiled_ms"] > 0
     trace = events(run / "rank0.json.gz")
     on_host = {e["name"] for e in trace if e.get("cat") == "user_annotation" and e["name"].startswith("PP:")}
-    on_device = {e["name"] for e in trace if e.get("cat") == "gpu_user_annotation" and e["name"].startswith("PP:")}
+    on_device = {
+        e["name"] for e in trace if e.get("cat") == "gpu_user_annotation" and e["name"].startswith("PP:")
+    }
     assert on_host == {f"PP:0{k}{i}" for k in "FB" for i in range(4)}
     assert on_device == on_host  # every compute action also spans its kernels on the GPU
     assert any(e.get("cat") == "kernel" for e in trace)

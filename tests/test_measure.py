@@ -16,7 +16,9 @@ def test_every_stage_of_the_rank_is_sampled_in_index_order(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         stages = build_stages(PRESET, (10, 2), 1, torch.device("cpu"))
-        samples = calibration_samples(stages, stage_input(PRESET, torch.device("cpu")), n_stages=11, repeats=3)
+        samples = calibration_samples(
+            stages, stage_input(PRESET, torch.device("cpu")), n_stages=11, repeats=3
+        )
     finally:
         dist.destroy_process_group()
     assert list(samples) == ["2", "10"]  # by index, not as text
@@ -33,7 +35,11 @@ def test_calibration_is_each_kinds_median():
 
 
 def test_rounds_pool_into_one_sample_list_per_stage_and_kind():
-    rounds = [{"0": {"F_ms": [1.0], "B_ms": [2.0]}}, {"0": {"F_ms": [3.0], "B_ms": [4.0]}}, {"0": {"F_ms": [9.0], "B_ms": [5.0]}}]
+    rounds = [
+        {"0": {"F_ms": [1.0], "B_ms": [2.0]}},
+        {"0": {"F_ms": [3.0], "B_ms": [4.0]}},
+        {"0": {"F_ms": [9.0], "B_ms": [5.0]}},
+    ]
     assert pooled(rounds) == {"0": {"F_ms": [1.0, 3.0, 9.0], "B_ms": [2.0, 4.0, 5.0]}}
     assert calibration(pooled(rounds)) == {"0": {"F_ms": 3.0, "B_ms": 4.0}}
 

@@ -19,12 +19,34 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=[("gpipe", 2, 4), ("1f1b", 4, 6), ("zb", 2, 4)], ids=lambda p: f"{p[0]}-p{p[1]}")
+@pytest.fixture(
+    scope="module", params=[("gpipe", 2, 4), ("1f1b", 4, 6), ("zb", 2, 4)], ids=lambda p: f"{p[0]}-p{p[1]}"
+)
 def analysed(request, tmp_path_factory):
     name, p, m = request.param
     traces = tmp_path_factory.mktemp(name)
-    command = [sys.executable, "-m", "runners", "trace", "--sched", name, "--p", str(p), "--m", str(m),
-               "--preset", "tiny", "--device", "cpu", "--steps", "1", "--timed-steps", "1", "--traces", str(traces)]
+    command = [
+        sys.executable,
+        "-m",
+        "runners",
+        "trace",
+        "--sched",
+        name,
+        "--p",
+        str(p),
+        "--m",
+        str(m),
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--timed-steps",
+        "1",
+        "--traces",
+        str(traces),
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     run = (traces / "latest").resolve()
@@ -48,13 +70,17 @@ def test_each_sample_lies_inside_its_action_span(analysed):
     samples = result.memory.stash.sort("rank", "t_ns")
     assert samples.height == cells.height > 0
     paired = pl.concat([cells.select("rank", "start_ns", "end_ns"), samples.select("t_ns")], how="horizontal")
-    assert paired.filter((pl.col("t_ns") < pl.col("start_ns")) | (pl.col("t_ns") > pl.col("end_ns"))).is_empty()
+    assert paired.filter(
+        (pl.col("t_ns") < pl.col("start_ns")) | (pl.col("t_ns") > pl.col("end_ns"))
+    ).is_empty()
 
 
 def test_summary_peak_is_the_schedules_peak_times_a_microbatchs_bytes(analysed):
     schedule, result, _ = analysed
     first_forward = result.memory.stash.sort("rank", "t_ns").filter(pl.col("microbatches") == 1)
-    per_microbatch = dict(first_forward.group_by("rank", maintain_order=True).agg(pl.col("bytes").first()).iter_rows())
+    per_microbatch = dict(
+        first_forward.group_by("rank", maintain_order=True).agg(pl.col("bytes").first()).iter_rows()
+    )
     for entry, counts in zip(result.summary.ranks, in_flight(schedule)):
         full = max(counts) * per_microbatch[entry.rank]
         if schedule.split_backward:  # after I a microbatch keeps only what W needs: less than its forward's

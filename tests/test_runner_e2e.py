@@ -19,8 +19,25 @@ pytestmark = pytest.mark.slow
 
 
 def trace(traces: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "runners", "trace", "--p", "2", "--preset", "tiny", "--device", "cpu",
-               "--steps", str(STEPS), "--timed-steps", "2", "--traces", str(traces), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "runners",
+        "trace",
+        "--p",
+        "2",
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        str(STEPS),
+        "--timed-steps",
+        "2",
+        "--traces",
+        str(traces),
+        *args,
+    ]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
@@ -47,7 +64,9 @@ def test_every_action_of_every_rank_is_in_its_trace(finished_run):
     config = json.loads((run / "run.json").read_text())
     assert config["complete"] is True and (config["schedule"], config["p"], config["m"]) == (schedule, 2, 4)
     assert config["backend"] == "gloo" and config["threads_per_rank"] >= 1
-    assert set(config["calibration"]) == {"0", "1"} and all(v["B_ms"] > 0 for v in config["calibration"].values())
+    assert set(config["calibration"]) == {"0", "1"} and all(
+        v["B_ms"] > 0 for v in config["calibration"].values()
+    )
     assert len(config["step_times_unprofiled_ms"]) == 2
     expected = lower(build(schedule, 2, 4))
     for rank in range(2):

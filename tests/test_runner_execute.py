@@ -34,8 +34,15 @@ def executed(schedule_name: str, m: int, v: int = 1, order: tuple[Action, ...] |
     """Run one step of a p=1 schedule; return the stages (updated in place) and the schedule."""
     schedule = lower(build(schedule_name, 1, m, v))
     stages = build_stages(PRESET, schedule.stages_of(0), v, torch.device("cpu"))
-    ctx = StepContext(0, schedule.n_stages, schedule.rank_of, stages, None,
-                      split_microbatches(stage_input(PRESET, torch.device("cpu")), m), PRESET.width)
+    ctx = StepContext(
+        0,
+        schedule.n_stages,
+        schedule.rank_of,
+        stages,
+        None,
+        split_microbatches(stage_input(PRESET, torch.device("cpu")), m),
+        PRESET.width,
+    )
     optimizer = torch.optim.SGD([p for s in stages.values() for p in s.parameters()], lr=LR)
     run_step(ctx, schedule.orders[0] if order is None else order, optimizer)
     return stages, schedule
@@ -80,22 +87,33 @@ def _two_rank_worker(rank: int, store: str, out: str) -> None:
     for name, m, v in MULTI_RANK_CASES:
         schedule = lower(build(name, 2, m, v))
         stages = build_stages(PRESET, schedule.stages_of(rank), v, torch.device("cpu"))
-        ctx = StepContext(rank, schedule.n_stages, schedule.rank_of, stages, links,
-                          split_microbatches(stage_input(PRESET, torch.device("cpu")), m), PRESET.width)
+        ctx = StepContext(
+            rank,
+            schedule.n_stages,
+            schedule.rank_of,
+            stages,
+            links,
+            split_microbatches(stage_input(PRESET, torch.device("cpu")), m),
+            PRESET.width,
+        )
         optimizer = torch.optim.SGD([p for s in stages.values() for p in s.parameters()], lr=LR)
         run_step(ctx, schedule.orders[rank], optimizer)
-        torch.save({s: [w.detach() for w in stage.parameters()] for s, stage in stages.items()},
-                   f"{out}/{name}-{rank}.pt")
+        torch.save(
+            {s: [w.detach() for w in stage.parameters()] for s, stage in stages.items()},
+            f"{out}/{name}-{rank}.pt",
+        )
     dist.destroy_process_group()
 
 
 @pytest.mark.slow
 def test_two_ranks_over_gloo_equal_full_batch_sgd(tmp_path):
     torch.multiprocessing.spawn(_two_rank_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
-    for name, m, v in MULTI_RANK_CASES:
+    for name, _m, v in MULTI_RANK_CASES:
         expected = reference_update(2 * v, v)
         got = {**torch.load(tmp_path / f"{name}-0.pt"), **torch.load(tmp_path / f"{name}-1.pt")}
         assert sorted(got) == list(range(2 * v)), name
         for stage_id, weights in got.items():
             for weight, want in zip(weights, expected[stage_id]):
-                torch.testing.assert_close(weight, want, msg=lambda text: f"{name} stage {stage_id}: {text}")
+                torch.testing.assert_close(
+                    weight, want, msg=lambda text, where=f"{name} stage {stage_id}": f"{where}: {text}"
+                )

@@ -24,31 +24,41 @@ def gpus(count: int):
     return lambda: count
 
 
-@pytest.mark.parametrize("request_, count_gpus, words", [
-    (RunRequest("1f1b", 4, 2), no_gpus, "m=2 < p=4"),
-    (RunRequest("zb", 4, 3), no_gpus, "m=3 < p=4"),
-    (RunRequest("interleaved", 2, 4, v=0), no_gpus, "v"),
-    (RunRequest("gpipe", 2, 4, v=2), no_gpus, "v=2"),
-    (RunRequest("interleaved", 4, 6, v=2), no_gpus, "multiple of p"),
-    (RunRequest("wavefront", 2, 4), no_gpus, "unknown schedule"),
-    (RunRequest("gpipe", 4, 8, device="cuda"), gpus(1), "P=4 ranks need 4 GPUs"),
-    (RunRequest("gpipe", 4, 8, device="cuda"), no_gpus, "no GPU"),
-    (RunRequest("gpipe", 4, 8), gpus(2), "P=4 ranks need 4 GPUs"),
-    (RunRequest("gpipe", 2, 8, engine="megatron"), no_gpus, "unknown engine"),
-    (RunRequest("gpipe", 2, 8, preset="huge"), no_gpus, "unknown preset"),
-    (RunRequest("interleaved", 2, 8, v=4, preset="seed", device="cpu"), no_gpus, "v=4 must divide"),
-    (RunRequest("gpipe", 2, 65, preset="tiny"), no_gpus, "m=65"),
-    (RunRequest("gpipe", 2, 8, steps=0), no_gpus, "at least 1"),
-])
+@pytest.mark.parametrize(
+    "request_, count_gpus, words",
+    [
+        (RunRequest("1f1b", 4, 2), no_gpus, "m=2 < p=4"),
+        (RunRequest("zb", 4, 3), no_gpus, "m=3 < p=4"),
+        (RunRequest("interleaved", 2, 4, v=0), no_gpus, "v"),
+        (RunRequest("gpipe", 2, 4, v=2), no_gpus, "v=2"),
+        (RunRequest("interleaved", 4, 6, v=2), no_gpus, "multiple of p"),
+        (RunRequest("wavefront", 2, 4), no_gpus, "unknown schedule"),
+        (RunRequest("gpipe", 4, 8, device="cuda"), gpus(1), "P=4 ranks need 4 GPUs"),
+        (RunRequest("gpipe", 4, 8, device="cuda"), no_gpus, "no GPU"),
+        (RunRequest("gpipe", 4, 8), gpus(2), "P=4 ranks need 4 GPUs"),
+        (RunRequest("gpipe", 2, 8, engine="megatron"), no_gpus, "unknown engine"),
+        (RunRequest("gpipe", 2, 8, preset="huge"), no_gpus, "unknown preset"),
+        (RunRequest("interleaved", 2, 8, v=4, preset="seed", device="cpu"), no_gpus, "v=4 must divide"),
+        (RunRequest("gpipe", 2, 65, preset="tiny"), no_gpus, "m=65"),
+        (RunRequest("gpipe", 2, 8, steps=0), no_gpus, "at least 1"),
+    ],
+)
 def test_bad_requests_are_refused_in_one_line(request_, count_gpus, words):
     with pytest.raises(RequestError) as error:
         resolve(request_, count_gpus)
     assert words in str(error.value) and "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("requested,p,count,device", [
-    ("auto", 4, 0, "cpu"), ("auto", 4, 4, "cuda"), ("auto", 2, 8, "cuda"), ("cpu", 4, 8, "cpu"), ("cuda", 1, 1, "cuda"),
-])
+@pytest.mark.parametrize(
+    "requested,p,count,device",
+    [
+        ("auto", 4, 0, "cpu"),
+        ("auto", 4, 4, "cuda"),
+        ("auto", 2, 8, "cuda"),
+        ("cpu", 4, 8, "cpu"),
+        ("cuda", 1, 1, "cuda"),
+    ],
+)
 def test_device_choice(requested, p, count, device):
     assert choose_device(requested, p, count) == device
 
@@ -91,24 +101,44 @@ def test_every_engine_names_a_module_that_builds_its_step(name):
 
 def test_what_the_launcher_imports_needs_no_torch():
     """A bad request is refused before torch (seconds to import) is loaded."""
-    modules = ["runners.request", "runners.presets", "runners.engines", "runners.engines.torch_classes",
-               "runners.schedules", "runners.launch", "runners.results", "runners.rundir"]
-    code = (f"import sys; import {', '.join(modules)}; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'polars', 'msgspec', 'altair'}))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    modules = [
+        "runners.request",
+        "runners.presets",
+        "runners.engines",
+        "runners.engines.torch_classes",
+        "runners.schedules",
+        "runners.launch",
+        "runners.results",
+        "runners.rundir",
+    ]
+    code = (
+        f"import sys; import {', '.join(modules)}; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'polars', 'msgspec', 'altair'}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--sched", "1f1b", "--p", "4", "--m", "2"], "m=2 < p=4"),
-    (["--sched", "interleaved", "--p", "2", "--m", "4", "--v", "0"], "v"),
-    (["--sched", "nope", "--p", "2", "--m", "4"], "unknown schedule"),
-    (["--sched", "gpipe", "--p", "64", "--m", "4", "--device", "cuda"], "GPU"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--sched", "1f1b", "--p", "4", "--m", "2"], "m=2 < p=4"),
+        (["--sched", "interleaved", "--p", "2", "--m", "4", "--v", "0"], "v"),
+        (["--sched", "nope", "--p", "2", "--m", "4"], "unknown schedule"),
+        (["--sched", "gpipe", "--p", "64", "--m", "4", "--device", "cuda"], "GPU"),
+    ],
+)
 def test_cli_refuses_before_any_process_starts(tmp_path, args, words):
     traces = tmp_path / "traces"
-    result = subprocess.run([sys.executable, "-m", "runners", "trace", *args, "--traces", str(traces)],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "runners", "trace", *args, "--traces", str(traces)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and words in result.stderr
     assert not traces.exists()  # no run directory, so no worker was started
@@ -116,8 +146,25 @@ def test_cli_refuses_before_any_process_starts(tmp_path, args, words):
 
 def test_sweep_validates_every_m_before_the_first_run(tmp_path):
     traces = tmp_path / "traces"
-    result = subprocess.run([sys.executable, "-m", "runners", "sweep", "--sched", "1f1b", "--p", "2",
-                             "--ms", "4 1", "--traces", str(traces)], cwd=REPO, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runners",
+            "sweep",
+            "--sched",
+            "1f1b",
+            "--p",
+            "2",
+            "--ms",
+            "4 1",
+            "--traces",
+            str(traces),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "m=1 < p=2" in result.stderr
     assert not traces.exists()

@@ -22,7 +22,18 @@ from __future__ import annotations
 
 import pytest
 
-from runners.schedules import SCHEDULES, V_SHAPED, Action, Kind, ScheduleError, build, in_flight, lower, simulate, validate
+from runners.schedules import (
+    SCHEDULES,
+    V_SHAPED,
+    Action,
+    Kind,
+    ScheduleError,
+    build,
+    in_flight,
+    lower,
+    simulate,
+    validate,
+)
 
 PS = range(1, 9)
 # every m up to 12 (the small-m corner cases) and the large end of 1..32
@@ -72,7 +83,9 @@ def test_every_compute_action_once_on_its_rank():
     for name in sorted(SCHEDULES.keys() - V_SHAPED):  # V-shaped: tests/test_schedules_vshape.py
         schedule = build(name, 3, 6, 2 if name == "interleaved" else 1)
         backward = (Kind.I, Kind.W) if name == "zb" else (Kind.B,)
-        want = {Action(s, k, i) for s in range(schedule.n_stages) for i in range(6) for k in (Kind.F, *backward)}
+        want = {
+            Action(s, k, i) for s in range(schedule.n_stages) for i in range(6) for k in (Kind.F, *backward)
+        }
         got = [a for order in schedule.orders for a in order]
         assert sorted(got) == sorted(want), name
         for r, order in enumerate(schedule.orders):
@@ -171,7 +184,9 @@ def test_interleaved_zero_bubble_splits_every_backward_and_saves_a_drain(p, v):
     schedule = build("zb", p, m, v)
     validate(lower(schedule))
     for rank, order in enumerate(schedule.orders):
-        expected = {(s, k, i) for s in schedule.stages_of(rank) for k in (Kind.F, Kind.I, Kind.W) for i in range(m)}
+        expected = {
+            (s, k, i) for s in schedule.stages_of(rank) for k in (Kind.F, Kind.I, Kind.W) for i in range(m)
+        }
         assert {(a.stage, a.kind, a.microbatch) for a in order} == expected
     assert simulate(schedule).makespan == 3 * v * m + 2 * (p - 1)
     unsplit = build("interleaved", p, m, v)

@@ -48,7 +48,11 @@ def test_fuzz_requests(name, p, m, v, seed):
     assert all(counts[-1] == 0 for counts in in_flight(schedule))
 
     def duration(_rank, action):  # a different cost per (stage, kind), deterministic per example
-        return 0.0 if action.kind.is_comm else 1 + (seed * (action.stage + 1) * (1 + "FBIW".index(action.kind.value))) % 7
+        return (
+            0.0
+            if action.kind.is_comm
+            else 1 + (seed * (action.stage + 1) * (1 + "FBIW".index(action.kind.value))) % 7
+        )
 
     def latency(_src, _dst):
         return seed % 3 * 0.5

@@ -40,8 +40,10 @@ def _single_stage(cls, p: int, m: int) -> list[list[str]]:
 def _interleaved(p: int, m: int, v: int) -> list[list[str]]:
     table = {}
     for rank in range(p):
-        stages = [SimpleNamespace(num_stages=p * v, group_size=p, group_rank=rank, stage_index=c * p + rank)
-                  for c in range(v)]
+        stages = [
+            SimpleNamespace(num_stages=p * v, group_size=p, group_rank=rank, stage_index=c * p + rank)
+            for c in range(v)
+        ]
         table[rank] = schedules.ScheduleInterleaved1F1B(stages, m).pipeline_order[rank]
     return _compute_orders(table)
 
@@ -58,12 +60,16 @@ def test_1f1b_matches_torch(p, m):
     # torch 2.13's table numbers the last rank's forwards from 1 (its warm-up is empty, and the steady
     # loop increments the microbatch before its first forward), so that rank lists F1..Fm; its executor
     # runs F0..F(m-1). Ours, shifted the same way, is the same order. Fails (on purpose) once fixed.
-    shifted = [str(Action(a.stage, a.kind, a.microbatch + 1)) if a.kind.value == "F" else str(a)
-               for a in map(Action.parse, ours[-1])]
+    shifted = [
+        str(Action(a.stage, a.kind, a.microbatch + 1)) if a.kind.value == "F" else str(a)
+        for a in map(Action.parse, ours[-1])
+    ]
     assert shifted == theirs[-1]
 
 
-@pytest.mark.parametrize(("p", "m", "v"), [(2, 2, 2), (2, 4, 3), (4, 4, 2), (4, 8, 2), (4, 12, 4), (8, 16, 2)])
+@pytest.mark.parametrize(
+    ("p", "m", "v"), [(2, 2, 2), (2, 4, 3), (4, 4, 2), (4, 8, 2), (4, 12, 4), (8, 16, 2)]
+)
 def test_interleaved_matches_torch(p, m, v):
     assert _ours("interleaved", p, m, v) == _interleaved(p, m, v)
 

@@ -55,8 +55,12 @@ def test_the_loss_is_on_rank_0_and_its_backward_waits_only_for_its_forward():
 
 def test_dualpipev_mixes_full_and_split_backwards_and_dependencies_follow_each():
     schedule = build("dualpipev", 2, 4, 2)
-    kinds = {(a.stage, a.microbatch): a.kind for order in schedule.orders for a in order if a.kind is not Kind.F
-             and a.kind is not Kind.W}
+    kinds = {
+        (a.stage, a.microbatch): a.kind
+        for order in schedule.orders
+        for a in order
+        if a.kind is not Kind.F and a.kind is not Kind.W
+    }
     assert Kind.B in kinds.values() and Kind.I in kinds.values()
     # 3I0 is split, 3B1 is not: the stage below waits for whichever carries the gradient
     assert kinds[(3, 0)] is Kind.I and kinds[(3, 1)] is Kind.B
@@ -83,7 +87,11 @@ def test_zbv_at_unit_costs_idles_p_minus_1_slots_per_rank(p, m):
 
 @pytest.mark.parametrize(
     ("name", "p", "m", "v", "words"),
-    [("zbv", 2, 4, 1, ["v=1", "use v=2"]), ("dualpipev", 2, 4, 3, ["v=3"]), ("dualpipev", 4, 7, 2, ["m=7 < 2p=8"])],
+    [
+        ("zbv", 2, 4, 1, ["v=1", "use v=2"]),
+        ("dualpipev", 2, 4, 3, ["v=3"]),
+        ("dualpipev", 4, 7, 2, ["m=7 < 2p=8"]),
+    ],
 )
 def test_bad_v_requests_refused_in_one_line(name, p, m, v, words):
     with pytest.raises(ScheduleError) as raised:

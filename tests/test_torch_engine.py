@@ -22,9 +22,32 @@ pytestmark = pytest.mark.slow
 
 
 def trace(traces: Path, engine: str, schedule: str, v: int, preset: str = "tiny") -> Path:
-    command = [sys.executable, "-m", "runners", "trace", "--p", "2", "--m", str(M), "--v", str(v),
-               "--sched", schedule, "--engine", engine, "--preset", preset, "--device", "cpu",
-               "--steps", "3", "--timed-steps", "1", "--traces", str(traces)]  # 3: the median step, not one noisy one
+    command = [
+        sys.executable,
+        "-m",
+        "runners",
+        "trace",
+        "--p",
+        "2",
+        "--m",
+        str(M),
+        "--v",
+        str(v),
+        "--sched",
+        schedule,
+        "--engine",
+        engine,
+        "--preset",
+        preset,
+        "--device",
+        "cpu",
+        "--steps",
+        "3",
+        "--timed-steps",
+        "1",
+        "--traces",
+        str(traces),
+    ]  # 3: the median step, not one noisy one
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return (traces / "latest").resolve()
@@ -59,7 +82,9 @@ def test_every_microbatch_forward_and_backward_is_found(tmp_path, engine, schedu
     expected = build(schedule, 2, M, v)
     compute = result.cells.filter(pl.col("kind").is_in(["F", "B", "I", "W"]))
     for (rank, step), found in compute.group_by("rank", "step"):
-        wanted = {(a.stage, a.kind.value, a.microbatch) for a in expected.orders[rank]}  # F and B, or F, I and W
+        wanted = {
+            (a.stage, a.kind.value, a.microbatch) for a in expected.orders[rank]
+        }  # F and B, or F, I and W
         got = list(found.select("stage", "kind", "microbatch").iter_rows())
         assert sorted(got) == sorted(wanted), (rank, step)
     assert compute["rank"].n_unique() == 2
@@ -68,7 +93,25 @@ def test_every_microbatch_forward_and_backward_is_found(tmp_path, engine, schedu
 
 
 def test_torch_only_schedules_are_refused_by_name_for_native(tmp_path):
-    command = [sys.executable, "-m", "runners", "trace", "--p", "2", "--m", "4", "--v", "2", "--sched", "zbv",
-               "--engine", "native", "--device", "cpu", "--traces", str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "runners",
+        "trace",
+        "--p",
+        "2",
+        "--m",
+        "4",
+        "--v",
+        "2",
+        "--sched",
+        "zbv",
+        "--engine",
+        "native",
+        "--device",
+        "cpu",
+        "--traces",
+        str(tmp_path),
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "zbv" in result.stderr and "\n" not in result.stderr.strip()

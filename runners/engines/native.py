@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 from runners.engines.protocol import RankSetup
 from runners.execute import StepContext, run_step
@@ -15,6 +15,13 @@ def build_step(setup: RankSetup) -> Callable[[], None]:
     """run_step over this rank's order, with p2p channels to its peers (none when p is 1)."""
     request = setup.resolved.request
     links = open_links(setup.resolved.backend, PEER_TIMEOUT) if request.p > 1 else None
-    ctx = StepContext(setup.rank, setup.schedule.n_stages, setup.schedule.rank_of, setup.stages, links,
-                      split_microbatches(setup.batch, request.m), setup.resolved.preset.width)
+    ctx = StepContext(
+        setup.rank,
+        setup.schedule.n_stages,
+        setup.schedule.rank_of,
+        setup.stages,
+        links,
+        split_microbatches(setup.batch, request.m),
+        setup.resolved.preset.width,
+    )
     return partial(run_step, ctx, setup.schedule.orders[setup.rank], setup.optimizer, setup.meter)

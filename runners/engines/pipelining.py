@@ -13,7 +13,7 @@ What torch's traces contain differs by class (the analysis reads each form): Sch
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

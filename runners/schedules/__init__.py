@@ -1,8 +1,8 @@
 """Pipeline schedules as pure data (no torch): build, lower, validate, simulate, draw.
 
-    schedule = build("1f1b", p=4, m=8)        # compute actions per rank, in order
-    validate(lower(schedule))                 # with SEND/RECV; raises ScheduleError showing the grid
-    print(grid(schedule, simulate(schedule))) # unit-time picture, bubbles as blanks
+schedule = build("1f1b", p=4, m=8)        # compute actions per rank, in order
+validate(lower(schedule))                 # with SEND/RECV; raises ScheduleError showing the grid
+print(grid(schedule, simulate(schedule))) # unit-time picture, bubbles as blanks
 """
 
 from .actions import COMM_KINDS, COMPUTE_KINDS, Action, ActionParseError, Kind

@@ -104,7 +104,14 @@ def _split_backward(order: tuple[Action, ...]):
 
 Generator = Callable[[int, int, int], tuple[tuple[Action, ...], ...]]
 SCHEDULES: MappingProxyType[str, Generator] = MappingProxyType(
-    {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb": zb, "zbv": zbv, "dualpipev": dualpipev}
+    {
+        "gpipe": gpipe,
+        "1f1b": one_f_one_b,
+        "interleaved": interleaved,
+        "zb": zb,
+        "zbv": zbv,
+        "dualpipev": dualpipev,
+    }
 )
 _CHUNKED = frozenset({"interleaved", "zb"})  # v chunks per rank allowed; stage s on rank s % p
 V_SHAPED = frozenset({"zbv", "dualpipev"})  # two stages per rank, placed in a V (schedule.py)
@@ -113,7 +120,9 @@ _NEEDS_M_GE_P = frozenset({"1f1b", "zb"})
 
 def _check_v(name: str, v: int) -> None:
     if name in V_SHAPED and v != 2:
-        raise ScheduleError(f"{name}: v={v} but {name} holds 2 stages per rank in a V (r and 2p-1-r); use v=2")
+        raise ScheduleError(
+            f"{name}: v={v} but {name} holds 2 stages per rank in a V (r and 2p-1-r); use v=2"
+        )
     if v != 1 and name not in _CHUNKED | V_SHAPED:
         raise ScheduleError(f"{name}: v={v} but {name} has one stage per rank; v > 1 needs interleaved")
 
@@ -132,9 +141,13 @@ def check_request(name: str, p: int, m: int, v: int = 1) -> None:
             "to reach its steady state (use gpipe for fewer microbatches)"
         )
     if name == "dualpipev" and m < 2 * p:
-        raise ScheduleError(f"{name}: m={m} < 2p={2 * p}; DualPipeV needs at least as many microbatches as stages")
+        raise ScheduleError(
+            f"{name}: m={m} < 2p={2 * p}; DualPipeV needs at least as many microbatches as stages"
+        )
     if name in _CHUNKED and (v > 1 or name == "interleaved") and m % p != 0:
-        raise ScheduleError(f"{name}: m={m} must be a multiple of p={p} (microbatches go round in groups of p)")
+        raise ScheduleError(
+            f"{name}: m={m} must be a multiple of p={p} (microbatches go round in groups of p)"
+        )
 
 
 def build(name: str, p: int, m: int, v: int = 1) -> Schedule:

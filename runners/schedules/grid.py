@@ -42,7 +42,9 @@ def _time_rows(schedule: Schedule, timeline: Timeline) -> list[tuple[str, list[s
     return [(f"{t:g}", [",".join(cell) for cell in starts[t]], False) for t in sorted(starts)]
 
 
-def grid(schedule: Schedule, timeline: Timeline | None = None, marks: Collection[tuple[int, int]] = ()) -> str:
+def grid(
+    schedule: Schedule, timeline: Timeline | None = None, marks: Collection[tuple[int, int]] = ()
+) -> str:
     """The schedule as text: one column per rank, one row per step (or per start time with a timeline)."""
     header = ["step" if timeline is None else "time"] + [f"rank {r}" for r in range(schedule.p)]
     rows = _step_rows(schedule, marks) if timeline is None else _time_rows(schedule, timeline)

@@ -34,7 +34,9 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
-            raise ScheduleError(f"{self.name}: unknown placement {self.placement!r}; known: {', '.join(PLACEMENTS)}")
+            raise ScheduleError(
+                f"{self.name}: unknown placement {self.placement!r}; known: {', '.join(PLACEMENTS)}"
+            )
         if self.placement == "v" and self.v != 2:
             raise ScheduleError(f"{self.name}: a V placement holds 2 stages per rank, not v={self.v}")
 

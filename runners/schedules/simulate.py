@@ -58,7 +58,10 @@ def _positions(schedule: Schedule) -> list[list[tuple[Wait, ...]]]:
 
 
 def simulate(
-    schedule: Schedule, duration: Duration | None = None, latency: Latency | None = None, gap: Gap | None = None
+    schedule: Schedule,
+    duration: Duration | None = None,
+    latency: Latency | None = None,
+    gap: Gap | None = None,
 ) -> Timeline:
     """Replay `schedule`; by default every compute action takes 1 unit, comm 0, no latency, no gaps.
 

@@ -51,14 +51,24 @@ def _check_placement(schedule: Schedule, expected: set[Action]) -> None:
     for rank, order in enumerate(schedule.orders):
         for step, action in enumerate(order):
             if action not in expected:
-                raise _fail(schedule, f"{action} at rank {rank} step {step}: {_why_unexpected(schedule, action)}",
-                            {(rank, step)})
+                raise _fail(
+                    schedule,
+                    f"{action} at rank {rank} step {step}: {_why_unexpected(schedule, action)}",
+                    {(rank, step)},
+                )
             if schedule.rank_of(action.stage) != rank:
-                raise _fail(schedule, f"{action} on rank {rank}, but stage {action.stage} lives on rank "
-                            f"{schedule.rank_of(action.stage)}", {(rank, step)})
+                raise _fail(
+                    schedule,
+                    f"{action} on rank {rank}, but stage {action.stage} lives on rank "
+                    f"{schedule.rank_of(action.stage)}",
+                    {(rank, step)},
+                )
             if action in seen:
-                raise _fail(schedule, f"{action} twice (rank {rank} steps {seen[action][1]} and {step})",
-                            {seen[action], (rank, step)})
+                raise _fail(
+                    schedule,
+                    f"{action} twice (rank {rank} steps {seen[action][1]} and {step})",
+                    {seen[action], (rank, step)},
+                )
             seen[action] = (rank, step)
     missing = sorted(expected - seen.keys())
     if missing:
