@@ -8,11 +8,8 @@ Each engine module defines `build_step(setup: RankSetup) -> step function` (runn
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from runners.engines.protocol import StepBuilder
 
 
 @dataclass(frozen=True)
@@ -20,7 +17,9 @@ class Engine:
     description: str  # what runs the step, for people (--engine's help)
     module: str  # the module whose build_step builds it; imported when the worker asks
 
-    def step_builder(self) -> StepBuilder:
+    def step_builder(self) -> Callable[..., Callable[[], None]]:
+        """The module's build_step, a runners.engines.protocol.StepBuilder (not imported here: the
+        protocol names torch types and the request, which imports this registry)."""
         return importlib.import_module(self.module).build_step
 
 
