@@ -45,8 +45,13 @@ class RunInput:
 def read_run(path: Path) -> RunInput:
     """The traces of a run directory and its run.json (analysis.traces.load.load_run checks they form a run)."""
     run = load_run(path)
-    return RunInput(run.path, {t.rank: t.frame for t in run.traces}, {t.rank: t.path for t in run.traces}, run.config,
-                    run_memory(run))
+    return RunInput(
+        run.path,
+        {t.rank: t.frame for t in run.traces},
+        {t.rank: t.path for t in run.traces},
+        run.config,
+        run_memory(run),
+    )
 
 
 def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None) -> Analysis:
@@ -73,9 +78,16 @@ def _common_steps(per_rank: list[RankCells]) -> list[RankCells]:
     """Keep the steps every rank has cells for (a step cut off on one rank cannot be compared)."""
     common = set.intersection(*(set(r.cells["step"].unique()) for r in per_rank))
     keep = pl.col("step").is_in(sorted(common))
-    return [RankCells(r.cells.filter(keep), r.waits.filter(keep), r.steps.filter(keep),
-                      None if r.kernels is None else r.kernels.filter(keep), r.unscheduled.filter(keep))
-            for r in per_rank]
+    return [
+        RankCells(
+            r.cells.filter(keep),
+            r.waits.filter(keep),
+            r.steps.filter(keep),
+            None if r.kernels is None else r.kernels.filter(keep),
+            r.unscheduled.filter(keep),
+        )
+        for r in per_rank
+    ]
 
 
 def _schedule(run: RunInput, cells: pl.DataFrame, schedule: str | None, m: int | None) -> Schedule:
@@ -83,7 +95,9 @@ def _schedule(run: RunInput, cells: pl.DataFrame, schedule: str | None, m: int |
     if run.run_json is None or schedule is not None or m is not None:
         inferred = infer(cells, p, run.path, schedule, m)
         if run.run_json is not None and from_run_json(run.run_json, run.path, cells) != inferred:
-            raise InputError(run.path / "run.json", f"says {run.run_json.get('schedule')}, the hints {inferred.name}")
+            raise InputError(
+                run.path / "run.json", f"says {run.run_json.get('schedule')}, the hints {inferred.name}"
+            )
         return inferred
     return as_executed(from_run_json(run.run_json, run.path, cells), cells, run.path)
 
@@ -95,15 +109,23 @@ def _warn_overlaps(cells: pl.DataFrame, sources: dict[int, Path]) -> None:
     overlapping = compute.filter(pl.col("start_ns") < pl.col("end_ns").cum_max().shift(1).over("rank"))
     for rank, group in overlapping.group_by("rank", maintain_order=True):
         first = group.row(0, named=True)
-        warnings.warn(f"{sources.get(rank[0], f'rank {rank[0]}')}: {group.height} PP action(s) start before the one "
-                      f"before them ends (slices that do not nest), first {LABEL_PREFIX}{first['stage']}{first['kind']}"
-                      f"{first['microbatch']} in step {first['step']}; analysed as they are", TraceWarning, stacklevel=2)
+        warnings.warn(
+            f"{sources.get(rank[0], f'rank {rank[0]}')}: {group.height} PP action(s) start before the one "
+            f"before them ends (slices that do not nest), first {LABEL_PREFIX}{first['stage']}{first['kind']}"
+            f"{first['microbatch']} in step {first['step']}; analysed as they are",
+            TraceWarning,
+            stacklevel=2,
+        )
 
 
-def analyze_run(run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()) -> Analysis:
+def analyze_run(
+    run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
+) -> Analysis:
     per_rank = [cells_of(run.frames[r], run.sources.get(r)) for r in sorted(run.frames)]
     if any(r.cells.height == 0 for r in per_rank):
-        empty = next(run.sources.get(r) for r, rc in zip(sorted(run.frames), per_rank) if rc.cells.height == 0)
+        empty = next(
+            run.sources.get(r) for r, rc in zip(sorted(run.frames), per_rank) if rc.cells.height == 0
+        )
         raise InputError(empty, f"no {LABEL_PREFIX}<action> labels inside a profiled step")
     per_rank, clock = on_one_clock(_common_steps(per_rank), run.frames)
     per_rank = aligned_starts(per_rank)
@@ -129,17 +151,35 @@ def analyze_run(run: RunInput, schedule: str | None = None, m: int | None = None
     busy = chosen.select(pl.col("compute") + pl.col("small_gemm").fill_null(0)).to_series().sum()
     config = run.run_json or {}
     summary = Summary(
-        schedule=shape.name, engine=config.get("engine"), device=config.get("device", "cuda" if on_gpu else "cpu"),
-        p=shape.p, m=shape.m, v=shape.v, steps_analyzed=parts["step"].n_unique(), median_step=step,
-        step_time_ms=step_ns / 1e6, bubble_formula=formula_bubble(shape.p, shape.m, shape.v),
+        schedule=shape.name,
+        engine=config.get("engine"),
+        device=config.get("device", "cuda" if on_gpu else "cpu"),
+        p=shape.p,
+        m=shape.m,
+        v=shape.v,
+        steps_analyzed=parts["step"].n_unique(),
+        median_step=step,
+        step_time_ms=step_ns / 1e6,
+        bubble_formula=formula_bubble(shape.p, shape.m, shape.v),
         bubble_measured=1 - busy / (shape.p * step_ns),
-        simulated_step_time_ms=step_ns / 1e6 - rungs.waterfall.residual, waterfall_ms=rungs.waterfall,
+        simulated_step_time_ms=step_ns / 1e6 - rungs.waterfall.residual,
+        waterfall_ms=rungs.waterfall,
         parts=tuple(f"{part}_ms" for part in RANK_PARTS),
         ranks=rank_entries(chosen, shape, {} if run.memory is None else run.memory.peak_bytes(step)),
-        rules=rules, clock=clock, inferred_cells=int(cells["inferred"].sum()), notes=caveats(config),
+        rules=rules,
+        clock=clock,
+        inferred_cells=int(cells["inferred"].sum()),
+        notes=caveats(config),
     )
-    return Analysis(summary, shape, cells.sort("rank", "start_ns"), gaps.sort("rank", "start_ns"), in_ms(parts),
-                    ideal_frame(rungs.ideal, step, origin), run.memory)
+    return Analysis(
+        summary,
+        shape,
+        cells.sort("rank", "start_ns"),
+        gaps.sort("rank", "start_ns"),
+        in_ms(parts),
+        ideal_frame(rungs.ideal, step, origin),
+        run.memory,
+    )
 
 
 def caveats(config: dict) -> list[str]:
@@ -152,5 +192,7 @@ def caveats(config: dict) -> list[str]:
         return []
     if p * threads <= cores * nodes:
         return []
-    return [f"{p} ranks x {threads} thread(s) on {cores * nodes} cores: ranks take turns, so small_gemm and the "
-            f"bubble include waiting for a core; use P <= {cores * nodes} to compare with the formula"]
+    return [
+        f"{p} ranks x {threads} thread(s) on {cores * nodes} cores: ranks take turns, so small_gemm and the "
+        f"bubble include waiting for a core; use P <= {cores * nodes} to compare with the formula"
+    ]

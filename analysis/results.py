@@ -72,7 +72,9 @@ def write(run_dir: Path, analysis: Analysis) -> Path:
     except OSError as error:
         raise InputError(target.parent, f"cannot write the analysis: {error.strerror}") from None
     try:
-        (staging / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(analysis.summary)) + b"\n")
+        (staging / "summary.json").write_bytes(
+            msgspec.json.format(msgspec.json.encode(analysis.summary)) + b"\n"
+        )
         (staging / "schedule.json").write_bytes(_schedule_json(analysis.schedule))
         for name in ("cells", "gaps", "ranks", "ideal"):
             getattr(analysis, name).write_parquet(staging / f"{name}.parquet")
@@ -127,7 +129,10 @@ def _schedule(path: Path) -> Schedule:
 def read(run_dir: Path) -> Analysis:
     """RUN/analysis/ as `analyze` wrote it; InputError naming the file that is missing or unreadable."""
     directory = Path(run_dir) / ANALYSIS_DIR
-    stash, peaks = _table(directory / "memory.parquet", False), _table(directory / "memory_peaks.parquet", False)
+    stash, peaks = (
+        _table(directory / "memory.parquet", False),
+        _table(directory / "memory_peaks.parquet", False),
+    )
     return Analysis(
         summary=_decode(directory / "summary.json", Summary),
         schedule=_schedule(directory / "schedule.json"),

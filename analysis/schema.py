@@ -15,8 +15,18 @@ import msgspec
 from analysis.timeline.clock import ClockEstimate
 from runners.schedules import COMM_KINDS, COMPUTE_KINDS
 
-__all__ = ["COMM_KINDS", "COMPUTE_KINDS", "GAP_CLASSES", "RANK_PARTS", "WATERFALL_TERMS", "RankEntry", "Rules", "Summary",
-           "Waterfall"]
+__all__ = [
+    "COMM_KINDS",
+    "COMPUTE_KINDS",
+    "GAP_CLASSES",
+    "RANK_PARTS",
+    "WATERFALL_TERMS",
+    "RankEntry",
+    "Rules",
+    "Summary",
+    "Waterfall",
+]
+
 
 @dataclass(frozen=True)
 class Rules:

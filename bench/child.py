@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     began, rows = TASKS[args.task](args.directory, args.schedule, args.m)
     seconds = time.perf_counter() - began
-    print(json.dumps({"task": args.task, "seconds": seconds, "rows": rows, "rss_mb": high_water_kib() / 1024}))
+    print(
+        json.dumps({"task": args.task, "seconds": seconds, "rows": rows, "rss_mb": high_water_kib() / 1024})
+    )
     return 0
 
 

@@ -47,8 +47,13 @@ def sample(path: Path) -> dict:
     peak_kib = high_water_kib()
     data = path.read_bytes()
     size = len(gzip.decompress(data)) if data[:2] == b"\x1f\x8b" else len(data)
-    return {"cpu_s": cpu_s, "bytes": size, "events": trace.frame.height,
-            "added_kib": peak_kib - before_kib, "peak_kib": peak_kib}
+    return {
+        "cpu_s": cpu_s,
+        "bytes": size,
+        "events": trace.frame.height,
+        "added_kib": peak_kib - before_kib,
+        "peak_kib": peak_kib,
+    }
 
 
 def _child(path: Path) -> dict:
@@ -67,27 +72,35 @@ def measure_load(path: Path, repeats: int = 5) -> dict:
     speed = stats([size / MB / s["cpu_s"] for s in samples])
     added = stats([s["added_kib"] * 1024 / size for s in samples])
     whole = stats([s["peak_kib"] * 1024 / size for s in samples])
-    return {"file": str(path), "mb": size / MB, "events": samples[0]["events"],
-            "cpu_s": stats([s["cpu_s"] for s in samples]).to_json(),
-            "mb_per_s": speed.to_json() | {"target": TARGET_MB_PER_S,
-                                           "verdict": verdict(speed, TARGET_MB_PER_S, lower_is_better=False)},
-            "memory_ratio": added.to_json() | {"target": TARGET_MEMORY_RATIO,
-                                               "verdict": verdict(added, TARGET_MEMORY_RATIO)},
-            "memory_ratio_with_interpreter": whole.to_json(), "load_average": os.getloadavg()}
+    return {
+        "file": str(path),
+        "mb": size / MB,
+        "events": samples[0]["events"],
+        "cpu_s": stats([s["cpu_s"] for s in samples]).to_json(),
+        "mb_per_s": speed.to_json()
+        | {"target": TARGET_MB_PER_S, "verdict": verdict(speed, TARGET_MB_PER_S, lower_is_better=False)},
+        "memory_ratio": added.to_json()
+        | {"target": TARGET_MEMORY_RATIO, "verdict": verdict(added, TARGET_MEMORY_RATIO)},
+        "memory_ratio_with_interpreter": whole.to_json(),
+        "load_average": os.getloadavg(),
+    }
 
 
 def _line(figures: dict) -> str:
     speed, memory = figures["mb_per_s"], figures["memory_ratio"]
-    return (f"{figures['file']}: {figures['mb']:.1f} MB, {figures['events']} events; "
-            f"{speed['median']:.1f} MB/s ({speed['min']:.1f}-{speed['max']:.1f}, {speed['verdict']}); "
-            f"peak memory {memory['median']:.2f}x ({memory['min']:.2f}-{memory['max']:.2f}, {memory['verdict']}), "
-            f"{figures['memory_ratio_with_interpreter']['median']:.2f}x with the interpreter; "
-            f"load average {figures['load_average'][0]:.1f}")
+    return (
+        f"{figures['file']}: {figures['mb']:.1f} MB, {figures['events']} events; "
+        f"{speed['median']:.1f} MB/s ({speed['min']:.1f}-{speed['max']:.1f}, {speed['verdict']}); "
+        f"peak memory {memory['median']:.2f}x ({memory['min']:.2f}-{memory['max']:.2f}, {memory['verdict']}), "
+        f"{figures['memory_ratio_with_interpreter']['median']:.2f}x with the interpreter; "
+        f"load average {figures['load_average'][0]:.1f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.load", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sample", action="store_true", help="(internal) one load in this process, as JSON")

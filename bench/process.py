@@ -17,7 +17,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
 SAMPLE_S = 0.1
 
 
@@ -88,10 +87,22 @@ def run_child(task: str, arguments: list[str], timeout_s: float, cwd: Path) -> C
         err.seek(0)
         report, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if killed:
-        return ChildRun(task, "timeout", wall, None, tree_peak, tree_peak, None, f"killed after {timeout_s:.0f} s")
+        return ChildRun(
+            task, "timeout", wall, None, tree_peak, tree_peak, None, f"killed after {timeout_s:.0f} s"
+        )
     if process.returncode != 0 or not report.strip():
         last = (stderr.strip().splitlines() or ["no output"])[-1][:200]
-        return ChildRun(task, "failed", wall, None, tree_peak, tree_peak, None, f"exit {process.returncode}: {last}")
+        return ChildRun(
+            task, "failed", wall, None, tree_peak, tree_peak, None, f"exit {process.returncode}: {last}"
+        )
     child = json.loads(report.strip().splitlines()[-1])
-    return ChildRun(task, "ok", wall, child["seconds"], child["rss_mb"], max(tree_peak, child["rss_mb"]),
-                    child["rows"], "")
+    return ChildRun(
+        task,
+        "ok",
+        wall,
+        child["seconds"],
+        child["rss_mb"],
+        max(tree_peak, child["rss_mb"]),
+        child["rows"],
+        "",
+    )

@@ -9,16 +9,16 @@ bubble_measured = 1 - m * slot_ms / step_ms as the seed computes it) beside our 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import polars as pl
 
-from analysis.pipeline import analyze_run, read_run
-from bench.stats import stats, verdict
-from analysis.schema import WATERFALL_TERMS
 from analysis.errors import InputError
+from analysis.pipeline import analyze_run, read_run
+from analysis.schema import WATERFALL_TERMS
+from bench.stats import stats, verdict
 from runners.launch import LaunchError, launch
 from runners.request import RequestError, RunRequest, resolve
 from runners.schedules import formula_bubble
@@ -62,17 +62,28 @@ def sweep_row(run_dir: Path) -> dict:
     slot = slot_ms(result.cells, summary.median_step)
     profiled, simulated = summary.step_time_ms, summary.simulated_step_time_ms
     return {
-        "run": run_dir.name, "schedule": summary.schedule, "p": p, "m": m,
-        "slot_ms": slot, "step_ms": step, "step_ms_min": min(samples), "step_ms_max": max(samples),
-        "bubble_theory": formula_bubble(p, m, summary.v), "bubble_measured": 1 - m * slot / step,
-        "analysis_bubble": summary.bubble_measured, "profiled_step_ms": profiled,
-        "simulated_step_ms": simulated, "sim_error": simulated / profiled - 1,
+        "run": run_dir.name,
+        "schedule": summary.schedule,
+        "p": p,
+        "m": m,
+        "slot_ms": slot,
+        "step_ms": step,
+        "step_ms_min": min(samples),
+        "step_ms_max": max(samples),
+        "bubble_theory": formula_bubble(p, m, summary.v),
+        "bubble_measured": 1 - m * slot / step,
+        "analysis_bubble": summary.bubble_measured,
+        "profiled_step_ms": profiled,
+        "simulated_step_ms": simulated,
+        "sim_error": simulated / profiled - 1,
         "profiler_ratio": profiled / step,
         **{f"{term}_ms": getattr(summary.waterfall_ms, term) for term in WATERFALL_TERMS},
     }
 
 
-def _requests(plan: RunPlan, schedules: tuple[str, ...], p: int, ms: tuple[int, ...]) -> tuple[list, list[str]]:
+def _requests(
+    plan: RunPlan, schedules: tuple[str, ...], p: int, ms: tuple[int, ...]
+) -> tuple[list, list[str]]:
     """Every request checked before the first run starts; those a schedule refuses (1f1b needs m >= p) are
     skipped with the reason, any other refusal is bad input."""
     requests, skipped = [], []
@@ -87,8 +98,9 @@ def _requests(plan: RunPlan, schedules: tuple[str, ...], p: int, ms: tuple[int, 
     return requests, skipped
 
 
-def sweep(plan: RunPlan, schedules: tuple[str, ...], p: int, ms: tuple[int, ...],
-          progress: Callable[[str], None]) -> tuple[list[dict], list[str]]:
+def sweep(
+    plan: RunPlan, schedules: tuple[str, ...], p: int, ms: tuple[int, ...], progress: Callable[[str], None]
+) -> tuple[list[dict], list[str]]:
     """One run per (schedule, m); returns the rows and the combinations skipped."""
     requests, skipped = _requests(plan, schedules, p, ms)
     for reason in skipped:
@@ -102,8 +114,10 @@ def sweep(plan: RunPlan, schedules: tuple[str, ...], p: int, ms: tuple[int, ...]
             progress(f"  [{done}/{len(requests)}] failed: {error}")
             continue
         rows.append(row)
-        progress(f"  [{done}/{len(requests)}] {row['schedule']} p={p} m={row['m']}: step {row['step_ms']:.1f} ms, "
-                 f"profiled {row['profiled_step_ms']:.1f}, simulated {row['simulated_step_ms']:.1f}")
+        progress(
+            f"  [{done}/{len(requests)}] {row['schedule']} p={p} m={row['m']}: step {row['step_ms']:.1f} ms, "
+            f"profiled {row['profiled_step_ms']:.1f}, simulated {row['simulated_step_ms']:.1f}"
+        )
     return rows, skipped
 
 
@@ -116,8 +130,12 @@ def simulator_accuracy(rows: list[dict]) -> dict:
     errors = [abs(row["sim_error"]) for row in rows]
     figure = stats(errors)
     within = sum(error <= SIM_TARGET for error in errors)
-    return figure.to_json() | {"target": SIM_TARGET, "runs_within": within, "runs": len(errors),
-                               "verdict": "meets" if within == len(errors) else "misses"}
+    return figure.to_json() | {
+        "target": SIM_TARGET,
+        "runs_within": within,
+        "runs": len(errors),
+        "verdict": "meets" if within == len(errors) else "misses",
+    }
 
 
 def m1_bubble(plan: RunPlan, runs: int, progress: Callable[[str], None]) -> dict:
@@ -140,8 +158,11 @@ def m1_bubble(plan: RunPlan, runs: int, progress: Callable[[str], None]) -> dict
         return {"runs": runs, "failed": failed}
     deviation = stats([abs(bubble - 0.5) for bubble in bubbles])
     return {
-        "runs": runs, "failed": failed, "bubbles": bubbles,
-        "deviation": deviation.to_json() | {"target": BUBBLE_TARGET, "verdict": verdict(deviation, BUBBLE_TARGET)},
+        "runs": runs,
+        "failed": failed,
+        "bubbles": bubbles,
+        "deviation": deviation.to_json()
+        | {"target": BUBBLE_TARGET, "verdict": verdict(deviation, BUBBLE_TARGET)},
         "calibration_error": stats(calibration_errors).to_json(),
     }
 
@@ -156,8 +177,9 @@ def seed_optimum(rows: list[dict]) -> dict[str, int]:
     return {key: row["m"] for key, row in best.items()}
 
 
-def executor_overhead(plan: RunPlan, configs: tuple[tuple[str, int], ...], repeats: int,
-                      progress: Callable[[str], None]) -> dict:
+def executor_overhead(
+    plan: RunPlan, configs: tuple[tuple[str, int], ...], repeats: int, progress: Callable[[str], None]
+) -> dict:
     """native vs torch at p=2, interleaved A B A B; the ratio pairs each native run with the next torch one."""
     try:
         request(plan, configs[0][0], 2, configs[0][1], "torch")
@@ -170,14 +192,23 @@ def executor_overhead(plan: RunPlan, configs: tuple[tuple[str, int], ...], repea
             for _ in range(repeats):
                 for engine in samples:
                     run_dir = launch(request(plan, schedule, 2, m, engine), plan.traces)
-                    samples[engine].append(json.loads((run_dir / "run.json").read_text())["step_time_unprofiled_ms"])
+                    samples[engine].append(
+                        json.loads((run_dir / "run.json").read_text())["step_time_unprofiled_ms"]
+                    )
         except LaunchError as error:
             results.append({"schedule": schedule, "m": m, "failed": str(error)})
             progress(f"  {schedule} m={m}: failed: {error}")
             continue
         ratio = stats([n / t for n, t in zip(samples["native"], samples["torch"])])
-        results.append({"schedule": schedule, "m": m, "native_ms": stats(samples["native"]).to_json(),
-                        "torch_ms": stats(samples["torch"]).to_json(), "native_over_torch": ratio.to_json(),
-                        "verdict": verdict(ratio, EXECUTOR_TARGET)})
+        results.append(
+            {
+                "schedule": schedule,
+                "m": m,
+                "native_ms": stats(samples["native"]).to_json(),
+                "torch_ms": stats(samples["torch"]).to_json(),
+                "native_over_torch": ratio.to_json(),
+                "verdict": verdict(ratio, EXECUTOR_TARGET),
+            }
+        )
         progress(f"  {schedule} m={m}: native/torch {ratio.text()}")
     return {"available": True, "repeats": repeats, "configs": results}

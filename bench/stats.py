@@ -32,7 +32,7 @@ class Stats:
         return asdict(self) | {"spread": self.spread, "too_wide": self.too_wide}
 
     def text(self, digits: int = 3) -> str:
-        """"1.23 (1.10-1.40)"; a single sample is just the number; a wide range is flagged."""
+        """ "1.23 (1.10-1.40)"; a single sample is just the number; a wide range is flagged."""
         if self.n == 1:
             return f"{self.median:.{digits}f}"
         flag = " wide" if self.too_wide else ""
@@ -49,8 +49,11 @@ def verdict(figure: Stats, target: float, lower_is_better: bool = True) -> str:
     """'meets' / 'misses' when the whole range is on one side of the target, else 'inconclusive'.
     A single sample has no range to speak of; its verdict says so."""
     caveat = " (one sample)" if figure.n == 1 else ""
-    good, bad = (figure.max <= target, figure.min > target) if lower_is_better else \
-        (figure.min >= target, figure.max < target)
+    good, bad = (
+        (figure.max <= target, figure.min > target)
+        if lower_is_better
+        else (figure.min >= target, figure.max < target)
+    )
     if good:
         return "meets" + caveat
     if bad:

@@ -16,16 +16,24 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from bench.report import render
-from bench.runs import (RunPlan, executor_overhead, m1_bubble, profiler_overhead, request, seed_optimum,
-                                 simulator_accuracy, sweep)
-from bench.throughput import ThroughputPlan, throughput
 from analysis.cli import standalone
 from analysis.errors import InputError
 from analysis.files import write_atomically
+from bench.report import render
+from bench.runs import (
+    RunPlan,
+    executor_overhead,
+    m1_bubble,
+    profiler_overhead,
+    request,
+    seed_optimum,
+    simulator_accuracy,
+    sweep,
+)
+from bench.throughput import ThroughputPlan, throughput
 from runners.launch import launch
 from runners.rundir import REPO_ROOT, git_revision, host_facts
 
@@ -36,18 +44,36 @@ PACKAGES = ("torch", "polars", "pyarrow", "msgspec", "HolisticTraceAnalysis")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts: {', '.join(PARTS)}")
-    parser.add_argument("--size-mb", type=float, default=500.0,
-                        help="largest trace set (uncompressed MB, 4 ranks); growth is measured from a tenth of it")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats of our analysis and of decoding per size")
-    parser.add_argument("--pairs", type=int, default=2, help="native/torch run pairs per executor config (A B A B)")
-    parser.add_argument("--hta-timeout", type=float, default=300.0, help="seconds before HTA's load is stopped")
-    parser.add_argument("--source", type=Path, help="run directory to replicate for throughput (default: a fresh tiny run)")
-    parser.add_argument("--ms", default=" ".join(map(str, range(1, 17))), help="microbatch counts of the p=2 sweep")
+    parser.add_argument(
+        "--size-mb",
+        type=float,
+        default=500.0,
+        help="largest trace set (uncompressed MB, 4 ranks); growth is measured from a tenth of it",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="repeats of our analysis and of decoding per size"
+    )
+    parser.add_argument(
+        "--pairs", type=int, default=2, help="native/torch run pairs per executor config (A B A B)"
+    )
+    parser.add_argument(
+        "--hta-timeout", type=float, default=300.0, help="seconds before HTA's load is stopped"
+    )
+    parser.add_argument(
+        "--source", type=Path, help="run directory to replicate for throughput (default: a fresh tiny run)"
+    )
+    parser.add_argument(
+        "--ms", default=" ".join(map(str, range(1, 17))), help="microbatch counts of the p=2 sweep"
+    )
     parser.add_argument("--executor-ms", default="4 8", help="microbatch counts of the native vs torch runs")
     parser.add_argument("--p4-ms", default="1 2 4 8 16", help="microbatch counts of the seed's p=4 sweep")
     parser.add_argument("--bubble-runs", type=int, default=6, help="gpipe p=2 m=1 runs of the bubble part")
-    parser.add_argument("--preset", default="cpu", help="model preset of the runs (cpu, or tiny for a smoke run)")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench", help="where results.json and RESULTS.md go")
+    parser.add_argument(
+        "--preset", default="cpu", help="model preset of the runs (cpu, or tiny for a smoke run)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=REPO_ROOT / "bench", help="where results.json and RESULTS.md go"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the generated traces and runs")
 
 
@@ -55,7 +81,10 @@ def _parts(text: str) -> list[str]:
     chosen = [part.strip() for part in text.split(",") if part.strip()]
     unknown = sorted(set(chosen) - set(PARTS))
     if unknown or not chosen:
-        raise InputError(None, f"--only: unknown part(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(PARTS)}")
+        raise InputError(
+            None,
+            f"--only: unknown part(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(PARTS)}",
+        )
     return [part for part in PARTS if part in chosen]
 
 
@@ -70,12 +99,36 @@ def _counts(text: str, option: str) -> tuple[int, ...]:
 
 
 def machine() -> dict:
-    memory_kib = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                       if line.startswith("MemTotal:")), 0) if Path("/proc/meminfo").exists() else 0
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), None) if Path("/proc/cpuinfo").exists() else None
-    return host_facts() | {"cpu": cpu, "cores_usable": len(os.sched_getaffinity(0)),
-                           "memory_gib": round(memory_kib / 2**20, 1), "load_average_at_start": os.getloadavg()}
+    memory_kib = (
+        next(
+            (
+                int(line.split()[1])
+                for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal:")
+            ),
+            0,
+        )
+        if Path("/proc/meminfo").exists()
+        else 0
+    )
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            None,
+        )
+        if Path("/proc/cpuinfo").exists()
+        else None
+    )
+    return host_facts() | {
+        "cpu": cpu,
+        "cores_usable": len(os.sched_getaffinity(0)),
+        "memory_gib": round(memory_kib / 2**20, 1),
+        "load_average_at_start": os.getloadavg(),
+    }
 
 
 def versions() -> dict:
@@ -90,12 +143,22 @@ def versions() -> dict:
 
 def _command(args: argparse.Namespace) -> str:
     """The command line that reproduces this run (every option spelled out)."""
-    options = {"only": args.only, "size-mb": args.size_mb, "repeats": args.repeats, "pairs": args.pairs,
-               "hta-timeout": args.hta_timeout, "ms": args.ms, "p4-ms": args.p4_ms, "executor-ms": args.executor_ms, "preset": args.preset}
+    options = {
+        "only": args.only,
+        "size-mb": args.size_mb,
+        "repeats": args.repeats,
+        "pairs": args.pairs,
+        "hta-timeout": args.hta_timeout,
+        "ms": args.ms,
+        "p4-ms": args.p4_ms,
+        "executor-ms": args.executor_ms,
+        "preset": args.preset,
+    }
     if args.source:
         options["source"] = args.source
-    return "python -m bench " + " ".join(f"--{key} '{value}'" if " " in str(value) else f"--{key} {value}"
-                                                  for key, value in options.items())
+    return "python -m bench " + " ".join(
+        f"--{key} '{value}'" if " " in str(value) else f"--{key} {value}" for key, value in options.items()
+    )
 
 
 def _progress(began: float) -> Callable[[str], None]:
@@ -116,7 +179,9 @@ def _throughput(args, workdir: Path, say) -> dict:
     return throughput(plan, say)
 
 
-def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, save: Callable[[dict], None]) -> None:
+def measure(
+    args: argparse.Namespace, parts: list[str], workdir: Path, say, save: Callable[[dict], None]
+) -> None:
     """Run the chosen parts in order, saving the results after each (an interrupted bench keeps its figures)."""
     plan = RunPlan(workdir / "runs", args.preset, 3, 5)
     ms, p4_ms = _counts(args.ms, "--ms"), _counts(args.p4_ms, "--p4-ms")
@@ -151,10 +216,15 @@ def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, save
 
 def _writer(out: Path, document: dict, began: float) -> Callable[[dict, bool], None]:
     """Writes results.json and RESULTS.md (each atomically) with the results so far."""
+
     def write(results: dict, complete: bool) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        now = document | {"results": results, "complete": complete, "seconds": round(time.monotonic() - began),
-                          "load_average_at_end": os.getloadavg()}
+        now = document | {
+            "results": results,
+            "complete": complete,
+            "seconds": round(time.monotonic() - began),
+            "load_average_at_end": os.getloadavg(),
+        }
         for name, text in (("results.json", json.dumps(now, indent=1) + "\n"), ("RESULTS.md", render(now))):
             write_atomically(out / name, text.encode())
 
@@ -169,8 +239,14 @@ def run(args: argparse.Namespace) -> int:
     say = _progress(began)
     workdir = Path(tempfile.mkdtemp(prefix="bench."))
     say(f"bench: {', '.join(parts)}; scratch in {workdir}")
-    document = {"command": _command(args), "parts": parts, "machine": machine(), "versions": versions(),
-                "git_revision": git_revision(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    document = {
+        "command": _command(args),
+        "parts": parts,
+        "machine": machine(),
+        "versions": versions(),
+        "git_revision": git_revision(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     write = _writer(args.out, document, began)
     latest: dict = {}
 

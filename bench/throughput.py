@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from bench.process import ChildRun, run_child
 from bench.stats import stats, verdict
@@ -48,10 +48,12 @@ def _task_figures(runs: list[ChildRun]) -> dict:
     done = _ok(runs)
     figures = {"runs": [run.to_json() for run in runs], "status": runs[0].status if not done else "ok"}
     if done:
-        figures |= {"work_s": stats([r.work_s for r in done]).to_json(),
-                    "wall_s": stats([r.wall_s for r in done]).to_json(),
-                    "peak_rss_mb": stats([r.peak_rss_mb for r in done]).to_json(),
-                    "tree_rss_mb": stats([r.tree_rss_mb for r in done]).to_json()}
+        figures |= {
+            "work_s": stats([r.work_s for r in done]).to_json(),
+            "wall_s": stats([r.wall_s for r in done]).to_json(),
+            "peak_rss_mb": stats([r.peak_rss_mb for r in done]).to_json(),
+            "tree_rss_mb": stats([r.tree_rss_mb for r in done]).to_json(),
+        }
     else:
         figures["detail"] = runs[0].detail
         figures["tree_rss_mb_at_stop"] = runs[0].tree_rss_mb
@@ -68,15 +70,19 @@ def _ratios(trace_set: TraceSet, runs: dict[str, list[ChildRun]]) -> dict:
     if ours and hta:
         ratios["hta_over_ours"] = stats([h.work_s / a.work_s for h in hta for a in ours])
     lower = {"hta_over_ours": False}
-    return {name: figure.to_json() | {"target": TARGETS[name],
-                                       "verdict": verdict(figure, TARGETS[name], lower.get(name, True))}
-            for name, figure in ratios.items()}
+    return {
+        name: figure.to_json()
+        | {"target": TARGETS[name], "verdict": verdict(figure, TARGETS[name], lower.get(name, True))}
+        for name, figure in ratios.items()
+    }
 
 
 def measure_size(plan: ThroughputPlan, trace_set: TraceSet, progress: Callable[[str], None]) -> dict:
     target = trace_set.path
-    progress(f"throughput: {trace_set.bytes / MB:.0f} MB over {trace_set.ranks} ranks "
-             f"({trace_set.steps_per_rank} steps per rank)")
+    progress(
+        f"throughput: {trace_set.bytes / MB:.0f} MB over {trace_set.ranks} ranks "
+        f"({trace_set.steps_per_rank} steps per rank)"
+    )
     runs: dict[str, list[ChildRun]] = {"decode": [], "analyze": [], "hta": []}
     try:
         for repeat in range(plan.repeats):
@@ -87,17 +93,23 @@ def measure_size(plan: ThroughputPlan, trace_set: TraceSet, progress: Callable[[
         progress(f"  hta: {_line(runs['hta'][-1])}")
     finally:
         shutil.rmtree(target, ignore_errors=True)
-    return {"mb": trace_set.bytes / MB, "ranks": trace_set.ranks, "copies": trace_set.copies,
-            "steps_per_rank": trace_set.steps_per_rank,
-            "tasks": {task: _task_figures(task_runs) for task, task_runs in runs.items()},
-            "ratios": _ratios(trace_set, runs)}
+    return {
+        "mb": trace_set.bytes / MB,
+        "ranks": trace_set.ranks,
+        "copies": trace_set.copies,
+        "steps_per_rank": trace_set.steps_per_rank,
+        "tasks": {task: _task_figures(task_runs) for task, task_runs in runs.items()},
+        "ratios": _ratios(trace_set, runs),
+    }
 
 
 def _line(run: ChildRun) -> str:
     if run.status != "ok":
         return f"{run.status} ({run.detail}), {run.tree_rss_mb:.0f} MiB with workers when stopped"
-    return (f"{run.work_s:.2f} s work, {run.wall_s:.2f} s wall, peak {run.peak_rss_mb:.0f} MiB "
-            f"({run.tree_rss_mb:.0f} MiB with workers)")
+    return (
+        f"{run.work_s:.2f} s work, {run.wall_s:.2f} s wall, peak {run.peak_rss_mb:.0f} MiB "
+        f"({run.tree_rss_mb:.0f} MiB with workers)"
+    )
 
 
 def growth(small: dict, large: dict) -> dict:
@@ -107,8 +119,10 @@ def growth(small: dict, large: dict) -> dict:
     for task in ("analyze", "decode", "hta"):
         a, b = small["tasks"][task], large["tasks"][task]
         if "work_s" in a and "work_s" in b:
-            result[task] = {"time_ratio": b["work_s"]["median"] / a["work_s"]["median"],
-                            "rss_ratio": b["peak_rss_mb"]["median"] / a["peak_rss_mb"]["median"]}
+            result[task] = {
+                "time_ratio": b["work_s"]["median"] / a["work_s"]["median"],
+                "rss_ratio": b["peak_rss_mb"]["median"] / a["peak_rss_mb"]["median"],
+            }
     return result
 
 
@@ -121,5 +135,10 @@ def throughput(plan: ThroughputPlan, progress: Callable[[str], None]) -> dict:
             continue
         copies.add(trace_set.copies)
         sizes.append(measure_size(plan, trace_set, progress))
-    return {"source": str(plan.source), "repeats": plan.repeats, "hta_timeout_s": plan.hta_timeout_s,
-            "sizes": sizes, "growth": growth(sizes[0], sizes[-1]) if len(sizes) > 1 else None}
+    return {
+        "source": str(plan.source),
+        "repeats": plan.repeats,
+        "hta_timeout_s": plan.hta_timeout_s,
+        "sizes": sizes,
+        "growth": growth(sizes[0], sizes[-1]) if len(sizes) > 1 else None,
+    }

@@ -67,8 +67,15 @@ def rank_template(path: Path) -> RankTemplate:
     # and a copy then overlaps the previous one's tail as a step overlaps the one before.
     timed = [e for e in events if e.get("ph") != "M" and isinstance(e.get("ts"), (int, Decimal))]
     marked = {id(e) for e in timed}
-    return RankTemplate(rank, header, [e for e in events if id(e) not in marked], timed,
-                        starts[-1] - starts[0] + interval, len(steps), _largest_id(timed) + 1)
+    return RankTemplate(
+        rank,
+        header,
+        [e for e in events if id(e) not in marked],
+        timed,
+        starts[-1] - starts[0] + interval,
+        len(steps),
+        _largest_id(timed) + 1,
+    )
 
 
 def _largest_id(events: list[dict]) -> int:
@@ -94,7 +101,9 @@ def shifted(event: dict, copy: int, period_us: Decimal, template: RankTemplate) 
         moved["id"] = event["id"] + offset
     args = event.get("args")
     if args and any(_as_int(args.get(key)) is not None for key in ID_ARGS):
-        moved["args"] = {k: v + offset if k in ID_ARGS and _as_int(v) is not None else v for k, v in args.items()}
+        moved["args"] = {
+            k: v + offset if k in ID_ARGS and _as_int(v) is not None else v for k, v in args.items()
+        }
     step = _STEP.match(str(event.get("name", "")))
     if step:
         moved["name"] = f"ProfilerStep#{int(step.group(1)) + copy * template.n_steps}"

@@ -25,14 +25,34 @@ class LaunchError(RuntimeError):
 def torchrun_command(resolved: Resolved, run_dir: Path) -> list[str]:
     request = resolved.request
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={request.p}",
-        "-m", "runners.worker", "--run-dir", str(run_dir), "--sched", request.schedule,
-        "--microbatches", str(request.m), "--chunks", str(request.v), "--engine", request.engine,
-        "--preset", resolved.preset.name, "--steps", str(request.steps), "--device", resolved.device,
-        "--timed-steps", str(request.timed_steps),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={request.p}",
+        "-m",
+        "runners.worker",
+        "--run-dir",
+        str(run_dir),
+        "--sched",
+        request.schedule,
+        "--microbatches",
+        str(request.m),
+        "--chunks",
+        str(request.v),
+        "--engine",
+        request.engine,
+        "--preset",
+        resolved.preset.name,
+        "--steps",
+        str(request.steps),
+        "--device",
+        resolved.device,
+        "--timed-steps",
+        str(request.timed_steps),
         *(["--rows-per-mb", str(request.rows_per_microbatch)] if request.rows_per_microbatch else []),
         *([] if request.profile_memory else ["--no-profile-memory"]),
-    ]  # fmt: skip
+    ]
 
 
 def _wait(process: subprocess.Popen) -> int:

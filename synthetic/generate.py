@@ -6,9 +6,10 @@
 The lowered schedule is replayed by runners.schedules.simulate with the chosen compute durations (the
 reference time x slowdown), the p2p latency on every cross-rank edge and the launch gap before every
 compute action but a rank's first (a device's step begins with its first work: idle before that cannot
-be told from the previous step's); each step is one replay, steps back to back. Per rank and step the truth splits the step
-exactly: compute (reference), small_gemm (the slowdown's excess), launch_overhead (the gaps), p2p_wait
-(waiting after the peer had sent: the latency), bubble (the rest: waiting for a producer, head, tail).
+be told from the previous step's); each step is one replay, steps back to back. Per rank and step the
+truth splits the step exactly: compute (reference), small_gemm (the slowdown's excess), launch_overhead
+(the gaps), p2p_wait (waiting after the peer had sent: the latency), bubble (the rest: waiting for a
+producer, head, tail).
 Clock offsets shift a rank's timestamps only, never the truth.
 """
 
@@ -23,13 +24,13 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from synthetic import shapes
 from analysis.cli import standalone
 from analysis.errors import InputError
-from analysis.traces.kineto import STEP_PREFIX
 from analysis.files import write_atomically
+from analysis.traces.kineto import STEP_PREFIX
 from runners.schedules import SCHEDULES, Action, Kind, Schedule, ScheduleError, build, lower, simulate
 from runners.schedules.dependencies import matching_send
+from synthetic import shapes
 
 BASE_TIME_NS = 1_700_000_000 * 10**9  # written as baseTimeNanoseconds; ts counts from ORIGIN_NS after it
 ORIGIN_NS = 10 * 10**9  # leaves room for negative clock offsets
@@ -66,23 +67,42 @@ def reference_ns(durations_us: Durations, action: Action) -> int:
 
 
 def factor(slowdown: Factors, action: Action) -> float:
-    return slowdown if isinstance(slowdown, (int, float)) else slowdown.get((action.stage, action.kind.value), 1.0)
+    return (
+        slowdown
+        if isinstance(slowdown, (int, float))
+        else slowdown.get((action.stage, action.kind.value), 1.0)
+    )
 
 
 def synthesize(
-    schedule: Schedule, *, durations_us: Durations = DEFAULT_US, p2p_latency_us: float = 0.0,
-    launch_gap_us: float = 0.0, slowdown: Factors = 1.0, clock_offset_ns: Mapping[int, int] | None = None,
-    steps: int = 3, shape: str = "cpu", run_id: str = "synthetic",
+    schedule: Schedule,
+    *,
+    durations_us: Durations = DEFAULT_US,
+    p2p_latency_us: float = 0.0,
+    launch_gap_us: float = 0.0,
+    slowdown: Factors = 1.0,
+    clock_offset_ns: Mapping[int, int] | None = None,
+    steps: int = 3,
+    shape: str = "cpu",
+    run_id: str = "synthetic",
 ) -> Synthetic:
     lowered = schedule if schedule.lowered else lower(schedule)
     latency, gap = round(p2p_latency_us * 1000), round(launch_gap_us * 1000)
 
     def duration(_rank: int, action: Action) -> float:
-        return round(reference_ns(durations_us, action) * factor(slowdown, action)) if action.kind.is_compute else 0
+        return (
+            round(reference_ns(durations_us, action) * factor(slowdown, action))
+            if action.kind.is_compute
+            else 0
+        )
 
     firsts = {order[0] for order in lowered.orders}
-    timeline = simulate(lowered, duration=duration, latency=lambda *_: latency,
-                        gap=lambda _r, a: gap if a.kind.is_compute and a not in firsts else 0)
+    timeline = simulate(
+        lowered,
+        duration=duration,
+        latency=lambda *_: latency,
+        gap=lambda _r, a: gap if a.kind.is_compute and a not in firsts else 0,
+    )
     cells = _cells(lowered, timeline.rows, gap)
     step_ns = round(timeline.makespan)
     truth = {r: _truth(r, step_ns, cells, durations_us, gap, latency) for r in cells}
@@ -97,7 +117,9 @@ def _cells(schedule: Schedule, rows, gap: int) -> dict[int, list[shapes.Cell]]:
     cells: dict[int, list[shapes.Cell]] = {r: [] for r in range(schedule.p)}
     for rank, action, start, end in rows:  # by rank, then in order
         free = cells[rank][-1].end if cells[rank] else 0
-        late = not cells[rank] or (action.kind.is_compute and gap > 0)  # nothing queued ahead of a first action
+        late = not cells[rank] or (
+            action.kind.is_compute and gap > 0
+        )  # nothing queued ahead of a first action
         cells[rank].append(shapes.Cell(action, free, round(start), round(end), late))
     return cells
 
@@ -118,25 +140,36 @@ def _truth(rank: int, step_ns: int, cells, durations_us: Durations, gap: int, la
     return RankTruth(rank, step_ns, compute, small_gemm, launches, p2p, bubble)
 
 
-def _document(schedule: Schedule, rank: int, cells, step_ns: int, steps: int, shape: str, offset: int,
-              run_id: str) -> dict[str, Any]:
+def _document(
+    schedule: Schedule, rank: int, cells, step_ns: int, steps: int, shape: str, offset: int, run_id: str
+) -> dict[str, Any]:
     pid, device = 4000 + rank, rank
     events = shapes.metadata(pid, pid, "python", f"thread {pid} (python)")
     shifts = [ORIGIN_NS + offset + step * step_ns for step in range(steps)]
-    moved = [[shapes.Cell(c.action, c.issue + s, c.start + s, c.end + s, c.late) for c in cells] for s in shifts]
+    moved = [
+        [shapes.Cell(c.action, c.issue + s, c.start + s, c.end + s, c.late) for c in cells] for s in shifts
+    ]
     if shape == "gpu":
-        events += shapes.metadata(device, shapes.COMPUTE_STREAM, f"GPU {device}", f"stream {shapes.COMPUTE_STREAM}")
+        events += shapes.metadata(
+            device, shapes.COMPUTE_STREAM, f"GPU {device}", f"stream {shapes.COMPUTE_STREAM}"
+        )
         events += shapes.metadata(device, shapes.COMM_STREAM, f"GPU {device}", f"stream {shapes.COMM_STREAM}")
         events += _gpu_steps(moved, pid, device, shifts[-1] + step_ns)
     else:
         for step, (shift, step_cells) in enumerate(zip(shifts, moved)):
-            events.append(shapes.span(f"{STEP_PREFIX}{step}", "user_annotation", pid, pid, shift, shift + step_ns))
+            events.append(
+                shapes.span(f"{STEP_PREFIX}{step}", "user_annotation", pid, pid, shift, shift + step_ns)
+            )
             events += [event for cell in step_cells for event in shapes.cpu_cell(cell, pid)]
     gpu = [{"id": device, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
     return {
         "schemaVersion": 1,
         "deviceProperties": gpu if shape == "gpu" else [],
-        "distributedInfo": {"backend": "nccl" if shape == "gpu" else "gloo", "rank": rank, "world_size": schedule.p},
+        "distributedInfo": {
+            "backend": "nccl" if shape == "gpu" else "gloo",
+            "rank": rank,
+            "world_size": schedule.p,
+        },
         "run_id": run_id,
         "baseTimeNanoseconds": BASE_TIME_NS,
         "traceName": f"synthetic rank{rank}",
@@ -156,7 +189,9 @@ def _gpu_steps(steps: list[list[shapes.Cell]], pid: int, device: int, last_end: 
     bounds = list(accumulate((len(step) for step in steps), initial=0))
     per_step = [launches[a:b] for a, b in zip(bounds, bounds[1:])]
     heads = [shapes.label_start(ends[0]) - STEP_HEAD_NS for ends in per_step]
-    begins = heads[:1] + [max(head, ends[-1] + shapes.LABEL_PAD_NS) for head, ends in zip(heads[1:], per_step)]
+    begins = heads[:1] + [
+        max(head, ends[-1] + shapes.LABEL_PAD_NS) for head, ends in zip(heads[1:], per_step)
+    ]
     events = []
     for step, (step_cells, ends) in enumerate(zip(steps, per_step)):
         finish = begins[step + 1] if step + 1 < len(steps) else last_end
@@ -171,7 +206,9 @@ def calibration(schedule: Schedule, durations_us: Durations) -> dict[str, dict[s
     kinds = ("F", "I", "W") if schedule.split_backward else ("F", "B")
     table = {}
     for stage in range(schedule.n_stages):
-        per_kind = {k: schedule.m * reference_ns(durations_us, Action(stage, Kind(k), 0)) / 1e6 for k in kinds}
+        per_kind = {
+            k: schedule.m * reference_ns(durations_us, Action(stage, Kind(k), 0)) / 1e6 for k in kinds
+        }
         if schedule.split_backward:
             per_kind["B"] = per_kind["I"] + per_kind["W"]
         table[str(stage)] = {f"{k}_ms": v for k, v in per_kind.items()}
@@ -190,16 +227,23 @@ def write_run(directory: str | Path, schedule: Schedule, **options: Any) -> Synt
     shape = options.get("shape", "cpu")
     step_ms = next(iter(result.truth.values())).step_ns / 1e6
     config = {
-        "schedule": schedule.name, "p": schedule.p, "m": schedule.m, "v": schedule.v, "engine": "synthetic",
-        "preset": None, "device": "cuda" if shape == "gpu" else "cpu", "backend": "nccl" if shape == "gpu" else "gloo",
-        "dtype": "float32", "run_id": options.get("run_id", "synthetic"),
+        "schedule": schedule.name,
+        "p": schedule.p,
+        "m": schedule.m,
+        "v": schedule.v,
+        "engine": "synthetic",
+        "preset": None,
+        "device": "cuda" if shape == "gpu" else "cpu",
+        "backend": "nccl" if shape == "gpu" else "gloo",
+        "dtype": "float32",
+        "run_id": options.get("run_id", "synthetic"),
         "calibration": calibration(schedule, options.get("durations_us", DEFAULT_US)),
-        "step_time_unprofiled_ms": step_ms, "step_times_unprofiled_ms": [step_ms] * 3, "complete": True,
+        "step_time_unprofiled_ms": step_ms,
+        "step_times_unprofiled_ms": [step_ms] * 3,
+        "complete": True,
     }
     write_atomically(directory / "run.json", json.dumps(config, indent=1).encode())
     return result
-
-
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -222,7 +266,9 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.slowdown <= 0 or min(args.f_us, args.b_us) <= 0:
         raise InputError(None, "steps must be >= 1 and durations and slowdown positive")
     if args.clock_offset_ms and len(args.clock_offset_ms) != args.p:
-        raise InputError(None, f"--clock-offset-ms needs {args.p} values (one per rank), got {len(args.clock_offset_ms)}")
+        raise InputError(
+            None, f"--clock-offset-ms needs {args.p} values (one per rank), got {len(args.clock_offset_ms)}"
+        )
     try:
         schedule = build(args.schedule, args.p, args.m, args.v)
     except ScheduleError as error:
@@ -230,12 +276,21 @@ def run(args: argparse.Namespace) -> int:
     durations = {"F": args.f_us, "B": args.b_us, "I": args.b_us / 2, "W": args.b_us / 2}
     offsets = {r: round(ms * 1e6) for r, ms in enumerate(args.clock_offset_ms)}
     result = write_run(
-        args.out, schedule, durations_us=durations, p2p_latency_us=args.p2p_latency_us,
-        launch_gap_us=args.launch_gap_us, slowdown=args.slowdown, clock_offset_ns=offsets, steps=args.steps,
-        shape=args.shape, run_id=args.out.name,
+        args.out,
+        schedule,
+        durations_us=durations,
+        p2p_latency_us=args.p2p_latency_us,
+        launch_gap_us=args.launch_gap_us,
+        slowdown=args.slowdown,
+        clock_offset_ns=offsets,
+        steps=args.steps,
+        shape=args.shape,
+        run_id=args.out.name,
     )
     step_ms = next(iter(result.truth.values())).step_ns / 1e6
-    print(f"wrote {args.out}: {args.schedule} p={args.p} m={args.m} v={args.v} {args.shape}, step {step_ms:.3f} ms")
+    print(
+        f"wrote {args.out}: {args.schedule} p={args.p} m={args.m} v={args.v} {args.shape}, step {step_ms:.3f} ms"
+    )
     return 0
 
 

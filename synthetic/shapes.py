@@ -39,7 +39,15 @@ class Cell:
 
 
 def span(name: str, cat: str, pid: int, tid: int, start: int, end: int, **args: Any) -> dict[str, Any]:
-    event = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": start / 1000, "dur": (end - start) / 1000}
+    event = {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": pid,
+        "tid": tid,
+        "ts": start / 1000,
+        "dur": (end - start) / 1000,
+    }
     if args:
         event["args"] = args
     return event
@@ -59,11 +67,17 @@ def cpu_cell(cell: Cell, pid: int) -> list[dict[str, Any]]:
     if kind.is_compute:
         outer, inner = _OPS[kind]
         split = cell.start + (cell.end - cell.start) * 4 // 5
-        return [annotation | {"ts": cell.start / 1000, "dur": (cell.end - cell.start) / 1000},
-                span(outer, "cpu_op", pid, pid, cell.start, split), span(inner, "cpu_op", pid, pid, split, cell.end)]
+        return [
+            annotation | {"ts": cell.start / 1000, "dur": (cell.end - cell.start) / 1000},
+            span(outer, "cpu_op", pid, pid, cell.start, split),
+            span(inner, "cpu_op", pid, pid, split, cell.end),
+        ]
     if kind in (Kind.RECV_F, Kind.RECV_B):
-        return [annotation, span("c10d::recv_", "cpu_op", pid, pid, cell.issue, cell.end),
-                span("gloo:recv", "user_annotation", pid, pid, cell.issue, cell.end)]
+        return [
+            annotation,
+            span("c10d::recv_", "cpu_op", pid, pid, cell.issue, cell.end),
+            span("gloo:recv", "user_annotation", pid, pid, cell.issue, cell.end),
+        ]
     return [annotation, span("c10d::send", "cpu_op", pid, pid, cell.start, cell.end)]
 
 
@@ -97,15 +111,37 @@ def gpu_cell(cell: Cell, pid: int, device: int, correlation: int, launch_end: in
     device_start = cell.start if kind.is_compute else cell.issue
     launch_start = launch_end - LAUNCH_NS
     stream = COMPUTE_STREAM if kind.is_compute else COMM_STREAM
-    kernel = "ampere_sgemm_128x64_tn" if kind.is_compute else "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"
+    kernel = (
+        "ampere_sgemm_128x64_tn"
+        if kind.is_compute
+        else "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"
+    )
     ids = {"correlation": correlation, "External id": correlation}
     name = label(cell.action)
     return [
         span(name, "user_annotation", pid, pid, label_start(launch_end), launch_end + LABEL_PAD_NS),
         span("cudaLaunchKernel", "cuda_runtime", pid, pid, launch_start, launch_end, cbid=211, **ids),
         span(kernel, "kernel", device, stream, device_start, cell.end, device=device, stream=stream, **ids),
-        span(name, "gpu_user_annotation", device, stream, device_start, cell.end, device=device, stream=stream),
-        {"ph": "s", "id": correlation, "pid": pid, "tid": pid, "ts": launch_start / 1000, "cat": "ac2g", "name": "ac2g"},
-        {"ph": "f", "id": correlation, "pid": device, "tid": stream, "ts": device_start / 1000, "cat": "ac2g",
-         "name": "ac2g", "bp": "e"},
+        span(
+            name, "gpu_user_annotation", device, stream, device_start, cell.end, device=device, stream=stream
+        ),
+        {
+            "ph": "s",
+            "id": correlation,
+            "pid": pid,
+            "tid": pid,
+            "ts": launch_start / 1000,
+            "cat": "ac2g",
+            "name": "ac2g",
+        },
+        {
+            "ph": "f",
+            "id": correlation,
+            "pid": device,
+            "tid": stream,
+            "ts": device_start / 1000,
+            "cat": "ac2g",
+            "name": "ac2g",
+            "bp": "e",
+        },
     ]

@@ -43,13 +43,51 @@ def gunzipped(path: Path) -> bytes:
 def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
     """A gpipe p=2 m=4 summary (waterfall 6 + 2 + 0.5 + 1 + 1 - 0.5 = 10 ms) with `fields` changed; with
     `peak_bytes`, one rank entry holding that peak (for what reads summaries: the index, the sweeps)."""
-    waterfall = Waterfall(ideal=6.0, formula_bubble=2.0, imbalance=0.5, small_gemm=None, launch_overhead=1.0,
-                          p2p_wait=1.0, residual=-0.5)
-    ranks = [] if peak_bytes is None else [
-        RankEntry(rank=0, stage_ids=[0], compute_ms=6.0, small_gemm_ms=None, bubble_ms=4.0, p2p_wait_ms=0.0,
-                  launch_overhead_ms=0.0, other_ms=0.0, peak_activation_bytes=peak_bytes)]
-    base = Summary(schedule="gpipe", engine="native", device="cpu", p=2, m=4, v=1, steps_analyzed=1, median_step=0,
-                   step_time_ms=10.0, bubble_formula=0.2, bubble_measured=0.3, simulated_step_time_ms=10.5,
-                   waterfall_ms=waterfall, parts=(), ranks=ranks, rules=Rules(), clock=None, inferred_cells=0,
-                   notes=[])
+    waterfall = Waterfall(
+        ideal=6.0,
+        formula_bubble=2.0,
+        imbalance=0.5,
+        small_gemm=None,
+        launch_overhead=1.0,
+        p2p_wait=1.0,
+        residual=-0.5,
+    )
+    ranks = (
+        []
+        if peak_bytes is None
+        else [
+            RankEntry(
+                rank=0,
+                stage_ids=[0],
+                compute_ms=6.0,
+                small_gemm_ms=None,
+                bubble_ms=4.0,
+                p2p_wait_ms=0.0,
+                launch_overhead_ms=0.0,
+                other_ms=0.0,
+                peak_activation_bytes=peak_bytes,
+            )
+        ]
+    )
+    base = Summary(
+        schedule="gpipe",
+        engine="native",
+        device="cpu",
+        p=2,
+        m=4,
+        v=1,
+        steps_analyzed=1,
+        median_step=0,
+        step_time_ms=10.0,
+        bubble_formula=0.2,
+        bubble_measured=0.3,
+        simulated_step_time_ms=10.5,
+        waterfall_ms=waterfall,
+        parts=(),
+        ranks=ranks,
+        rules=Rules(),
+        clock=None,
+        inferred_cells=0,
+        notes=[],
+    )
     return msgspec.structs.replace(base, **fields)

@@ -10,13 +10,36 @@ from test_cells import cpu_action, gpipe_m1_run, trace, write_trace
 
 from analysis.cli import main
 from analysis.pipeline import analyze_run, read_run
-from synthetic.generate import write_run
 from runners.schedules import build
+from synthetic.generate import write_run
 
-SUMMARY_KEYS = {"schedule", "engine", "device", "p", "m", "v", "steps_analyzed", "step_time_ms", "bubble_formula",
-                "bubble_measured", "simulated_step_time_ms", "waterfall_ms", "ranks", "rules"}  # fmt: skip
-RANK_KEYS_IN_ORDER = ("rank", "stage_ids", "compute_ms", "small_gemm_ms", "bubble_ms", "p2p_wait_ms",
-                      "launch_overhead_ms", "other_ms", "peak_activation_bytes")
+SUMMARY_KEYS = {
+    "schedule",
+    "engine",
+    "device",
+    "p",
+    "m",
+    "v",
+    "steps_analyzed",
+    "step_time_ms",
+    "bubble_formula",
+    "bubble_measured",
+    "simulated_step_time_ms",
+    "waterfall_ms",
+    "ranks",
+    "rules",
+}
+RANK_KEYS_IN_ORDER = (
+    "rank",
+    "stage_ids",
+    "compute_ms",
+    "small_gemm_ms",
+    "bubble_ms",
+    "p2p_wait_ms",
+    "launch_overhead_ms",
+    "other_ms",
+    "peak_activation_bytes",
+)
 RANK_KEYS = set(RANK_KEYS_IN_ORDER)
 
 
@@ -24,19 +47,46 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
     run = gpipe_m1_run(tmp_path / "run")
     assert main(["analyze", str(run)]) == 0
     written = sorted(p.name for p in (run / "analysis").iterdir())
-    assert written == ["cells.parquet", "gaps.parquet", "ideal.parquet", "ranks.parquet", "schedule.json",
-                       "summary.json"]
+    assert written == [
+        "cells.parquet",
+        "gaps.parquet",
+        "ideal.parquet",
+        "ranks.parquet",
+        "schedule.json",
+        "summary.json",
+    ]
     assert not [p for p in run.iterdir() if p.name.startswith(".analysis")]  # no staging left behind
     summary = json.loads((run / "analysis" / "summary.json").read_text())
-    assert SUMMARY_KEYS <= set(summary) and set(summary) - SUMMARY_KEYS == {"median_step", "clock", "inferred_cells",
-                                                                             "parts", "notes"}
+    assert SUMMARY_KEYS <= set(summary) and set(summary) - SUMMARY_KEYS == {
+        "median_step",
+        "clock",
+        "inferred_cells",
+        "parts",
+        "notes",
+    }
     assert summary["parts"] == [key for key in RANK_KEYS_IN_ORDER if key.endswith("_ms")]
     assert all(set(rank) == RANK_KEYS for rank in summary["ranks"])
     cells = pl.read_parquet(run / "analysis" / "cells.parquet")
-    assert cells.columns == ["rank", "step", "stage", "kind", "microbatch", "start_ns", "end_ns", "blocked_ns", "inferred",
-                             "small_gemm_ns"]  # fmt: skip
+    assert cells.columns == [
+        "rank",
+        "step",
+        "stage",
+        "kind",
+        "microbatch",
+        "start_ns",
+        "end_ns",
+        "blocked_ns",
+        "inferred",
+        "small_gemm_ns",
+    ]
     assert cells["small_gemm_ns"].null_count() == cells.height  # no run.json here, so no calibration
-    assert pl.read_parquet(run / "analysis" / "gaps.parquet").columns == ["rank", "step", "start_ns", "end_ns", "class"]
+    assert pl.read_parquet(run / "analysis" / "gaps.parquet").columns == [
+        "rank",
+        "step",
+        "start_ns",
+        "end_ns",
+        "class",
+    ]
     printed = capsys.readouterr().out
     assert "formula 0.500" in printed and "measured 0.600" in printed and "residual" in printed
 
@@ -65,7 +115,9 @@ def test_unlabelled_trace_is_an_input_error_naming_it(tmp_path, capsys):
     assert not (run / "analysis").exists()
 
 
-@pytest.mark.parametrize("name,p,m,v", [("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zb", 3, 6, 1), ("gpipe", 3, 4, 1)])
+@pytest.mark.parametrize(
+    "name,p,m,v", [("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zb", 3, 6, 1), ("gpipe", 3, 4, 1)]
+)
 def test_without_run_json_the_schedule_is_inferred_from_the_labels(tmp_path, name, p, m, v):
     write_run(tmp_path, build(name, p, m, v), steps=1)
     (tmp_path / "run.json").unlink()

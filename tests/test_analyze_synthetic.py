@@ -9,14 +9,25 @@ import pytest
 
 from analysis.pipeline import analyze_run, read_run
 from analysis.schema import RANK_PARTS
-from synthetic.generate import write_run
 from runners.schedules import build
+from synthetic.generate import write_run
 
 INJECTED_PARTS = ("compute", "small_gemm", "bubble", "p2p_wait", "launch_overhead")  # synthetic.RankTruth's
-CASES = [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zb", 3, 6, 1), ("zbv", 3, 6, 2),
-         ("dualpipev", 2, 4, 2)]
-INJECTED = dict(durations_us={"F": 1000, "B": 2000, "I": 1000, "W": 1000}, p2p_latency_us=50, launch_gap_us=20,
-                slowdown=1.25, steps=3)  # fmt: skip
+CASES = [
+    ("gpipe", 4, 8, 1),
+    ("1f1b", 4, 8, 1),
+    ("interleaved", 2, 4, 2),
+    ("zb", 3, 6, 1),
+    ("zbv", 3, 6, 2),
+    ("dualpipev", 2, 4, 2),
+]
+INJECTED = dict(
+    durations_us={"F": 1000, "B": 2000, "I": 1000, "W": 1000},
+    p2p_latency_us=50,
+    launch_gap_us=20,
+    slowdown=1.25,
+    steps=3,
+)
 
 
 def close(got_ms: float, want_ns: int) -> bool:
@@ -33,8 +44,11 @@ def test_injected_parts_are_recovered_per_rank(tmp_path, name, p, m, v, offsets,
     assert summary.step_time_ms * 1e6 == pytest.approx(synthetic.truth[0].step_ns, abs=1)
     for rank in summary.ranks:
         truth = synthetic.truth[rank.rank]
-        misses = {part: (rank.part_ms(part), getattr(truth, f"{part}_ns") / 1e6) for part in INJECTED_PARTS
-                  if not close(rank.part_ms(part), getattr(truth, f"{part}_ns"))}  # fmt: skip
+        misses = {
+            part: (rank.part_ms(part), getattr(truth, f"{part}_ns") / 1e6)
+            for part in INJECTED_PARTS
+            if not close(rank.part_ms(part), getattr(truth, f"{part}_ns"))
+        }
         assert not misses, (rank.rank, misses)
         assert rank.other_ms == pytest.approx(0, abs=1e-6)
         assert sum(rank.part_ms(part) for part in RANK_PARTS) == pytest.approx(summary.step_time_ms, abs=1e-9)

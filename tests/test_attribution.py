@@ -6,10 +6,10 @@ import msgspec
 import pytest
 from test_cells import gpipe_m1_run
 
-from analysis.pipeline import analyze_run, read_run
 from analysis.attribution.reference import Reference
 from analysis.attribution.replay import Measured, replay
 from analysis.attribution.waterfall import ladder
+from analysis.pipeline import analyze_run, read_run
 from analysis.schema import RANK_PARTS, WATERFALL_TERMS
 from runners.schedules import build, formula_bubble, simulate
 
@@ -21,11 +21,19 @@ def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
     summary = analyze_run(read_run(gpipe_m1_run(tmp_path))).summary
     # ideal (10+20 + 20+30)/2 = 40 us; equal slots F=15, B=25 in a serial m=1 chain = 80; the measured
     # chain is also 80 (no imbalance at m=1); gaps 2,2,1,2 push it to 87, latencies 3 and 1 to 91
-    expected = {"ideal": 0.040, "formula_bubble": 0.040, "imbalance": 0.0, "small_gemm": None,
-                "launch_overhead": 0.007, "p2p_wait": 0.004, "residual": 0.009}  # fmt: skip
+    expected = {
+        "ideal": 0.040,
+        "formula_bubble": 0.040,
+        "imbalance": 0.0,
+        "small_gemm": None,
+        "launch_overhead": 0.007,
+        "p2p_wait": 0.004,
+        "residual": 0.009,
+    }
     assert list(expected) == list(WATERFALL_TERMS)
     assert msgspec.structs.asdict(summary.waterfall_ms) == {
-        term: pytest.approx(ms, abs=1e-9) if ms is not None else None for term, ms in expected.items()}
+        term: pytest.approx(ms, abs=1e-9) if ms is not None else None for term, ms in expected.items()
+    }
     assert summary.simulated_step_time_ms == pytest.approx(0.091)
     assert summary.bubble_measured == pytest.approx(1 - 80 / 200)
 
@@ -45,7 +53,9 @@ def test_each_compute_cell_carries_its_excess_over_the_calibration(tmp_path):
     # measured F/B: 10/20 us on stage 0, 20/30 us on stage 1; calibrated (m=1): 8/16 and 16/24 us
     cells = analyze_run(read_run(gpipe_m1_run(tmp_path, RUN_JSON))).cells
     excess = {f"{s}{k}": ns for s, k, ns in cells.select("stage", "kind", "small_gemm_ns").iter_rows()}
-    assert {a: excess[a] for a in ("0F", "0B", "1F", "1B")} == pytest.approx({"0F": 2000, "0B": 4000, "1F": 4000, "1B": 6000})
+    assert {a: excess[a] for a in ("0F", "0B", "1F", "1B")} == pytest.approx(
+        {"0F": 2000, "0B": 4000, "1F": 4000, "1B": 6000}
+    )
     assert all(ns is None for a, ns in excess.items() if a[1:] not in ("F", "B"))
 
 
@@ -59,7 +69,9 @@ def test_each_ranks_parts_sum_to_the_step_time(tmp_path, with_run_json):
     assert result.summary.step_time_ms == pytest.approx(0.1)
 
 
-@pytest.mark.parametrize("name,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zb", 3, 6, 1)])
+@pytest.mark.parametrize(
+    "name,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zb", 3, 6, 1)]
+)
 def test_unit_replay_reproduces_the_schedule_simulator(name, p, m, v):
     schedule = build(name, p, m, v)
     unit = Measured({a: 1.0 for order in schedule.orders for a in order})
@@ -71,7 +83,9 @@ def test_unit_replay_reproduces_the_schedule_simulator(name, p, m, v):
 def test_equal_slots_give_the_formula_bubble(name, p, m, v):
     schedule = build(name, p, m, v)
     actions = [a for order in schedule.orders for a in order]
-    ref = Reference({(a.stage, a.kind.value): 1.0 if a.kind.value == "F" else 2.0 for a in actions}, calibrated=True)
+    ref = Reference(
+        {(a.stage, a.kind.value): 1.0 if a.kind.value == "F" else 2.0 for a in actions}, calibrated=True
+    )
     measured = Measured({a: ref.ns[(a.stage, a.kind.value)] for a in actions})
     terms = ladder(schedule, measured, ref, step_ns=1e6).waterfall
     step = terms.ideal + terms.formula_bubble

@@ -10,14 +10,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bench.suite import main
 from analysis.pipeline import analyze_run, read_run
+from analysis.traces.load import load_trace
 from bench.process import run_child
 from bench.stats import stats, verdict
+from bench.suite import main
 from bench.traceset import replicate_run
-from analysis.traces.load import load_trace
-from synthetic.generate import write_run
 from runners.schedules import build
+from synthetic.generate import write_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 def source(tmp_path_factory) -> Path:
     """A 2-rank GPU-shaped synthetic 1f1b run (correlations, flows, two streams), 2 steps."""
     directory = tmp_path_factory.mktemp("source")
-    write_run(directory, build("1f1b", 2, 4), p2p_latency_us=30, launch_gap_us=5, slowdown=1.2, steps=2, shape="gpu")
+    write_run(
+        directory, build("1f1b", 2, 4), p2p_latency_us=30, launch_gap_us=5, slowdown=1.2, steps=2, shape="gpu"
+    )
     return directory
 
 
@@ -42,9 +44,11 @@ def test_replicated_set_has_the_copies_with_fresh_steps_and_ids(source, tmp_path
     original, copied = load_trace(source / "rank0.json.gz"), load_trace(tmp_path / "set" / "rank0.json")
     steps = copied.filter(copied["name"].str.starts_with("ProfilerStep#"))["name"]
     assert steps.n_unique() == steps.len() == trace_set.steps_per_rank
+
     # each correlation id joins one launch and its kernel, in every copy as in the original
     def pairs(frame):
         return Counter(Counter(frame["correlation"].drop_nulls().to_list()).values())
+
     assert {k: v * trace_set.copies for k, v in pairs(original).items()} == pairs(copied)
     assert copied["start_ns"].min() == original["start_ns"].min()
     assert copied["end_ns"].max() > original["end_ns"].max()
@@ -60,8 +64,9 @@ def test_replicated_set_analyses_like_its_source(source, tmp_path):
     assert set(copied.ranks["step_ms"].round(6)) == set(original.ranks["step_ms"].round(6))
     assert ours.steps_analyzed == trace_set.steps_per_rank
     assert ours.step_time_ms == pytest.approx(theirs.step_time_ms, abs=1e-6)
-    assert msgspec.structs.asdict(ours.waterfall_ms) == pytest.approx(msgspec.structs.asdict(theirs.waterfall_ms),
-                                                                      abs=1e-6)
+    assert msgspec.structs.asdict(ours.waterfall_ms) == pytest.approx(
+        msgspec.structs.asdict(theirs.waterfall_ms), abs=1e-6
+    )
 
 
 def test_stats_and_verdicts():
@@ -90,8 +95,22 @@ def test_child_decodes_every_event_and_is_stopped_at_its_timeout(source, tmp_pat
 
 def test_bench_throughput_smoke(source, tmp_path):
     out = tmp_path / "out"
-    code = main(["--only", "throughput", "--size-mb", "0.05", "--repeats", "1", "--hta-timeout", "120",
-                 "--source", str(source), "--out", str(out)])
+    code = main(
+        [
+            "--only",
+            "throughput",
+            "--size-mb",
+            "0.05",
+            "--repeats",
+            "1",
+            "--hta-timeout",
+            "120",
+            "--source",
+            str(source),
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     document = json.loads((out / "results.json").read_text())
     assert document["complete"] is True and document["parts"] == ["throughput"]
@@ -122,7 +141,9 @@ def test_executor_part_says_when_the_torch_engine_is_missing(monkeypatch, tmp_pa
 
 
 def test_seed_optimum_is_the_fastest_m_per_schedule_and_p():
-    rows = [{"schedule": "gpipe", "p": 2, "m": m, "step_ms": ms} for m, ms in ((1, 90.0), (4, 60.0), (8, 70.0))]
+    rows = [
+        {"schedule": "gpipe", "p": 2, "m": m, "step_ms": ms} for m, ms in ((1, 90.0), (4, 60.0), (8, 70.0))
+    ]
     rows.append({"schedule": "gpipe", "p": 4, "m": 1, "step_ms": 10.0})
     from bench.runs import seed_optimum
 
@@ -130,8 +151,8 @@ def test_seed_optimum_is_the_fastest_m_per_schedule_and_p():
 
 
 def test_sweep_skips_what_a_schedule_refuses_and_refuses_bad_presets(tmp_path):
-    from bench.runs import RunPlan, _requests
     from analysis.errors import InputError
+    from bench.runs import RunPlan, _requests
 
     requests, skipped = _requests(RunPlan(tmp_path, "tiny", 1, 1), ("gpipe", "1f1b"), 2, (1, 2))
     assert [(r.request.schedule, r.request.m) for r in requests] == [("gpipe", 1), ("gpipe", 2), ("1f1b", 2)]

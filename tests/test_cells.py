@@ -23,14 +23,23 @@ KERNEL_PID, KERNEL_TID = 0, 7
 
 
 def span(name: str, start_us: float, end_us: float, cat: str = "user_annotation", **where) -> dict:
-    event = {"ph": "X", "cat": cat, "name": name, "pid": where.get("pid", 1), "tid": where.get("tid", MAIN_TID),
-             "ts": start_us, "dur": round(end_us - start_us, 3)}
+    event = {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": where.get("pid", 1),
+        "tid": where.get("tid", MAIN_TID),
+        "ts": start_us,
+        "dur": round(end_us - start_us, 3),
+    }
     if "correlation" in where:
         event["args"] = {"correlation": where["correlation"]}
     return event
 
 
-def cpu_action(label: str, start_us: float, end_us: float, wait: tuple[float, float] | None = None) -> list[dict]:
+def cpu_action(
+    label: str, start_us: float, end_us: float, wait: tuple[float, float] | None = None
+) -> list[dict]:
     """A PP label; `wait` adds the gloo:recv span a blocking receive records inside it."""
     events = [span(f"PP:{label}", start_us, end_us)]
     if wait is not None:
@@ -38,22 +47,32 @@ def cpu_action(label: str, start_us: float, end_us: float, wait: tuple[float, fl
     return events
 
 
-def gpu_action(label: str, start_us: float, end_us: float, kernels: list[tuple[str, float, float]], first_id: int) -> list[dict]:
+def gpu_action(
+    label: str, start_us: float, end_us: float, kernels: list[tuple[str, float, float]], first_id: int
+) -> list[dict]:
     """A PP label on the host launching `kernels` (name, start, end on the GPU), one launch each."""
     events = [span(f"PP:{label}", start_us, end_us)]
     step = (end_us - start_us) / (len(kernels) + 1)
     for i, (name, k_start, k_end) in enumerate(kernels):
         launch = start_us + step * (i + 1)
-        events.append(span("cudaLaunchKernel", launch, launch + step / 4, cat="cuda_runtime", correlation=first_id + i))
-        events.append(span(name, k_start, k_end, cat="kernel", pid=KERNEL_PID, tid=KERNEL_TID, correlation=first_id + i))
+        events.append(
+            span("cudaLaunchKernel", launch, launch + step / 4, cat="cuda_runtime", correlation=first_id + i)
+        )
+        events.append(
+            span(name, k_start, k_end, cat="kernel", pid=KERNEL_PID, tid=KERNEL_TID, correlation=first_id + i)
+        )
     return events
 
 
 def trace(rank: int, steps: list[tuple[float, float]], events: list[dict], world: int = 2) -> dict:
     """A rank's Kineto document: ProfilerStep#1.. spans plus `events`."""
     step_spans = [span(f"ProfilerStep#{i + 1}", a, b) for i, (a, b) in enumerate(steps)]
-    return {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world},
-            "baseTimeNanoseconds": 0, "traceEvents": step_spans + events}  # fmt: skip
+    return {
+        "schemaVersion": 1,
+        "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world},
+        "baseTimeNanoseconds": 0,
+        "traceEvents": step_spans + events,
+    }
 
 
 def write_trace(directory: Path, document: dict) -> Path:
@@ -77,7 +96,10 @@ def test_cpu_labels_become_cells_with_steps_and_blocked_time(tmp_path):
     ]
     cells = cells_of(tmp_path, trace(1, [(0, 100), (100, 200)], events))
     assert cells.select("step", "stage", "kind", "microbatch").rows() == [
-        (1, 1, "RECV_F", 0), (1, 1, "F", 0), (2, 1, "RECV_F", 1), (2, 1, "F", 1)
+        (1, 1, "RECV_F", 0),
+        (1, 1, "F", 0),
+        (2, 1, "RECV_F", 1),
+        (2, 1, "F", 1),
     ]
     assert cells["blocked_ns"].to_list() == [29_500, 0, 23_000, 0]
     assert cells["start_ns"].to_list() == [5_000, 41_000, 105_000, 131_000]
@@ -98,7 +120,9 @@ def test_gpu_cell_is_its_kernels_span_and_nccl_kernels_are_blocked_time(tmp_path
     ]
     cells = cells_of(tmp_path, trace(0, [(0, 200)], events))
     assert cells.select("kind", "start_ns", "end_ns", "blocked_ns").rows() == [
-        ("F", 30_000, 70_000, 0), ("RECV_B", 71_000, 140_000, 69_000), ("B", 141_000, 180_000, 0)
+        ("F", 30_000, 70_000, 0),
+        ("RECV_B", 71_000, 140_000, 69_000),
+        ("B", 141_000, 180_000, 0),
     ]
 
 
@@ -115,17 +139,27 @@ def test_bad_label_is_an_input_error_naming_the_file(tmp_path):
     assert "rank0.json.gz" in str(caught.value) and "PP:0X3" in str(caught.value)
 
 
-def gpipe_m1_run(directory: Path, run_json: dict | None = None, extra: dict[int, list[dict]] | None = None) -> Path:
+def gpipe_m1_run(
+    directory: Path, run_json: dict | None = None, extra: dict[int, list[dict]] | None = None
+) -> Path:
     """Two ranks, GPipe, one microbatch, one 100 us step, every interval chosen by hand (us):
 
     rank 0: 0F0 [2,12]  0SEND_F0 [12,13]  0RECV_B0 [14,70] waits (15,69)  0B0 [71,91]
     rank 1: 1RECV_F0 [1,16] waits (2,15)  1F0 [17,37]  1B0 [38,68]  1SEND_B0 [68,69]
     `extra` adds events per rank.
     """
-    rank0 = [*cpu_action("0F0", 2, 12), *cpu_action("0SEND_F0", 12, 13),
-             *cpu_action("0RECV_B0", 14, 70, wait=(15, 69)), *cpu_action("0B0", 71, 91)]  # fmt: skip
-    rank1 = [*cpu_action("1RECV_F0", 1, 16, wait=(2, 15)), *cpu_action("1F0", 17, 37),
-             *cpu_action("1B0", 38, 68), *cpu_action("1SEND_B0", 68, 69)]  # fmt: skip
+    rank0 = [
+        *cpu_action("0F0", 2, 12),
+        *cpu_action("0SEND_F0", 12, 13),
+        *cpu_action("0RECV_B0", 14, 70, wait=(15, 69)),
+        *cpu_action("0B0", 71, 91),
+    ]
+    rank1 = [
+        *cpu_action("1RECV_F0", 1, 16, wait=(2, 15)),
+        *cpu_action("1F0", 17, 37),
+        *cpu_action("1B0", 38, 68),
+        *cpu_action("1SEND_B0", 68, 69),
+    ]
     directory.mkdir(parents=True, exist_ok=True)
     extra = extra or {}
     write_trace(directory, trace(0, [(0, 100)], rank0 + extra.get(0, [])))
@@ -135,14 +169,22 @@ def gpipe_m1_run(directory: Path, run_json: dict | None = None, extra: dict[int,
     return directory
 
 
-@pytest.mark.parametrize("name", ["kineto_tb_plugin/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz",
-                                  "tracelens/mi300/resnet_act_checkpoint.json.gz"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "kineto_tb_plugin/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz",
+        "tracelens/mi300/resnet_act_checkpoint.json.gz",
+    ],
+)
 def test_real_gpu_trace_without_pp_labels_gives_steps_and_no_cells(name):
     path = REAL_TRACES / name
     frame = load_trace(path)
     found = rank_cells(frame, path)
-    host_steps = frame.filter(pl.col("name").str.starts_with("ProfilerStep#") & (pl.col("ph") == "X")
-                              & (pl.col("cat") != "gpu_user_annotation"))  # 2021 Kineto files them as "Operator"
+    host_steps = frame.filter(
+        pl.col("name").str.starts_with("ProfilerStep#")
+        & (pl.col("ph") == "X")
+        & (pl.col("cat") != "gpu_user_annotation")
+    )  # 2021 Kineto files them as "Operator"
     assert found.cells.height == 0 and found.waits.height == 0
     assert found.steps.height == host_steps["name"].n_unique() > 0
     assert found.kernels is not None and found.kernels.height == 0  # no label launched any of its kernels

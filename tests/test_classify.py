@@ -14,7 +14,9 @@ US = 1_000
 
 def totals(gaps: pl.DataFrame, rank: int) -> dict[str, int]:
     mine = gaps.filter(pl.col("rank") == rank)
-    return {c: v for c, v in mine.group_by("class").agg((pl.col("end_ns") - pl.col("start_ns")).sum()).iter_rows()}
+    return {
+        c: v for c, v in mine.group_by("class").agg((pl.col("end_ns") - pl.col("start_ns")).sum()).iter_rows()
+    }
 
 
 def test_wait_splits_at_the_peers_send_and_sending_is_p2p(tmp_path):
@@ -33,7 +35,12 @@ def test_wait_splits_at_the_peers_send_and_sending_is_p2p(tmp_path):
 def test_work_outside_the_schedule_is_other_and_idle_around_it_is_drain(tmp_path):
     optimizer = [span("optimizer_step", 70, 99), span("aten::add_", 71, 80, cat="cpu_op")]
     gaps = analyze_run(read_run(gpipe_m1_run(tmp_path, extra={1: optimizer}))).gaps
-    assert totals(gaps, 1) == {"bubble": 12 * US, "p2p_wait": 4 * US, "launch_overhead": 5 * US, "other": 29 * US}
+    assert totals(gaps, 1) == {
+        "bubble": 12 * US,
+        "p2p_wait": 4 * US,
+        "launch_overhead": 5 * US,
+        "other": 29 * US,
+    }
 
 
 def test_long_idle_between_actions_is_other_and_long_head_is_bubble(tmp_path):
@@ -55,11 +62,19 @@ def test_gaps_never_overlap_and_stay_inside_the_step(tmp_path):
 
 def test_gpu_idle_is_split_by_the_nccl_wait_and_the_launch_queue(tmp_path):
     nccl = "ncclDevKernel_SendRecv"
-    rank0 = [*gpu_action("0F0", 1, 3, [("gemm", 10, 30)], 100), *gpu_action("0SEND_F0", 3, 5, [(nccl, 30, 33)], 200),
-             *gpu_action("0RECV_B0", 5, 7, [(nccl, 33, 80)], 300), *gpu_action("0B0", 7, 9, [("gemm", 82, 100)], 400)]
+    rank0 = [
+        *gpu_action("0F0", 1, 3, [("gemm", 10, 30)], 100),
+        *gpu_action("0SEND_F0", 3, 5, [(nccl, 30, 33)], 200),
+        *gpu_action("0RECV_B0", 5, 7, [(nccl, 33, 80)], 300),
+        *gpu_action("0B0", 7, 9, [("gemm", 82, 100)], 400),
+    ]
     # each action's one launch call sits in the middle of its host span and lasts 1/8 of it
-    rank1 = [*gpu_action("1RECV_F0", 1, 3, [(nccl, 5, 34)], 100), *gpu_action("1F0", 3, 5, [("gemm", 35, 50)], 200),
-             *gpu_action("1B0", 51, 53, [("gemm", 53, 75)], 300), *gpu_action("1SEND_B0", 53, 55, [(nccl, 75, 79)], 400)]
+    rank1 = [
+        *gpu_action("1RECV_F0", 1, 3, [(nccl, 5, 34)], 100),
+        *gpu_action("1F0", 3, 5, [("gemm", 35, 50)], 200),
+        *gpu_action("1B0", 51, 53, [("gemm", 53, 75)], 300),
+        *gpu_action("1SEND_B0", 53, 55, [(nccl, 75, 79)], 400),
+    ]
     run = tmp_path / "run"
     run.mkdir()
     write_trace(run, trace(0, [(0, 100)], rank0))
@@ -71,8 +86,15 @@ def test_gpu_idle_is_split_by_the_nccl_wait_and_the_launch_queue(tmp_path):
     # rank 1: recv kernel (10,34) waits for rank 0's send kernel starting at 30: bubble 20, p2p 4; its own
     # send kernel (75,79) is p2p; drain (79,100) bubble; (50,52.25) before B0's launch is the host not
     # having issued work: launch; idle with a kernel queued ((34,35), (52.25,53)) is other
-    assert totals(result.gaps, 1) == {"bubble": 41 * US, "p2p_wait": 8 * US, "launch_overhead": 2_250, "other": 1_750}
+    assert totals(result.gaps, 1) == {
+        "bubble": 41 * US,
+        "p2p_wait": 8 * US,
+        "launch_overhead": 2_250,
+        "other": 1_750,
+    }
     assert result.summary.step_time_ms == pytest.approx(0.090, abs=1e-12)  # (10,100) on both ranks
     for rank in result.summary.ranks:
-        parts = sum(getattr(rank, k) or 0.0 for k in result.summary.parts)  # small_gemm unknown: no calibration
+        parts = sum(
+            getattr(rank, k) or 0.0 for k in result.summary.parts
+        )  # small_gemm unknown: no calibration
         assert parts == pytest.approx(0.090, abs=1e-12)

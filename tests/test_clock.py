@@ -15,7 +15,9 @@ MS = 1_000_000
 US = 1_000
 
 
-def pipeline_cells(sched: str, p: int, m: int, offsets: list[int], latency_f: int, latency_b: int, v: int = 1) -> pl.DataFrame:
+def pipeline_cells(
+    sched: str, p: int, m: int, offsets: list[int], latency_f: int, latency_b: int, v: int = 1
+) -> pl.DataFrame:
     """Cells of a simulated run as each rank's skewed clock records them (local = true + offset).
 
     A RECV span opens when its rank is free and closes when the data lands, as the native executor's
@@ -31,14 +33,33 @@ def pipeline_cells(sched: str, p: int, m: int, offsets: list[int], latency_f: in
     rows, free = [], {}
     for rank, action, start, end in timeline.rows:
         opened = free.get(rank, 0.0) if action.kind.value.startswith("RECV") else start
-        rows.append((rank, 0, action.stage, action.kind.value, action.microbatch,
-                     round(opened) + offsets[rank], round(end) + offsets[rank]))  # fmt: skip
+        rows.append(
+            (
+                rank,
+                0,
+                action.stage,
+                action.kind.value,
+                action.microbatch,
+                round(opened) + offsets[rank],
+                round(end) + offsets[rank],
+            )
+        )
         free[rank] = end
-    return pl.DataFrame(rows, schema=["rank", "step", "stage", "kind", "microbatch", "start_ns", "end_ns"], orient="row")
+    return pl.DataFrame(
+        rows, schema=["rank", "step", "stage", "kind", "microbatch", "start_ns", "end_ns"], orient="row"
+    )
 
 
-NO_EVENTS = pl.DataFrame(schema={"rank": pl.Int64, "name": pl.Utf8, "cat": pl.Utf8, "ph": pl.Utf8,
-                                 "start_ns": pl.Int64, "end_ns": pl.Int64})  # fmt: skip
+NO_EVENTS = pl.DataFrame(
+    schema={
+        "rank": pl.Int64,
+        "name": pl.Utf8,
+        "cat": pl.Utf8,
+        "ph": pl.Utf8,
+        "start_ns": pl.Int64,
+        "end_ns": pl.Int64,
+    }
+)
 
 
 @pytest.mark.parametrize("sched,p,v", [("gpipe", 4, 1), ("1f1b", 4, 1), ("interleaved", 2, 2), ("zb", 3, 1)])
@@ -74,7 +95,9 @@ def test_one_clock_stays_unshifted_despite_asymmetric_transfers():
 
 def test_forward_only_is_one_sided():
     offsets = [0, 3 * MS]
-    cells = pipeline_cells("gpipe", 2, 4, offsets, 20 * US, 20 * US).filter(~pl.col("kind").str.ends_with("B"))
+    cells = pipeline_cells("gpipe", 2, 4, offsets, 20 * US, 20 * US).filter(
+        ~pl.col("kind").str.ends_with("B")
+    )
     estimate = clock.estimate([0, 1], cells, NO_EVENTS)
     rank1 = estimate.ranks[1]
     assert rank1.uncertainty_ns is None and rank1.via == "p2p"
@@ -89,7 +112,9 @@ def test_collective_ends_align_ranks():
         for rank, offset in offsets.items():
             start = k * MS + rank * 100 * US  # ranks join at different times, leave together (+ jitter)
             end = k * MS + 500 * US + (rank * 3 * US) % 7 * US
-            rows.append((rank, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", "X", start + offset, end + offset))
+            rows.append(
+                (rank, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", "X", start + offset, end + offset)
+            )
     events = pl.DataFrame(rows, schema=NO_EVENTS.columns, orient="row")
     estimate = clock.estimate([0, 1, 2], None, events)
     assert estimate.collectives == 5
@@ -101,5 +126,9 @@ def test_collective_ends_align_ranks():
 def test_unlinked_rank_is_reported_not_guessed():
     estimate = clock.estimate([0, 1], None, NO_EVENTS)
     assert [(r.offset_ns, r.via) for r in estimate.ranks] == [(0, "reference"), (0, "unlinked")]
-    assert msgspec.to_builtins(estimate)["ranks"][1] == {"rank": 1, "offset_ns": 0, "uncertainty_ns": None,
-                                                        "via": "unlinked"}  # as summary.json holds it
+    assert msgspec.to_builtins(estimate)["ranks"][1] == {
+        "rank": 1,
+        "offset_ns": 0,
+        "uncertainty_ns": None,
+        "via": "unlinked",
+    }  # as summary.json holds it

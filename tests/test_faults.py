@@ -16,8 +16,8 @@ import pytest
 
 from analysis.cli import main
 from analysis.merge.perfetto_check import problems
-from synthetic.generate import write_run
 from runners.schedules import build
+from synthetic.generate import write_run
 
 Mutation = Callable[[Path], object]
 
@@ -80,31 +80,81 @@ REFUSED: dict[str, tuple[Mutation, str, str]] = {
     "truncated mid-array": (truncated_json, "rank0.json.gz", "truncated JSON"),
     "gzip truncated": (truncated_gzip, "rank0.json.gz", "gzip stream truncated"),
     "gzip corrupted": (corrupted_gzip, "rank0.json.gz", "gzip data corrupted"),
-    "no traceEvents": (lambda run: rewrite(run, lambda t: t.pop("traceEvents")), "rank0.json.gz", "no traceEvents"),
-    "missing ts": (lambda run: rewrite(run, lambda t: event(t, "PP:0F1").pop("ts")), "rank0.json.gz", "missing ts"),
-    "missing dur": (lambda run: rewrite(run, lambda t: event(t, "PP:0F1").pop("dur")), "rank0.json.gz", "without dur"),
-    "missing ph": (lambda run: rewrite(run, lambda t: event(t, "PP:0F1").pop("ph")), "rank0.json.gz", "field `ph`"),
-    "ts a string": (lambda run: rewrite(run, lambda t: event(t, "PP:0F1").update(ts="10")), "rank0.json.gz",
-                    "ts is not a number"),
-    "ph a number": (lambda run: rewrite(run, lambda t: event(t, "PP:0F1").update(ph=1)), "rank0.json.gz",
-                    "Expected `str`"),
-    "NaN duration": (lambda run: raw(run, gzip.compress(json.dumps(document(run)).replace('"dur": 1000.0', '"dur": NaN')
-                                                       .encode())), "rank0.json.gz", "not valid JSON"),
+    "no traceEvents": (
+        lambda run: rewrite(run, lambda t: t.pop("traceEvents")),
+        "rank0.json.gz",
+        "no traceEvents",
+    ),
+    "missing ts": (
+        lambda run: rewrite(run, lambda t: event(t, "PP:0F1").pop("ts")),
+        "rank0.json.gz",
+        "missing ts",
+    ),
+    "missing dur": (
+        lambda run: rewrite(run, lambda t: event(t, "PP:0F1").pop("dur")),
+        "rank0.json.gz",
+        "without dur",
+    ),
+    "missing ph": (
+        lambda run: rewrite(run, lambda t: event(t, "PP:0F1").pop("ph")),
+        "rank0.json.gz",
+        "field `ph`",
+    ),
+    "ts a string": (
+        lambda run: rewrite(run, lambda t: event(t, "PP:0F1").update(ts="10")),
+        "rank0.json.gz",
+        "ts is not a number",
+    ),
+    "ph a number": (
+        lambda run: rewrite(run, lambda t: event(t, "PP:0F1").update(ph=1)),
+        "rank0.json.gz",
+        "Expected `str`",
+    ),
+    "NaN duration": (
+        lambda run: raw(
+            run, gzip.compress(json.dumps(document(run)).replace('"dur": 1000.0', '"dur": NaN').encode())
+        ),
+        "rank0.json.gz",
+        "not valid JSON",
+    ),
     "rank missing": (lambda run: (run / "rank1.json.gz").unlink(), "", "missing rank(s) 1"),
-    "two files claim a rank": (lambda run: rewrite(run, lambda t: t["distributedInfo"].update(rank=0), rank=1), "",
-                               "two files claim rank 0"),
-    "different world size": (lambda run: rewrite(run, lambda t: t["distributedInfo"].update(world_size=4), rank=1), "",
-                             "world sizes differ"),
-    "different run id": (lambda run: rewrite(run, lambda t: t.update(run_id="another"), rank=1), "", "run ids differ"),
+    "two files claim a rank": (
+        lambda run: rewrite(run, lambda t: t["distributedInfo"].update(rank=0), rank=1),
+        "",
+        "two files claim rank 0",
+    ),
+    "different world size": (
+        lambda run: rewrite(run, lambda t: t["distributedInfo"].update(world_size=4), rank=1),
+        "",
+        "world sizes differ",
+    ),
+    "different run id": (
+        lambda run: rewrite(run, lambda t: t.update(run_id="another"), rank=1),
+        "",
+        "run ids differ",
+    ),
     "run.json says another p": (lambda run: edit_run_json(run, p=4), "run.json", "says p=4"),
     "run.json not complete": (lambda run: edit_run_json(run, complete=...), "run.json", "incomplete run"),
-    "calibration not an object": (lambda run: edit_run_json(run, calibration=[1, 2]), "run.json", "bad calibration"),
-    "calibration time not a number": (lambda run: edit_run_json(run, calibration={"0": {"F_ms": "x", "B_ms": 1}}),
-                                      "run.json", "'F_ms' = 'x' is not a time > 0"),
-    "calibration without B_ms": (lambda run: edit_run_json(run, calibration={"0": {"F_ms": 1}}), "run.json",
-                                 "stage '0' needs an integer index and F_ms, B_ms"),
+    "calibration not an object": (
+        lambda run: edit_run_json(run, calibration=[1, 2]),
+        "run.json",
+        "bad calibration",
+    ),
+    "calibration time not a number": (
+        lambda run: edit_run_json(run, calibration={"0": {"F_ms": "x", "B_ms": 1}}),
+        "run.json",
+        "'F_ms' = 'x' is not a time > 0",
+    ),
+    "calibration without B_ms": (
+        lambda run: edit_run_json(run, calibration={"0": {"F_ms": 1}}),
+        "run.json",
+        "stage '0' needs an integer index and F_ms, B_ms",
+    ),
     "run.json missing beside the runner's log": (
-        lambda run: ((run / "run.json").unlink(), (run / "torchrun.log").write_text("killed\n")), "", "incomplete run"),
+        lambda run: ((run / "run.json").unlink(), (run / "torchrun.log").write_text("killed\n")),
+        "",
+        "incomplete run",
+    ),
 }
 
 
@@ -126,23 +176,34 @@ def last_label(trace: dict, name: str) -> dict:
 
 
 def without_steps(trace: dict) -> None:
-    trace["traceEvents"] = [e for e in trace["traceEvents"] if not e.get("name", "").startswith("ProfilerStep#")]
+    trace["traceEvents"] = [
+        e for e in trace["traceEvents"] if not e.get("name", "").startswith("ProfilerStep#")
+    ]
 
 
 # Traces that load but do not show the run.json's schedule in every step: the analysis refuses them (a
 # merge, which draws what is there, still works). case -> (mutation, words of the problem)
 NOT_THE_SCHEDULE: dict[str, tuple[Mutation, str]] = {
-    "duplicate events": (lambda run: rewrite(run, lambda t: t.update(traceEvents=t["traceEvents"] * 2)),
-                         "step 0 rank 0 ran PP:0B0 2x, the schedule 1x"),
+    "duplicate events": (
+        lambda run: rewrite(run, lambda t: t.update(traceEvents=t["traceEvents"] * 2)),
+        "step 0 rank 0 ran PP:0B0 2x, the schedule 1x",
+    ),
     "a label repeated in the last step": (
         lambda run: rewrite(run, lambda t: t["traceEvents"].append(dict(last_label(t, "PP:0F1")))),
-        "step 1 rank 0 ran PP:0F1 2x"),
-    "a label dropped (negative duration)": (lambda run: rewrite(run, lambda t: last_label(t, "PP:0F1").update(dur=-1)),
-                                            "step 1 rank 0 ran PP:0F1 0x"),
-    "a label outside its step": (lambda run: rewrite(run, lambda t: last_label(t, "PP:0F1").update(ts=1)),
-                                 "ran PP:0F1 0x"),
-    "no ProfilerStep# spans": (lambda run: (rewrite(run, without_steps, 0), rewrite(run, without_steps, 1)),
-                               "ran PP:0B0 2x"),  # both steps fall into one
+        "step 1 rank 0 ran PP:0F1 2x",
+    ),
+    "a label dropped (negative duration)": (
+        lambda run: rewrite(run, lambda t: last_label(t, "PP:0F1").update(dur=-1)),
+        "step 1 rank 0 ran PP:0F1 0x",
+    ),
+    "a label outside its step": (
+        lambda run: rewrite(run, lambda t: last_label(t, "PP:0F1").update(ts=1)),
+        "ran PP:0F1 0x",
+    ),
+    "no ProfilerStep# spans": (
+        lambda run: (rewrite(run, without_steps, 0), rewrite(run, without_steps, 1)),
+        "ran PP:0B0 2x",
+    ),  # both steps fall into one
 }
 
 
@@ -158,13 +219,16 @@ def test_traces_that_are_not_the_schedule_are_refused_naming_the_action(tmp_path
     assert not (run / "analysis").exists()
 
 
-@pytest.mark.parametrize("fields, problem", [
-    ({"m": 8}, "says m=8, v=1 (p=2) but the traces show 4 microbatches and 2 stages"),
-    ({"m": 10**9}, "says m=1000000000"),  # once built before it was checked: a schedule filling memory
-    ({"v": 2}, "says m=4, v=2 (p=2)"),
-    ({"schedule": "wavefront"}, "no usable schedule/p/m/v: unknown schedule 'wavefront'"),
-    ({"m": "four"}, "no usable schedule/p/m/v"),
-])
+@pytest.mark.parametrize(
+    "fields, problem",
+    [
+        ({"m": 8}, "says m=8, v=1 (p=2) but the traces show 4 microbatches and 2 stages"),
+        ({"m": 10**9}, "says m=1000000000"),  # once built before it was checked: a schedule filling memory
+        ({"v": 2}, "says m=4, v=2 (p=2)"),
+        ({"schedule": "wavefront"}, "no usable schedule/p/m/v: unknown schedule 'wavefront'"),
+        ({"m": "four"}, "no usable schedule/p/m/v"),
+    ],
+)
 def test_run_json_schedule_that_contradicts_the_traces_is_refused(tmp_path, capsys, fields, problem):
     run = good_run(tmp_path / "run")
     edit_run_json(run, **fields)
@@ -222,7 +286,9 @@ def test_huge_string_args_and_markup_in_names_are_analysed_and_escaped(tmp_path,
     rewrite(run, poison)
     assert cli(capsys, "analyze", str(run))[0] == 0
     assert cli(capsys, "merge", str(run))[0] == 0
-    assert markup in gzip.decompress((run / "merged.json.gz").read_bytes()).decode()  # kept verbatim as JSON text
+    assert (
+        markup in gzip.decompress((run / "merged.json.gz").read_bytes()).decode()
+    )  # kept verbatim as JSON text
     assert cli(capsys, "report", "--traces", str(traces), "--out", str(tmp_path / "reports"))[0] == 0
     for page in (tmp_path / "reports").rglob("*.html"):
         assert "<script>alert" not in page.read_text(), page
@@ -235,7 +301,9 @@ def test_non_nesting_labels_are_one_warning_line_and_still_close(tmp_path, capsy
     rewrite(run, lambda t: event(t, "PP:0F1").update(ts=event(t, "PP:0F1")["ts"] - 500))
     code, err = cli(capsys, "analyze", str(run))
     assert code == 0, err
-    assert err.count("\n") == 1 and err.startswith(f"warning: {run / 'rank0.json.gz'}: 1 PP action(s) start before")
+    assert err.count("\n") == 1 and err.startswith(
+        f"warning: {run / 'rank0.json.gz'}: 1 PP action(s) start before"
+    )
     assert "first PP:0F1 in step 0" in err
     summary = json.loads((run / "analysis" / "summary.json").read_text())
     for rank in summary["ranks"]:
@@ -251,13 +319,23 @@ def test_run_json_naming_another_schedule_of_the_same_actions_is_a_warning(tmp_p
     edit_run_json(run, schedule="gpipe")
     code, err = cli(capsys, "analyze", str(run))
     assert code == 0, err
-    assert err == f"warning: {run / 'run.json'}: says gpipe, but every rank ran 1f1b's order; replayed as it ran\n"
+    assert (
+        err
+        == f"warning: {run / 'run.json'}: says gpipe, but every rank ran 1f1b's order; replayed as it ran\n"
+    )
     summary = json.loads((run / "analysis" / "summary.json").read_text())
-    assert summary["simulated_step_time_ms"] == pytest.approx(truth["simulated_step_time_ms"])  # 1f1b's replay
+    assert summary["simulated_step_time_ms"] == pytest.approx(
+        truth["simulated_step_time_ms"]
+    )  # 1f1b's replay
 
 
 def test_a_trace_without_steps_labels_or_cpu_ops_is_refused(tmp_path, capsys):
     """Found by the analysis fuzz: with nothing to infer cells from, inference indexed an empty thread list."""
-    (tmp_path / "trace.json").write_text(json.dumps([{"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": 5}]))
+    (tmp_path / "trace.json").write_text(
+        json.dumps([{"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": 5}])
+    )
     code, err = cli(capsys, "analyze", str(tmp_path))
-    assert code == 2 and err == f"error: {tmp_path / 'trace.json'}: no PP:<action> labels inside a profiled step\n", err
+    assert (
+        code == 2
+        and err == f"error: {tmp_path / 'trace.json'}: no PP:<action> labels inside a profiled step\n"
+    ), err

@@ -22,14 +22,18 @@ from conftest import gunzipped, real_traces_in
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis.errors import InputError
 from analysis.cli.analyze import analyze_dir
-from synthetic.generate import synthesize, calibration
+from analysis.errors import InputError
 from runners.schedules import build
+from synthetic.generate import calibration, synthesize
 
 EXAMPLES = max(10, int(os.environ.get("FUZZ_EXAMPLES", "40")) // 10)
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES < 100,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=EXAMPLES < 100,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 PARTS = ("compute_ms", "small_gemm_ms", "launch_overhead_ms", "p2p_wait_ms", "bubble_ms", "other_ms")
 KINDS = ("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "X")
 
@@ -39,8 +43,15 @@ Run = tuple[dict[str, dict | list], dict | None]  # file name -> trace document,
 def _synthetic(name: str, p: int, m: int, v: int = 1, shape: str = "cpu") -> Run:
     schedule = build(name, p, m, v)
     made = synthesize(schedule, steps=2, shape=shape, p2p_latency_us=20, launch_gap_us=5, run_id=name)
-    config = {"schedule": name, "p": p, "m": m, "v": v, "device": "cuda" if shape == "gpu" else "cpu",
-              "calibration": calibration(schedule, {"F": 1000.0, "B": 2000.0}), "complete": True}
+    config = {
+        "schedule": name,
+        "p": p,
+        "m": m,
+        "v": v,
+        "device": "cuda" if shape == "gpu" else "cpu",
+        "calibration": calibration(schedule, {"F": 1000.0, "B": 2000.0}),
+        "complete": True,
+    }
     return {f"rank{rank}.json": trace for rank, trace in made.traces.items()}, config
 
 
@@ -64,7 +75,11 @@ SEEDS: list[Run] = [
 ]
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=4,
 )
@@ -72,7 +87,9 @@ LABELS = st.builds("PP:{}{}{}".format, st.integers(-1, 9), st.sampled_from(KINDS
 STEPS = st.builds("ProfilerStep#{}".format, st.integers(-1, 5))
 EVENT_KEYS = st.sampled_from(["ts", "dur", "name", "ph", "cat", "tid", "pid", "args", "id"])
 # (which event, key, new value or ... to delete it)
-EVENT_EDITS = st.tuples(st.floats(0, 1), EVENT_KEYS, JSON_VALUES | LABELS | STEPS | st.floats(-1e4, 1e4) | st.just(...))
+EVENT_EDITS = st.tuples(
+    st.floats(0, 1), EVENT_KEYS, JSON_VALUES | LABELS | STEPS | st.floats(-1e4, 1e4) | st.just(...)
+)
 RUN_KEYS = st.sampled_from(["schedule", "p", "m", "v", "calibration", "complete", "device"])
 
 
@@ -120,7 +137,10 @@ def analysed_or_refused(directory: Path) -> None:
 
 
 @FUZZ
-@given(seed=st.sampled_from(SEEDS), edits=st.lists(st.tuples(st.floats(0, 1), EVENT_EDITS), min_size=1, max_size=6))
+@given(
+    seed=st.sampled_from(SEEDS),
+    edits=st.lists(st.tuples(st.floats(0, 1), EVENT_EDITS), min_size=1, max_size=6),
+)
 def test_fuzz_event_edits(tmp_path, seed, edits):
     traces, config = copy.deepcopy(seed)
     names = sorted(traces)
@@ -139,10 +159,20 @@ RUN_EDITS = st.one_of(
     st.tuples(st.just("double events"), st.floats(0, 1)),
     st.tuples(st.just("reverse events"), st.floats(0, 1)),
     st.tuples(st.just("drop events"), st.floats(0, 1), st.text("PPrfilSteRCVDN:#0123456789", max_size=4)),
-    st.tuples(st.just("header"), st.floats(0, 1), st.sampled_from(["distributedInfo", "baseTimeNanoseconds", "run_id"]),
-              JSON_VALUES | st.just(...)),
-    st.tuples(st.just("run.json"), RUN_KEYS, JSON_VALUES | st.sampled_from(["gpipe", "1f1b", "interleaved", "zb"])
-              | st.integers(0, 9) | st.just(...)),
+    st.tuples(
+        st.just("header"),
+        st.floats(0, 1),
+        st.sampled_from(["distributedInfo", "baseTimeNanoseconds", "run_id"]),
+        JSON_VALUES | st.just(...),
+    ),
+    st.tuples(
+        st.just("run.json"),
+        RUN_KEYS,
+        JSON_VALUES
+        | st.sampled_from(["gpipe", "1f1b", "interleaved", "zb"])
+        | st.integers(0, 9)
+        | st.just(...),
+    ),
 )
 
 
@@ -168,7 +198,9 @@ def _edit_run(traces: dict, config: dict | None, edit: tuple) -> dict | None:
     elif what == "reverse events":
         events.reverse()
     elif what == "drop events":
-        events[:] = [e for e in events if not (isinstance(e, dict) and str(e.get("name", "")).startswith(args[1]))]
+        events[:] = [
+            e for e in events if not (isinstance(e, dict) and str(e.get("name", "")).startswith(args[1]))
+        ]
     elif what == "header" and isinstance(traces[name], dict):
         key, value = args[1:]
         traces[name].pop(key, None) if value is ... else traces[name].update({key: value})

@@ -22,18 +22,24 @@ from hypothesis import strategies as st
 
 from analysis.errors import InputError
 from analysis.traces.load import read_trace
-from synthetic.generate import synthesize
 from runners.schedules import build
+from synthetic.generate import synthesize
 
 SMALL_REAL = ["hta/cpu_only", "hta/critical_path/cuda_event_sync", "hta/amd_trace", "pippy"]
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES < 1000,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=EXAMPLES < 1000,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 def _seeds() -> list[bytes]:
-    documents = [json.dumps(synthesize(build("1f1b", 2, 2), shape=shape, steps=1, p2p_latency_us=3).traces[1]).encode()
-                 for shape in ("cpu", "gpu")]
+    documents = [
+        json.dumps(synthesize(build("1f1b", 2, 2), shape=shape, steps=1, p2p_latency_us=3).traces[1]).encode()
+        for shape in ("cpu", "gpu")
+    ]
     for folder in SMALL_REAL:
         documents += [gunzipped(path) for path in real_traces_in(folder)]
     return documents
@@ -82,7 +88,10 @@ def loaded_as_documented(trace) -> None:
 
 
 @FUZZ
-@given(seed=st.sampled_from(SEEDS), flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=8))
+@given(
+    seed=st.sampled_from(SEEDS),
+    flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=8),
+)
 def test_byte_flips(tmp_path, seed, flips):
     data = bytearray(seed)
     for where, value in flips:
@@ -98,8 +107,12 @@ def test_truncation(tmp_path, seed, cut, compress):
 
 
 @FUZZ
-@given(seed=st.sampled_from(SEEDS), picks=st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1), JSON_VALUES | st.just(...)),
-                                                    min_size=1, max_size=5))
+@given(
+    seed=st.sampled_from(SEEDS),
+    picks=st.lists(
+        st.tuples(st.floats(0, 1), st.floats(0, 1), JSON_VALUES | st.just(...)), min_size=1, max_size=5
+    ),
+)
 def test_field_deletions_and_type_swaps(tmp_path, seed, picks):
     document = json.loads(seed)
     events = document if isinstance(document, list) else document["traceEvents"]
@@ -117,8 +130,22 @@ def test_field_deletions_and_type_swaps(tmp_path, seed, picks):
 
 
 @FUZZ
-@given(header=st.dictionaries(st.sampled_from(["distributedInfo", "baseTimeNanoseconds", "deviceProperties", "run_id",
-                                               "traceName", "traceEvents"]), JSON_VALUES, max_size=4))
+@given(
+    header=st.dictionaries(
+        st.sampled_from(
+            [
+                "distributedInfo",
+                "baseTimeNanoseconds",
+                "deviceProperties",
+                "run_id",
+                "traceName",
+                "traceEvents",
+            ]
+        ),
+        JSON_VALUES,
+        max_size=4,
+    )
+)
 def test_header_type_swaps(tmp_path, header):
     only_input_errors(tmp_path, json.dumps(header).encode())
 

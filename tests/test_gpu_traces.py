@@ -18,7 +18,9 @@ synthetic = pytest.importorskip("synthetic.generate")
 def device_labels(run) -> dict[int, set[str]]:
     frame = run.frame()
     spans = frame.filter((frame["cat"] == "gpu_user_annotation") & frame["name"].str.starts_with("PP:"))
-    return {rank: set(spans.filter(spans["rank"] == rank)["name"].to_list()) for rank in range(run.world_size)}
+    return {
+        rank: set(spans.filter(spans["rank"] == rank)["name"].to_list()) for rank in range(run.world_size)
+    }
 
 
 def compute_labels(schedule, rank: int) -> set[str]:

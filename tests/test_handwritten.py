@@ -12,13 +12,13 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analysis.pipeline import analyze_run, read_run
 from analysis.errors import InputError
+from analysis.pipeline import analyze_run, read_run
 
 pytestmark = pytest.mark.slow
 P = 2
 
-SEED_GPIPE = textwrap.dedent('''
+SEED_GPIPE = textwrap.dedent("""
     import os, sys
     import torch, torch.distributed as dist, torch.nn as nn
 
@@ -62,13 +62,14 @@ SEED_GPIPE = textwrap.dedent('''
         opt.zero_grad(set_to_none=True)
 
     schedule = torch.profiler.schedule(wait=1, warmup=1, active=3)
+    export = lambda prof: prof.export_chrome_trace(f"{out}/rank{rank}.json.gz")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
-                                on_trace_ready=lambda prof: prof.export_chrome_trace(f"{out}/rank{rank}.json.gz")) as prof:
+                                on_trace_ready=export) as prof:
         for _ in range(5):
             gpipe_step()
             prof.step()
     dist.destroy_process_group()
-''')
+""")
 
 
 def handwritten_run(directory: Path, m: int) -> Path:
@@ -76,8 +77,16 @@ def handwritten_run(directory: Path, m: int) -> Path:
     script.write_text(SEED_GPIPE)
     run = directory / "run"
     run.mkdir()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={P}",
-               str(script), str(m), str(run)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={P}",
+        str(script),
+        str(m),
+        str(run),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return run

@@ -20,7 +20,9 @@ KERNEL_WAIT_US = 30  # HTA's consecutive_kernel_delay, which it applies in the t
 RULES = Rules(kernel_wait_max_ns=KERNEL_WAIT_US * 1000)
 
 
-def kernel(name: str, launch: tuple[float, float], run: tuple[float, float], correlation: int, stream: int = 7) -> list[dict]:
+def kernel(
+    name: str, launch: tuple[float, float], run: tuple[float, float], correlation: int, stream: int = 7
+) -> list[dict]:
     where = {"pid": 0, "tid": stream}
     device = span(name, *run, cat="kernel", correlation=correlation, **where)
     device["args"]["stream"] = stream
@@ -35,9 +37,13 @@ def test_idle_is_host_wait_until_the_launch_ends_then_queued(tmp_path):
         *kernel("d", (17, 18), (50, 60), 4),  # queued long before: 10 us waiting on something else
         *kernel("e", (0, 1), (5, 8), 5, stream=20),  # another stream: its own window, no idle
     ]
-    idle = device_idle(load_trace(write_trace(tmp_path, trace(0, [(0, 100)], events))), Rules(kernel_wait_max_ns=30))
+    idle = device_idle(
+        load_trace(write_trace(tmp_path, trace(0, [(0, 100)], events))), Rules(kernel_wait_max_ns=30)
+    )
     assert idle.select("stream", "start_ns", "end_ns", "class").rows() == [
-        (7, 10_000, 14_000, "host_wait"), (7, 14_000, 20_000, "other"), (7, 30_000, 30_010, "kernel_wait"),
+        (7, 10_000, 14_000, "host_wait"),
+        (7, 14_000, 20_000, "other"),
+        (7, 30_000, 30_010, "kernel_wait"),
         (7, 40_000, 50_000, "other"),
     ]
 
@@ -55,24 +61,33 @@ def hta_totals_us(directory: Path) -> dict[tuple[int, str], float]:
     logging.disable(logging.INFO)  # HTA logs every file it parses
     try:
         analysis = trace_analysis.TraceAnalysis(trace_dir=str(directory))
-        found, _ = analysis.get_idle_time_breakdown(ranks=analysis.t.get_ranks(), visualize=False,
-                                                    consecutive_kernel_delay=KERNEL_WAIT_US)
+        found, _ = analysis.get_idle_time_breakdown(
+            ranks=analysis.t.get_ranks(), visualize=False, consecutive_kernel_delay=KERNEL_WAIT_US
+        )
     finally:
         logging.disable(logging.NOTSET)
-    return {(int(rank), kind): float(us) for (rank, kind), us in found.groupby(["rank", "idle_category"]).idle_time.sum().items()}
+    return {
+        (int(rank), kind): float(us)
+        for (rank, kind), us in found.groupby(["rank", "idle_category"]).idle_time.sum().items()
+    }
 
 
 def per_gap(idle: pl.DataFrame) -> pl.DataFrame:
     """HTA's view of our stretches: one class per gap between two kernels, host_wait when the device
     went idle before the next launch was done (our first stretch of the gap is host_wait)."""
     gap = (pl.col("start_ns") != pl.col("end_ns").shift(1)).fill_null(True).cum_sum().over("rank", "stream")
-    gaps = idle.sort("rank", "stream", "start_ns").group_by("rank", "stream", gap.alias("gap")).agg(
-        pl.col("class").first(), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns")
+    gaps = (
+        idle.sort("rank", "stream", "start_ns")
+        .group_by("rank", "stream", gap.alias("gap"))
+        .agg(pl.col("class").first(), (pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns"))
     )
     return gaps.with_columns(
-        pl.when(pl.col("class") == "host_wait").then(pl.lit("host_wait"))
-        .when(pl.col("ns") < RULES.kernel_wait_max_ns).then(pl.lit("kernel_wait"))
-        .otherwise(pl.lit("other")).alias("class")
+        pl.when(pl.col("class") == "host_wait")
+        .then(pl.lit("host_wait"))
+        .when(pl.col("ns") < RULES.kernel_wait_max_ns)
+        .then(pl.lit("kernel_wait"))
+        .otherwise(pl.lit("other"))
+        .alias("class")
     )
 
 

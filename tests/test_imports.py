@@ -8,6 +8,7 @@ ANALYSIS_COMMANDS = ["analysis.cli.analyze", "analysis.merge.merged", "analysis.
 
 
 def test_analysis_commands_import_without_torch():
-    code = f"import sys; import {', '.join(ANALYSIS_COMMANDS)}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    imported = "sorted(m for m in sys.modules if m.split('.')[0] == 'torch')"
+    code = f"import sys; import {', '.join(ANALYSIS_COMMANDS)}; print({imported})"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -13,10 +13,16 @@ def frame(events: list[tuple[str, str, int, int]]) -> pl.DataFrame:
     """(name, cat, start_us, end_us) on one main thread of rank 0, inside one ProfilerStep."""
     rows = [("ProfilerStep#3", "user_annotation", 0, 1000), *events]
     return pl.DataFrame(
-        {"rank": [0] * len(rows), "ph": ["X"] * len(rows), "tid": [TID] * len(rows),
-         "name": [r[0] for r in rows], "cat": [r[1] for r in rows],
-         "start_ns": [r[2] * 1000 for r in rows], "end_ns": [r[3] * 1000 for r in rows],
-         "correlation": [None] * len(rows)},
+        {
+            "rank": [0] * len(rows),
+            "ph": ["X"] * len(rows),
+            "tid": [TID] * len(rows),
+            "name": [r[0] for r in rows],
+            "cat": [r[1] for r in rows],
+            "start_ns": [r[2] * 1000 for r in rows],
+            "end_ns": [r[3] * 1000 for r in rows],
+            "correlation": [None] * len(rows),
+        },
         schema_overrides={"correlation": pl.Int64},
     )
 
@@ -29,13 +35,19 @@ def cells(events) -> list[tuple[str, int, int, int, int]]:
 
 def test_bare_ops_become_recv_compute_send_with_the_wait_up_to_the_arrival():
     ms = 1000
-    found = cells([
-        ("c10d::recv_", "cpu_op", 10, 12), ("gloo:recv", "user_annotation", 12, 40),  # blocked until 40
-        ("aten::linear", "cpu_op", 41, 60), ("aten::linear", "cpu_op", 60, 70), ("aten::gelu", "cpu_op", 70, 75),
-        ("c10d::send", "cpu_op", 76, 78), ("gloo:send", "user_annotation", 78, 400),  # isend: returns at once
-        ("autograd::engine::evaluate_function: MmBackward0", "cpu_op", 80, 120),
-        ("aten::add_", "cpu_op", 130, 140),  # optimizer: no GEMM, not a cell
-    ])
+    found = cells(
+        [
+            ("c10d::recv_", "cpu_op", 10, 12),
+            ("gloo:recv", "user_annotation", 12, 40),  # blocked until 40
+            ("aten::linear", "cpu_op", 41, 60),
+            ("aten::linear", "cpu_op", 60, 70),
+            ("aten::gelu", "cpu_op", 70, 75),
+            ("c10d::send", "cpu_op", 76, 78),
+            ("gloo:send", "user_annotation", 78, 400),  # isend: returns at once
+            ("autograd::engine::evaluate_function: MmBackward0", "cpu_op", 80, 120),
+            ("aten::add_", "cpu_op", 130, 140),  # optimizer: no GEMM, not a cell
+        ]
+    )
     assert found == [
         ("RECV_F", 0, 10 * ms, 40 * ms, 30 * ms),
         ("F", 0, 41 * ms, 75 * ms, 0),
@@ -45,31 +57,41 @@ def test_bare_ops_become_recv_compute_send_with_the_wait_up_to_the_arrival():
 
 
 def test_torch_gpipe_labels_name_the_microbatch_and_split_out_the_recv():
-    found = cells([
-        ("Forward 5", "user_annotation", 10, 50),
-        ("c10d::recv_", "cpu_op", 11, 30), ("gloo:recv", "user_annotation", 29, 31),
-        ("aten::linear", "cpu_op", 32, 48),
-        ("Backward 5", "user_annotation", 60, 90),
-        ("autograd::engine::evaluate_function: MmBackward0", "cpu_op", 61, 80),
-        ("c10d::send", "cpu_op", 81, 82),
-    ])
+    found = cells(
+        [
+            ("Forward 5", "user_annotation", 10, 50),
+            ("c10d::recv_", "cpu_op", 11, 30),
+            ("gloo:recv", "user_annotation", 29, 31),
+            ("aten::linear", "cpu_op", 32, 48),
+            ("Backward 5", "user_annotation", 60, 90),
+            ("autograd::engine::evaluate_function: MmBackward0", "cpu_op", 61, 80),
+            ("c10d::send", "cpu_op", 81, 82),
+        ]
+    )
     assert [(kind, mb) for kind, mb, *_ in found] == [("RECV_F", 5), ("F", 5), ("B", 5), ("SEND_B", 5)]
     assert found[0][3] == 31_000  # the recv call, then gloo's wait until the data arrived
 
 
 def test_consecutive_forwards_are_numbered_in_order():
-    found = cells([
-        ("aten::mm", "cpu_op", 10, 20), ("c10d::send", "cpu_op", 21, 22),
-        ("aten::mm", "cpu_op", 30, 40), ("c10d::send", "cpu_op", 41, 42),
-    ])
+    found = cells(
+        [
+            ("aten::mm", "cpu_op", 10, 20),
+            ("c10d::send", "cpu_op", 21, 22),
+            ("aten::mm", "cpu_op", 30, 40),
+            ("c10d::send", "cpu_op", 41, 42),
+        ]
+    )
     assert [(kind, mb) for kind, mb, *_ in found] == [("F", 0), ("SEND_F", 0), ("F", 1), ("SEND_F", 1)]
 
 
 def test_posted_receive_waits_inside_its_consumer():
-    labelled = frame([
-        ("PP:1RECV_F0", "user_annotation", 10, 12), ("gloo:recv", "user_annotation", 11, 55),
-        ("PP:1F0", "user_annotation", 40, 90),  # waits 40..55 for the data, then computes
-    ])
+    labelled = frame(
+        [
+            ("PP:1RECV_F0", "user_annotation", 10, 12),
+            ("gloo:recv", "user_annotation", 11, 55),
+            ("PP:1F0", "user_annotation", 40, 90),  # waits 40..55 for the data, then computes
+        ]
+    )
     result = cells_of(labelled)
     blocked = dict(result.cells.select("kind", "blocked_ns").iter_rows())
     assert blocked == {"RECV_F": 1_000, "F": 15_000}  # inside its own label; the F's wait is the F's

@@ -11,7 +11,6 @@ import polars as pl
 import pytest
 from conftest import REAL_FILES, REAL_TRACES, gunzipped, real_id
 
-from analysis.errors import InputError
 from analysis.traces.load import load_trace, rank_from_name, read_trace
 
 
@@ -30,7 +29,11 @@ def event(**fields):
 @pytest.mark.parametrize("path", REAL_FILES, ids=real_id)
 def test_every_real_trace_loads_with_the_event_count_of_its_file(path: Path):
     document = msgspec.json.decode(gunzipped(path), type=list[msgspec.Raw] | dict[str, msgspec.Raw])
-    events = document if isinstance(document, list) else msgspec.json.decode(document["traceEvents"], type=list[msgspec.Raw])
+    events = (
+        document
+        if isinstance(document, list)
+        else msgspec.json.decode(document["traceEvents"], type=list[msgspec.Raw])
+    )
     frame = load_trace(path)
     assert frame.height == len(events)
     complete = frame.filter(pl.col("ph") == "X")
@@ -53,9 +56,11 @@ def test_real_gpu_trace_times_are_base_plus_ts_in_exact_nanoseconds():
 
 def test_fractional_microseconds_become_exact_nanoseconds(tmp_path):
     # Past 2**43 us a float cannot hold the nanoseconds; the text can.
-    raw = b'{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 9999999999999.999, "dur": 1.234567e6},' \
-          b'{"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 0.0015, "dur": 0.0004},' \
-          b'{"ph": "i", "name": "c", "pid": 1, "tid": 1, "ts": -2.5}]}'
+    raw = (
+        b'{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 9999999999999.999, "dur": 1.234567e6},'
+        b'{"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 0.0015, "dur": 0.0004},'
+        b'{"ph": "i", "name": "c", "pid": 1, "tid": 1, "ts": -2.5}]}'
+    )
     path = tmp_path / "t.json"
     path.write_bytes(raw)
     frame = load_trace(path)
@@ -69,7 +74,9 @@ def test_legacy_bare_event_array_loads(tmp_path):
 
 
 def test_rank_comes_from_distributed_info_before_the_file_name(tmp_path):
-    path = write(tmp_path / "rank5.json", {"distributedInfo": {"rank": 2, "world_size": 4}, "traceEvents": [event()]})
+    path = write(
+        tmp_path / "rank5.json", {"distributedInfo": {"rank": 2, "world_size": 4}, "traceEvents": [event()]}
+    )
     trace = read_trace(path)
     assert (trace.rank, trace.world_size) == (2, 4)
     assert trace.frame["rank"].to_list() == [2]
@@ -78,8 +85,13 @@ def test_rank_comes_from_distributed_info_before_the_file_name(tmp_path):
 
 @pytest.mark.parametrize(
     "name, rank",
-    [("rank3.json.gz", 3), ("worker7_step_12.1694128201553.pt.trace.json.gz", 7),
-     ("rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", 34), ("trace.json", None), ("RANK_12.json", 12)],
+    [
+        ("rank3.json.gz", 3),
+        ("worker7_step_12.1694128201553.pt.trace.json.gz", 7),
+        ("rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", 34),
+        ("trace.json", None),
+        ("RANK_12.json", 12),
+    ],
 )
 def test_rank_from_file_name(name, rank):
     assert rank_from_name(Path(name)) == rank
@@ -87,7 +99,9 @@ def test_rank_from_file_name(name, rank):
 
 def test_unknown_fields_are_kept_verbatim_for_the_merge(tmp_path):
     odd = event(args={"External id": 7, "Input Dims": [[3, 4]], "wild": {"x": "é"}}, tts=99)
-    path = write(tmp_path / "t.json.gz", {"schemaVersion": 1, "custom": [1, 2], "traceEvents": [odd]}, compress=True)
+    path = write(
+        tmp_path / "t.json.gz", {"schemaVersion": 1, "custom": [1, 2], "traceEvents": [odd]}, compress=True
+    )
     trace = read_trace(path)
     assert trace.events() == [odd]
     assert json.loads(bytes(trace.metadata["custom"])) == [1, 2]
@@ -95,7 +109,9 @@ def test_unknown_fields_are_kept_verbatim_for_the_merge(tmp_path):
 
 
 def test_negative_duration_is_dropped_with_a_counted_warning(tmp_path):
-    path = write(tmp_path / "t.json", {"traceEvents": [event(dur=-3), event(name="ok"), event(dur=-0.0, name="zero")]})
+    path = write(
+        tmp_path / "t.json", {"traceEvents": [event(dur=-3), event(name="ok"), event(dur=-0.0, name="zero")]}
+    )
     with pytest.warns(UserWarning, match="dropped 1 events with a negative duration"):
         trace = read_trace(path)
     assert trace.dropped == 1
@@ -125,8 +141,12 @@ def test_unicode_and_huge_string_args_load(tmp_path):
         # Kineto's own order: short keys after the events (the fast split's guess holds)
         {"schemaVersion": 1, "traceEvents": [event(), event(name="b")], "traceName": "x.json"},
         # an array after the events, "]" in a later string, the key's name inside an earlier string
-        {"note": '"traceEvents": [', "traceEvents": [event(), event(name="b")], "deviceProperties": [{"id": 0}],
-         "traceName": "run[3].json"},
+        {
+            "note": '"traceEvents": [',
+            "traceEvents": [event(), event(name="b")],
+            "deviceProperties": [{"id": 0}],
+            "traceName": "run[3].json",
+        },
         {"traceEvents": [event(), event(name="b")], "tail": {"traceEvents": [event(name="decoy")]}},
     ],
 )
@@ -135,4 +155,5 @@ def test_events_and_metadata_are_found_whatever_the_key_order(tmp_path, document
     assert trace.events() == document["traceEvents"]
     assert trace.frame["name"].to_list() == ["aten::mm", "b"]
     assert {key: msgspec.json.decode(value) for key, value in trace.metadata.items()} == {
-        key: value for key, value in document.items() if key != "traceEvents"}
+        key: value for key, value in document.items() if key != "traceEvents"
+    }

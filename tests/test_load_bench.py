@@ -9,8 +9,13 @@ from bench.load import measure_load, sample
 
 
 def test_a_sample_reports_the_uncompressed_size_and_every_event(tmp_path):
-    text = json.dumps({"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": i, "dur": 1}
-                                       for i in range(2000)]}).encode()
+    text = json.dumps(
+        {
+            "traceEvents": [
+                {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": i, "dur": 1} for i in range(2000)
+            ]
+        }
+    ).encode()
     path = tmp_path / "rank0.json.gz"
     path.write_bytes(gzip.compress(text))
     figures = sample(path)

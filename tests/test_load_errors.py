@@ -60,7 +60,9 @@ def test_bad_content_is_refused(tmp_path, content, problem):
 
 
 def test_the_message_names_the_offending_event(tmp_path):
-    document = {"traceEvents": [{"ph": "X", "name": "ok", "ts": 1, "dur": 1}, {"ph": "X", "name": "bad", "ts": 1}]}
+    document = {
+        "traceEvents": [{"ph": "X", "name": "ok", "ts": 1, "dur": 1}, {"ph": "X", "name": "bad", "ts": 1}]
+    }
     path = tmp_path / "t.json"
     path.write_text(json.dumps(document))
     assert "event 1 (X 'bad')" in refused(path, "without dur").problem

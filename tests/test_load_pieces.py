@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from analysis.errors import InputError
 from analysis.traces import events
 from analysis.traces.array_split import array_pieces
-from analysis.errors import InputError
 from analysis.traces.load import read_trace
 from analysis.traces.times import nanoseconds
 
@@ -30,17 +30,39 @@ def settled_ns(text: str) -> int:
     return text_ns(text) if unsettled.len() else ns[0]
 
 
-@pytest.mark.parametrize("text", ["0.0015", "-0.0015", "2.0005", "1365627862757.064", "5110114341537.881",
-                                  "9999999999999.999", "3999999999999999.5", "0.0004", "-2.5", "1e-3", "12.3456789"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0.0015",
+        "-0.0015",
+        "2.0005",
+        "1365627862757.064",
+        "5110114341537.881",
+        "9999999999999.999",
+        "3999999999999999.5",
+        "0.0004",
+        "-2.5",
+        "1e-3",
+        "12.3456789",
+    ],
+)
 def test_float_times_match_their_text(text):
     assert settled_ns(text) == text_ns(text)
 
 
 @settings(max_examples=400, deadline=None)
-@given(whole=st.integers(0, 4 * 10**15 - 1), decimals=st.integers(0, 7), digits=st.integers(0, 10**7 - 1),
-       negative=st.booleans())
+@given(
+    whole=st.integers(0, 4 * 10**15 - 1),
+    decimals=st.integers(0, 7),
+    digits=st.integers(0, 10**7 - 1),
+    negative=st.booleans(),
+)
 def test_any_decimal_text_gets_its_exact_nanoseconds(whole, decimals, digits, negative):
-    text = ("-" if negative else "") + str(whole) + ("." + str(digits % 10**decimals).zfill(decimals) if decimals else "")
+    text = (
+        ("-" if negative else "")
+        + str(whole)
+        + ("." + str(digits % 10**decimals).zfill(decimals) if decimals else "")
+    )
     if abs(float(text)) < 4 * 10**15:  # kineto.MAX_US: larger ones are refused while decoding
         assert settled_ns(text) == text_ns(text)
 
@@ -54,9 +76,17 @@ def test_cuts_at_every_close_comma_open_and_nowhere_else():
     # The splitter does not parse: it also cuts inside strings and nested arrays (the decoder catches those).
     text = b' [ {"a": "}, {"}, {"b": [{"c": 1}, {"d": 2}]} ,\n {"e": 3} ] '
     pieces = array_pieces(memoryview(text), 1)
-    assert [text[a:b] for a, b in pieces] == [b' {"a": "}', b'{"}', b'{"b": [{"c": 1}', b'{"d": 2}]}', b'{"e": 3} ']
-    assert [text[a:b] for a, b in array_pieces(memoryview(text), 20)] == [b' {"a": "}, {"}, {"b": [{"c": 1}',
-                                                                          b'{"d": 2}]} ,\n {"e": 3} ']
+    assert [text[a:b] for a, b in pieces] == [
+        b' {"a": "}',
+        b'{"}',
+        b'{"b": [{"c": 1}',
+        b'{"d": 2}]}',
+        b'{"e": 3} ',
+    ]
+    assert [text[a:b] for a, b in array_pieces(memoryview(text), 20)] == [
+        b' {"a": "}, {"}, {"b": [{"c": 1}',
+        b'{"d": 2}]} ,\n {"e": 3} ',
+    ]
     assert array_pieces(memoryview(b'{"a": 1}'), 1) is None
     assert array_pieces(memoryview(b"[]"), 1) == [(1, 1)]
 
@@ -68,9 +98,20 @@ def trace_file(tmp_path: Path, trace_events: list) -> Path:
 
 
 def many_events(count: int) -> list[dict]:
-    tricky = ["}, {", "a\"}, {\"ph\": \"X", "é"]
-    return [{"ph": "X", "name": tricky[i % 3], "cat": "cpu_op", "pid": 1, "tid": i % 4, "ts": i * 1.5 + 1e6,
-             "dur": 0.0015 * i, "args": {"External id": i, "nested": [{"x": i}, {"y": None}]}} for i in range(count)]
+    tricky = ["}, {", 'a"}, {"ph": "X', "é"]
+    return [
+        {
+            "ph": "X",
+            "name": tricky[i % 3],
+            "cat": "cpu_op",
+            "pid": 1,
+            "tid": i % 4,
+            "ts": i * 1.5 + 1e6,
+            "dur": 0.0015 * i,
+            "args": {"External id": i, "nested": [{"x": i}, {"y": None}]},
+        }
+        for i in range(count)
+    ]
 
 
 class CountingDecoder:
@@ -116,8 +157,18 @@ def test_an_error_in_a_later_piece_names_the_event_in_the_whole_array(tmp_path, 
 
 
 def test_null_args_and_string_ids_in_one_piece(tmp_path):
-    trace = [{"ph": "X", "name": "a", "pid": "Spans", "tid": 1, "ts": 1, "dur": 1, "args": None},
-             {"ph": "X", "name": "b", "pid": 2, "tid": 1, "ts": 2, "dur": 1, "args": {"correlation": "x", "stream": 7}}]
+    trace = [
+        {"ph": "X", "name": "a", "pid": "Spans", "tid": 1, "ts": 1, "dur": 1, "args": None},
+        {
+            "ph": "X",
+            "name": "b",
+            "pid": 2,
+            "tid": 1,
+            "ts": 2,
+            "dur": 1,
+            "args": {"correlation": "x", "stream": 7},
+        },
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         frame = read_trace(trace_file(tmp_path, trace)).frame
@@ -126,7 +177,12 @@ def test_null_args_and_string_ids_in_one_piece(tmp_path):
 
 
 @settings(max_examples=400, deadline=None)
-@given(whole=st.integers(0, 2**43 - 1), decimals=st.integers(0, 3), digits=st.integers(0, 999), negative=st.booleans())
+@given(
+    whole=st.integers(0, 2**43 - 1),
+    decimals=st.integers(0, 3),
+    digits=st.integers(0, 999),
+    negative=st.booleans(),
+)
 def test_texts_in_whole_nanoseconds_need_no_text_below_2_to_the_43(whole, decimals, digits, negative):
     """Kineto's ts (three decimals, ~5e12 us) come exactly from the double when the texts are known short."""
     text = ("-" if negative else "") + str(whole) + (f".{digits:03d}"[: decimals + 1] if decimals else "")
@@ -134,12 +190,15 @@ def test_texts_in_whole_nanoseconds_need_no_text_below_2_to_the_43(whole, decima
     assert unsettled.len() == 0 and ns[0] == text_ns(text)
 
 
-@pytest.mark.parametrize("text, whole", [
-    (b'[{"ph": "X", "ts": 5121215087386.496, "dur": 12.5, "args": {"occupancy": 21.333334}}]', True),
-    (b'[{"ph": "X", "ts": 5121215087386.4965, "dur": 12.5}]', False),
-    (b'[{"ph": "X", "ts": 1, "dur" :\n -3.14159}]', False),
-    (b'[{"ph": "X", "name": "ts: 1.23456", "ts": 1.5}]', True),
-])
+@pytest.mark.parametrize(
+    "text, whole",
+    [
+        (b'[{"ph": "X", "ts": 5121215087386.496, "dur": 12.5, "args": {"occupancy": 21.333334}}]', True),
+        (b'[{"ph": "X", "ts": 5121215087386.4965, "dur": 12.5}]', False),
+        (b'[{"ph": "X", "ts": 1, "dur" :\n -3.14159}]', False),
+        (b'[{"ph": "X", "name": "ts: 1.23456", "ts": 1.5}]', True),
+    ],
+)
 def test_time_texts_with_four_decimals_are_found_by_their_key(text, whole):
     assert events._times_in_whole_ns(text) is whole
 
@@ -147,7 +206,9 @@ def test_time_texts_with_four_decimals_are_found_by_their_key(text, whole):
 def test_kineto_scale_times_load_exactly_whether_or_not_every_text_is_short(tmp_path):
     texts = ["5121215087386.496", "5121215087386.4995", "8796093022207.999"]  # the last below 2**43 us
     for chosen in (texts[::2], texts):
-        body = ",".join(f'{{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": {t}, "dur": 1.5}}' for t in chosen)
+        body = ",".join(
+            f'{{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": {t}, "dur": 1.5}}' for t in chosen
+        )
         path = tmp_path / "t.json"
         path.write_text(f'{{"traceEvents": [{body}]}}')
         assert read_trace(path).frame["start_ns"].to_list() == [text_ns(t) for t in chosen]

@@ -12,7 +12,9 @@ from analysis.errors import InputError
 from analysis.traces.load import load_run
 
 
-def rank_file(directory: Path, name: str, rank: int | None, world_size: int | None = 2, run_id: str | None = None):
+def rank_file(
+    directory: Path, name: str, rank: int | None, world_size: int | None = 2, run_id: str | None = None
+):
     document = {"traceEvents": [{"ph": "X", "name": f"work{rank}", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]}
     if rank is not None:
         document["distributedInfo"] = {"rank": rank, "world_size": world_size}

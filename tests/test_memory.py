@@ -11,8 +11,8 @@ import torch
 from conftest import REAL_TRACES, summary_of
 from test_cells import gpipe_m1_run
 
-from analysis.pipeline import analyze_run, read_run
 from analysis.cells.labelled import step_spans
+from analysis.pipeline import analyze_run, read_run
 from analysis.traces.load import load_run, read_trace
 from analysis.traces.memory import memory_events, run_memory, step_peaks, with_steps
 from runners.execute import Forward
@@ -33,7 +33,9 @@ def test_meter_counts_microbatches_across_both_stashes():
     one, two = torch.zeros(2, 2), torch.zeros(4, 4)  # 16 and 64 bytes
     meter.sample({"forwards": {(0, 0): [one]}, "weight_work": {}})
     meter.sample({"forwards": {(0, 0): [one], (0, 1): [two]}, "weight_work": {}})
-    meter.sample({"forwards": {(0, 1): [two]}, "weight_work": {(0, 0): [one, one]}})  # 0I0: still held until W
+    meter.sample(
+        {"forwards": {(0, 1): [two]}, "weight_work": {(0, 0): [one, one]}}
+    )  # 0I0: still held until W
     meter.sample({"forwards": {}, "weight_work": {(0, 1): [two]}})
     assert [(k, b) for _, k, b in meter.samples] == [(1, 16), (2, 80), (2, 80), (1, 64)]
     times = [t for t, _, _ in meter.samples]
@@ -44,7 +46,9 @@ def test_counter_events_join_the_trace_exactly_on_its_clock():
     exported = b'{"baseTimeNanoseconds": 1000000000, "traceEvents": [ {"ph": "X", "ts": 1.5}\n]}'
     base = base_ns(exported)
     assert base == 10**9
-    events = [counter_event(STASH_COUNTER, 10**9 + 2_500_123, base, {"microbatches": 3, "activation_bytes": 7})]
+    events = [
+        counter_event(STASH_COUNTER, 10**9 + 2_500_123, base, {"microbatches": 3, "activation_bytes": 7})
+    ]
     document = json.loads(with_events(exported, events))
     counter = document["traceEvents"][0]
     assert counter["ph"] == "C" and counter["args"] == {"microbatches": 3, "activation_bytes": 7}
@@ -54,22 +58,46 @@ def test_counter_events_join_the_trace_exactly_on_its_clock():
 
 
 def stash(t_us: float, microbatches: int, held: int) -> dict:
-    return {"ph": "C", "name": STASH_COUNTER, "pid": 1, "tid": 1, "ts": t_us,
-            "args": {"microbatches": microbatches, "activation_bytes": held}}
+    return {
+        "ph": "C",
+        "name": STASH_COUNTER,
+        "pid": 1,
+        "tid": 1,
+        "ts": t_us,
+        "args": {"microbatches": microbatches, "activation_bytes": held},
+    }
 
 
 def allocation(t_us: float, size: int, total: int, device_type: int = 0) -> dict:
-    return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": t_us,
-            "args": {"Total Allocated": total, "Bytes": size, "Device Type": device_type}}
+    return {
+        "ph": "i",
+        "cat": "cpu_instant_event",
+        "s": "t",
+        "name": "[memory]",
+        "pid": 1,
+        "tid": 1,
+        "ts": t_us,
+        "args": {"Total Allocated": total, "Bytes": size, "Device Type": device_type},
+    }
 
 
 def memory_run(directory: Path) -> Path:
     """gpipe_m1_run's step (0-100 us) with a stash counter on rank 0 and allocator events on both ranks;
     events after the step (150 us) must not count."""
-    rank0 = [stash(11, 1, 1000), stash(90, 0, 0), stash(150, 5, 99_999),
-             allocation(5, 1000, 5000), allocation(20, 2000, 7000), allocation(80, -4000, 3000)]
-    rank1 = [allocation(18, 500, 10_000), allocation(30, 2000, 12_500), allocation(60, -2500, 10_000),
-             allocation(150, 50_000, 60_000)]
+    rank0 = [
+        stash(11, 1, 1000),
+        stash(90, 0, 0),
+        stash(150, 5, 99_999),
+        allocation(5, 1000, 5000),
+        allocation(20, 2000, 7000),
+        allocation(80, -4000, 3000),
+    ]
+    rank1 = [
+        allocation(18, 500, 10_000),
+        allocation(30, 2000, 12_500),
+        allocation(60, -2500, 10_000),
+        allocation(150, 50_000, 60_000),
+    ]
     return gpipe_m1_run(directory, extra={0: rank0, 1: rank1})
 
 
@@ -94,10 +122,21 @@ def test_without_memory_events_the_peak_stays_unknown(tmp_path):
 
 
 def test_cuda_peak_counter_beats_the_allocator_events(tmp_path):
-    peak = {"ph": "C", "name": CUDA_PEAK_COUNTER, "pid": 1, "tid": 1, "ts": 95,
-            "args": {"peak_bytes_above_step_start": 123_456}}
-    directory = gpipe_m1_run(tmp_path / "run", extra={0: [peak, allocation(5, 1000, 1000, device_type=1)],
-                                                      1: [allocation(5, 64, 64, device_type=1)]})
+    peak = {
+        "ph": "C",
+        "name": CUDA_PEAK_COUNTER,
+        "pid": 1,
+        "tid": 1,
+        "ts": 95,
+        "args": {"peak_bytes_above_step_start": 123_456},
+    }
+    directory = gpipe_m1_run(
+        tmp_path / "run",
+        extra={
+            0: [peak, allocation(5, 1000, 1000, device_type=1)],
+            1: [allocation(5, 64, 64, device_type=1)],
+        },
+    )
     summary = analyze_run(read_run(directory)).summary
     assert [entry.peak_activation_bytes for entry in summary.ranks] == [123_456, 64]
 
@@ -129,10 +168,17 @@ def test_theory_over_time_reaches_p_minus_s_on_stage_s_at_replayed_times():
 def test_memory_against_m_keeps_fixed_batch_and_fixed_microbatch_apart():
     from analysis.report import sweeps
 
-    rows = [sweeps.run_row(f"run{m}{fixed}", summary_of(m=m, peak_bytes=m * 2**20), {"rows_per_microbatch": fixed})
-            for m in (2, 4) for fixed in (None, 8)]
+    rows = [
+        sweeps.run_row(
+            f"run{m}{fixed}", summary_of(m=m, peak_bytes=m * 2**20), {"rows_per_microbatch": fixed}
+        )
+        for m in (2, 4)
+        for fixed in (None, 8)
+    ]
     memory = sweeps.peak_memory(sweeps.families(sweeps.runs_frame(rows)))
     lines = memory.group_by("family").agg(pl.col("m").sort()).sort("family")
-    assert lines["family"].to_list() == ["gpipe p=2 v=1 (native, cpu), 8 rows/microbatch",
-                                         "gpipe p=2 v=1 (native, cpu), fixed batch"]
+    assert lines["family"].to_list() == [
+        "gpipe p=2 v=1 (native, cpu), 8 rows/microbatch",
+        "gpipe p=2 v=1 (native, cpu), fixed batch",
+    ]
     assert lines["m"].to_list() == [[2, 4], [2, 4]]

@@ -12,16 +12,16 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from synthetic import generate as synthetic
+from analysis.cells.labelled import CELL_KEY, rank_cells
 from analysis.cli import main
 from analysis.errors import InputError
-from analysis.cells.labelled import CELL_KEY, rank_cells
-from analysis.traces.load import load_run, read_trace
 from analysis.merge.merged import merge, read_ranks
 from analysis.merge.perfetto_check import problems
 from analysis.pipeline import analyze_dir
 from analysis.timeline.clock import ClockEstimate
+from analysis.traces.load import load_run, read_trace
 from runners.schedules import build
+from synthetic import generate as synthetic
 
 MS = 1_000_000
 US = 1_000
@@ -30,7 +30,9 @@ OFFSETS = {0: 0, 1: 4_700 * US, 2: -5 * MS, 3: 1_234_567}
 
 def merged_run(directory, shape: str, **options) -> tuple[dict, ClockEstimate]:
     """A skewed synthetic 1f1b run, analysed and merged; the trace and the clock it was aligned with."""
-    synthetic.write_run(directory, build("1f1b", 4, 8), p2p_latency_us=50, clock_offset_ns=OFFSETS, shape=shape, **options)
+    synthetic.write_run(
+        directory, build("1f1b", 4, 8), p2p_latency_us=50, clock_offset_ns=OFFSETS, shape=shape, **options
+    )
     analysis = analyze_dir(directory)
     return merge(read_ranks(directory, None), None, analysis), analysis.summary.clock
 
@@ -44,7 +46,11 @@ def flows(trace: dict, cat: str) -> dict[int, dict[str, dict]]:
 
 
 def thread_names(trace: dict) -> dict[tuple[int, int], str]:
-    return {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    return {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e.get("name") == "thread_name"
+    }
 
 
 @pytest.mark.parametrize("shape", ["cpu", "gpu"])
@@ -64,11 +70,17 @@ def test_synthetic_skew_recovered_and_trace_valid(tmp_path, shape):
 
 
 def test_every_gpu_transfer_cell_is_its_one_nccl_kernel(tmp_path):
-    synthetic.write_run(tmp_path, build("1f1b", 4, 8), p2p_latency_us=50, clock_offset_ns=OFFSETS, shape="gpu")
+    synthetic.write_run(
+        tmp_path, build("1f1b", 4, 8), p2p_latency_us=50, clock_offset_ns=OFFSETS, shape="gpu"
+    )
     for trace in load_run(tmp_path).traces:
         found = rank_cells(trace.frame, trace.path)
         transfers = found.cells.filter(pl.col("kind").str.contains("SEND|RECV"))
-        nccl = found.kernels.filter("is_p2p").group_by(CELL_KEY).agg(pl.len(), pl.col("start_ns").min().alias("k_start"))
+        nccl = (
+            found.kernels.filter("is_p2p")
+            .group_by(CELL_KEY)
+            .agg(pl.len(), pl.col("start_ns").min().alias("k_start"))
+        )
         matched = transfers.join(nccl, on=CELL_KEY)
         assert matched.height == transfers.height == 3 * 8 * (1 if trace.rank in (0, 3) else 2) * 2
         assert (matched["len"] == 1).all() and (matched["start_ns"] == matched["k_start"]).all()
@@ -94,7 +106,9 @@ def test_cli_limits_steps_and_ranks_and_says_so(tmp_path, capsys):
     trace = json.loads(gzip.decompress(out.read_bytes()))
     assert problems(trace) == []
     kept = {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"}
-    steps = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["name"].startswith("ProfilerStep")}
+    steps = {
+        e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["name"].startswith("ProfilerStep")
+    }
     assert kept == {1, 2} and steps == {"ProfilerStep#1"}
     assert trace["pipelineMerge"]["limited"].endswith("(limited by --steps/--ranks)")
     clock = trace["pipelineMerge"]["clock"]  # the analysis's, over every rank: rank 0 is the reference
@@ -146,8 +160,28 @@ def test_real_two_rank_cpu_run_analyses_and_merges_valid(tmp_path, capsys):
     """A real gloo 1F1B run (torchrun, tiny preset): analyse, merge, and the merged trace is valid, with
     one arrow per transfer and the analysis gap track on both ranks."""
     repo = Path(__file__).resolve().parents[1]
-    command = [sys.executable, "-m", "runners", "trace", "--sched", "1f1b", "--p", "2", "--m", "4", "--preset", "tiny",
-               "--device", "cpu", "--steps", "2", "--timed-steps", "1", "--traces", str(tmp_path)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "runners",
+        "trace",
+        "--sched",
+        "1f1b",
+        "--p",
+        "2",
+        "--m",
+        "4",
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--timed-steps",
+        "1",
+        "--traces",
+        str(tmp_path),
+    ]
     finished = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     run = (tmp_path / "latest").resolve()

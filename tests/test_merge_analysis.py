@@ -8,14 +8,14 @@ import json
 import polars as pl
 import pytest
 
-from synthetic import generate as synthetic
 from analysis import results
 from analysis.cli import main
-from analysis.merge.merged import merge, read_ranks
 from analysis.merge.analysis_tracks import IDEAL_TRACK, SMALL_GEMM_TRACK
+from analysis.merge.merged import merge, read_ranks
 from analysis.merge.perfetto_check import problems
 from analysis.pipeline import analyze_dir
 from runners.schedules import build
+from synthetic import generate as synthetic
 
 US = 1_000
 STEPS = 3
@@ -24,18 +24,35 @@ OFFSETS = {0: 0, 1: 3_100 * US, 2: -4_700 * US, 3: 250 * US}  # the merge aligns
 SLOWDOWN = {(1, "F"): 1.5, (2, "B"): 1.25, (3, "F"): 1.1}  # (stage, kind) -> compute / reference
 
 
-def analysed_merge(directory, shape="cpu", calibrated=True, schedule=("1f1b", 4, 8), steps=None) -> tuple[dict, synthetic.Synthetic]:
-    made = synthetic.write_run(directory, build(*schedule), durations_us={"F": F_US, "B": B_US}, slowdown=SLOWDOWN,
-                               p2p_latency_us=40, launch_gap_us=15, clock_offset_ns=OFFSETS, steps=STEPS, shape=shape)  # fmt: skip
+def analysed_merge(
+    directory, shape="cpu", calibrated=True, schedule=("1f1b", 4, 8), steps=None
+) -> tuple[dict, synthetic.Synthetic]:
+    made = synthetic.write_run(
+        directory,
+        build(*schedule),
+        durations_us={"F": F_US, "B": B_US},
+        slowdown=SLOWDOWN,
+        p2p_latency_us=40,
+        launch_gap_us=15,
+        clock_offset_ns=OFFSETS,
+        steps=STEPS,
+        shape=shape,
+    )
     if not calibrated:
         config = json.loads((directory / "run.json").read_text())
-        (directory / "run.json").write_text(json.dumps({k: v for k, v in config.items() if k != "calibration"}))
+        (directory / "run.json").write_text(
+            json.dumps({k: v for k, v in config.items() if k != "calibration"})
+        )
     trace = merge(read_ranks(directory, None), steps, analyze_dir(directory))
     return trace, made
 
 
 def track_slices(trace: dict, track: str) -> list[dict]:
-    tids = {(e["pid"], e["tid"]) for e in trace["traceEvents"] if e.get("name") == "thread_name" and e["args"]["name"] == track}
+    tids = {
+        (e["pid"], e["tid"])
+        for e in trace["traceEvents"]
+        if e.get("name") == "thread_name" and e["args"]["name"] == track
+    }
     return [e for e in trace["traceEvents"] if e["ph"] == "X" and (e["pid"], e["tid"]) in tids]
 
 
@@ -54,8 +71,11 @@ def test_each_excess_slice_ends_its_cell_on_the_aligned_clock(tmp_path):
     """The slice covers the cell's slowed-down tail: it ends where the rank's PP: label ends, and lasts
     (slowdown - 1) x the reference, though ranks' clocks were skewed by milliseconds."""
     trace, _ = analysed_merge(tmp_path)
-    labels = {(e["pid"], e["name"], round(e["ts"] + e["dur"], 3)) for e in trace["traceEvents"]
-              if e["ph"] == "X" and e["name"].startswith("PP:")}  # fmt: skip
+    labels = {
+        (e["pid"], e["name"], round(e["ts"] + e["dur"], 3))
+        for e in trace["traceEvents"]
+        if e["ph"] == "X" and e["name"].startswith("PP:")
+    }
     for e in track_slices(trace, SMALL_GEMM_TRACK):
         assert (e["pid"], f"PP:{e['name']}", round(e["ts"] + e["dur"], 3)) in labels, e
         stage, kind = int(e["name"][0]), e["name"][1]
@@ -67,14 +87,25 @@ def test_cells_table_carries_the_per_cell_excess_and_ranks_sum_it(tmp_path):
     analysed_merge(tmp_path)
     cells = pl.read_parquet(tmp_path / "analysis" / "cells.parquet")
     compute = cells.filter(pl.col("kind").is_in(["F", "B"]))
-    slowed = pl.DataFrame([(s, k, f) for (s, k), f in SLOWDOWN.items()], schema=["stage", "kind", "factor"], orient="row")
-    factor = compute.join(slowed, on=["stage", "kind"], how="left", maintain_order="left")["factor"].fill_null(1.0)
+    slowed = pl.DataFrame(
+        [(s, k, f) for (s, k), f in SLOWDOWN.items()], schema=["stage", "kind", "factor"], orient="row"
+    )
+    factor = compute.join(slowed, on=["stage", "kind"], how="left", maintain_order="left")[
+        "factor"
+    ].fill_null(1.0)
     reference = pl.Series([F_US * US if kind == "F" else B_US * US for kind in compute["kind"]])
     expected = (factor - 1) * reference
     assert compute["small_gemm_ns"].to_list() == pytest.approx(expected.to_list(), abs=1)
-    assert cells.filter(~pl.col("kind").is_in(["F", "B"]))["small_gemm_ns"].null_count() == cells.height - compute.height
+    assert (
+        cells.filter(~pl.col("kind").is_in(["F", "B"]))["small_gemm_ns"].null_count()
+        == cells.height - compute.height
+    )
     summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
-    per_rank = compute.filter(pl.col("step") == summary["median_step"]).group_by("rank").agg(pl.col("small_gemm_ns").sum())
+    per_rank = (
+        compute.filter(pl.col("step") == summary["median_step"])
+        .group_by("rank")
+        .agg(pl.col("small_gemm_ns").sum())
+    )
     for rank, ns in per_rank.iter_rows():
         assert summary["ranks"][rank]["small_gemm_ms"] == pytest.approx(ns / 1e6, abs=1e-9)
 
@@ -98,10 +129,15 @@ def test_ideal_track_replays_reference_durations_from_the_measured_step_start(tm
         mine = sorted((e for e in ideal if e["pid"] == rank), key=lambda e: e["ts"])
         assert [e["name"][1] for e in mine].count("F") == 8 and len(mine) == 16
         assert all(e["dur"] == pytest.approx(F_US if e["name"][1] == "F" else B_US, abs=0.01) for e in mine)
-    step_labels = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["name"].startswith("PP:") and e["pid"] == 0
-                   and "F" in e["name"]]  # fmt: skip
+    step_labels = [
+        e
+        for e in trace["traceEvents"]
+        if e["ph"] == "X" and e["name"].startswith("PP:") and e["pid"] == 0 and "F" in e["name"]
+    ]
     first_ideal = min(e["ts"] for e in ideal)
-    assert any(e["ts"] == pytest.approx(first_ideal, abs=0.01) for e in step_labels)  # rank 0's 0F0 of that step
+    assert any(
+        e["ts"] == pytest.approx(first_ideal, abs=0.01) for e in step_labels
+    )  # rank 0's 0F0 of that step
     ideal_span = max(e["ts"] + e["dur"] for e in ideal) - first_ideal
     assert ideal_span < made.truth[0].step_ns / US  # no latency, gaps or slowdown: shorter than measured
 
@@ -113,7 +149,9 @@ def test_steps_limit_the_tracks_on_an_interleaved_run(tmp_path):
     assert problems(trace) == []
     excess = track_slices(trace, SMALL_GEMM_TRACK)
     for rank, truth in made.truth.items():
-        assert sum(e["dur"] for e in excess if e["pid"] == rank) == pytest.approx(truth.small_gemm_ns / US, abs=1.0)
+        assert sum(e["dur"] for e in excess if e["pid"] == rank) == pytest.approx(
+            truth.small_gemm_ns / US, abs=1.0
+        )
     assert {int(e["name"][0]) % 2 for e in excess if e["pid"] == 1} == {1}  # stages 1 and 3 live on rank 1
     assert {e["args"]["step"] for e in excess + track_slices(trace, IDEAL_TRACK)} == {1}
 

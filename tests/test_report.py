@@ -25,24 +25,42 @@ from analysis.report import build_report
 from analysis.report.frames import coarsen, ideal_frame, step_origin, timeline_frame, waterfall_frame
 from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks, thinned
 from analysis.report.runs import run_directories
-from analysis.traces.load import TraceWarning
 from analysis.report.sweeps import families, formula_curve, measured_steps, newest_per_m, run_row, runs_frame
+from analysis.traces.load import TraceWarning
 from runners.schedules import build
 from synthetic import write_run
 
 
-def write_contract_run(traces: Path, name: str, schedule: str = "gpipe", p: int = 2, m: int = 4, v: int = 1,
-                       engine: str = "native", forward_ms: float = 1.0, steps: int = 2, peak_bytes=None) -> Path:
+def write_contract_run(
+    traces: Path,
+    name: str,
+    schedule: str = "gpipe",
+    p: int = 2,
+    m: int = 4,
+    v: int = 1,
+    engine: str = "native",
+    forward_ms: float = 1.0,
+    steps: int = 2,
+    peak_bytes=None,
+) -> Path:
     """A run directory as the runners and the analysis leave it (`peak_bytes`: every rank's peak activation
     memory, which synthetic traces do not record)."""
     run = traces / name
-    write_run(run, build(schedule, p, m, v), durations_us={"F": forward_ms * 1000, "B": 2000 * forward_ms},
-              steps=steps, run_id=name)
+    write_run(
+        run,
+        build(schedule, p, m, v),
+        durations_us={"F": forward_ms * 1000, "B": 2000 * forward_ms},
+        steps=steps,
+        run_id=name,
+    )
     config = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps(config | {"engine": engine}))
     analysis = analyze_dir(run)
     if peak_bytes is not None:
-        ranks = [msgspec.structs.replace(entry, peak_activation_bytes=peak_bytes) for entry in analysis.summary.ranks]
+        ranks = [
+            msgspec.structs.replace(entry, peak_activation_bytes=peak_bytes)
+            for entry in analysis.summary.ranks
+        ]
         results.write(run, replace(analysis, summary=msgspec.structs.replace(analysis.summary, ranks=ranks)))
     return run
 
@@ -55,15 +73,22 @@ def _report(tmp_path: Path, **runs) -> tuple[Path, Path]:
 
 
 def test_formula_curve_is_the_bubble_formula_at_every_m():
-    rows = [run_row(f"r{m}", summary_of(schedule="interleaved", p=4, m=m, v=2, step_time_ms=10.0 + m)) for m in (2, 6)]
+    rows = [
+        run_row(f"r{m}", summary_of(schedule="interleaved", p=4, m=m, v=2, step_time_ms=10.0 + m))
+        for m in (2, 6)
+    ]
     curve = formula_curve(families(runs_frame(rows)))
     assert curve["m"].to_list() == [1, 2, 3, 4, 5, 6]
     assert curve.filter(pl.col("m") == 3)["bubble"].item() == pytest.approx(3 / 9)  # (p-1)/(v*m+p-1)
 
 
 def test_best_m_is_the_fastest_and_newest_run_stands_for_a_repeated_m():
-    rows = [run_row("new-m4", summary_of(m=4, step_time_ms=7.0)), run_row("old-m4", summary_of(m=4, step_time_ms=3.0)),
-            run_row("m2", summary_of(m=2, step_time_ms=8.0)), run_row("m8", summary_of(m=8, step_time_ms=9.0))]
+    rows = [
+        run_row("new-m4", summary_of(m=4, step_time_ms=7.0)),
+        run_row("old-m4", summary_of(m=4, step_time_ms=3.0)),
+        run_row("m2", summary_of(m=2, step_time_ms=8.0)),
+        run_row("m8", summary_of(m=8, step_time_ms=9.0)),
+    ]
     steps = measured_steps(newest_per_m(families(runs_frame(rows))))
     assert steps.filter(pl.col("best"))["m"].to_list() == [4]
     assert steps.filter(pl.col("m") == 4)["step_time_ms"].item() == 7.0
@@ -81,9 +106,13 @@ def test_waterfall_bars_chain_from_formula_to_measured():
 def test_timeline_shows_one_step_from_zero_with_every_cell_and_gap(tmp_path):
     analysis = results.read(write_contract_run(tmp_path, "run", "gpipe", p=2, m=4, steps=3))
     step = analysis.summary.median_step
-    frame = timeline_frame(analysis.cells, analysis.gaps, step, step_origin(analysis.cells, analysis.gaps, step))
+    frame = timeline_frame(
+        analysis.cells, analysis.gaps, step, step_origin(analysis.cells, analysis.gaps, step)
+    )
     assert frame.filter(pl.col("track") == "compute").height == 2 * 2 * 4  # p ranks x m microbatches x F, B
-    assert frame.filter(pl.col("track") == "idle").height == analysis.gaps.filter(pl.col("step") == step).height
+    assert (
+        frame.filter(pl.col("track") == "idle").height == analysis.gaps.filter(pl.col("step") == step).height
+    )
     assert frame["start_ms"].min() == 0.0
     assert set(frame.filter(pl.col("track") == "compute")["action"]) >= {"0F0", "1B3"}
 
@@ -96,7 +125,9 @@ def test_a_huge_step_is_drawn_from_time_bins_that_keep_its_time(tmp_path):
     assert bars["cells"].sum() == frame.height
     assert bars["duration_ms"].sum() == pytest.approx(frame["duration_ms"].sum(), rel=1e-6)
     # In 1F1B's steady state B (2 units) outweighs F (1 unit) in every bin of rank 0's compute track.
-    assert bars.filter((pl.col("rank") == 0) & (pl.col("track") == "compute"))["what"].mode().to_list() == ["B"]
+    assert bars.filter((pl.col("rank") == 0) & (pl.col("track") == "compute"))["what"].mode().to_list() == [
+        "B"
+    ]
     assert coarsen(frame, rows_max=frame.height) is frame
 
 
@@ -109,21 +140,34 @@ def test_measured_in_flight_peaks_follow_the_schedule(tmp_path, schedule):
     assert peaks["measured"].to_list() == expected
     assert peaks["theory"].to_list() == expected
     thin = thinned(measured, bins=4, rows_max=10)
-    assert thin.height <= 4 * 4 and thin.group_by("rank").agg(pl.col("live").max()).sort("rank")["live"].to_list() \
-        == expected
+    assert (
+        thin.height <= 4 * 4
+        and thin.group_by("rank").agg(pl.col("live").max()).sort("rank")["live"].to_list() == expected
+    )
 
 
 def test_the_report_draws_the_waterfalls_ideal_rung(tmp_path):
     # Unequal stages and a small-GEMM slowdown: the ideal timeline must be the rung at reference durations
     # (calibrated F and B per microbatch), not the measured cells and not equal slots.
     run = tmp_path / "run"
-    write_run(run, build("gpipe", 2, 4), durations_us={"F": 1000, "B": 2000, (1, "F"): 1500, (1, "B"): 3000},
-              slowdown=1.25, p2p_latency_us=50, launch_gap_us=20, steps=2)
+    write_run(
+        run,
+        build("gpipe", 2, 4),
+        durations_us={"F": 1000, "B": 2000, (1, "F"): 1500, (1, "B"): 3000},
+        slowdown=1.25,
+        p2p_latency_us=50,
+        launch_gap_us=20,
+        steps=2,
+    )
     analysis = analyze_dir(run)
     waterfall, ideal = analysis.summary.waterfall_ms, analysis.ideal
     makespan_ms = (ideal["end_ns"].max() - ideal["start_ns"].min()) / 1e6
-    assert makespan_ms == pytest.approx(waterfall.ideal + waterfall.formula_bubble + waterfall.imbalance, abs=1e-6)
-    assert waterfall.imbalance > 0 and waterfall.small_gemm > 0  # the rung is neither equal slots nor the cells
+    assert makespan_ms == pytest.approx(
+        waterfall.ideal + waterfall.formula_bubble + waterfall.imbalance, abs=1e-6
+    )
+    assert (
+        waterfall.imbalance > 0 and waterfall.small_gemm > 0
+    )  # the rung is neither equal slots nor the cells
     # GPipe at reference durations: stage 1's F (1.5 ms) paces the forwards, its B (3 ms) the backwards.
     assert makespan_ms == pytest.approx(1.0 + 4 * 1.5 + 4 * 3.0 + 2.0)
     drawn = ideal_frame(ideal, step_origin(analysis.cells, analysis.gaps, analysis.summary.median_step))
@@ -159,7 +203,9 @@ def test_names_from_traces_cannot_inject_markup(tmp_path):
     summary_path.write_text(json.dumps(summary | {"schedule": "</script><script>alert(2)</script>"}))
     build_report(traces, tmp_path / "reports")
     pages = [index, *sorted((tmp_path / "reports" / "runs").glob("*.html"))]
-    assert "&lt;/script&gt;" in (tmp_path / "reports" / "index.html").read_text()  # the edited summary was read
+    assert (
+        "&lt;/script&gt;" in (tmp_path / "reports" / "index.html").read_text()
+    )  # the edited summary was read
     for page in pages:
         text = page.read_text()
         assert "<img" not in text and "<script>alert" not in text, page
@@ -169,9 +215,13 @@ def test_names_from_traces_cannot_inject_markup(tmp_path):
 
 def test_rebuild_is_idempotent_and_drops_pages_of_removed_runs(tmp_path):
     traces, index = _report(tmp_path, a={"m": 2}, b={"m": 4})
-    written = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "reports").rglob("*") if p.is_file()}
+    written = {
+        p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "reports").rglob("*") if p.is_file()
+    }
     build_report(traces, tmp_path / "reports")
-    again = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "reports").rglob("*") if p.is_file()}
+    again = {
+        p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "reports").rglob("*") if p.is_file()
+    }
     assert again == written
     shutil.rmtree(traces / "b")
     build_report(traces, tmp_path / "reports")
@@ -199,20 +249,27 @@ def test_report_command_exits_2_with_one_line_for_a_missing_traces_folder(tmp_pa
 
 
 def test_native_and_torch_runs_of_one_configuration_are_compared(tmp_path):
-    _, index = _report(tmp_path, native={"m": 4, "forward_ms": 1.0}, torch={"m": 4, "engine": "torch",
-                                                                            "forward_ms": 1.5})
+    _, index = _report(
+        tmp_path, native={"m": 4, "forward_ms": 1.0}, torch={"m": 4, "engine": "torch", "forward_ms": 1.5}
+    )
     ratio = re.search(r'title="torch / native">([0-9.]+)<', index.read_text())
     assert ratio and float(ratio.group(1)) == pytest.approx(1.5, abs=1e-3)
 
 
-@pytest.mark.parametrize("config, said", [
-    ({"device": "cpu", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}}, "4 ranks x 1 thread(s) on 2 cores"),
-    ({"device": "cpu", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}, "nodes": 2}, None),
-    ({"device": "cpu", "p": 2, "threads_per_rank": 1, "host": {"cpu_count": 2}}, None),
-    ({"device": "cuda", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}}, None),
-    ({"device": "cpu", "p": 4}, None),  # someone else's run.json: no facts, no claim
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "config, said",
+    [
+        (
+            {"device": "cpu", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}},
+            "4 ranks x 1 thread(s) on 2 cores",
+        ),
+        ({"device": "cpu", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}, "nodes": 2}, None),
+        ({"device": "cpu", "p": 2, "threads_per_rank": 1, "host": {"cpu_count": 2}}, None),
+        ({"device": "cuda", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}}, None),
+        ({"device": "cpu", "p": 4}, None),  # someone else's run.json: no facts, no claim
+        ({}, None),
+    ],
+)
 def test_oversubscribed_cpu_runs_are_called_out(config, said):
     notes = caveats(config)
     assert notes == [] if said is None else (len(notes) == 1 and notes[0].startswith(said))
@@ -222,8 +279,9 @@ def test_the_run_page_says_when_ranks_shared_cores(tmp_path):
     traces = tmp_path / "traces"
     run = write_contract_run(traces, "crowded", p=2)
     config = json.loads((run / "run.json").read_text())
-    (run / "run.json").write_text(json.dumps(config | {"device": "cpu", "threads_per_rank": 1,
-                                                       "host": {"cpu_count": 1}}))
+    (run / "run.json").write_text(
+        json.dumps(config | {"device": "cpu", "threads_per_rank": 1, "host": {"cpu_count": 1}})
+    )
     analyze_dir(run)
     build_report(traces, tmp_path / "reports")
     page = (tmp_path / "reports" / "runs" / "crowded.html").read_text()

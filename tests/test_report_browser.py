@@ -7,17 +7,25 @@ import time
 from pathlib import Path
 
 import pytest
-
-from analysis.report import build_report
 from test_report import write_contract_run
 
+from analysis.report import build_report
+
 CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Chromium not found at /usr/bin/chromium (run `make browser`)"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="Chromium not found at /usr/bin/chromium (run `make browser`)"
+    ),
 ]
 
 
@@ -52,7 +60,8 @@ def open_page(browser, page_path: Path, screenshot: Path) -> dict:
     seen["seconds"] = time.perf_counter() - started
     seen["state"] = page.evaluate("document.body.dataset.charts")
     seen["charts"] = page.evaluate(
-        "Array.from(document.querySelectorAll('div.chart')).map(d => [d.id, !!d.querySelector('svg, canvas')])")
+        "Array.from(document.querySelectorAll('div.chart')).map(d => [d.id, !!d.querySelector('svg, canvas')])"
+    )
     page.screenshot(path=str(screenshot), full_page=True)
     context.close()
     return seen
@@ -85,4 +94,6 @@ def test_timeline_with_a_hundred_thousand_cells_opens_in_seconds(browser, tmp_pa
     index = build_report(traces, tmp_path / "reports")
     seen = open_page(browser, index.parent / "runs" / "big.html", tmp_path / "big.png")
     assert_clean(seen)
-    assert seen["seconds"] < 15, f"the run page of 8 x 3200 x (F, B, SEND, RECV) cells took {seen['seconds']:.1f} s to render"
+    assert seen["seconds"] < 15, (
+        f"the run page of 8 x 3200 x (F, B, SEND, RECV) cells took {seen['seconds']:.1f} s to render"
+    )

@@ -5,14 +5,21 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analysis.errors import InputError
 from analysis.cells.executed import as_executed
+from analysis.errors import InputError
 from runners.schedules import Action, build
 
 
 def cells_of(orders: list[list[Action]]) -> pl.DataFrame:
     rows = [
-        {"rank": rank, "step": 3, "stage": a.stage, "kind": a.kind.value, "microbatch": a.microbatch, "start_ns": i}
+        {
+            "rank": rank,
+            "step": 3,
+            "stage": a.stage,
+            "kind": a.kind.value,
+            "microbatch": a.microbatch,
+            "start_ns": i,
+        }
         for rank, order in enumerate(orders)
         for i, a in enumerate(order)
     ]

@@ -8,8 +8,8 @@ import polars as pl
 import pytest
 
 from analysis.traces.load import load_run
-from synthetic.generate import BASE_TIME_NS, ORIGIN_NS, main, synthesize, write_run
 from runners.schedules import build
+from synthetic.generate import BASE_TIME_NS, ORIGIN_NS, main, synthesize, write_run
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb", 1)]
 
@@ -19,10 +19,18 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb", 1)]
 def test_parts_sum_to_the_step_on_every_rank(name, v, shape):
     result = synthesize(build(name, 4, 8, v), p2p_latency_us=40, launch_gap_us=7, slowdown=1.25, shape=shape)
     for truth in result.truth.values():
-        parts = truth.compute_ns + truth.small_gemm_ns + truth.launch_overhead_ns + truth.p2p_wait_ns + truth.bubble_ns
+        parts = (
+            truth.compute_ns
+            + truth.small_gemm_ns
+            + truth.launch_overhead_ns
+            + truth.p2p_wait_ns
+            + truth.bubble_ns
+        )
         assert parts == truth.step_ns
         assert truth.bubble_ns >= 0
-        assert truth.small_gemm_ns == pytest.approx(0.25 * truth.compute_ns, abs=len(result.cells[truth.rank]))
+        assert truth.small_gemm_ns == pytest.approx(
+            0.25 * truth.compute_ns, abs=len(result.cells[truth.rank])
+        )
 
 
 def test_gpipe_two_ranks_by_hand():
@@ -47,7 +55,9 @@ def test_launch_gaps_and_slowdown_are_counted_per_compute_action():
 @pytest.mark.parametrize("shape", ["cpu", "gpu"])
 def test_written_run_loads_and_its_labels_sit_where_the_cells_are(tmp_path, shape):
     offsets = {0: 0, 1: 3_000_000}
-    result = write_run(tmp_path, build("1f1b", 2, 4), shape=shape, steps=2, clock_offset_ns=offsets, p2p_latency_us=5)
+    result = write_run(
+        tmp_path, build("1f1b", 2, 4), shape=shape, steps=2, clock_offset_ns=offsets, p2p_latency_us=5
+    )
     run = load_run(tmp_path)
     assert run.world_size == 2 and run.config["complete"] is True
     assert list(run.config)[-1] == "complete"
@@ -58,7 +68,9 @@ def test_written_run_loads_and_its_labels_sit_where_the_cells_are(tmp_path, shap
         mine = labels.filter(pl.col("rank") == rank).sort("start_ns")
         assert mine.height == 2 * len(cells)
         compute = [c for c in cells if c.action.kind.is_compute]
-        expected = [BASE_TIME_NS + ORIGIN_NS + offsets[rank] + s * step + c.start for s in range(2) for c in compute]
+        expected = [
+            BASE_TIME_NS + ORIGIN_NS + offsets[rank] + s * step + c.start for s in range(2) for c in compute
+        ]
         got = mine.filter(pl.col("name").str.contains(r"PP:\d+[FBIW]\d+$"))["start_ns"].to_list()
         assert got == expected
     steps = run.frame().filter(pl.col("name").str.starts_with("ProfilerStep#"))
@@ -82,7 +94,7 @@ def test_gpu_host_labels_follow_one_another_inside_their_step():
         assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(ordered, ordered[1:]))
         per_step = len(result.cells[rank])
         for number, step in enumerate(steps):
-            mine = ordered[number * per_step:(number + 1) * per_step]
+            mine = ordered[number * per_step : (number + 1) * per_step]
             assert step["ts"] < mine[0]["ts"] and mine[-1]["ts"] + mine[-1]["dur"] <= step["ts"] + step["dur"]
         kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel")
         step0_end = max(end for _, end in kernels[:per_step])
@@ -99,7 +111,9 @@ def test_gpu_kernels_pair_with_launches_by_correlation(tmp_path):
     assert joined.height == kernels.height > 0
     assert (joined["end_ns_launch"] <= joined["start_ns"]).all()
     flows = frame.filter(pl.col("cat") == "ac2g")
-    assert flows.filter(pl.col("ph") == "s").height == flows.filter(pl.col("ph") == "f").height == kernels.height
+    assert (
+        flows.filter(pl.col("ph") == "s").height == flows.filter(pl.col("ph") == "f").height == kernels.height
+    )
     streams = set(kernels["stream"].to_list())
     assert streams == {7, 20}
 
@@ -113,8 +127,27 @@ def test_calibration_is_the_whole_batch_at_reference_speed(tmp_path):
 
 def test_cli_writes_a_run_and_refuses_bad_requests(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main([str(out), "--schedule", "1f1b", "--p", "2", "--m", "4", "--shape", "gpu",
-                 "--p2p-latency-us", "20", "--clock-offset-ms", "0", "1.5"]) == 0
+    assert (
+        main(
+            [
+                str(out),
+                "--schedule",
+                "1f1b",
+                "--p",
+                "2",
+                "--m",
+                "4",
+                "--shape",
+                "gpu",
+                "--p2p-latency-us",
+                "20",
+                "--clock-offset-ms",
+                "0",
+                "1.5",
+            ]
+        )
+        == 0
+    )
     assert load_run(out).world_size == 2
     truth = json.loads((out / "truth.json").read_text())
     assert [t["p2p_wait_ns"] > 0 for t in truth] == [True, True]

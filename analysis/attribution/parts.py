@@ -35,14 +35,20 @@ def _idle_before(times: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
     """
     length = pl.col("end_ns") - pl.col("start_ns")
     running = gaps.sort("rank", "start_ns").select(
-        "rank", t_ns="start_ns", gap_start="start_ns", gap_end="end_ns", before=length.cum_sum().over("rank") - length
+        "rank",
+        t_ns="start_ns",
+        gap_start="start_ns",
+        gap_end="end_ns",
+        before=length.cum_sum().over("rank") - length,
     )
     found = times.sort("t_ns").join_asof(running, on="t_ns", by="rank", check_sortedness=False)
     inside = pl.min_horizontal("t_ns", "gap_end") - pl.col("gap_start")
     return found.sort("row").select((pl.col("before") + inside).fill_null(0))["before"]
 
 
-def cell_small_gemm(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame, ref: Reference) -> pl.DataFrame:
+def cell_small_gemm(
+    cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame, ref: Reference
+) -> pl.DataFrame:
     """`cells` with `small_gemm_ns`: a compute cell's busy time (its span within its step window, less
     the idle gaps inside it) beyond its reference; null for transfer cells and without calibration."""
     bounds = windows.select("rank", "step", w0="start_ns", w1="end_ns")
@@ -56,7 +62,9 @@ def cell_small_gemm(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFra
         clipped.select("row", "rank", t_ns="a"), gaps
     )
     busy = (pl.col("b") - pl.col("a")).clip(lower_bound=0) - idle
-    excess = pl.when(pl.col("kind").is_in(COMPUTE_KINDS) & pl.lit(ref.calibrated)).then(busy - pl.col("reference_ns"))
+    excess = pl.when(pl.col("kind").is_in(COMPUTE_KINDS) & pl.lit(ref.calibrated)).then(
+        busy - pl.col("reference_ns")
+    )
     return clipped.select(*cells.columns, small_gemm_ns=excess.cast(pl.Float64))
 
 
@@ -65,15 +73,17 @@ def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -
 
     `cells` carry `small_gemm_ns` (cell_small_gemm); compute is the busy time less that excess.
     """
-    window = windows.select(
-        "rank", "step", window_ns=pl.col("end_ns") - pl.col("start_ns")
-    ).with_columns(step_ns=pl.col("window_ns").max().over("step"))
+    window = windows.select("rank", "step", window_ns=pl.col("end_ns") - pl.col("start_ns")).with_columns(
+        step_ns=pl.col("window_ns").max().over("step")
+    )
     idle = gaps.group_by("rank", "step").agg(
         (pl.col("end_ns") - pl.col("start_ns")).filter(pl.col("class") == name).sum().alias(name)
         for name in GAP_CLASSES
     )
     excess = cells.group_by("rank", "step").agg(
-        pl.when(pl.col("small_gemm_ns").is_not_null().any()).then(pl.col("small_gemm_ns").sum()).alias("small_gemm")
+        pl.when(pl.col("small_gemm_ns").is_not_null().any())
+        .then(pl.col("small_gemm_ns").sum())
+        .alias("small_gemm")
     )
     parts = (
         window.join(idle, on=["rank", "step"], how="left")
@@ -98,9 +108,12 @@ def median_step(parts: pl.DataFrame) -> int:
 def rank_entries(parts: pl.DataFrame, schedule: Schedule, peaks: dict[int, int]) -> list[RankEntry]:
     """One step's rows of `rank_parts` as summary entries in ms; `peaks`: rank -> peak activation bytes."""
     return [
-        RankEntry(rank=row["rank"], stage_ids=list(schedule.stages_of(row["rank"])),
-                  peak_activation_bytes=peaks.get(row["rank"]),
-                  **{f"{part}_ms": None if row[part] is None else row[part] / NS_PER_MS for part in RANK_PARTS})
+        RankEntry(
+            rank=row["rank"],
+            stage_ids=list(schedule.stages_of(row["rank"])),
+            peak_activation_bytes=peaks.get(row["rank"]),
+            **{f"{part}_ms": None if row[part] is None else row[part] / NS_PER_MS for part in RANK_PARTS},
+        )
         for row in parts.sort("rank").iter_rows(named=True)
     ]
 
@@ -108,4 +121,5 @@ def rank_entries(parts: pl.DataFrame, schedule: Schedule, peaks: dict[int, int])
 def in_ms(parts: pl.DataFrame) -> pl.DataFrame:
     """ranks.parquet: every analysed step's parts per rank, in ms (step_ms, <part>_ms)."""
     return parts.with_columns(pl.col("step_ns", *RANK_PARTS) / NS_PER_MS).rename(
-        {"step_ns": "step_ms", **{part: f"{part}_ms" for part in RANK_PARTS}})
+        {"step_ns": "step_ms", **{part: f"{part}_ms" for part in RANK_PARTS}}
+    )

@@ -28,8 +28,7 @@ class Measured:
 
 def _by_action(cells: pl.DataFrame) -> dict[Action, dict]:
     return {
-        Action(row["stage"], Kind(row["kind"]), row["microbatch"]): row
-        for row in cells.iter_rows(named=True)
+        Action(row["stage"], Kind(row["kind"]), row["microbatch"]): row for row in cells.iter_rows(named=True)
     }
 
 
@@ -46,7 +45,9 @@ def measure(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origin
     rows = _by_action(cells)
     waits_end = {
         Action(r["stage"], Kind(r["kind"]), r["microbatch"]): r["end_ns"]
-        for r in waits.group_by("stage", "kind", "microbatch").agg(pl.col("end_ns").max()).iter_rows(named=True)
+        for r in waits.group_by("stage", "kind", "microbatch")
+        .agg(pl.col("end_ns").max())
+        .iter_rows(named=True)
     }
     duration, latency, gap = {}, {}, {}
     for rank, order in enumerate(schedule.orders):

@@ -25,8 +25,15 @@ from analysis.schema import Waterfall
 from runners.schedules import Schedule, Timeline
 
 NS_PER_MS = 1e6
-IDEAL_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "stage": pl.Int64, "kind": pl.Utf8, "microbatch": pl.Int64,
-                "start_ns": pl.Int64, "end_ns": pl.Int64}
+IDEAL_SCHEMA = {
+    "rank": pl.Int64,
+    "step": pl.Int64,
+    "stage": pl.Int64,
+    "kind": pl.Utf8,
+    "microbatch": pl.Int64,
+    "start_ns": pl.Int64,
+    "end_ns": pl.Int64,
+}
 
 
 @dataclass(frozen=True)
@@ -42,8 +49,11 @@ def _with_durations(measured: Measured, durations: dict) -> Measured:
 def _equal_slots(ref: Reference, measured: Measured) -> dict:
     """Every action of a kind at that kind's mean reference duration over the stages."""
     kinds = {a.kind.value for a in measured.duration}
-    mean = {kind: sum(ns for (_, k), ns in ref.ns.items() if k == kind) / max(1, sum(1 for _, k in ref.ns if k == kind))
-            for kind in kinds}
+    mean = {
+        kind: sum(ns for (_, k), ns in ref.ns.items() if k == kind)
+        / max(1, sum(1 for _, k in ref.ns if k == kind))
+        for kind in kinds
+    }
     return {a: mean[a.kind.value] for a in measured.duration}
 
 
@@ -51,11 +61,16 @@ def ladder(schedule: Schedule, measured: Measured, ref: Reference, step_ns: floa
     """The waterfall of one step (its terms sum to `step_ns`) and its ideal timeline."""
     per_stage = {a: ref.ns.get((a.stage, a.kind.value), 0.0) for a in measured.duration}
     ideal = sum(per_stage.values()) / schedule.p
-    formula = replay(schedule, _with_durations(measured, _equal_slots(ref, measured)), gaps=False, latencies=False)
+    formula = replay(
+        schedule, _with_durations(measured, _equal_slots(ref, measured)), gaps=False, latencies=False
+    )
     cells = replay(schedule, measured, gaps=False, latencies=False)
     # Uncalibrated, the per-stage rung would be the step's own medians: the cells' rung stands for it.
-    reference_rung = replay(schedule, _with_durations(measured, per_stage), gaps=False, latencies=False) \
-        if ref.calibrated else cells
+    reference_rung = (
+        replay(schedule, _with_durations(measured, per_stage), gaps=False, latencies=False)
+        if ref.calibrated
+        else cells
+    )
     launched = replay(schedule, measured, gaps=True, latencies=False).makespan
     simulated = replay(schedule, measured, gaps=True, latencies=True).makespan
     terms_ns = {
@@ -71,8 +86,14 @@ def ladder(schedule: Schedule, measured: Measured, ref: Reference, step_ns: floa
     return Ladder(terms, reference_rung)
 
 
-def step_ladder(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origin_ns: int, ref: Reference,
-                step_ns: float) -> Ladder:
+def step_ladder(
+    schedule: Schedule,
+    cells: pl.DataFrame,
+    waits: pl.DataFrame,
+    origin_ns: int,
+    ref: Reference,
+    step_ns: float,
+) -> Ladder:
     """The ladder of one step from its cells and waits (all ranks, that step only; times from `origin_ns`).
     Uncalibrated, the reference is the step's own medians, not other steps'."""
     step_ref = ref if ref.calibrated else reference(cells, None, schedule.m)
@@ -82,6 +103,8 @@ def step_ladder(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, or
 def ideal_frame(timeline: Timeline, step: int, origin_ns: int) -> pl.DataFrame:
     """The ideal timeline as a table on the analysis's clock, from the step's origin: rank, step, stage,
     kind, microbatch, start_ns, end_ns."""
-    rows = [(rank, step, a.stage, a.kind.value, a.microbatch, origin_ns + round(start), origin_ns + round(end))
-            for rank, a, start, end in timeline.rows]
+    rows = [
+        (rank, step, a.stage, a.kind.value, a.microbatch, origin_ns + round(start), origin_ns + round(end))
+        for rank, a, start, end in timeline.rows
+    ]
     return pl.DataFrame(rows, schema=IDEAL_SCHEMA, orient="row")

@@ -15,14 +15,16 @@ from pathlib import Path
 import polars as pl
 
 from analysis.errors import InputError
-from runners.schedules import COMPUTE_KINDS
 from analysis.traces.load import TraceWarning
-from runners.schedules import SCHEDULES, Action, Kind, Schedule, ScheduleError, build
+from runners.schedules import COMPUTE_KINDS, SCHEDULES, Action, Kind, Schedule, ScheduleError, build
+from runners.schedules.trace_names import LABEL_PREFIX
 
 
 def compute_orders(cells: pl.DataFrame, step: int, p: int) -> tuple[tuple[Action, ...], ...]:
     """Per rank, the compute actions of `step` in the order they started."""
-    chosen = cells.filter((pl.col("step") == step) & pl.col("kind").is_in(COMPUTE_KINDS)).sort("rank", "start_ns")
+    chosen = cells.filter((pl.col("step") == step) & pl.col("kind").is_in(COMPUTE_KINDS)).sort(
+        "rank", "start_ns"
+    )
     orders: list[list[Action]] = [[] for _ in range(p)]
     for rank, stage, kind, microbatch in chosen.select("rank", "stage", "kind", "microbatch").iter_rows():
         orders[rank].append(Action(stage, Kind(kind), microbatch))
@@ -39,7 +41,9 @@ def _candidates(p: int, m: int, v: int) -> list[Schedule]:
     return found
 
 
-def infer(cells: pl.DataFrame, p: int, path: Path, schedule: str | None = None, m: int | None = None) -> Schedule:
+def infer(
+    cells: pl.DataFrame, p: int, path: Path, schedule: str | None = None, m: int | None = None
+) -> Schedule:
     """The schedule the traces ran; `schedule`/`m` are hints that must agree with them."""
     compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
     if compute.height == 0:
@@ -57,10 +61,14 @@ def infer(cells: pl.DataFrame, p: int, path: Path, schedule: str | None = None, 
     if schedule is not None:
         if schedule not in names:
             shown = ", ".join(names) or "none of " + ", ".join(SCHEDULES)
-            raise InputError(path, f"--schedule {schedule} disagrees with the traces' order (it matches {shown})")
+            raise InputError(
+                path, f"--schedule {schedule} disagrees with the traces' order (it matches {shown})"
+            )
         return next(s for s in matches if s.name == schedule)
     if not matches:
-        raise InputError(path, f"the traces' action order matches none of {', '.join(SCHEDULES)} (p={p}, m={seen_m})")
+        raise InputError(
+            path, f"the traces' action order matches none of {', '.join(SCHEDULES)} (p={p}, m={seen_m})"
+        )
     return matches[0]
 
 
@@ -74,8 +82,11 @@ def from_run_json(run: dict, path: Path, cells: pl.DataFrame) -> Schedule:
     compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
     seen = {"m": compute["microbatch"].n_unique(), "stages": compute["stage"].n_unique()}
     if compute.height and (m, p * v) != (seen["m"], seen["stages"]):
-        raise InputError(path / "run.json", f"says m={m}, v={v} (p={p}) but the traces show {seen['m']} microbatches "
-                                            f"and {seen['stages']} stages")
+        raise InputError(
+            path / "run.json",
+            f"says m={m}, v={v} (p={p}) but the traces show {seen['m']} microbatches "
+            f"and {seen['stages']} stages",
+        )
     try:
         return build(name, p, m, v)
     except (TypeError, ValueError) as error:  # ScheduleError is a ValueError
@@ -93,15 +104,22 @@ def as_executed(named: Schedule, cells: pl.DataFrame, path: Path) -> Schedule:
         return named
     difference = _first_difference(named, compute)
     if difference is not None:
-        raise InputError(path, f"the traces' actions are not those of {named.name} p={named.p} m={named.m} "
-                               f"v={named.v}: {difference}")
+        raise InputError(
+            path,
+            f"the traces' actions are not those of {named.name} p={named.p} m={named.m} "
+            f"v={named.v}: {difference}",
+        )
     executed = replace(named, orders=compute_orders(compute, compute["step"].min(), named.p))
     if executed.orders == named.orders:
         return named
     others = [s.name for s in _candidates(named.p, named.m, named.v) if s.orders == executed.orders]
     if others:  # not an engine's own ordering: the run.json names the wrong schedule
-        warnings.warn(f"{path / 'run.json'}: says {named.name}, but every rank ran {others[0]}'s order; "
-                      f"replayed as it ran", TraceWarning, stacklevel=2)
+        warnings.warn(
+            f"{path / 'run.json'}: says {named.name}, but every rank ran {others[0]}'s order; "
+            f"replayed as it ran",
+            TraceWarning,
+            stacklevel=2,
+        )
     return executed
 
 
@@ -109,10 +127,15 @@ def _first_difference(named: Schedule, compute: pl.DataFrame) -> str | None:
     """The first (step, rank, action) whose count in the traces is not the schedule's, in words; None if
     every step has exactly the schedule's actions (a duplicated, dropped or stray label in any step)."""
     action = pl.format("{}{}{}", "stage", "kind", "microbatch")
-    expected = pl.DataFrame(
-        [(rank, str(a)) for rank, order in enumerate(named.orders) for a in order], schema=["rank", "action"],
-        orient="row",
-    ).group_by("rank", "action").agg(expected=pl.len())
+    expected = (
+        pl.DataFrame(
+            [(rank, str(a)) for rank, order in enumerate(named.orders) for a in order],
+            schema=["rank", "action"],
+            orient="row",
+        )
+        .group_by("rank", "action")
+        .agg(expected=pl.len())
+    )
     wanted = compute.select(pl.col("step").unique()).join(expected, how="cross")
     seen = compute.group_by("rank", "step", action=action).agg(seen=pl.len())
     differ = (
@@ -124,4 +147,5 @@ def _first_difference(named: Schedule, compute: pl.DataFrame) -> str | None:
     if differ.height == 0:
         return None
     row = differ.row(0, named=True)
-    return f"step {row['step']} rank {row['rank']} ran PP:{row['action']} {row['seen']}x, the schedule {row['expected']}x"
+    ran = f"step {row['step']} rank {row['rank']} ran {LABEL_PREFIX}{row['action']} {row['seen']}x"
+    return f"{ran}, the schedule {row['expected']}x"

@@ -24,7 +24,9 @@ def _fused_labels(frame: pl.DataFrame) -> pl.DataFrame:
     parts = pl.col("name").str.extract_groups(FUSED)
     return frame.filter(
         pl.col("name").str.contains(FUSED) & (pl.col("ph") == "X") & (pl.col("cat") != "gpu_user_annotation")
-    ).select("rank", "tid", "start_ns", "end_ns", forward=parts.struct.field("1"), backward=parts.struct.field("2"))
+    ).select(
+        "rank", "tid", "start_ns", "end_ns", forward=parts.struct.field("1"), backward=parts.struct.field("2")
+    )
 
 
 def _cuts(frame: pl.DataFrame, fused: pl.DataFrame) -> pl.DataFrame:
@@ -36,11 +38,19 @@ def _cuts(frame: pl.DataFrame, fused: pl.DataFrame) -> pl.DataFrame:
     # fused labels never overlap on a rank, so each op belongs to the latest one started before it
     inside = (
         ops.sort("op_start")
-        .join_asof(labels.sort("start_ns"), left_on="op_start", right_on="start_ns", by="rank", check_sortedness=False)
+        .join_asof(
+            labels.sort("start_ns"),
+            left_on="op_start",
+            right_on="start_ns",
+            by="rank",
+            check_sortedness=False,
+        )
         .filter(pl.col("op_end") <= pl.col("end_ns"))
     )
-    first_backward = inside.filter(pl.col("name").str.starts_with(BACKWARD_OP_PREFIX)).group_by("label").agg(
-        backward_ns=pl.col("op_start").min()
+    first_backward = (
+        inside.filter(pl.col("name").str.starts_with(BACKWARD_OP_PREFIX))
+        .group_by("label")
+        .agg(backward_ns=pl.col("op_start").min())
     )
     forward_end = (
         inside.join(first_backward, on="label")
@@ -61,16 +71,31 @@ def fused_halves(frame: pl.DataFrame) -> pl.DataFrame:
     end_ns, as `analysis.cells.labelled.label_spans` gives for plain labels."""
     fused = _fused_labels(frame)
     if fused.height == 0:
-        return pl.DataFrame(schema={"rank": pl.Int64, "tid": pl.Int64, "stage": pl.Int64, "kind": pl.Utf8,
-                                    "microbatch": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
+        return pl.DataFrame(
+            schema={
+                "rank": pl.Int64,
+                "tid": pl.Int64,
+                "stage": pl.Int64,
+                "kind": pl.Utf8,
+                "microbatch": pl.Int64,
+                "start_ns": pl.Int64,
+                "end_ns": pl.Int64,
+            }
+        )
     cut = _cuts(frame, fused)
-    halves = pl.concat([
-        cut.select("rank", "tid", action="forward", start_ns="start_ns", end_ns="cut_ns"),
-        cut.select("rank", "tid", action="backward", start_ns="cut_ns", end_ns="end_ns"),
-    ])
+    halves = pl.concat(
+        [
+            cut.select("rank", "tid", action="forward", start_ns="start_ns", end_ns="cut_ns"),
+            cut.select("rank", "tid", action="backward", start_ns="cut_ns", end_ns="end_ns"),
+        ]
+    )
     parts = pl.col("action").str.extract_groups(SUB_ACTION)
     return halves.select(
-        "rank", "tid",
-        stage=parts.struct.field("1").cast(pl.Int64), kind=parts.struct.field("2"),
-        microbatch=parts.struct.field("3").cast(pl.Int64), start_ns="start_ns", end_ns="end_ns",
+        "rank",
+        "tid",
+        stage=parts.struct.field("1").cast(pl.Int64),
+        kind=parts.struct.field("2"),
+        microbatch=parts.struct.field("3").cast(pl.Int64),
+        start_ns="start_ns",
+        end_ns="end_ns",
     ).with_columns(pl.col("rank", "tid").cast(pl.Int64))

@@ -29,13 +29,20 @@ import polars as pl
 
 from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA, RankCells, _assign_steps, rank_cells, step_spans
 from analysis.traces.kineto import BACKWARD_OP_PREFIX, STEP_PREFIX
-from runners.schedules.trace_names import LABEL_PREFIX
 
 RECV_OPS = ("c10d::recv_",)
 SEND_OPS = ("c10d::send",)
 # Ops that make a run of forward ops a forward: matrix work (a stage without it computes nothing).
-GEMM_OPS = ("aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "aten::bmm", "aten::baddbmm",
-            "aten::convolution", "aten::scaled_dot_product_attention")
+GEMM_OPS = (
+    "aten::linear",
+    "aten::mm",
+    "aten::addmm",
+    "aten::matmul",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::convolution",
+    "aten::scaled_dot_product_attention",
+)
 TORCH_LABEL = r"^(Forward|Backward) (\d+)$"
 ARRIVALS = ("gloo:recv", "gloo:send")  # async spans: from the call until the peer's data moved
 
@@ -51,11 +58,16 @@ def cells_of(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells
     ops = _assign_steps(_top_level_ops(frame, steps), steps)
     labels = _cells_from_ops(_with_torch_labels(ops, frame))
     waits = labels.filter(pl.col("kind").str.starts_with("RECV")).select(*CELL_KEY, "start_ns", "end_ns")
-    cells = labels.with_columns(
-        blocked_ns=pl.when(pl.col("kind").str.starts_with("RECV")).then(pl.col("end_ns") - pl.col("start_ns"))
-        .otherwise(0),
-        inferred=pl.lit(True),
-    ).select(pl.col(name).cast(dtype) for name, dtype in CELL_SCHEMA.items()).sort("rank", "start_ns")
+    cells = (
+        labels.with_columns(
+            blocked_ns=pl.when(pl.col("kind").str.starts_with("RECV"))
+            .then(pl.col("end_ns") - pl.col("start_ns"))
+            .otherwise(0),
+            inferred=pl.lit(True),
+        )
+        .select(pl.col(name).cast(dtype) for name, dtype in CELL_SCHEMA.items())
+        .sort("rank", "start_ns")
+    )
     unscheduled = _unscheduled_ops(ops, labels)
     return RankCells(cells, waits.sort("rank", "start_ns"), steps, None, unscheduled)
 
@@ -66,7 +78,9 @@ def _main_thread(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.Expr:
     if marked.len():
         return pl.col("tid") == marked[0]
     busiest = frame.filter(pl.col("cat") == "cpu_op")["tid"].mode()
-    return pl.col("tid") == busiest[0] if busiest.len() else pl.lit(False)  # no CPU ops: nothing to infer from
+    return (
+        pl.col("tid") == busiest[0] if busiest.len() else pl.lit(False)
+    )  # no CPU ops: nothing to infer from
 
 
 def _top_level_ops(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
@@ -83,8 +97,14 @@ def _top_level_ops(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     )
     is_p2p = pl.col("name").is_in(RECV_OPS + SEND_OPS)
     return (
-        ops.join_asof(arrivals.sort("arrival_start"), left_on="start_ns", right_on="arrival_start",
-                      by=["rank", "tid"], strategy="forward", check_sortedness=False)
+        ops.join_asof(
+            arrivals.sort("arrival_start"),
+            left_on="start_ns",
+            right_on="arrival_start",
+            by=["rank", "tid"],
+            strategy="forward",
+            check_sortedness=False,
+        )
         .with_columns(
             next_start=pl.col("start_ns").shift(-1),
             # a p2p op's span reaches its data's arrival, but never into the next op
@@ -100,16 +120,23 @@ def _with_torch_labels(ops: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
     parts = pl.col("name").str.extract_groups(TORCH_LABEL)
     labels = (
         frame.filter(pl.col("name").str.contains(TORCH_LABEL) & (pl.col("ph") == "X"))
-        .select("rank", "tid", label_start="start_ns", label_end="end_ns",
-                label_kind=parts.struct.field("1").str.slice(0, 1),
-                label_microbatch=parts.struct.field("2").cast(pl.Int64))
+        .select(
+            "rank",
+            "tid",
+            label_start="start_ns",
+            label_end="end_ns",
+            label_kind=parts.struct.field("1").str.slice(0, 1),
+            label_microbatch=parts.struct.field("2").cast(pl.Int64),
+        )
         .sort("label_start")
     )
-    joined = ops.sort("start_ns").join_asof(labels, left_on="start_ns", right_on="label_start",
-                                            by=["rank", "tid"], check_sortedness=False)
+    joined = ops.sort("start_ns").join_asof(
+        labels, left_on="start_ns", right_on="label_start", by=["rank", "tid"], check_sortedness=False
+    )
     inside = pl.col("start_ns") < pl.col("label_end")
     return joined.with_columns(
-        label_kind=pl.when(inside).then("label_kind"), label_microbatch=pl.when(inside).then("label_microbatch")
+        label_kind=pl.when(inside).then("label_kind"),
+        label_microbatch=pl.when(inside).then("label_microbatch"),
     ).drop("label_start", "label_end")
 
 
@@ -117,10 +144,14 @@ def _runs(ops: pl.DataFrame) -> pl.DataFrame:
     """Ops tagged with a role (RECV, SEND, F, B) and a run: consecutive compute ops of one role and
     one label, cut at every p2p op."""
     role = (
-        pl.when(pl.col("name").is_in(RECV_OPS)).then(pl.lit("RECV"))
-        .when(pl.col("name").is_in(SEND_OPS)).then(pl.lit("SEND"))
-        .when(pl.col("label_kind").is_not_null()).then("label_kind")
-        .when(pl.col("name").str.starts_with(BACKWARD_OP_PREFIX)).then(pl.lit("B"))
+        pl.when(pl.col("name").is_in(RECV_OPS))
+        .then(pl.lit("RECV"))
+        .when(pl.col("name").is_in(SEND_OPS))
+        .then(pl.lit("SEND"))
+        .when(pl.col("label_kind").is_not_null())
+        .then("label_kind")
+        .when(pl.col("name").str.starts_with(BACKWARD_OP_PREFIX))
+        .then(pl.lit("B"))
         .otherwise(pl.lit("F"))
     )
     ops = ops.sort("rank", "start_ns").with_columns(role=role)
@@ -137,8 +168,12 @@ def _compute_cells(runs: pl.DataFrame) -> pl.DataFrame:
     per_run = (
         runs.filter(pl.col("role").is_in(["F", "B"]))
         .group_by("rank", "step", "run")
-        .agg(pl.col("tid", "role", "label_microbatch").first(), pl.col("start_ns").min(), pl.col("end_ns").max(),
-             has_gemm=pl.col("name").is_in(GEMM_OPS).any())
+        .agg(
+            pl.col("tid", "role", "label_microbatch").first(),
+            pl.col("start_ns").min(),
+            pl.col("end_ns").max(),
+            has_gemm=pl.col("name").is_in(GEMM_OPS).any(),
+        )
         .filter((pl.col("role") == "B") | pl.col("has_gemm") | pl.col("label_microbatch").is_not_null())
         .sort("rank", "step", "start_ns")
     )
@@ -154,12 +189,22 @@ def _comm_cells(runs: pl.DataFrame, compute: pl.DataFrame) -> pl.DataFrame:
     found = []
     for role, strategy in (("RECV", "forward"), ("SEND", "backward")):
         comm = runs.filter(pl.col("role") == role).sort("run")
-        joined = comm.join_asof(marks.sort("run"), on="run", by=["rank", "step"], strategy=strategy,
-                                check_sortedness=False)
-        found.append(joined.drop_nulls("next_kind").select(
-            "rank", "tid", "step", "run", "stage", pl.concat_str(pl.lit(f"{role}_"), "next_kind").alias("kind"),
-            pl.col("next_microbatch").alias("microbatch"), "start_ns", "end_ns",
-        ))
+        joined = comm.join_asof(
+            marks.sort("run"), on="run", by=["rank", "step"], strategy=strategy, check_sortedness=False
+        )
+        found.append(
+            joined.drop_nulls("next_kind").select(
+                "rank",
+                "tid",
+                "step",
+                "run",
+                "stage",
+                pl.concat_str(pl.lit(f"{role}_"), "next_kind").alias("kind"),
+                pl.col("next_microbatch").alias("microbatch"),
+                "start_ns",
+                "end_ns",
+            )
+        )
     return pl.concat(found)
 
 
@@ -174,7 +219,9 @@ def _unscheduled_ops(ops: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     cells = labels.select("rank", "step", cell_start="start_ns", cell_end="end_ns").sort("cell_start")
     return (
         ops.sort("start_ns")
-        .join_asof(cells, left_on="start_ns", right_on="cell_start", by=["rank", "step"], check_sortedness=False)
+        .join_asof(
+            cells, left_on="start_ns", right_on="cell_start", by=["rank", "step"], check_sortedness=False
+        )
         .filter(pl.col("cell_end").is_null() | (pl.col("start_ns") >= pl.col("cell_end")))
         .select("rank", "step", "start_ns", "end_ns")
     )
@@ -189,17 +236,27 @@ def consumer_waits(frame: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
     recvs = cells.filter(pl.col("kind").str.starts_with("RECV")).select(
         *CELL_KEY, recv_start="start_ns", recv_end="end_ns"
     )
-    posted = frame.filter(pl.col("name") == "gloo:recv").select("rank", post_ns="start_ns", arrival_ns="end_ns")
+    posted = frame.filter(pl.col("name") == "gloo:recv").select(
+        "rank", post_ns="start_ns", arrival_ns="end_ns"
+    )
     arrivals = (
         posted.sort("post_ns")
-        .join_asof(recvs.sort("recv_start"), left_on="post_ns", right_on="recv_start", by="rank",
-                   check_sortedness=False)
+        .join_asof(
+            recvs.sort("recv_start"),
+            left_on="post_ns",
+            right_on="recv_start",
+            by="rank",
+            check_sortedness=False,
+        )
         .filter(pl.col("post_ns") < pl.col("recv_end"))
-        .with_columns(consumer=pl.when(pl.col("kind") == "RECV_F").then(pl.lit(["F"])).otherwise(pl.lit(["B", "I"])))
+        .with_columns(
+            consumer=pl.when(pl.col("kind") == "RECV_F").then(pl.lit(["F"])).otherwise(pl.lit(["B", "I"]))
+        )
         .explode("consumer")
     )
-    consumers = cells.select("rank", "step", "stage", "microbatch", consumer="kind", c_start="start_ns",
-                             c_end="end_ns")
+    consumers = cells.select(
+        "rank", "step", "stage", "microbatch", consumer="kind", c_start="start_ns", c_end="end_ns"
+    )
     return (
         arrivals.join(consumers, on=["rank", "step", "stage", "microbatch", "consumer"])
         .select(*CELL_KEY, "consumer", start_ns="c_start", end_ns=pl.min_horizontal("arrival_ns", "c_end"))

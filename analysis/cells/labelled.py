@@ -16,8 +16,8 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.errors import InputError
 from analysis.cells.fused import fused_halves
+from analysis.errors import InputError
 from analysis.traces.kineto import DEVICE_WORK_CATS, STEP_PREFIX
 from runners.schedules import Action, ActionParseError
 from runners.schedules.trace_names import LABEL_PREFIX
@@ -54,7 +54,9 @@ class RankCells:
     cells: pl.DataFrame
     waits: pl.DataFrame  # CELL_KEY + start_ns, end_ns
     steps: pl.DataFrame  # rank, step, start_ns, end_ns
-    kernels: pl.DataFrame | None  # GPU: CELL_KEY + start_ns, end_ns, launch_ns, issued_ns, is_p2p; None on CPU
+    kernels: (
+        pl.DataFrame | None
+    )  # GPU: CELL_KEY + start_ns, end_ns, launch_ns, issued_ns, is_p2p; None on CPU
     unscheduled: pl.DataFrame  # rank, step, start_ns, end_ns: work outside every action (optimizer...)
 
 
@@ -66,7 +68,9 @@ def step_spans(frame: pl.DataFrame, on_device: bool = False) -> pl.DataFrame:
     """`ProfilerStep#N` spans on the host, or (on_device) the GPU-side annotations recent Kineto adds."""
     device_side = pl.col("cat") == "gpu_user_annotation"
     steps = frame.filter(
-        pl.col("name").str.starts_with(STEP_PREFIX) & (pl.col("ph") == "X") & (device_side if on_device else ~device_side)
+        pl.col("name").str.starts_with(STEP_PREFIX)
+        & (pl.col("ph") == "X")
+        & (device_side if on_device else ~device_side)
     )
     return (
         steps.select(
@@ -90,7 +94,9 @@ def _device_windows(frame: pl.DataFrame, host: pl.DataFrame, cells: pl.DataFrame
     device = step_spans(frame, on_device=True)
     if device.height:
         return device
-    reach = cells.group_by("rank", "step").agg(pl.col("start_ns").min().alias("first"), pl.col("end_ns").max().alias("last"))
+    reach = cells.group_by("rank", "step").agg(
+        pl.col("start_ns").min().alias("first"), pl.col("end_ns").max().alias("last")
+    )
     return (
         host.join(reach, on=["rank", "step"], how="left")
         .sort("rank", "start_ns")
@@ -108,7 +114,8 @@ def label_spans(frame: pl.DataFrame, source: str | Path | None = None) -> pl.Dat
 
     Each distinct label text is parsed once (steps repeat them) with the IR's own parser."""
     labels = frame.filter(
-        pl.col("name").str.starts_with(LABEL_PREFIX) & (pl.col("cat") != "gpu_user_annotation")
+        pl.col("name").str.starts_with(LABEL_PREFIX)
+        & (pl.col("cat") != "gpu_user_annotation")
         & ~pl.col("name").str.contains(TORCH_BOOKKEEPING)
     ).select("rank", "tid", "name", "start_ns", "end_ns")
     names = labels["name"].unique().to_list()
@@ -152,8 +159,13 @@ def _events_in_labels(events: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFram
     keyed = labels.select("rank", "tid", *CELL_KEY[1:], label_start="start_ns", label_end="end_ns")
     return (
         events.sort("start_ns")
-        .join_asof(keyed.sort("label_start"), left_on="start_ns", right_on="label_start", by=["rank", "tid"],
-                   check_sortedness=False)
+        .join_asof(
+            keyed.sort("label_start"),
+            left_on="start_ns",
+            right_on="label_start",
+            by=["rank", "tid"],
+            check_sortedness=False,
+        )
         .filter(pl.col("start_ns") < pl.col("label_end"))
     )
 
@@ -171,12 +183,19 @@ def device_events(frame: pl.DataFrame) -> pl.DataFrame:
         pl.col("cat").str.to_lowercase().str.contains("runtime|driver") & pl.col("correlation").is_not_null()
     ).select("rank", "tid", "correlation", launch_ns="start_ns", issued_ns="end_ns")
     kernels = frame.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_WORK_CATS)).select(
-        "rank", "stream", "correlation", "start_ns", "end_ns", is_p2p=pl.col("name").str.to_lowercase().str.contains("nccl")
+        "rank",
+        "stream",
+        "correlation",
+        "start_ns",
+        "end_ns",
+        is_p2p=pl.col("name").str.to_lowercase().str.contains("nccl"),
     )
     return kernels.join(launches, on=["rank", "correlation"], how="left")
 
 
-def _device_cells(labels: pl.DataFrame, device: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def _device_cells(
+    labels: pl.DataFrame, device: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """Cell span = its kernels' span (host span where it launched none); waits = its NCCL kernels."""
     launched = device.drop_nulls("launch_ns").rename({"start_ns": "k_start", "end_ns": "k_end"})
     owned = _events_in_labels(launched.with_columns(start_ns="launch_ns"), labels)
@@ -187,14 +206,20 @@ def _device_cells(labels: pl.DataFrame, device: pl.DataFrame) -> tuple[pl.DataFr
         .drop("k_start", "k_end")
     )
     waits = owned.filter("is_p2p").select(*CELL_KEY, start_ns="k_start", end_ns="k_end")
-    kernels = owned.select(*CELL_KEY, "launch_ns", "issued_ns", "is_p2p", "correlation", start_ns="k_start", end_ns="k_end")
+    kernels = owned.select(
+        *CELL_KEY, "launch_ns", "issued_ns", "is_p2p", "correlation", start_ns="k_start", end_ns="k_end"
+    )
     return cells, waits, kernels
 
 
-def _unscheduled(frame: pl.DataFrame, labels: pl.DataFrame, kernels: pl.DataFrame | None, steps: pl.DataFrame) -> pl.DataFrame:
+def _unscheduled(
+    frame: pl.DataFrame, labels: pl.DataFrame, kernels: pl.DataFrame | None, steps: pl.DataFrame
+) -> pl.DataFrame:
     """Work outside every action: GPU kernels no label launched; on CPU, host spans on a label thread."""
     if kernels is not None:
-        work = device_events(frame).join(kernels.select("rank", "correlation"), on=["rank", "correlation"], how="anti")
+        work = device_events(frame).join(
+            kernels.select("rank", "correlation"), on=["rank", "correlation"], how="anti"
+        )
     else:
         threads = labels.select("rank", "tid").unique()
         work = frame.filter(

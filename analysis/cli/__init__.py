@@ -45,8 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     return _run(parser.parse_args(argv))
 
 
-def standalone(prog: str, description: str | None, add_arguments: Callable[[argparse.ArgumentParser], None],
-               run: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
+def standalone(
+    prog: str,
+    description: str | None,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], int],
+    argv: list[str] | None = None,
+) -> int:
     """One command with the analysis CLI's error and warning lines."""
     parser = _parser(prog, description)
     add_arguments(parser)

@@ -31,7 +31,8 @@ def table(summary: Summary) -> str:
     """Formula vs measured bubble, then the waterfall terms with their share of the step."""
     step = summary.step_time_ms
     lines = [
-        f"{summary.schedule} p={summary.p} m={summary.m} v={summary.v} ({summary.device}, {summary.steps_analyzed} steps)",
+        f"{summary.schedule} p={summary.p} m={summary.m} v={summary.v} "
+        f"({summary.device}, {summary.steps_analyzed} steps)",
         f"  step time      {step:10.3f} ms   simulated {summary.simulated_step_time_ms:.3f} ms",
         f"  bubble         formula {summary.bubble_formula:.3f}   measured {summary.bubble_measured:.3f}",
         "  waterfall",

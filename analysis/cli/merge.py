@@ -14,8 +14,15 @@ from analysis.results import Analysis
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", metavar="RUN", type=Path, help="run directory (rank*.json.gz), a folder of traces, or one trace")
-    parser.add_argument("--steps", type=_int_list, help="profiler steps to keep, e.g. 3,4 or 3-5 (default: all)")
+    parser.add_argument(
+        "source",
+        metavar="RUN",
+        type=Path,
+        help="run directory (rank*.json.gz), a folder of traces, or one trace",
+    )
+    parser.add_argument(
+        "--steps", type=_int_list, help="profiler steps to keep, e.g. 3,4 or 3-5 (default: all)"
+    )
     parser.add_argument("--ranks", type=_int_list, help="ranks to keep, e.g. 0,1 or 0-3 (default: all)")
     parser.add_argument("--out", type=Path, help="output file (default: RUN/merged.json.gz)")
     parser.add_argument("--no-align", action="store_true", help="keep each rank's own clock")
@@ -28,8 +35,10 @@ def run(args: argparse.Namespace) -> int:
     merged = merge(traces, args.steps, _analysis(args.source), align=not args.no_align)
     size = write_json_gz(out, merged)
     notes = merged["pipelineMerge"]
-    print(f"{out}: {len(traces)} rank(s), {notes['events']} events, {size / 1e6:.1f} MB of JSON, "
-          f"{time.perf_counter() - began:.2f} s; {notes['limited']}")  # fmt: skip
+    print(
+        f"{out}: {len(traces)} rank(s), {notes['events']} events, {size / 1e6:.1f} MB of JSON, "
+        f"{time.perf_counter() - began:.2f} s; {notes['limited']}"
+    )
     for line in notes["notes"]:
         print(f"note: {line}", file=sys.stderr)
     return 0
@@ -48,7 +57,7 @@ def _analysis(source: Path) -> Analysis | None:
 
 
 def _int_list(text: str) -> tuple[int, ...]:
-    """"3,4" or "3-5" or "1,4-6" -> the integers, in order."""
+    """ "3,4" or "3-5" or "1,4-6" -> the integers, in order."""
     values: list[int] = []
     try:
         for part in text.split(","):
@@ -57,5 +66,3 @@ def _int_list(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a list of integers: {text!r} (e.g. 3,4 or 3-5)") from None
     return tuple(values)
-
-

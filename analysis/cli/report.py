@@ -17,5 +17,3 @@ def run(args: argparse.Namespace) -> int:
     index = build_report(args.traces, args.out)
     print(index)
     return 0
-
-

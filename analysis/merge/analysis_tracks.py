@@ -43,8 +43,14 @@ class Placement:
         return moved.with_columns(pl.col("start_ns", "end_ns") + pl.col("delta_ns")).drop("delta_ns")
 
 
-def analysis_tracks(analysis: Analysis, tracks: dict[int, RankTracks], shift: dict[int, int], origin: int,
-                    steps: tuple[int, ...] | None, notes: list[str]) -> list[dict]:  # fmt: skip
+def analysis_tracks(
+    analysis: Analysis,
+    tracks: dict[int, RankTracks],
+    shift: dict[int, int],
+    origin: int,
+    steps: tuple[int, ...] | None,
+    notes: list[str],
+) -> list[dict]:
     """Every analysis track's thread names and slices; what is left out, and why, goes to `notes`."""
     applied = applied_offsets(analysis)
     delta = pl.DataFrame(
@@ -60,9 +66,13 @@ def analysis_tracks(analysis: Analysis, tracks: dict[int, RankTracks], shift: di
     out = []
     for rank, track in tracks.items():
         first = max((t for t, _ in track.threads), default=0) + 1
-        drawn = [(tid, name, frame) for tid, (name, frame) in enumerate(named.items(), first) if frame is not None]
+        drawn = [
+            (tid, name, frame) for tid, (name, frame) in enumerate(named.items(), first) if frame is not None
+        ]
         out.extend(thread_events(rank, [(tid, name) for tid, name, _ in drawn]))
-        out.extend(event for tid, _, frame in drawn for event in _slices(frame.filter(pl.col("rank") == rank), tid))
+        out.extend(
+            event for tid, _, frame in drawn for event in _slices(frame.filter(pl.col("rank") == rank), tid)
+        )
     return out
 
 
@@ -70,30 +80,49 @@ def _small_gemm(cells: pl.DataFrame, placement: Placement, notes: list[str]) -> 
     """Per compute cell with an excess, a slice over the cell's last `small_gemm_ns` (the part beyond
     the reference), named with its action."""
     if cells["small_gemm_ns"].is_null().all():
-        notes.append("no calibration in run.json, so no reference to measure excess against: small-GEMM track left out")
+        notes.append(
+            "no calibration in run.json, so no reference to measure excess against: small-GEMM track left out"
+        )
         return None
     excess = placement.place(cells.filter(pl.col("small_gemm_ns") > 0))
     return excess.select(
-        "rank", "step", "end_ns", name=_ACTION,
+        "rank",
+        "step",
+        "end_ns",
+        name=_ACTION,
         start_ns=pl.col("end_ns") - pl.col("small_gemm_ns").round().cast(pl.Int64),
-    )  # fmt: skip
+    )
 
 
 def _ideal(analysis: Analysis, placement: Placement, notes: list[str]) -> pl.DataFrame | None:
     """The ideal timeline (analysis.attribution.waterfall) of the median step, from where that step began."""
     step = analysis.summary.median_step
     if placement.steps is not None and step not in placement.steps:
-        notes.append(f"ideal track left out: it is of step {step} (the median step), which --steps leaves out")
+        notes.append(
+            f"ideal track left out: it is of step {step} (the median step), which --steps leaves out"
+        )
         return None
-    notes.append(f"ideal track: step {step}, the executed schedule at reference durations, no host gaps, no p2p "
-                 f"latency (the waterfall's reference rung)")
+    notes.append(
+        f"ideal track: step {step}, the executed schedule at reference durations, no host gaps, no p2p "
+        f"latency (the waterfall's reference rung)"
+    )
     return placement.place(analysis.ideal).select("rank", "step", "start_ns", "end_ns", name=_ACTION)
 
 
 def _slices(frame: pl.DataFrame, tid: int) -> list[dict]:
     """Chrome complete events on thread `tid` from rows (rank, name, start_ns, end_ns, step)."""
     return [
-        {"ph": "X", "name": name, "cat": "analysis", "pid": rank, "tid": tid, "ts": start / 1000,
-         "dur": (end - start) / 1000, "args": {"step": step}}  # fmt: skip
-        for rank, name, start, end, step in frame.select("rank", "name", "start_ns", "end_ns", "step").iter_rows()
+        {
+            "ph": "X",
+            "name": name,
+            "cat": "analysis",
+            "pid": rank,
+            "tid": tid,
+            "ts": start / 1000,
+            "dur": (end - start) / 1000,
+            "args": {"step": step},
+        }
+        for rank, name, start, end, step in frame.select(
+            "rank", "name", "start_ns", "end_ns", "step"
+        ).iter_rows()
     ]

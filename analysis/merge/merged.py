@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gzip
 import sys
-import time
 from pathlib import Path
 
 import msgspec
@@ -23,12 +22,12 @@ import polars as pl
 
 from analysis.cells.labelled import step_spans
 from analysis.errors import InputError
+from analysis.files import write_atomically
 from analysis.merge.analysis_tracks import analysis_tracks, applied_offsets
 from analysis.merge.tracks import layout, p2p_flows, profiler_flows
 from analysis.results import Analysis
 from analysis.timeline import clock
 from analysis.traces.load import RawTrace, load_run, read_trace
-from analysis.files import write_atomically
 
 BROWSER_LIMIT_BYTES = 1 << 30  # Perfetto's UI struggles to open JSON traces past about this size
 
@@ -47,8 +46,9 @@ def read_ranks(source: Path, ranks: tuple[int, ...] | None) -> dict[int, RawTrac
     return kept
 
 
-def merge(traces: dict[int, RawTrace], steps: tuple[int, ...] | None, analysis: Analysis | None,
-          align: bool = True) -> dict:
+def merge(
+    traces: dict[int, RawTrace], steps: tuple[int, ...] | None, analysis: Analysis | None, align: bool = True
+) -> dict:
     """The merged Chrome trace (as a dict). With `analysis` (what `analyze` wrote for these traces) the
     ranks go onto its clock and get its transfer arrows and analysis tracks; without it (traces that are
     not a pipeline) clocks are aligned by their collectives alone (analysis.timeline.clock)."""
@@ -56,7 +56,9 @@ def merge(traces: dict[int, RawTrace], steps: tuple[int, ...] | None, analysis: 
     notes: list[str] = []
     cells, estimate = _own_clock_cells(analysis), analysis.summary.clock if analysis is not None else None
     if analysis is None and align:
-        events = pl.concat([f.select("rank", "name", "cat", "ph", "start_ns", "end_ns") for f in frames.values()])
+        events = pl.concat(
+            [f.select("rank", "name", "cat", "ph", "start_ns", "end_ns") for f in frames.values()]
+        )
         estimate = clock.estimate(list(traces), None, events)
     kept = {rank: _within_steps(frame, steps, notes) for rank, frame in frames.items()}
     tracks = {rank: layout(frame, traces[rank].events_json) for rank, frame in kept.items()}
@@ -76,8 +78,14 @@ def merge(traces: dict[int, RawTrace], steps: tuple[int, ...] | None, analysis: 
         out.extend(analysis_tracks(analysis, tracks, shift, origin, steps, notes))
     else:
         notes.append("no analysis of these traces: no transfer arrows or analysis tracks")
-    meta = {"clock": msgspec.to_builtins(estimate), "origin_ns": origin, "limited": _limits(steps, traces),
-            "notes": notes, "events": len(out), "sources": {str(r): t.path.name for r, t in traces.items()}}
+    meta = {
+        "clock": msgspec.to_builtins(estimate),
+        "origin_ns": origin,
+        "limited": _limits(steps, traces),
+        "notes": notes,
+        "events": len(out),
+        "sources": {str(r): t.path.name for r, t in traces.items()},
+    }
     return {"traceEvents": out, "displayTimeUnit": "ns", "pipelineMerge": meta}
 
 
@@ -124,8 +132,11 @@ def write_json_gz(path: Path, document: dict) -> int:
     data = msgspec.json.encode(document)
     _atomic_write(path, gzip.compress(data, compresslevel=5))
     if len(data) > BROWSER_LIMIT_BYTES:
-        print(f"warning: {path} is {len(data) / 1e9:.1f} GB of JSON; Perfetto's UI may not open it. "
-              "Limit it with --steps or --ranks.", file=sys.stderr)  # fmt: skip
+        print(
+            f"warning: {path} is {len(data) / 1e9:.1f} GB of JSON; Perfetto's UI may not open it. "
+            "Limit it with --steps or --ranks.",
+            file=sys.stderr,
+        )
     return len(data)
 
 
@@ -133,4 +144,6 @@ def _atomic_write(path: Path, data: bytes) -> None:
     try:
         write_atomically(path, data)
     except OSError as error:
-        raise InputError(path.parent, f"cannot write here ({error.strerror}); choose another place with --out") from None
+        raise InputError(
+            path.parent, f"cannot write here ({error.strerror}); choose another place with --out"
+        ) from None

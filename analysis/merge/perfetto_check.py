@@ -33,7 +33,9 @@ def _slices(events: list[dict]) -> pl.DataFrame:
         if e.get("ph") == "X"
     ]
     schema = {"pid": pl.String, "tid": pl.String, "start_ns": pl.Int64, "end_ns": pl.Int64}
-    return pl.DataFrame(rows, schema=schema, orient="row").sort(["pid", "tid", "start_ns", "end_ns"], descending=[False, False, False, True])
+    return pl.DataFrame(rows, schema=schema, orient="row").sort(
+        ["pid", "tid", "start_ns", "end_ns"], descending=[False, False, False, True]
+    )
 
 
 def _nesting_problems(slices: pl.DataFrame) -> list[str]:
@@ -91,8 +93,15 @@ def _unbound_flow_ends(flows: list[dict], slices: pl.DataFrame) -> int:
         schema={"pid": pl.String, "tid": pl.String, "start_ns": pl.Int64},
         orient="row",
     ).sort("start_ns")
-    reach = slices.with_columns(pl.col("end_ns").cum_max().over(["pid", "tid"]).alias("reach_ns")).sort("start_ns")
-    bound = ends.join_asof(reach.select("pid", "tid", "start_ns", "reach_ns"), on="start_ns", by=["pid", "tid"], check_sortedness=False)
+    reach = slices.with_columns(pl.col("end_ns").cum_max().over(["pid", "tid"]).alias("reach_ns")).sort(
+        "start_ns"
+    )
+    bound = ends.join_asof(
+        reach.select("pid", "tid", "start_ns", "reach_ns"),
+        on="start_ns",
+        by=["pid", "tid"],
+        check_sortedness=False,
+    )
     return bound.filter(pl.col("reach_ns").is_null() | (pl.col("reach_ns") < pl.col("start_ns"))).height
 
 

@@ -63,12 +63,28 @@ class RankTracks:
         slices = zip(*(self.slices[c].to_list() for c in columns))
         instants = zip(*(self.instants[c].to_list() for c in columns[:-1]))
         return [
-            {"ph": "X", "name": name, "cat": cat or "", "pid": rank, "tid": tid, "ts": _us(start + shift_ns),
-             "dur": _us(end - start), "args": self.args[index]}  # fmt: skip
+            {
+                "ph": "X",
+                "name": name,
+                "cat": cat or "",
+                "pid": rank,
+                "tid": tid,
+                "ts": _us(start + shift_ns),
+                "dur": _us(end - start),
+                "args": self.args[index],
+            }
             for index, name, cat, tid, start, end in slices
         ] + [
-            {"ph": "i", "s": "t", "name": name, "cat": cat or "", "pid": rank, "tid": tid, "ts": _us(start + shift_ns),
-             "args": self.args[index]}  # fmt: skip
+            {
+                "ph": "i",
+                "s": "t",
+                "name": name,
+                "cat": cat or "",
+                "pid": rank,
+                "tid": tid,
+                "ts": _us(start + shift_ns),
+                "args": self.args[index],
+            }
             for index, name, cat, tid, start in instants
         ]
 
@@ -91,18 +107,27 @@ def layout(frame: pl.DataFrame, events_json: msgspec.Raw) -> RankTracks:
     """
     events = _PASSTHROUGH.decode(events_json)
     keys = pl.DataFrame(
-        {"index": pl.int_range(len(events), dtype=pl.Int64, eager=True),
-         "pid_key": _keys([e.pid for e in events]), "tid_key": _keys([e.tid for e in events])}  # fmt: skip
+        {
+            "index": pl.int_range(len(events), dtype=pl.Int64, eager=True),
+            "pid_key": _keys([e.pid for e in events]),
+            "tid_key": _keys([e.tid for e in events]),
+        }
     )
     args = [e.args for e in events]
     keyed = frame.drop("pid", "tid").join(keys, on="index", how="left")
-    device = keyed.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_TRACK_CATS)).select("pid_key", "tid_key").unique()
+    device = (
+        keyed.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_TRACK_CATS))
+        .select("pid_key", "tid_key")
+        .unique()
+    )
     slices = keyed.filter(pl.col("ph") == "X").sort(
         ["pid_key", "tid_key", "start_ns", "end_ns"], descending=[False, False, False, True]
     )
     slices = slices.with_columns(pl.Series("layer", _layers(slices), dtype=pl.Int64))
     threads = _thread_table(slices, device, _thread_names(keyed, args))
-    slices = slices.join(threads.select("pid_key", "tid_key", "layer", "tid"), on=["pid_key", "tid_key", "layer"])
+    slices = slices.join(
+        threads.select("pid_key", "tid_key", "layer", "tid"), on=["pid_key", "tid_key", "layer"]
+    )
     base = threads.filter(pl.col("layer") == 0).select("pid_key", "tid_key", "tid")
     instants = keyed.filter(pl.col("ph") == "i").join(base, on=["pid_key", "tid_key"])
     flow_ends = keyed.filter(pl.col("ph").is_in(["s", "f"]) & pl.col("flow_id").is_not_null()).select(
@@ -151,17 +176,26 @@ def _thread_names(keyed: pl.DataFrame, args: list[msgspec.Raw]) -> dict[tuple[st
 
 def _thread_table(slices: pl.DataFrame, device: pl.DataFrame, names: dict) -> pl.DataFrame:
     """One row per (track, layer): CPU threads first, then GPU streams, each by its original ids."""
-    tracks = slices.select("pid_key", "tid_key", "layer").unique().join(
-        device.with_columns(on_device=pl.lit(True)), on=["pid_key", "tid_key"], how="left"
-    ).with_columns(pl.col("on_device").fill_null(False))
+    tracks = (
+        slices.select("pid_key", "tid_key", "layer")
+        .unique()
+        .join(device.with_columns(on_device=pl.lit(True)), on=["pid_key", "tid_key"], how="left")
+        .with_columns(pl.col("on_device").fill_null(False))
+    )
     numeric = [pl.col(c).cast(pl.Int64, strict=False).alias(f"{c}_n") for c in ("pid_key", "tid_key")]
-    tracks = tracks.with_columns(numeric).sort("on_device", "pid_key_n", "pid_key", "tid_key_n", "tid_key", "layer")
+    tracks = tracks.with_columns(numeric).sort(
+        "on_device", "pid_key_n", "pid_key", "tid_key_n", "tid_key", "layer"
+    )
     labels = []
     for pid, tid, layer, on_device in tracks.select("pid_key", "tid_key", "layer", "on_device").iter_rows():
         original = names.get((pid, tid), "")
-        label = f"GPU {pid} stream {tid.removeprefix('stream ')}" if on_device else original or f"thread {tid}"
+        label = (
+            f"GPU {pid} stream {tid.removeprefix('stream ')}" if on_device else original or f"thread {tid}"
+        )
         labels.append(label + (f" · overlap {layer}" if layer else ""))
-    return tracks.with_columns(pl.Series("thread", labels, dtype=pl.String), pl.int_range(1, pl.len() + 1).alias("tid"))
+    return tracks.with_columns(
+        pl.Series("thread", labels, dtype=pl.String), pl.int_range(1, pl.len() + 1).alias("tid")
+    )
 
 
 def _bind(ends: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame:
@@ -171,8 +205,10 @@ def _bind(ends: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame:
         ends.sort("start_ns")
         .join_asof(
             innermost_last.select("pid_key", "tid_key", "start_ns", slice_end="end_ns", tid="tid"),
-            on="start_ns", by=["pid_key", "tid_key"], check_sortedness=False,
-        )  # fmt: skip
+            on="start_ns",
+            by=["pid_key", "tid_key"],
+            check_sortedness=False,
+        )
         .filter(pl.col("slice_end") >= pl.col("start_ns"))
     )
 
@@ -184,9 +220,18 @@ def profiler_flows(tracks: RankTracks, rank: int, shift_ns: int, next_id: int) -
         (pl.len().over("cat", "flow_id") == 2) & (pl.col("ph").n_unique().over("cat", "flow_id") == 2)
     ).sort("cat", "flow_id", pl.col("ph").replace_strict({"s": 0, "f": 1}))
     out = []
-    for number, (ph, cat, start, tid) in enumerate(complete.select("ph", "cat", "start_ns", "tid").iter_rows()):
-        event = {"ph": ph, "id": next_id + number // 2, "pid": rank, "tid": tid, "ts": _us(start + shift_ns),
-                 "cat": cat or "flow", "name": cat or "flow"}  # fmt: skip
+    for number, (ph, cat, start, tid) in enumerate(
+        complete.select("ph", "cat", "start_ns", "tid").iter_rows()
+    ):
+        event = {
+            "ph": ph,
+            "id": next_id + number // 2,
+            "pid": rank,
+            "tid": tid,
+            "ts": _us(start + shift_ns),
+            "cat": cat or "flow",
+            "name": cat or "flow",
+        }
         out.append(event | ({"bp": "e"} if ph == "f" else {}))
     return out, next_id + complete.height // 2
 
@@ -194,51 +239,97 @@ def profiler_flows(tracks: RankTracks, rank: int, shift_ns: int, next_id: int) -
 def _transfer_slices(tracks: dict[int, RankTracks]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Where arrows can end: NCCL kernels by (rank, start_ns), and PP transfer labels by (rank, name,
     start_ns) with, on GPU, the device-side label of the same occurrence (it encloses the NCCL kernel)."""
-    kernel = (pl.col("cat").str.to_lowercase() == "kernel") & pl.col("name").str.to_lowercase().str.contains("nccl")
+    kernel = (pl.col("cat").str.to_lowercase() == "kernel") & pl.col("name").str.to_lowercase().str.contains(
+        "nccl"
+    )
     label = pl.col("name").str.starts_with(LABEL_PREFIX) & pl.col("name").str.contains(_TRANSFER_KINDS)
     slices = pl.concat([t.slices.with_columns(rank=pl.lit(r, pl.Int64)) for r, t in tracks.items()])
-    kernels = slices.filter(kernel).unique(["rank", "start_ns"]).select(
-        "rank", "start_ns", k_tid="tid", k_start="start_ns", k_end="end_ns"
+    kernels = (
+        slices.filter(kernel)
+        .unique(["rank", "start_ns"])
+        .select("rank", "start_ns", k_tid="tid", k_start="start_ns", k_end="end_ns")
     )
-    labels = slices.filter(label).sort("start_ns").with_columns(
-        on_device=pl.col("cat") == "gpu_user_annotation",
-        occurrence=pl.int_range(pl.len()).over("rank", "name", pl.col("cat") == "gpu_user_annotation"),
+    labels = (
+        slices.filter(label)
+        .sort("start_ns")
+        .with_columns(
+            on_device=pl.col("cat") == "gpu_user_annotation",
+            occurrence=pl.int_range(pl.len()).over("rank", "name", pl.col("cat") == "gpu_user_annotation"),
+        )
     )
-    device = labels.filter("on_device").select("rank", "name", "occurrence", d_tid="tid", d_start="start_ns", d_end="end_ns")
+    device = labels.filter("on_device").select(
+        "rank", "name", "occurrence", d_tid="tid", d_start="start_ns", d_end="end_ns"
+    )
     host = labels.filter(~pl.col("on_device")).join(device, on=["rank", "name", "occurrence"], how="left")
     # One slice per (rank, name, start): a label written twice (duplicate events) must not double a transfer.
     host = host.unique(["rank", "name", "start_ns"], keep="first", maintain_order=True)
-    return kernels, host.select("rank", "name", "start_ns", "d_tid", "d_start", "d_end", h_tid="tid",
-                                h_start="start_ns", h_end="end_ns")  # fmt: skip
+    return kernels, host.select(
+        "rank",
+        "name",
+        "start_ns",
+        "d_tid",
+        "d_start",
+        "d_end",
+        h_tid="tid",
+        h_start="start_ns",
+        h_end="end_ns",
+    )
 
 
 def _ends(pairs: pl.DataFrame, side: str, kernels: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     """The slice (tid, start, end) for each transfer's `side` (send | recv): its NCCL kernel, else the
     device-side label around that kernel, else the host label."""
-    rank, stage, kind = ("src_rank", "send_stage", "send_kind") if side == "send" else ("dst_rank", "recv_stage", "recv_kind")
+    rank, stage, kind = (
+        ("src_rank", "send_stage", "send_kind") if side == "send" else ("dst_rank", "recv_stage", "recv_kind")
+    )
     name = pl.format(LABEL_PREFIX + "{}{}{}", stage, kind, "microbatch")
     keyed = pairs.select(pl.col(rank).alias("rank"), pl.col(f"{side}_start_ns").alias("start_ns"), name=name)
-    found = keyed.join(kernels, on=["rank", "start_ns"], how="left").join(labels, on=["rank", "name", "start_ns"], how="left")
+    found = keyed.join(kernels, on=["rank", "start_ns"], how="left").join(
+        labels, on=["rank", "name", "start_ns"], how="left"
+    )
     return found.select(
-        pl.coalesce(f"{p}_{what}" for p in ("k", "d", "h")).alias(f"{side}_{what}") for what in ("tid", "start", "end")
+        pl.coalesce(f"{p}_{what}" for p in ("k", "d", "h")).alias(f"{side}_{what}")
+        for what in ("tid", "start", "end")
     )
 
 
-def p2p_flows(pairs: pl.DataFrame, tracks: dict[int, RankTracks], shift: dict[int, int], origin: int,
-              next_id: int) -> tuple[list[dict], int]:  # fmt: skip
+def p2p_flows(
+    pairs: pl.DataFrame, tracks: dict[int, RankTracks], shift: dict[int, int], origin: int, next_id: int
+) -> tuple[list[dict], int]:
     """One arrow per transfer (analysis.timeline.clock.transfers): from the send slice's start to the receive
     slice's last nanosecond, so that aligned clocks show the data arriving after it was sent."""
     pairs = pairs.filter(pl.col("src_rank").is_in(list(tracks)) & pl.col("dst_rank").is_in(list(tracks)))
     kernels, labels = _transfer_slices(tracks)
-    placed = pl.concat([pairs, _ends(pairs, "send", kernels, labels), _ends(pairs, "recv", kernels, labels)],
-                       how="horizontal").drop_nulls(["send_tid", "recv_tid"])  # fmt: skip
+    placed = pl.concat(
+        [pairs, _ends(pairs, "send", kernels, labels), _ends(pairs, "recv", kernels, labels)],
+        how="horizontal",
+    ).drop_nulls(["send_tid", "recv_tid"])
     out = []
     for number, row in enumerate(placed.iter_rows(named=True)):
         src, dst = row["src_rank"], row["dst_rank"]
-        common = {"id": next_id + number, "cat": "p2p",
-                  "name": f"{row['send_kind']} mb {row['microbatch']} → stage {row['recv_stage']}"}  # fmt: skip
+        common = {
+            "id": next_id + number,
+            "cat": "p2p",
+            "name": f"{row['send_kind']} mb {row['microbatch']} → stage {row['recv_stage']}",
+        }
         arrival = max(row["recv_start"], row["recv_end"] - 1)
-        out.append({"ph": "s", "pid": src, "tid": row["send_tid"], "ts": _us(row["send_start"] + shift[src] - origin)} | common)
-        out.append({"ph": "f", "bp": "e", "pid": dst, "tid": row["recv_tid"], "ts": _us(arrival + shift[dst] - origin)} | common)
+        out.append(
+            {
+                "ph": "s",
+                "pid": src,
+                "tid": row["send_tid"],
+                "ts": _us(row["send_start"] + shift[src] - origin),
+            }
+            | common
+        )
+        out.append(
+            {
+                "ph": "f",
+                "bp": "e",
+                "pid": dst,
+                "tid": row["recv_tid"],
+                "ts": _us(arrival + shift[dst] - origin),
+            }
+            | common
+        )
     return out, next_id + placed.height
-

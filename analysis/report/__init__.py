@@ -25,7 +25,9 @@ def _write_page(path: Path, title: str, body: str, figures: list, depth: int) ->
 def _write_run_page(run: Run, out: Path, stem: str) -> None:
     page = out / RUNS_DIR / f"{stem}.html"
     merged = run.merged_trace
-    merged_href = Path(os.path.relpath(merged.resolve(), page.parent.resolve())).as_posix() if merged else None
+    merged_href = (
+        Path(os.path.relpath(merged.resolve(), page.parent.resolve())).as_posix() if merged else None
+    )
     body, figures = run_page.body(run, merged_href)
     _write_page(page, f"{run.run_id}: pipeline run", body, figures, depth=1)
 
@@ -38,8 +40,10 @@ def build_report(traces: Path, out: Path) -> Path:
     for run in runs:
         if run.error is None:
             _write_run_page(run, out, stems[run.run_id])
-    remove_stale_pages(out / RUNS_DIR, {f"{stems[r.run_id]}{suffix}" for r in runs if r.error is None
-                                        for suffix in (".html", ".charts.js")})
+    remove_stale_pages(
+        out / RUNS_DIR,
+        {f"{stems[r.run_id]}{suffix}" for r in runs if r.error is None for suffix in (".html", ".charts.js")},
+    )
     pages = {run_id: f"{RUNS_DIR}/{stem}.html" for run_id, stem in stems.items()}
     body, figures = index_page.body(runs, pages)
     _write_page(out / "index.html", "Pipeline runs", body, figures, depth=0)

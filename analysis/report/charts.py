@@ -20,16 +20,37 @@ from analysis.schema import COMM_KINDS, COMPUTE_KINDS, GAP_CLASSES, RANK_PARTS, 
 TRACKS = ("compute", "p2p", "idle")
 # Compute kinds in strong colours, their p2p counterparts pale, idle classes in greys and muted tones.
 _WHAT_COLOURS = {
-    "F": "#4c78a8", "B": "#f58518", "I": "#e45756", "W": "#72b7b2",
-    "SEND_F": "#9ecae9", "RECV_F": "#c6dbef", "SEND_B": "#ffbf79", "RECV_B": "#fdd0a2",
-    "bubble": "#bab0ac", "p2p_wait": "#b279a2", "launch_overhead": "#9d755d", "other": "#e0e0e0",
+    "F": "#4c78a8",
+    "B": "#f58518",
+    "I": "#e45756",
+    "W": "#72b7b2",
+    "SEND_F": "#9ecae9",
+    "RECV_F": "#c6dbef",
+    "SEND_B": "#ffbf79",
+    "RECV_B": "#fdd0a2",
+    "bubble": "#bab0ac",
+    "p2p_wait": "#b279a2",
+    "launch_overhead": "#9d755d",
+    "other": "#e0e0e0",
 }
 _TERM_COLOURS = {
-    "ideal": "#4c78a8", "formula_bubble": "#bab0ac", "imbalance": "#f58518", "small_gemm": "#e45756",
-    "launch_overhead": "#9d755d", "p2p_wait": "#b279a2", "residual": "#eeca3b", "measured": "#333333",
+    "ideal": "#4c78a8",
+    "formula_bubble": "#bab0ac",
+    "imbalance": "#f58518",
+    "small_gemm": "#e45756",
+    "launch_overhead": "#9d755d",
+    "p2p_wait": "#b279a2",
+    "residual": "#eeca3b",
+    "measured": "#333333",
 }
-_PART_COLOURS = {"compute": "#4c78a8", "small_gemm": "#e45756", "bubble": "#bab0ac", "p2p_wait": "#b279a2",
-                 "launch_overhead": "#9d755d", "other": "#e0e0e0"}
+_PART_COLOURS = {
+    "compute": "#4c78a8",
+    "small_gemm": "#e45756",
+    "bubble": "#bab0ac",
+    "p2p_wait": "#b279a2",
+    "launch_overhead": "#9d755d",
+    "other": "#e0e0e0",
+}
 WIDTH = 900
 # m is a power of two in every sweep we run; ticks there instead of log-scale ticks at 1.5, 2.5, ...
 _M_AXIS = alt.Axis(values=[2**k for k in range(13)], format="d")
@@ -56,19 +77,29 @@ def _named(name: str) -> alt.NamedData:
 def timeline(frame: pl.DataFrame, title: str, ranks: int, name: str = "timeline") -> Plot:
     """One row per rank, three tracks inside it (compute, p2p, idle); hover shows what and how long."""
     what = (*COMPUTE_KINDS, *COMM_KINDS, *GAP_CLASSES)
-    chart = alt.Chart(_named(name), title=title).mark_rect(stroke="white").encode(
-        x=alt.X("start_ms:Q", title="ms from the start of the step"),
-        x2="end_ms:Q",
-        # Outline single cells so neighbours of one kind stay apart; binned bars are too thin for it.
-        strokeWidth=alt.condition("datum.cells > 1", alt.value(0), alt.value(0.5)),
-        y=alt.Y("rank:O", title="rank"),
-        yOffset=alt.YOffset("track:N", scale=alt.Scale(domain=list(TRACKS))),
-        color=alt.Color("what:N", scale=_scale(_WHAT_COLOURS, what), title="cell kind / gap class"),
-        tooltip=[alt.Tooltip("action:N", title="action"), alt.Tooltip("microbatch:Q"), alt.Tooltip("rank:O"),
-                 alt.Tooltip("track:N"), alt.Tooltip("start_ms:Q", title="start (ms)", format=".3f"),
-                 alt.Tooltip("duration_ms:Q", title="duration (ms)", format=".3f"),
-                 alt.Tooltip("cells:Q", title="cells in this bar")],
-    ).properties(width=WIDTH, height=60 * ranks)
+    chart = (
+        alt.Chart(_named(name), title=title)
+        .mark_rect(stroke="white")
+        .encode(
+            x=alt.X("start_ms:Q", title="ms from the start of the step"),
+            x2="end_ms:Q",
+            # Outline single cells so neighbours of one kind stay apart; binned bars are too thin for it.
+            strokeWidth=alt.condition("datum.cells > 1", alt.value(0), alt.value(0.5)),
+            y=alt.Y("rank:O", title="rank"),
+            yOffset=alt.YOffset("track:N", scale=alt.Scale(domain=list(TRACKS))),
+            color=alt.Color("what:N", scale=_scale(_WHAT_COLOURS, what), title="cell kind / gap class"),
+            tooltip=[
+                alt.Tooltip("action:N", title="action"),
+                alt.Tooltip("microbatch:Q"),
+                alt.Tooltip("rank:O"),
+                alt.Tooltip("track:N"),
+                alt.Tooltip("start_ms:Q", title="start (ms)", format=".3f"),
+                alt.Tooltip("duration_ms:Q", title="duration (ms)", format=".3f"),
+                alt.Tooltip("cells:Q", title="cells in this bar"),
+            ],
+        )
+        .properties(width=WIDTH, height=60 * ranks)
+    )
     return Plot(chart, {name: frame})
 
 
@@ -84,12 +115,18 @@ def timelines(measured: pl.DataFrame, ideal: pl.DataFrame | None, ranks: int, id
 def waterfall(frame: pl.DataFrame) -> Plot:
     """From the formula's step time (ideal + formula bubble) through each deviation to the measured one."""
     base = alt.Chart(_named("waterfall")).encode(
-        x=alt.X("term:N", sort=alt.SortField("order"), title=None, axis=alt.Axis(labelAngle=0)))
+        x=alt.X("term:N", sort=alt.SortField("order"), title=None, axis=alt.Axis(labelAngle=0))
+    )
     bars = base.mark_bar().encode(
-        y=alt.Y("start:Q", title="ms of the step"), y2="end:Q",
+        y=alt.Y("start:Q", title="ms of the step"),
+        y2="end:Q",
         color=alt.Color("term:N", scale=_scale(_TERM_COLOURS, (*WATERFALL_TERMS, "measured")), legend=None),
-        tooltip=[alt.Tooltip("term:N"), alt.Tooltip("ms:Q", title="ms", format=".3f"),
-                 alt.Tooltip("end:Q", title="running total (ms)", format=".3f")])
+        tooltip=[
+            alt.Tooltip("term:N"),
+            alt.Tooltip("ms:Q", title="ms", format=".3f"),
+            alt.Tooltip("end:Q", title="running total (ms)", format=".3f"),
+        ],
+    )
     labels = base.mark_text(dy=-7).encode(y="top:Q", text=alt.Text("ms:Q", format=".2f"))
     chart = alt.layer(bars, labels).properties(width=WIDTH * 2 // 3, height=260)
     return Plot(chart, {"waterfall": frame.with_columns(top=pl.max_horizontal("start", "end"))})
@@ -97,26 +134,53 @@ def waterfall(frame: pl.DataFrame) -> Plot:
 
 def rank_parts(frame: pl.DataFrame) -> Plot:
     """Each rank's step as one stacked bar of its parts (they sum to the step time)."""
-    chart = alt.Chart(_named("parts")).mark_bar().encode(
-        x=alt.X("sum(ms):Q", title="ms of the step"), y=alt.Y("rank:O"),
-        color=alt.Color("part:N", scale=_scale(_PART_COLOURS, RANK_PARTS)),
-        order=alt.Order("order:Q"),
-        tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("part:N"), alt.Tooltip("ms:Q", format=".3f")],
-    ).properties(width=WIDTH * 2 // 3)
+    chart = (
+        alt.Chart(_named("parts"))
+        .mark_bar()
+        .encode(
+            x=alt.X("sum(ms):Q", title="ms of the step"),
+            y=alt.Y("rank:O"),
+            color=alt.Color("part:N", scale=_scale(_PART_COLOURS, RANK_PARTS)),
+            order=alt.Order("order:Q"),
+            tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("part:N"), alt.Tooltip("ms:Q", format=".3f")],
+        )
+        .properties(width=WIDTH * 2 // 3)
+    )
     return Plot(chart, {"parts": frame})
 
 
 def bubble_vs_m(curve: pl.DataFrame, measured: pl.DataFrame) -> Plot:
     """Formula bubble as a line over m, measured bubbles as points, one colour per family."""
     x = alt.X("m:Q", scale=alt.Scale(type="log", base=2), axis=_M_AXIS, title="microbatches m (log scale)")
-    line = alt.Chart(_named("curve")).mark_line(strokeDash=[5, 3]).encode(
-        x=x, y=alt.Y("bubble:Q", title="bubble (fraction of the step)"), color=alt.Color("family:N"),
-        tooltip=[alt.Tooltip("family:N"), alt.Tooltip("m:Q"), alt.Tooltip("bubble:Q", title="formula", format=".3f")])
-    points = alt.Chart(_named("measured")).mark_point(filled=True, size=70).encode(
-        x=x, y="bubble_measured:Q", color="family:N",
-        tooltip=[alt.Tooltip("run_id:N", title="run"), alt.Tooltip("m:Q"),
-                 alt.Tooltip("bubble_measured:Q", title="measured", format=".3f"),
-                 alt.Tooltip("bubble_formula:Q", title="formula", format=".3f")])
+    line = (
+        alt.Chart(_named("curve"))
+        .mark_line(strokeDash=[5, 3])
+        .encode(
+            x=x,
+            y=alt.Y("bubble:Q", title="bubble (fraction of the step)"),
+            color=alt.Color("family:N"),
+            tooltip=[
+                alt.Tooltip("family:N"),
+                alt.Tooltip("m:Q"),
+                alt.Tooltip("bubble:Q", title="formula", format=".3f"),
+            ],
+        )
+    )
+    points = (
+        alt.Chart(_named("measured"))
+        .mark_point(filled=True, size=70)
+        .encode(
+            x=x,
+            y="bubble_measured:Q",
+            color="family:N",
+            tooltip=[
+                alt.Tooltip("run_id:N", title="run"),
+                alt.Tooltip("m:Q"),
+                alt.Tooltip("bubble_measured:Q", title="measured", format=".3f"),
+                alt.Tooltip("bubble_formula:Q", title="formula", format=".3f"),
+            ],
+        )
+    )
     chart = alt.layer(line, points).properties(width=WIDTH // 2, height=280)
     columns = ["family", "run_id", "m", "bubble_measured", "bubble_formula"]
     return Plot(chart, {"curve": curve, "measured": measured.select(columns)})
@@ -125,65 +189,126 @@ def bubble_vs_m(curve: pl.DataFrame, measured: pl.DataFrame) -> Plot:
 def step_time_vs_m(terms: pl.DataFrame, measured: pl.DataFrame, title: str) -> Plot:
     """Step time over m as stacked waterfall terms, the measured time as a line, the best m marked."""
     x = alt.X("m:O", title="microbatches m", axis=alt.Axis(labelAngle=0))
-    bars = alt.Chart(_named("terms")).mark_bar().encode(
-        x=x, y=alt.Y("sum(ms):Q", title="ms per step"),
-        color=alt.Color("term:N", scale=_scale(_TERM_COLOURS, WATERFALL_TERMS), title="waterfall term"),
-        order=alt.Order("order:Q"),
-        tooltip=[alt.Tooltip("m:O"), alt.Tooltip("term:N"), alt.Tooltip("ms:Q", format=".3f")])
-    line = alt.Chart(_named("measured")).mark_line(point=True, color="#333").encode(
-        x=x, y="step_time_ms:Q",
-        tooltip=[alt.Tooltip("m:O"), alt.Tooltip("step_time_ms:Q", title="measured step (ms)", format=".3f")])
-    best = alt.Chart(_named("measured")).transform_filter("datum.best").mark_text(
-        dy=-12, fontWeight="bold").encode(x=x, y="step_time_ms:Q", text=alt.value("best m"))
+    bars = (
+        alt.Chart(_named("terms"))
+        .mark_bar()
+        .encode(
+            x=x,
+            y=alt.Y("sum(ms):Q", title="ms per step"),
+            color=alt.Color("term:N", scale=_scale(_TERM_COLOURS, WATERFALL_TERMS), title="waterfall term"),
+            order=alt.Order("order:Q"),
+            tooltip=[alt.Tooltip("m:O"), alt.Tooltip("term:N"), alt.Tooltip("ms:Q", format=".3f")],
+        )
+    )
+    line = (
+        alt.Chart(_named("measured"))
+        .mark_line(point=True, color="#333")
+        .encode(
+            x=x,
+            y="step_time_ms:Q",
+            tooltip=[
+                alt.Tooltip("m:O"),
+                alt.Tooltip("step_time_ms:Q", title="measured step (ms)", format=".3f"),
+            ],
+        )
+    )
+    best = (
+        alt.Chart(_named("measured"))
+        .transform_filter("datum.best")
+        .mark_text(dy=-12, fontWeight="bold")
+        .encode(x=x, y="step_time_ms:Q", text=alt.value("best m"))
+    )
     chart = alt.layer(bars, line, best, title=title).properties(width=WIDTH // 2, height=280)
     return Plot(chart, {"terms": terms, "measured": measured})
 
 
 def schedules_side_by_side(terms: pl.DataFrame) -> Plot:
     """At equal (p, m): each schedule's step time as stacked waterfall terms, one panel per setting."""
-    chart = alt.Chart(_named("terms")).mark_bar().encode(
-        x=alt.X("schedule:N", title=None, axis=alt.Axis(labelAngle=0)), y=alt.Y("sum(ms):Q", title="ms per step"),
-        color=alt.Color("term:N", scale=_scale(_TERM_COLOURS, WATERFALL_TERMS), title="waterfall term"),
-        order=alt.Order("order:Q"),
-        tooltip=[alt.Tooltip("schedule:N"), alt.Tooltip("term:N"), alt.Tooltip("ms:Q", format=".3f"),
-                 alt.Tooltip("run_id:N", title="run")],
-    ).properties(width=45 * max(terms["schedule"].n_unique(), 2), height=240).facet(
-        column=alt.Column("setting:N", title=None))
+    chart = (
+        alt.Chart(_named("terms"))
+        .mark_bar()
+        .encode(
+            x=alt.X("schedule:N", title=None, axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("sum(ms):Q", title="ms per step"),
+            color=alt.Color("term:N", scale=_scale(_TERM_COLOURS, WATERFALL_TERMS), title="waterfall term"),
+            order=alt.Order("order:Q"),
+            tooltip=[
+                alt.Tooltip("schedule:N"),
+                alt.Tooltip("term:N"),
+                alt.Tooltip("ms:Q", format=".3f"),
+                alt.Tooltip("run_id:N", title="run"),
+            ],
+        )
+        .properties(width=45 * max(terms["schedule"].n_unique(), 2), height=240)
+        .facet(column=alt.Column("setting:N", title=None))
+    )
     return Plot(chart, {"terms": terms})
 
 
 def peak_memory_vs_m(frame: pl.DataFrame) -> Plot:
     """Peak activation memory (largest over ranks) against m, one line per schedule family."""
-    chart = alt.Chart(_named("memory")).mark_line(point=True).encode(
-        x=alt.X("m:Q", scale=alt.Scale(type="log", base=2), axis=_M_AXIS, title="microbatches m (log scale)"),
-        y=alt.Y("peak_mib:Q", title="peak activation memory (MiB, largest rank)"), color="family:N",
-        tooltip=[alt.Tooltip("family:N"), alt.Tooltip("m:Q"), alt.Tooltip("peak_mib:Q", format=".2f")],
-    ).properties(width=WIDTH // 2, height=280)
+    chart = (
+        alt.Chart(_named("memory"))
+        .mark_line(point=True)
+        .encode(
+            x=alt.X(
+                "m:Q", scale=alt.Scale(type="log", base=2), axis=_M_AXIS, title="microbatches m (log scale)"
+            ),
+            y=alt.Y("peak_mib:Q", title="peak activation memory (MiB, largest rank)"),
+            color="family:N",
+            tooltip=[alt.Tooltip("family:N"), alt.Tooltip("m:Q"), alt.Tooltip("peak_mib:Q", format=".2f")],
+        )
+        .properties(width=WIDTH // 2, height=280)
+    )
     return Plot(chart, {"memory": frame})
 
 
 def memory_per_rank(frame: pl.DataFrame) -> Plot:
     """Peak activation memory per rank (its stages), in MiB."""
-    chart = alt.Chart(_named("memory")).mark_bar().encode(
-        x=alt.X("peak_mib:Q", title="peak activation memory (MiB)"), y=alt.Y("rank:O"),
-        tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("stage_ids:N", title="stages"),
-                 alt.Tooltip("peak_mib:Q", format=".2f")],
-    ).properties(width=WIDTH // 2)
+    chart = (
+        alt.Chart(_named("memory"))
+        .mark_bar()
+        .encode(
+            x=alt.X("peak_mib:Q", title="peak activation memory (MiB)"),
+            y=alt.Y("rank:O"),
+            tooltip=[
+                alt.Tooltip("rank:O"),
+                alt.Tooltip("stage_ids:N", title="stages"),
+                alt.Tooltip("peak_mib:Q", format=".2f"),
+            ],
+        )
+        .properties(width=WIDTH // 2)
+    )
     return Plot(chart, {"memory": frame})
 
 
-def in_flight(measured: pl.DataFrame, theory: pl.DataFrame | None, peaks: pl.DataFrame, theory_title: str) -> Plot:
+def in_flight(
+    measured: pl.DataFrame, theory: pl.DataFrame | None, peaks: pl.DataFrame, theory_title: str
+) -> Plot:
     """Live microbatches per rank over the step, measured above the schedule's own count on a replay of it
     (one shared time axis, as the timelines); the schedule's peak per rank as a dashed rule in both."""
     colour = alt.Color("rank:N", title="rank")
-    rules = alt.Chart(_named("peaks")).mark_rule(strokeDash=[4, 3]).encode(
-        y="theory:Q", color=colour, tooltip=[alt.Tooltip("rank:N"), alt.Tooltip("theory:Q", title="theory peak")])
+    rules = (
+        alt.Chart(_named("peaks"))
+        .mark_rule(strokeDash=[4, 3])
+        .encode(
+            y="theory:Q",
+            color=colour,
+            tooltip=[alt.Tooltip("rank:N"), alt.Tooltip("theory:Q", title="theory peak")],
+        )
+    )
 
     def panel(name: str, title: str) -> alt.LayerChart:
-        lines = alt.Chart(_named(name), title=title).mark_line(interpolate="step-after").encode(
-            x=alt.X("t_ms:Q", title="ms from the start of the step"),
-            y=alt.Y("live:Q", title="microbatches in flight"), color=colour,
-            tooltip=[alt.Tooltip("rank:N"), alt.Tooltip("t_ms:Q", format=".3f"), alt.Tooltip("live:Q")])
+        lines = (
+            alt.Chart(_named(name), title=title)
+            .mark_line(interpolate="step-after")
+            .encode(
+                x=alt.X("t_ms:Q", title="ms from the start of the step"),
+                y=alt.Y("live:Q", title="microbatches in flight"),
+                color=colour,
+                tooltip=[alt.Tooltip("rank:N"), alt.Tooltip("t_ms:Q", format=".3f"), alt.Tooltip("live:Q")],
+            )
+        )
         return alt.layer(lines, rules).properties(width=WIDTH * 2 // 3, height=180)
 
     panels = [panel("live", "measured")] + ([] if theory is None else [panel("theory", theory_title)])

@@ -12,7 +12,17 @@ from analysis.schema import COMPUTE_KINDS, RANK_PARTS, WATERFALL_TERMS, Summary
 
 # The terms that depart from the formula's step time (ideal + formula_bubble).
 DEVIATION_TERMS = WATERFALL_TERMS[2:]
-TIMELINE_COLUMNS = ("rank", "track", "what", "action", "microbatch", "start_ms", "end_ms", "duration_ms", "cells")
+TIMELINE_COLUMNS = (
+    "rank",
+    "track",
+    "what",
+    "action",
+    "microbatch",
+    "start_ms",
+    "end_ms",
+    "duration_ms",
+    "cells",
+)
 # Above this many rows a timeline is drawn from time bins: the browser stays fast, and a cell a
 # thousandth of the chart wide could not be hovered anyway.
 TIMELINE_ROWS_MAX = 10_000
@@ -54,11 +64,14 @@ def timeline_frame(cells: pl.DataFrame, gaps: pl.DataFrame, step: int, origin: i
 
 
 def _with_duration(frame: pl.DataFrame) -> pl.DataFrame:
-    return frame.with_columns(duration_ms=(pl.col("end_ms") - pl.col("start_ms")).round(4),
-                              cells=pl.lit(1, pl.Int64)).select(TIMELINE_COLUMNS)
+    return frame.with_columns(
+        duration_ms=(pl.col("end_ms") - pl.col("start_ms")).round(4), cells=pl.lit(1, pl.Int64)
+    ).select(TIMELINE_COLUMNS)
 
 
-def coarsen(frame: pl.DataFrame, bins: int = TIMELINE_BINS, rows_max: int = TIMELINE_ROWS_MAX) -> pl.DataFrame:
+def coarsen(
+    frame: pl.DataFrame, bins: int = TIMELINE_BINS, rows_max: int = TIMELINE_ROWS_MAX
+) -> pl.DataFrame:
     """Past `rows_max` rows, one bar per (rank, track, time bin), coloured by the kind that filled most
     of it; `cells` says how many rows it stands for, `duration_ms` their summed time."""
     if frame.height <= rows_max:
@@ -66,22 +79,41 @@ def coarsen(frame: pl.DataFrame, bins: int = TIMELINE_BINS, rows_max: int = TIME
     width = max(frame["end_ms"].max() - frame["start_ms"].min(), 1e-9) / bins
     binned = frame.with_columns(bin=(pl.col("start_ms") / width).floor().cast(pl.Int64))
     time_by_kind = binned.group_by("rank", "track", "bin", "what").agg(pl.col("duration_ms").sum())
-    dominant = time_by_kind.sort("duration_ms", "what", descending=[True, False]).unique(
-        subset=["rank", "track", "bin"], keep="first").select("rank", "track", "bin", "what")
+    dominant = (
+        time_by_kind.sort("duration_ms", "what", descending=[True, False])
+        .unique(subset=["rank", "track", "bin"], keep="first")
+        .select("rank", "track", "bin", "what")
+    )
     bars = binned.group_by("rank", "track", "bin").agg(
-        start_ms=pl.col("start_ms").min(), end_ms=pl.col("end_ms").max(),
-        duration_ms=pl.col("duration_ms").sum().round(4), cells=pl.len().cast(pl.Int64))
-    return bars.join(dominant, on=["rank", "track", "bin"]).with_columns(
-        action=pl.format("{} cells, mostly {}", "cells", "what"), microbatch=pl.lit(None, pl.Int64),
-    ).select(TIMELINE_COLUMNS).sort("rank", "start_ms")
+        start_ms=pl.col("start_ms").min(),
+        end_ms=pl.col("end_ms").max(),
+        duration_ms=pl.col("duration_ms").sum().round(4),
+        cells=pl.len().cast(pl.Int64),
+    )
+    return (
+        bars.join(dominant, on=["rank", "track", "bin"])
+        .with_columns(
+            action=pl.format("{} cells, mostly {}", "cells", "what"),
+            microbatch=pl.lit(None, pl.Int64),
+        )
+        .select(TIMELINE_COLUMNS)
+        .sort("rank", "start_ms")
+    )
 
 
 def ideal_frame(ideal: pl.DataFrame, origin: int) -> pl.DataFrame:
     """The ideal timeline (analysis.results `ideal`) in the measured frame's shape, from the same origin."""
-    return _with_duration(ideal.select(
-        "rank", track=pl.lit("compute"), what="kind", action=pl.format("{}{}{}", "stage", "kind", "microbatch"),
-        microbatch="microbatch", start_ms=_milliseconds("start_ns", origin), end_ms=_milliseconds("end_ns", origin),
-    )).sort("rank", "start_ms")
+    return _with_duration(
+        ideal.select(
+            "rank",
+            track=pl.lit("compute"),
+            what="kind",
+            action=pl.format("{}{}{}", "stage", "kind", "microbatch"),
+            microbatch="microbatch",
+            start_ms=_milliseconds("start_ns", origin),
+            end_ms=_milliseconds("end_ns", origin),
+        )
+    ).sort("rank", "start_ms")
 
 
 def waterfall_frame(summary: Summary) -> pl.DataFrame:
@@ -92,17 +124,23 @@ def waterfall_frame(summary: Summary) -> pl.DataFrame:
     total = pl.DataFrame({"term": ["measured"], "ms": [summary.step_time_ms]})
     total = total.with_columns(end=pl.col("ms"), start=pl.lit(0.0))
     return pl.concat([terms, total]).with_columns(
-        order=pl.int_range(pl.len()), bar=pl.when(pl.col("term") == "measured").then(pl.lit("total")).otherwise(
-            pl.when(pl.col("ms") < 0).then(pl.lit("decrease")).otherwise(pl.lit("increase")))
+        order=pl.int_range(pl.len()),
+        bar=pl.when(pl.col("term") == "measured")
+        .then(pl.lit("total"))
+        .otherwise(pl.when(pl.col("ms") < 0).then(pl.lit("decrease")).otherwise(pl.lit("increase"))),
     )
 
 
 def rank_parts_frame(summary: Summary) -> pl.DataFrame:
     """Each rank's step split into its parts (long form: rank, part, order, ms); an unknown part counts 0."""
-    rows = [(entry.rank, part, order, entry.part_ms(part) or 0.0)
-            for entry in summary.ranks for order, part in enumerate(RANK_PARTS)]
-    return pl.DataFrame(rows, schema={"rank": pl.Int64, "part": pl.String, "order": pl.Int64, "ms": pl.Float64},
-                        orient="row")
+    rows = [
+        (entry.rank, part, order, entry.part_ms(part) or 0.0)
+        for entry in summary.ranks
+        for order, part in enumerate(RANK_PARTS)
+    ]
+    return pl.DataFrame(
+        rows, schema={"rank": pl.Int64, "part": pl.String, "order": pl.Int64, "ms": pl.Float64}, orient="row"
+    )
 
 
 def largest_deviation(summary: Summary) -> tuple[str, float] | None:

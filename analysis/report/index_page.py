@@ -16,13 +16,23 @@ RUN_COLUMNS = [
     Column("schedule", "pipeline schedule", text=True),
     Column("engine", "native: this project's executor; torch: torch.distributed.pipelining", text=True),
     Column("device", "where the stages ran", text=True),
-    Column("p", "pipeline ranks"), Column("m", "microbatches per step"), Column("v", "chunks (stages) per rank"),
+    Column("p", "pipeline ranks"),
+    Column("m", "microbatches per step"),
+    Column("v", "chunks (stages) per rank"),
     Column("step (ms)", "measured step time: median over the analysed profiled steps", show=number(3)),
-    Column("bubble formula", "(p-1)/(v*m+p-1): idle fraction of the step by schedule geometry", show=number(3)),
-    Column("bubble measured", "1 - busy time of all ranks / (p * step time), as a fraction of the step",
-           show=number(3)),
-    Column("largest deviation", "the waterfall term beyond the formula with the largest magnitude, in ms",
-           text=True),
+    Column(
+        "bubble formula", "(p-1)/(v*m+p-1): idle fraction of the step by schedule geometry", show=number(3)
+    ),
+    Column(
+        "bubble measured",
+        "1 - busy time of all ranks / (p * step time), as a fraction of the step",
+        show=number(3),
+    ),
+    Column(
+        "largest deviation",
+        "the waterfall term beyond the formula with the largest magnitude, in ms",
+        text=True,
+    ),
 ]
 
 
@@ -32,15 +42,35 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
         if run.error is not None:
             config = run.config
             cells = [config.get(k) for k in ("schedule", "engine", "device", "p", "m", "v")]
-            rows.append([Markup(html.escape(run.run_id)), *map(_text, cells), None, None, None,
-                         Markup(html.escape(run.error), css="error")])
+            rows.append(
+                [
+                    Markup(html.escape(run.run_id)),
+                    *map(_text, cells),
+                    None,
+                    None,
+                    None,
+                    Markup(html.escape(run.error), css="error"),
+                ]
+            )
             classes.append("error")
             continue
         s = run.summary
         deviation = largest_deviation(s)
-        rows.append([link(pages[run.run_id], run.run_id), _text(s.schedule), _text(s.engine), _text(s.device),
-                     _text(s.p), _text(s.m), _text(s.v), s.step_time_ms, s.bubble_formula, s.bubble_measured,
-                     f"{deviation[0]} {deviation[1]:+.3f}" if deviation else "—"])
+        rows.append(
+            [
+                link(pages[run.run_id], run.run_id),
+                _text(s.schedule),
+                _text(s.engine),
+                _text(s.device),
+                _text(s.p),
+                _text(s.m),
+                _text(s.v),
+                s.step_time_ms,
+                s.bubble_formula,
+                s.bubble_measured,
+                f"{deviation[0]} {deviation[1]:+.3f}" if deviation else "—",
+            ]
+        )
         classes.append("")
     return table(RUN_COLUMNS, rows, classes)
 
@@ -53,14 +83,30 @@ def engines_table(runs: pl.DataFrame) -> str:
     pairs = sweeps.engine_pairs(runs)
     if pairs.is_empty():
         return "<p>No configuration was run with both engines yet (<code>make trace ENGINE=torch ...</code>).</p>"
-    columns = [Column(name, meaning, text=name in ("schedule", "device")) for name, meaning in
-               (("schedule", "pipeline schedule"), ("p", "pipeline ranks"), ("m", "microbatches"),
-                ("v", "chunks per rank"), ("device", "where the stages ran"))]
-    columns += [Column("native (ms)", "step time with this project's executor", show=number(3)),
-                Column("torch (ms)", "step time with torch.distributed.pipelining", show=number(3)),
-                Column("torch / native", "step time ratio; above 1 the native executor is faster", show=number(3))]
-    return table(columns, [list(row) for row in pairs.select(
-        "schedule", "p", "m", "v", "device", "native", "torch", "ratio").iter_rows()])
+    columns = [
+        Column(name, meaning, text=name in ("schedule", "device"))
+        for name, meaning in (
+            ("schedule", "pipeline schedule"),
+            ("p", "pipeline ranks"),
+            ("m", "microbatches"),
+            ("v", "chunks per rank"),
+            ("device", "where the stages ran"),
+        )
+    ]
+    columns += [
+        Column("native (ms)", "step time with this project's executor", show=number(3)),
+        Column("torch (ms)", "step time with torch.distributed.pipelining", show=number(3)),
+        Column("torch / native", "step time ratio; above 1 the native executor is faster", show=number(3)),
+    ]
+    return table(
+        columns,
+        [
+            list(row)
+            for row in pairs.select(
+                "schedule", "p", "m", "v", "device", "native", "torch", "ratio"
+            ).iter_rows()
+        ],
+    )
 
 
 def sweep_figures(runs: pl.DataFrame) -> list[Figure]:
@@ -68,31 +114,52 @@ def sweep_figures(runs: pl.DataFrame) -> list[Figure]:
     family_runs = sweeps.families(runs)
     figures = []
     if not family_runs.is_empty():
-        figures.append(Figure("bubble-vs-m", charts.bubble_vs_m(sweeps.formula_curve(family_runs), family_runs),
-                              "Bubble as a fraction of the step against m: dashed lines are the formula "
-                              "(p-1)/(v*m+p-1), points the measured 1 - busy / (p * step time)."))
+        figures.append(
+            Figure(
+                "bubble-vs-m",
+                charts.bubble_vs_m(sweeps.formula_curve(family_runs), family_runs),
+                "Bubble as a fraction of the step against m: dashed lines are the formula "
+                "(p-1)/(v*m+p-1), points the measured 1 - busy / (p * step time).",
+            )
+        )
         newest = sweeps.newest_per_m(family_runs)
         for i, family in enumerate(newest["family"].unique(maintain_order=True)):
             rows = newest.filter(pl.col("family") == family)
-            figures.append(Figure(f"step-vs-m-{i}", charts.step_time_vs_m(
-                sweeps.step_terms(rows), sweeps.measured_steps(rows), family),
-                f"{family}: step time against m, stacked by waterfall term (ms); the line is the measured step "
-                "time, 'best m' marks its minimum. More microbatches shrink the bubble but make each GEMM smaller "
-                "and add a p2p hop per microbatch: the U-curve."))
+            figures.append(
+                Figure(
+                    f"step-vs-m-{i}",
+                    charts.step_time_vs_m(sweeps.step_terms(rows), sweeps.measured_steps(rows), family),
+                    f"{family}: step time against m, stacked by waterfall term (ms); the line is the measured step "
+                    "time, 'best m' marks its minimum. More microbatches shrink the bubble but make each GEMM smaller "
+                    "and add a p2p hop per microbatch: the U-curve.",
+                )
+            )
         memory = sweeps.peak_memory(family_runs)
         if not memory.is_empty():
-            figures.append(Figure("memory-vs-m", charts.peak_memory_vs_m(memory),
-                                  "Peak activation memory (largest rank, MiB) against m: GPipe holds every "
-                                  "microbatch until its backward, 1F1B at most p."))
+            figures.append(
+                Figure(
+                    "memory-vs-m",
+                    charts.peak_memory_vs_m(memory),
+                    "Peak activation memory (largest rank, MiB) against m: GPipe holds every "
+                    "microbatch until its backward, 1F1B at most p.",
+                )
+            )
     compared = sweeps.schedule_comparison(runs)
     if not compared.is_empty():
-        figures.append(Figure("schedules", charts.schedules_side_by_side(compared),
-                              "Schedules side by side at equal p and m: step time stacked by waterfall term (ms)."))
+        figures.append(
+            Figure(
+                "schedules",
+                charts.schedules_side_by_side(compared),
+                "Schedules side by side at equal p and m: step time stacked by waterfall term (ms).",
+            )
+        )
     return figures
 
 
 def body(runs: list[Run], pages: dict[str, str]) -> tuple[str, list[Figure]]:
-    analysed = sweeps.runs_frame([sweeps.run_row(r.run_id, r.summary, r.config) for r in runs if r.error is None])
+    analysed = sweeps.runs_frame(
+        [sweeps.run_row(r.run_id, r.summary, r.config) for r in runs if r.error is None]
+    )
     figures = sweep_figures(analysed)
     failed = sum(r.error is not None for r in runs)
     sections = [
@@ -100,9 +167,12 @@ def body(runs: list[Run], pages: dict[str, str]) -> tuple[str, list[Figure]]:
         f'<p class="note">{len(runs)} runs, newest first{f", {failed} could not be analysed" if failed else ""}. '
         "Bubbles are fractions of the step; hover a column header for what each number is.</p>",
         runs_table(runs, pages),
-        "<h2>Native executor against torch.distributed.pipelining</h2>", engines_table(analysed),
+        "<h2>Native executor against torch.distributed.pipelining</h2>",
+        engines_table(analysed),
         "<h2>Sweeps</h2>",
-        "\n".join(f.html() for f in figures) if figures else
-        "<p>No sweep yet: a sweep is one schedule, p and v at several m (<code>make sweep MS=\"1 2 4 8\"</code>).</p>",
+        "\n".join(f.html() for f in figures)
+        if figures
+        else "<p>No sweep yet: a sweep is one schedule, p and v at several m "
+        '(<code>make sweep MS="1 2 4 8"</code>).</p>',
     ]
     return "\n".join(sections), figures

@@ -34,27 +34,45 @@ def thinned(live: pl.DataFrame, bins: int = TIMELINE_BINS, rows_max: int = TIMEL
     first = live["t_ms"].min()
     width = max(live["t_ms"].max() - first, 1e-9) / bins
     time_bin = ((pl.col("t_ms") - first) / width).floor().clip(upper_bound=bins - 1)
-    return (live.group_by("rank", bin=time_bin)
-            .agg(pl.col("t_ms").min(), pl.col("live").max()).drop("bin").sort("rank", "t_ms"))
+    return (
+        live.group_by("rank", bin=time_bin)
+        .agg(pl.col("t_ms").min(), pl.col("live").max())
+        .drop("bin")
+        .sort("rank", "t_ms")
+    )
 
 
 def theory_in_flight(schedule: Schedule, ideal: pl.DataFrame, origin: int) -> pl.DataFrame:
     """(rank, t_ms, live): the schedule's count wherever an action changes it, at that action's end on the
     ideal timeline (analysis.results `ideal`), t from `origin`."""
-    ends = {(rank, str(stage) + kind + str(mb)): end
-            for rank, stage, kind, mb, end in ideal.select("rank", "stage", "kind", "microbatch", "end_ns").iter_rows()}
+    ends = {
+        (rank, str(stage) + kind + str(mb)): end
+        for rank, stage, kind, mb, end in ideal.select(
+            "rank", "stage", "kind", "microbatch", "end_ns"
+        ).iter_rows()
+    }
     points = []
     for rank, (order, counts) in enumerate(zip(schedule.orders, in_flight(schedule))):
-        changes = [(str(action), live) for action, live, before in zip(order, counts, (0, *counts)) if live != before]
-        points += [(rank, round((ends[(rank, a)] - origin) / 1e6, 4), live) for a, live in changes if (rank, a) in ends]
+        changes = [
+            (str(action), live) for action, live, before in zip(order, counts, (0, *counts)) if live != before
+        ]
+        points += [
+            (rank, round((ends[(rank, a)] - origin) / 1e6, 4), live)
+            for a, live in changes
+            if (rank, a) in ends
+        ]
     return pl.DataFrame(points, schema={"rank": pl.Int64, "t_ms": pl.Float64, "live": pl.Int64}, orient="row")
 
 
 def stash_in_flight(stash: pl.DataFrame, step: int) -> pl.DataFrame:
-    """(rank, t_ms, live) from the executor's own stash counter (analysis.traces.memory), t from the step's first sample."""
+    """(rank, t_ms, live) from the executor's own stash counter (analysis.traces.memory), t from the step's
+    first sample."""
     samples = stash.filter(pl.col("step") == step)
     return samples.sort("rank", "t_ns").select(
-        pl.col("rank"), t_ms=((pl.col("t_ns") - pl.col("t_ns").min()) / 1e6).round(4), live=pl.col("microbatches"))
+        pl.col("rank"),
+        t_ms=((pl.col("t_ns") - pl.col("t_ns").min()) / 1e6).round(4),
+        live=pl.col("microbatches"),
+    )
 
 
 def theory_peaks(schedule: Schedule) -> dict[int, int]:
@@ -65,6 +83,7 @@ def theory_peaks(schedule: Schedule) -> dict[int, int]:
 def peaks_frame(measured: pl.DataFrame, theory: dict[int, int]) -> pl.DataFrame:
     """(rank, measured, theory) peak counts side by side."""
     peaks = measured.group_by("rank").agg(measured=pl.col("live").max())
-    expected = pl.DataFrame({"rank": list(theory), "theory": list(theory.values())}, schema={"rank": pl.Int64,
-                                                                                           "theory": pl.Int64})
+    expected = pl.DataFrame(
+        {"rank": list(theory), "theory": list(theory.values())}, schema={"rank": pl.Int64, "theory": pl.Int64}
+    )
     return expected.join(peaks, on="rank", how="left").select("rank", "measured", "theory").sort("rank")

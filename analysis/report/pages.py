@@ -27,7 +27,9 @@ class Figure:
     renderer: str = "svg"  # canvas for charts with many marks (timelines)
 
     def html(self) -> str:
-        return f'<div class="chart" id="{self.slot}"></div>\n<p class="caption">{html.escape(self.caption)}</p>'
+        return (
+            f'<div class="chart" id="{self.slot}"></div>\n<p class="caption">{html.escape(self.caption)}</p>'
+        )
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ def table(columns: list[Column], rows: list[list], row_classes: list[str] | None
     """An HTML table; every header carries its meaning as a tooltip, every cell is escaped text."""
     head = "".join(
         f'<th title="{html.escape(c.header + ": " + c.meaning)}"{_css(c)}>{html.escape(c.header)}</th>'
-        for c in columns)
+        for c in columns
+    )
     body = []
     for i, row in enumerate(rows):
         cells = "".join(_cell(column, value) for column, value in zip(columns, row, strict=True))

@@ -9,16 +9,43 @@ from dataclasses import asdict
 import polars as pl
 
 from analysis.report import charts
-from analysis.report.frames import (coarsen, ideal_frame, largest_deviation, rank_parts_frame, step_origin,
-                                    timeline_frame, waterfall_frame)
-from analysis.report.inflight import (measured_in_flight, peaks_frame, stash_in_flight, theory_in_flight, theory_peaks,
-                                      thinned)
+from analysis.report.frames import (
+    coarsen,
+    ideal_frame,
+    largest_deviation,
+    rank_parts_frame,
+    step_origin,
+    timeline_frame,
+    waterfall_frame,
+)
+from analysis.report.inflight import (
+    measured_in_flight,
+    peaks_frame,
+    stash_in_flight,
+    theory_in_flight,
+    theory_peaks,
+    thinned,
+)
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
 from analysis.schema import RANK_PARTS, Summary
 
-CONFIG_FIELDS = ("schedule", "engine", "device", "p", "m", "v", "preset", "dims", "dtype", "backend",
-                 "threads_per_rank", "host", "git_revision", "versions")
+CONFIG_FIELDS = (
+    "schedule",
+    "engine",
+    "device",
+    "p",
+    "m",
+    "v",
+    "preset",
+    "dims",
+    "dtype",
+    "backend",
+    "threads_per_rank",
+    "host",
+    "git_revision",
+    "versions",
+)
 PART_MEANINGS = {
     "compute": "useful compute at reference (full-batch) efficiency; measured compute where no reference exists",
     "small_gemm": "compute beyond the reference: smaller microbatch GEMMs run less efficiently (— = no reference)",
@@ -27,9 +54,11 @@ PART_MEANINGS = {
     "launch_overhead": "device idle while the host had not yet issued the next work",
     "other": "idle time no rule explains",
 }
-IDEAL_CAPTION = ("Ideal: the executed schedule replayed at reference durations (each stage's calibrated F and B per "
-                 "microbatch; without calibration, the step's own cell durations), no host gaps, no p2p latency: the "
-                 "waterfall's rung ideal + formula_bubble + imbalance.")
+IDEAL_CAPTION = (
+    "Ideal: the executed schedule replayed at reference durations (each stage's calibrated F and B per "
+    "microbatch; without calibration, the step's own cell durations), no host gaps, no p2p latency: the "
+    "waterfall's rung ideal + formula_bubble + imbalance."
+)
 
 
 def figures_html(summary: Summary) -> str:
@@ -37,29 +66,52 @@ def figures_html(summary: Summary) -> str:
     p, m, v = summary.p, summary.m, summary.v
     items = [
         ("step time", summary.step_time_ms, " ms", "measured: the median of the analysed profiled steps"),
-        ("simulated step", summary.simulated_step_time_ms, " ms",
-         "the schedule replayed with the measured cell durations, host gaps and p2p latencies"),
-        ("bubble (formula)", summary.bubble_formula, "",
-         f"(p-1)/(v*m+p-1) = ({p}-1)/({v}*{m}+{p}-1): idle fraction of the step by schedule geometry alone"),
-        ("bubble (measured)", summary.bubble_measured, "",
-         "1 - sum over ranks of busy time / (p * step time): the fraction of the step devices were not computing"),
+        (
+            "simulated step",
+            summary.simulated_step_time_ms,
+            " ms",
+            "the schedule replayed with the measured cell durations, host gaps and p2p latencies",
+        ),
+        (
+            "bubble (formula)",
+            summary.bubble_formula,
+            "",
+            f"(p-1)/(v*m+p-1) = ({p}-1)/({v}*{m}+{p}-1): idle fraction of the step by schedule geometry alone",
+        ),
+        (
+            "bubble (measured)",
+            summary.bubble_measured,
+            "",
+            "1 - sum over ranks of busy time / (p * step time): the fraction of the step devices were not computing",
+        ),
         ("steps analysed", summary.steps_analyzed, "", "profiled steps the figures are taken over"),
     ]
     parts = []
     for label, value, unit, meaning in items:
         shown = f"{value:.3f}{unit}" if isinstance(value, float) else f"{value}{unit}"
-        parts.append(f'<div class="figure" title="{html.escape(meaning)}"><b>{html.escape(shown)}</b>'
-                     f"{html.escape(label)}</div>")
+        parts.append(
+            f'<div class="figure" title="{html.escape(meaning)}"><b>{html.escape(shown)}</b>'
+            f"{html.escape(label)}</div>"
+        )
     return f'<div class="figures">{"".join(parts)}</div>'
 
 
 def config_html(run: Run) -> str:
     summary = run.summary
-    shown = {"schedule": summary.schedule, "engine": summary.engine, "device": summary.device, "p": summary.p,
-             "m": summary.m, "v": summary.v, **run.config}
+    shown = {
+        "schedule": summary.schedule,
+        "engine": summary.engine,
+        "device": summary.device,
+        "p": summary.p,
+        "m": summary.m,
+        "v": summary.v,
+        **run.config,
+    }
     rows = [[key, shown[key]] for key in CONFIG_FIELDS if shown.get(key) not in (None, "", {})]
-    columns = [Column("setting", "as recorded in run.json (or the summary)", text=True),
-               Column("value", "the setting's value", show=_plain, text=True)]
+    columns = [
+        Column("setting", "as recorded in run.json (or the summary)", text=True),
+        Column("value", "the setting's value", show=_plain, text=True),
+    ]
     return table(columns, rows)
 
 
@@ -78,43 +130,62 @@ def timeline_figure(run: Run) -> Figure:
     measured = timeline_frame(analysis.cells, analysis.gaps, step, origin)
     ranks = measured["rank"].n_unique()
     shown_measured = coarsen(measured)
-    binned = (f" With {measured.height} rows the timeline is drawn from {shown_measured.height} time bins, each "
-              "coloured by the kind that filled most of it (hover: how many cells)." if shown_measured is not measured
-              else "")
-    caption = (f"Measured: step {step} (the step of median length), {measured.height} cells and gaps; each rank's row "
-               "has three tracks: compute cells (F/B/I/W), p2p cells (SEND/RECV spans, including blocking waits) and "
-               f"the idle gaps by class. {run.summary.inferred_cells} of the run's cells were inferred from the op "
-               f"stream rather than read from PP: labels. {IDEAL_CAPTION} Hover a cell for its action, microbatch and "
-               f"duration.{binned}")
+    binned = (
+        f" With {measured.height} rows the timeline is drawn from {shown_measured.height} time bins, each "
+        "coloured by the kind that filled most of it (hover: how many cells)."
+        if shown_measured is not measured
+        else ""
+    )
+    caption = (
+        f"Measured: step {step} (the step of median length), {measured.height} cells and gaps; each rank's row "
+        "has three tracks: compute cells (F/B/I/W), p2p cells (SEND/RECV spans, including blocking waits) and "
+        f"the idle gaps by class. {run.summary.inferred_cells} of the run's cells were inferred from the op "
+        f"stream rather than read from PP: labels. {IDEAL_CAPTION} Hover a cell for its action, microbatch and "
+        f"duration.{binned}"
+    )
     ideal = coarsen(ideal_frame(analysis.ideal, origin))
-    return Figure("timeline", charts.timelines(shown_measured, ideal, ranks, "ideal timeline"), caption, "canvas")
+    return Figure(
+        "timeline", charts.timelines(shown_measured, ideal, ranks, "ideal timeline"), caption, "canvas"
+    )
 
 
 def waterfall_figure(summary: Summary) -> Figure:
     deviation = largest_deviation(summary)
     largest = f" The largest deviation is {deviation[0]} ({deviation[1]:.3f} ms)." if deviation else ""
-    caption = ("Where the step time went, in ms: ideal (the work at reference efficiency, evenly split) plus the "
-               "formula bubble is the formula's step time; imbalance (unequal stages), small_gemm (microbatch GEMMs "
-               "slower than full-batch ones), launch_overhead, p2p_wait and the residual take it to the measured "
-               "step time, the last bar. Each term is the difference between two rungs of a ladder of replays of "
-               f"the schedule.{largest}")
+    caption = (
+        "Where the step time went, in ms: ideal (the work at reference efficiency, evenly split) plus the "
+        "formula bubble is the formula's step time; imbalance (unequal stages), small_gemm (microbatch GEMMs "
+        "slower than full-batch ones), launch_overhead, p2p_wait and the residual take it to the measured "
+        "step time, the last bar. Each term is the difference between two rungs of a ladder of replays of "
+        f"the schedule.{largest}"
+    )
     return Figure("waterfall", charts.waterfall(waterfall_frame(summary)), caption)
 
 
 def parts_html(summary: Summary) -> str:
     """Per-rank table: each rank's parts sum to the step time (the closure column shows it)."""
-    columns = [Column("rank", "pipeline rank (one process)"), Column("stages", "global stage indices on this rank",
-                                                                      show=_plain, text=True)]
+    columns = [
+        Column("rank", "pipeline rank (one process)"),
+        Column("stages", "global stage indices on this rank", show=_plain, text=True),
+    ]
     columns += [Column(f"{part} (ms)", PART_MEANINGS[part], show=number(3)) for part in RANK_PARTS]
-    columns += [Column("sum (ms)", "sum of the parts: equals the step time when the split closes", show=number(3)),
-                Column("peak activations (MiB)", "largest live activation memory held for backward",
-                       show=number(2))]
+    columns += [
+        Column("sum (ms)", "sum of the parts: equals the step time when the split closes", show=number(3)),
+        Column("peak activations (MiB)", "largest live activation memory held for backward", show=number(2)),
+    ]
     rows = []
     for entry in summary.ranks:
         parts = [entry.part_ms(part) for part in RANK_PARTS]
         peak = entry.peak_activation_bytes
-        rows.append([entry.rank, entry.stage_ids, *parts, sum(x or 0.0 for x in parts),
-                     None if peak is None else peak / 2**20])
+        rows.append(
+            [
+                entry.rank,
+                entry.stage_ids,
+                *parts,
+                sum(x or 0.0 for x in parts),
+                None if peak is None else peak / 2**20,
+            ]
+        )
     return table(columns, rows)
 
 
@@ -122,10 +193,17 @@ def memory_figure(summary: Summary) -> Figure | None:
     ranks = [entry for entry in summary.ranks if entry.peak_activation_bytes is not None]
     if not ranks:
         return None
-    frame = pl.DataFrame({"rank": [r.rank for r in ranks], "stage_ids": [_plain(r.stage_ids) for r in ranks],
-                          "peak_mib": [r.peak_activation_bytes / 2**20 for r in ranks]})
-    caption = ("Peak activation memory per rank in MiB: the most bytes held for backward at once (GPipe holds all m "
-               "microbatches' activations, 1F1B at most p - s on stage s).")
+    frame = pl.DataFrame(
+        {
+            "rank": [r.rank for r in ranks],
+            "stage_ids": [_plain(r.stage_ids) for r in ranks],
+            "peak_mib": [r.peak_activation_bytes / 2**20 for r in ranks],
+        }
+    )
+    caption = (
+        "Peak activation memory per rank in MiB: the most bytes held for backward at once (GPipe holds all m "
+        "microbatches' activations, 1F1B at most p - s on stage s)."
+    )
     return Figure("memory", charts.memory_per_rank(frame), caption)
 
 
@@ -133,9 +211,13 @@ def _measured_in_flight(run: Run, step: int, origin: int) -> tuple[pl.DataFrame,
     """The executor's own stash counter where the run recorded one, else the count from the cells."""
     memory = run.analysis.memory
     if memory is not None and not memory.stash.filter(pl.col("step") == step).is_empty():
-        return stash_in_flight(memory.stash, step), "the executor's stash counter (microbatches it held for backward)"
-    return (measured_in_flight(run.analysis.cells, step, origin),
-            "the cells (+1 at a forward's end, -1 at its freeing backward's)")
+        return stash_in_flight(
+            memory.stash, step
+        ), "the executor's stash counter (microbatches it held for backward)"
+    return (
+        measured_in_flight(run.analysis.cells, step, origin),
+        "the cells (+1 at a forward's end, -1 at its freeing backward's)",
+    )
 
 
 def in_flight_section(run: Run) -> tuple[str, Figure]:
@@ -145,30 +227,41 @@ def in_flight_section(run: Run) -> tuple[str, Figure]:
     measured, source = _measured_in_flight(run, step, origin)
     peaks = peaks_frame(measured, theory_peaks(analysis.schedule))
     over_time = theory_in_flight(analysis.schedule, analysis.ideal, origin)
-    columns = [Column("rank", "pipeline rank"),
-               Column("measured peak", "most microbatches whose forward had ended and freeing backward had not"),
-               Column("theory peak", "the schedule's own count (runners.schedules.in_flight)")]
-    figure = Figure("in-flight", charts.in_flight(thinned(measured), over_time, peaks, "theory: the ideal timeline"),
-                    f"Step {step}: microbatches in flight per rank (activations held for backward), measured from "
-                    f"{source}; below, the schedule's own count (runners.schedules.in_flight) over the ideal timeline "
-                    "of the same schedule; dashed: the schedule's peak (GPipe: m on every stage; 1F1B: p - s on "
-                    "stage s).")
+    columns = [
+        Column("rank", "pipeline rank"),
+        Column("measured peak", "most microbatches whose forward had ended and freeing backward had not"),
+        Column("theory peak", "the schedule's own count (runners.schedules.in_flight)"),
+    ]
+    figure = Figure(
+        "in-flight",
+        charts.in_flight(thinned(measured), over_time, peaks, "theory: the ideal timeline"),
+        f"Step {step}: microbatches in flight per rank (activations held for backward), measured from "
+        f"{source}; below, the schedule's own count (runners.schedules.in_flight) over the ideal timeline "
+        "of the same schedule; dashed: the schedule's peak (GPipe: m on every stage; 1F1B: p - s on "
+        "stage s).",
+    )
     return table(columns, [list(row) for row in peaks.iter_rows()]) + figure.html(), figure
 
 
 def rules_html(summary: Summary) -> str:
-    columns = [Column("threshold", "name of the classification rule's parameter", text=True),
-               Column("value", "the value this analysis used", show=_plain, text=True)]
+    columns = [
+        Column("threshold", "name of the classification rule's parameter", text=True),
+        Column("value", "the value this analysis used", show=_plain, text=True),
+    ]
     return table(columns, [[name, value] for name, value in asdict(summary.rules).items()])
 
 
 def merged_html(merged_href: str | None) -> str:
     if merged_href is None:
-        return ("<p>No merged trace yet: <code>python -m analysis merge RUN_DIR</code> writes "
-                "<code>merged.json.gz</code>, all ranks in one Perfetto-loadable trace.</p>")
-    return (f'<p><a href="{html.escape(merged_href)}">merged.json.gz</a>: all ranks in one trace, with send-to-recv '
-            "arrows. To look at it, open https://ui.perfetto.dev, choose <i>Open trace file</i> and pick this file "
-            "(it is read in your browser, not uploaded).</p>")
+        return (
+            "<p>No merged trace yet: <code>python -m analysis merge RUN_DIR</code> writes "
+            "<code>merged.json.gz</code>, all ranks in one Perfetto-loadable trace.</p>"
+        )
+    return (
+        f'<p><a href="{html.escape(merged_href)}">merged.json.gz</a>: all ranks in one trace, with send-to-recv '
+        "arrows. To look at it, open https://ui.perfetto.dev, choose <i>Open trace file</i> and pick this file "
+        "(it is read in your browser, not uploaded).</p>"
+    )
 
 
 def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
@@ -176,9 +269,12 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
     summary = run.summary
     timeline = timeline_figure(run)
     waterfall = waterfall_figure(summary)
-    parts = Figure("parts", charts.rank_parts(rank_parts_frame(summary)),
-                   "Each rank's step split into its parts in ms (they sum to the step time): compute at reference "
-                   "efficiency, small-GEMM excess, bubble, p2p wait, launch overhead, other idle.")
+    parts = Figure(
+        "parts",
+        charts.rank_parts(rank_parts_frame(summary)),
+        "Each rank's step split into its parts in ms (they sum to the step time): compute at reference "
+        "efficiency, small-GEMM excess, bubble, p2p wait, launch overhead, other idle.",
+    )
     memory = memory_figure(summary)
     in_flight_html, in_flight = in_flight_section(run)
     sections = [
@@ -186,13 +282,21 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         f"<h1>{html.escape(run.run_id)}</h1>",
         figures_html(summary),
         *(f"<p>Note: {html.escape(note)}.</p>" for note in summary.notes),
-        "<h2>Timeline</h2>", timeline.html(),
-        "<h2>Waterfall: from the formula to the measurement</h2>", waterfall.html(),
-        "<h2>Per rank</h2>", parts_html(summary), parts.html(),
-        "<h2>Activation memory</h2>", in_flight_html,
+        "<h2>Timeline</h2>",
+        timeline.html(),
+        "<h2>Waterfall: from the formula to the measurement</h2>",
+        waterfall.html(),
+        "<h2>Per rank</h2>",
+        parts_html(summary),
+        parts.html(),
+        "<h2>Activation memory</h2>",
+        in_flight_html,
         memory.html() if memory else "<p>This run recorded no activation bytes.</p>",
-        "<h2>Thresholds used</h2>", rules_html(summary),
-        "<h2>Merged trace</h2>", merged_html(merged_href),
-        "<h2>Configuration</h2>", config_html(run),
+        "<h2>Thresholds used</h2>",
+        rules_html(summary),
+        "<h2>Merged trace</h2>",
+        merged_html(merged_href),
+        "<h2>Configuration</h2>",
+        config_html(run),
     ]
     return "\n".join(sections), [f for f in (timeline, waterfall, parts, in_flight, memory) if f is not None]

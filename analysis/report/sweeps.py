@@ -12,9 +12,18 @@ from analysis.schema import WATERFALL_TERMS, Summary
 from runners.schedules import formula_bubble
 
 RUN_COLUMNS = {
-    "run_id": pl.String, "schedule": pl.String, "engine": pl.String, "device": pl.String, "p": pl.Int64,
-    "m": pl.Int64, "v": pl.Int64, "step_time_ms": pl.Float64, "bubble_formula": pl.Float64,
-    "bubble_measured": pl.Float64, "peak_activation_bytes": pl.Float64, "rows_per_microbatch": pl.Int64,
+    "run_id": pl.String,
+    "schedule": pl.String,
+    "engine": pl.String,
+    "device": pl.String,
+    "p": pl.Int64,
+    "m": pl.Int64,
+    "v": pl.Int64,
+    "step_time_ms": pl.Float64,
+    "bubble_formula": pl.Float64,
+    "bubble_measured": pl.Float64,
+    "peak_activation_bytes": pl.Float64,
+    "rows_per_microbatch": pl.Int64,
     **{term: pl.Float64 for term in WATERFALL_TERMS},
 }
 
@@ -22,11 +31,16 @@ RUN_COLUMNS = {
 def run_row(run_id: str, summary: Summary, config: dict | None = None) -> dict:
     """The index's numbers for one analysed run, flat (run.json's rows_per_microbatch: set when the
     microbatch size was fixed rather than the batch)."""
-    peaks = [entry.peak_activation_bytes for entry in summary.ranks if entry.peak_activation_bytes is not None]
+    peaks = [
+        entry.peak_activation_bytes for entry in summary.ranks if entry.peak_activation_bytes is not None
+    ]
     row = {name: getattr(summary, name) for name in RUN_COLUMNS if name in Summary.__struct_fields__}
-    return row | {"run_id": run_id, "peak_activation_bytes": max(peaks, default=None),
-                  "rows_per_microbatch": (config or {}).get("rows_per_microbatch"),
-                  **{term: getattr(summary.waterfall_ms, term) for term in WATERFALL_TERMS}}
+    return row | {
+        "run_id": run_id,
+        "peak_activation_bytes": max(peaks, default=None),
+        "rows_per_microbatch": (config or {}).get("rows_per_microbatch"),
+        **{term: getattr(summary.waterfall_ms, term) for term in WATERFALL_TERMS},
+    }
 
 
 def runs_frame(rows: list[dict]) -> pl.DataFrame:
@@ -34,7 +48,9 @@ def runs_frame(rows: list[dict]) -> pl.DataFrame:
     frame = pl.DataFrame(rows, schema=RUN_COLUMNS)
     return frame.with_columns(
         family=pl.format("{} p={} v={} ({}, {})", "schedule", "p", "v", "engine", "device"),
-        schedule_label=pl.when(pl.col("v") > 1).then(pl.format("{} v={}", "schedule", "v")).otherwise("schedule"),
+        schedule_label=pl.when(pl.col("v") > 1)
+        .then(pl.format("{} v={}", "schedule", "v"))
+        .otherwise("schedule"),
     )
 
 
@@ -45,11 +61,17 @@ def families(runs: pl.DataFrame) -> pl.DataFrame:
 
 def formula_curve(family_runs: pl.DataFrame) -> pl.DataFrame:
     """The formula bubble (runners.schedules.formula_bubble) at every integer m up to the family's largest."""
-    families = family_runs.group_by("family").agg(pl.col("p").first(), pl.col("v").first(), top=pl.col("m").max())
-    rows = [(family, m, formula_bubble(p, m, v)) for family, p, v, top in families.iter_rows()
-            for m in range(1, top + 1)]
-    return pl.DataFrame(rows, schema={"family": pl.String, "m": pl.Int64, "bubble": pl.Float64},
-                        orient="row").sort("family", "m")
+    families = family_runs.group_by("family").agg(
+        pl.col("p").first(), pl.col("v").first(), top=pl.col("m").max()
+    )
+    rows = [
+        (family, m, formula_bubble(p, m, v))
+        for family, p, v, top in families.iter_rows()
+        for m in range(1, top + 1)
+    ]
+    return pl.DataFrame(
+        rows, schema={"family": pl.String, "m": pl.Int64, "bubble": pl.Float64}, orient="row"
+    ).sort("family", "m")
 
 
 def newest_per_m(family_runs: pl.DataFrame) -> pl.DataFrame:
@@ -61,7 +83,9 @@ def _terms_long(frame: pl.DataFrame, index: list[str]) -> pl.DataFrame:
     return (
         frame.select(*index, *[pl.col(t).fill_null(0.0) for t in WATERFALL_TERMS])
         .unpivot(index=index, variable_name="term", value_name="ms")
-        .with_columns(order=pl.col("term").replace_strict(list(WATERFALL_TERMS), list(range(len(WATERFALL_TERMS)))))
+        .with_columns(
+            order=pl.col("term").replace_strict(list(WATERFALL_TERMS), list(range(len(WATERFALL_TERMS))))
+        )
     )
 
 
@@ -72,7 +96,11 @@ def step_terms(newest: pl.DataFrame) -> pl.DataFrame:
 def measured_steps(newest: pl.DataFrame) -> pl.DataFrame:
     """Measured step time per (family, m), with the family's best m flagged."""
     return newest.select(
-        "family", "m", "step_time_ms", best=pl.col("step_time_ms") == pl.col("step_time_ms").min().over("family"))
+        "family",
+        "m",
+        "step_time_ms",
+        best=pl.col("step_time_ms") == pl.col("step_time_ms").min().over("family"),
+    )
 
 
 def schedule_comparison(runs: pl.DataFrame) -> pl.DataFrame:
@@ -89,18 +117,33 @@ def engine_pairs(runs: pl.DataFrame) -> pl.DataFrame:
     key = ["schedule", "p", "m", "v", "device"]
     newest = runs.unique(subset=[*key, "engine"], keep="first", maintain_order=True)
     both = newest.filter(pl.col("engine").is_in(["native", "torch"])).pivot(
-        on="engine", index=key, values="step_time_ms")
+        on="engine", index=key, values="step_time_ms"
+    )
     if not {"native", "torch"} <= set(both.columns):
-        return pl.DataFrame(schema={**{k: RUN_COLUMNS[k] for k in key}, "native": pl.Float64, "torch": pl.Float64,
-                                    "ratio": pl.Float64})
-    return both.drop_nulls(["native", "torch"]).with_columns(ratio=pl.col("torch") / pl.col("native")).sort(key)
+        return pl.DataFrame(
+            schema={
+                **{k: RUN_COLUMNS[k] for k in key},
+                "native": pl.Float64,
+                "torch": pl.Float64,
+                "ratio": pl.Float64,
+            }
+        )
+    return (
+        both.drop_nulls(["native", "torch"]).with_columns(ratio=pl.col("torch") / pl.col("native")).sort(key)
+    )
 
 
 def peak_memory(family_runs: pl.DataFrame) -> pl.DataFrame:
     """Peak activation memory per (family, m) in MiB, where the runs recorded it; a fixed batch and a fixed
     microbatch size are separate lines (the first keeps GPipe flat, the second 1F1B)."""
-    batch = pl.when(pl.col("rows_per_microbatch").is_null()).then(pl.lit("fixed batch")).otherwise(
-        pl.format("{} rows/microbatch", "rows_per_microbatch"))
+    batch = (
+        pl.when(pl.col("rows_per_microbatch").is_null())
+        .then(pl.lit("fixed batch"))
+        .otherwise(pl.format("{} rows/microbatch", "rows_per_microbatch"))
+    )
     labelled = family_runs.with_columns(family=pl.format("{}, {}", "family", batch))
-    return newest_per_m(labelled).drop_nulls("peak_activation_bytes").select(
-        "family", "m", peak_mib=pl.col("peak_activation_bytes") / 2**20)
+    return (
+        newest_per_m(labelled)
+        .drop_nulls("peak_activation_bytes")
+        .select("family", "m", peak_mib=pl.col("peak_activation_bytes") / 2**20)
+    )

@@ -33,7 +33,10 @@ def _producer_starts(cells: pl.DataFrame) -> pl.DataFrame:
     The SEND's start where the trace has SEND labels, else the producing compute cell's end.
     """
     marks = cells.select(
-        "step", "stage", "kind", "microbatch",
+        "step",
+        "stage",
+        "kind",
+        "microbatch",
         sent_ns=pl.when(pl.col("kind").str.starts_with("SEND")).then("start_ns").otherwise("end_ns"),
     )
     recvs = cells.filter(pl.col("kind").is_in(list(_PRODUCER)))
@@ -43,8 +46,11 @@ def _producer_starts(cells: pl.DataFrame) -> pl.DataFrame:
             candidates.append(
                 recvs.filter(pl.col("kind") == recv_kind)
                 .with_columns(peer_stage=pl.col("stage") + stage_step, peer_kind=pl.lit(kind))
-                .join(marks, left_on=["step", "peer_stage", "peer_kind", "microbatch"],
-                      right_on=["step", "stage", "kind", "microbatch"])
+                .join(
+                    marks,
+                    left_on=["step", "peer_stage", "peer_kind", "microbatch"],
+                    right_on=["step", "stage", "kind", "microbatch"],
+                )
                 .select(*CELL_KEY, "sent_ns", preference=pl.lit(preference))
             )
     return pl.concat(candidates).sort("preference").group_by(CELL_KEY).agg(pl.col("sent_ns").first())
@@ -60,10 +66,16 @@ def split_waits(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
     sent = waits.join(_producer_starts(cells), on=CELL_KEY, how="left")
     cut = pl.col("sent_ns").clip(pl.col("start_ns"), pl.col("end_ns"))
     is_recv = pl.col("kind").str.starts_with("RECV")
-    bubble = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(end_ns=cut, layer=pl.lit("bubble_wait"))
-    after = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(start_ns=cut, layer=pl.lit("p2p_wait"))
+    bubble = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(
+        end_ns=cut, layer=pl.lit("bubble_wait")
+    )
+    after = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(
+        start_ns=cut, layer=pl.lit("p2p_wait")
+    )
     sends = sent.filter(~is_recv).with_columns(layer=pl.lit("p2p_wait"))
-    unmatched = sent.filter(is_recv & pl.col("sent_ns").is_null()).with_columns(layer=pl.lit("unmatched_wait"))
+    unmatched = sent.filter(is_recv & pl.col("sent_ns").is_null()).with_columns(
+        layer=pl.lit("unmatched_wait")
+    )
     parts = pl.concat([frame.select(INTERVAL) for frame in (bubble, after, sends, unmatched)])
     return parts.filter(pl.col("end_ns") > pl.col("start_ns"))
 
@@ -72,8 +84,10 @@ def _edge() -> pl.Expr:
     """Idle outside the rank's first-to-last action: work outside the schedule, or the host getting to
     its first action (`head`, resolved by length), or nothing to do: fill and drain."""
     return (
-        pl.when(pl.col("unscheduled") > 0).then(pl.lit("other"))
-        .when(pl.col("head") > 0).then(pl.lit("head"))
+        pl.when(pl.col("unscheduled") > 0)
+        .then(pl.lit("other"))
+        .when(pl.col("head") > 0)
+        .then(pl.lit("head"))
         .otherwise(pl.lit("bubble"))
     )
 
@@ -89,8 +103,10 @@ def _gpu_idle() -> pl.Expr:
     """The queue rule; with nothing queued, outside the actions it is the edge's, work outside the
     schedule is other, else the host was late: launch_overhead."""
     host = (
-        pl.when(pl.col("active") == 0).then(_edge())
-        .when(pl.col("unscheduled") > 0).then(pl.lit("other"))
+        pl.when(pl.col("active") == 0)
+        .then(_edge())
+        .when(pl.col("unscheduled") > 0)
+        .then(pl.lit("other"))
         .otherwise(pl.lit("launch_overhead"))
     )
     return _queue_rule(host, pl.lit("other"))
@@ -100,19 +116,26 @@ def _cpu_idle() -> pl.Expr:
     """The main thread: sending is p2p, framework time inside actions is launch overhead, stretches
     between actions (`between`) are resolved by length."""
     return (
-        pl.when(pl.col("sending") > 0).then(pl.lit("p2p_wait"))
-        .when(pl.col("action") > 0).then(pl.lit("launch_overhead"))
-        .when(pl.col("active") == 0).then(_edge())
+        pl.when(pl.col("sending") > 0)
+        .then(pl.lit("p2p_wait"))
+        .when(pl.col("action") > 0)
+        .then(pl.lit("launch_overhead"))
+        .when(pl.col("active") == 0)
+        .then(_edge())
         .otherwise(pl.lit("between"))
     )
 
 
 def _segment_class(on_gpu: bool) -> pl.Expr:
     return (
-        pl.when(~pl.col("idle")).then(pl.lit("busy"))
-        .when(pl.col("bubble_wait") > 0).then(pl.lit("bubble"))
-        .when(pl.col("p2p_wait") > 0).then(pl.lit("p2p_wait"))
-        .when(pl.col("unmatched_wait") > 0).then(pl.lit("other"))
+        pl.when(~pl.col("idle"))
+        .then(pl.lit("busy"))
+        .when(pl.col("bubble_wait") > 0)
+        .then(pl.lit("bubble"))
+        .when(pl.col("p2p_wait") > 0)
+        .then(pl.lit("p2p_wait"))
+        .when(pl.col("unmatched_wait") > 0)
+        .then(pl.lit("other"))
         .otherwise(_gpu_idle() if on_gpu else _cpu_idle())
         .alias("class")
     )
@@ -123,9 +146,12 @@ def classify(timeline: pl.DataFrame, rules: Rules, on_gpu: bool) -> pl.DataFrame
     labelled = runs(timeline.with_columns(_segment_class(on_gpu)), "class")
     short = (pl.col("end_ns") - pl.col("start_ns")) <= rules.host_gap_max_ns
     resolved = labelled.with_columns(
-        pl.when(pl.col("class").is_in(["between", "head"]) & short).then(pl.lit("launch_overhead"))
-        .when(pl.col("class") == "between").then(pl.lit("other"))
-        .when(pl.col("class") == "head").then(pl.lit("bubble"))
+        pl.when(pl.col("class").is_in(["between", "head"]) & short)
+        .then(pl.lit("launch_overhead"))
+        .when(pl.col("class") == "between")
+        .then(pl.lit("other"))
+        .when(pl.col("class") == "head")
+        .then(pl.lit("bubble"))
         .otherwise("class")
         .alias("class")
     )
@@ -146,13 +172,22 @@ def device_idle(frame: pl.DataFrame, rules: Rules = Rules()) -> pl.DataFrame:
     keys = ("rank", "stream")
     kernels = device_events(frame)
     windows = kernels.group_by(keys).agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-    intervals = pl.concat([
-        kernels.select(*keys, layer=pl.lit("busy"), start_ns="start_ns", end_ns="end_ns"),
-        queued(kernels, keys).with_columns(layer=pl.lit("issued")).select(*keys, "layer", "start_ns", "end_ns"),
-    ])
+    intervals = pl.concat(
+        [
+            kernels.select(*keys, layer=pl.lit("busy"), start_ns="start_ns", end_ns="end_ns"),
+            queued(kernels, keys)
+            .with_columns(layer=pl.lit("issued"))
+            .select(*keys, "layer", "start_ns", "end_ns"),
+        ]
+    )
     idle = segments(intervals, windows, ("busy", "issued"), keys).filter(pl.col("busy") == 0)
-    stretches = runs(idle.with_columns(_queue_rule(pl.lit("host_wait"), pl.lit("other")).alias("class")), "class", keys)
+    stretches = runs(
+        idle.with_columns(_queue_rule(pl.lit("host_wait"), pl.lit("other")).alias("class")), "class", keys
+    )
     short = (pl.col("end_ns") - pl.col("start_ns")) < rules.kernel_wait_max_ns
     return stretches.with_columns(
-        pl.when((pl.col("class") == "other") & short).then(pl.lit("kernel_wait")).otherwise("class").alias("class")
+        pl.when((pl.col("class") == "other") & short)
+        .then(pl.lit("kernel_wait"))
+        .otherwise("class")
+        .alias("class")
     ).select(*keys, "start_ns", "end_ns", "class")

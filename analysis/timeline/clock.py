@@ -29,7 +29,9 @@ from runners.schedules import COMM_KINDS
 _RECEIVER = {"SEND_F": ("RECV_F", 1), "SEND_B": ("RECV_B", -1)}
 # Host-side collectives that block until every rank has joined (gloo); p2p ops are not collectives.
 _HOST_COLLECTIVE = pl.col("name").str.starts_with("gloo:") & ~pl.col("name").str.contains("send|recv")
-_DEVICE_COLLECTIVE = (pl.col("cat").str.to_lowercase() == "kernel") & pl.col("name").str.to_lowercase().str.starts_with("nccl")
+_DEVICE_COLLECTIVE = (pl.col("cat").str.to_lowercase() == "kernel") & pl.col(
+    "name"
+).str.to_lowercase().str.starts_with("nccl")
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,9 @@ def transfers(cells: pl.DataFrame) -> pl.DataFrame:
         "step",
         "microbatch",
         pl.col("kind").replace_strict({k: v[0] for k, v in _RECEIVER.items()}).alias("recv_kind"),
-        (pl.col("stage") + pl.col("kind").replace_strict({k: v[1] for k, v in _RECEIVER.items()})).alias("recv_stage"),
+        (pl.col("stage") + pl.col("kind").replace_strict({k: v[1] for k, v in _RECEIVER.items()})).alias(
+            "recv_stage"
+        ),
         pl.col("kind").alias("send_kind"),
         send_stage="stage",
         src_rank="rank",
@@ -69,16 +73,23 @@ def transfers(cells: pl.DataFrame) -> pl.DataFrame:
         send_end_ns="end_ns",
     )
     recvs = cells.filter(pl.col("kind").str.starts_with("RECV")).select(
-        "step", "microbatch", recv_kind="kind", recv_stage="stage", dst_rank="rank",
-        recv_start_ns="start_ns", recv_end_ns="end_ns",
-    )  # fmt: skip
+        "step",
+        "microbatch",
+        recv_kind="kind",
+        recv_stage="stage",
+        dst_rank="rank",
+        recv_start_ns="start_ns",
+        recv_end_ns="end_ns",
+    )
     return sends.join(recvs, on=["step", "microbatch", "recv_kind", "recv_stage"], how="inner")
 
 
 def transfer_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     """Per rank pair a < b, the bracket [lo, hi] on off[b] - off[a] from transfers in both directions."""
-    bound = pairs.filter(pl.col("src_rank") != pl.col("dst_rank")).group_by("src_rank", "dst_rank").agg(
-        (pl.col("send_start_ns") - pl.col("recv_end_ns")).max().alias("c"), pl.len().alias("n")
+    bound = (
+        pairs.filter(pl.col("src_rank") != pl.col("dst_rank"))
+        .group_by("src_rank", "dst_rank")
+        .agg((pl.col("send_start_ns") - pl.col("recv_end_ns")).max().alias("c"), pl.len().alias("n"))
     )
     forward = pl.col("src_rank") < pl.col("dst_rank")
     sided = bound.select(
@@ -88,7 +99,9 @@ def transfer_edges(pairs: pl.DataFrame) -> pl.DataFrame:
         pl.when(~forward).then(-pl.col("c")).alias("hi"),
         "n",
     )
-    return sided.group_by("a", "b").agg(pl.col("lo").max(), pl.col("hi").min(), pl.col("n").sum()).sort("a", "b")
+    return (
+        sided.group_by("a", "b").agg(pl.col("lo").max(), pl.col("hi").min(), pl.col("n").sum()).sort("a", "b")
+    )
 
 
 def collective_ends(events: pl.DataFrame, exclude: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -101,8 +114,12 @@ def collective_ends(events: pl.DataFrame, exclude: pl.DataFrame | None = None) -
     )
     if exclude is not None and exclude.height:
         found = found.join(exclude.select("rank", "start_ns"), on=["rank", "start_ns"], how="anti")
-    numbered = found.sort("start_ns").with_columns(pl.int_range(pl.len()).over("rank", "name").alias("occurrence"))
-    counts = numbered.group_by("name", "rank").len().group_by("name").agg(pl.col("len").n_unique().alias("kinds"))
+    numbered = found.sort("start_ns").with_columns(
+        pl.int_range(pl.len()).over("rank", "name").alias("occurrence")
+    )
+    counts = (
+        numbered.group_by("name", "rank").len().group_by("name").agg(pl.col("len").n_unique().alias("kinds"))
+    )
     agreed = counts.filter(pl.col("kinds") == 1).select("name")
     return numbered.join(agreed, on="name", how="semi").select("name", "occurrence", "rank", "end_ns")
 
@@ -113,7 +130,11 @@ def collective_edges(ends: pl.DataFrame) -> pl.DataFrame:
     diff = pl.col("end_ns") - pl.col("end_ns_b")
     return (
         pairs.group_by(a="rank", b="rank_b")
-        .agg(diff.median().alias("estimate"), ((diff.max() - diff.min()) / 2).alias("uncertainty"), pl.len().alias("n"))
+        .agg(
+            diff.median().alias("estimate"),
+            ((diff.max() - diff.min()) / 2).alias("uncertainty"),
+            pl.len().alias("n"),
+        )
         .sort("a", "b")
     )
 
@@ -157,7 +178,11 @@ def _shortest_paths(ranks: list[int], edges: list) -> dict[int, tuple[float, flo
 def estimate(ranks: list[int], cells: pl.DataFrame | None, events: pl.DataFrame) -> ClockEstimate:
     """Offsets for `ranks` from their pipeline cells (may be None or empty) and loaded events."""
     pairs = transfers(cells) if cells is not None and cells.height else None
-    p2p = transfer_edges(pairs) if pairs is not None else pl.DataFrame(schema=dict.fromkeys(["a", "b", "lo", "hi", "n"], pl.Int64))
+    p2p = (
+        transfer_edges(pairs)
+        if pairs is not None
+        else pl.DataFrame(schema=dict.fromkeys(["a", "b", "lo", "hi", "n"], pl.Int64))
+    )
     device_p2p = None if pairs is None else _p2p_device_starts(cells)
     ends = collective_ends(events, device_p2p)
     collective = collective_edges(ends)
@@ -191,8 +216,9 @@ def _shift(rank: RankCells, offset: int) -> RankCells:
             return None
         return frame.with_columns(pl.col(c) + offset for c in times if c in frame.columns)
 
-    return RankCells(moved(rank.cells), moved(rank.waits), moved(rank.steps), moved(rank.kernels),
-                     moved(rank.unscheduled))
+    return RankCells(
+        moved(rank.cells), moved(rank.waits), moved(rank.steps), moved(rank.kernels), moved(rank.unscheduled)
+    )
 
 
 def _arrived(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
@@ -207,7 +233,9 @@ def _arrived(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def on_one_clock(per_rank: list[RankCells], frames: dict[int, pl.DataFrame]) -> tuple[list[RankCells], ClockEstimate | None]:
+def on_one_clock(
+    per_rank: list[RankCells], frames: dict[int, pl.DataFrame]
+) -> tuple[list[RankCells], ClockEstimate | None]:
     """The ranks shifted onto one clock, and the estimate applied; unshifted (None) unless causality says
     their clocks differ: ranks on one host share a clock, and an estimate would invent a skew."""
     cells = _arrived(pl.concat([r.cells for r in per_rank]), pl.concat([r.waits for r in per_rank]))

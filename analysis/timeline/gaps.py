@@ -35,8 +35,15 @@ def busy_intervals(rank: RankCells) -> pl.DataFrame:
 def issued_intervals(rank: RankCells) -> pl.DataFrame:
     """GPU only: from the end of a compute kernel's launch call to its start (queued, not running)."""
     if rank.kernels is None:
-        return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "layer": pl.Utf8,
-                                    "start_ns": pl.Int64, "end_ns": pl.Int64})
+        return pl.DataFrame(
+            schema={
+                "rank": pl.Int64,
+                "step": pl.Int64,
+                "layer": pl.Utf8,
+                "start_ns": pl.Int64,
+                "end_ns": pl.Int64,
+            }
+        )
     return layer(queued(rank.kernels.filter(~pl.col("is_p2p")), ("rank", "step")), "issued")
 
 
@@ -46,8 +53,12 @@ def queued(kernels: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:
     return kernels.drop_nulls("issued_ns").select(*keys, start_ns="issued_ns", end_ns="start_ns")
 
 
-def segments(intervals: pl.DataFrame, windows: pl.DataFrame, names: tuple[str, ...],
-             keys: tuple[str, ...] = ("rank", "step")) -> pl.DataFrame:
+def segments(
+    intervals: pl.DataFrame,
+    windows: pl.DataFrame,
+    names: tuple[str, ...],
+    keys: tuple[str, ...] = ("rank", "step"),
+) -> pl.DataFrame:
     """Cut each window (one per `keys`: a rank's step, or a stream) at every interval edge; one column
     per layer with its coverage.
 
@@ -69,7 +80,8 @@ def segments(intervals: pl.DataFrame, windows: pl.DataFrame, names: tuple[str, .
         ]
     )
     coverage = [
-        pl.when(pl.col("layer") == name).then(pl.col("delta")).otherwise(0).sum().alias(name) for name in names
+        pl.when(pl.col("layer") == name).then(pl.col("delta")).otherwise(0).sum().alias(name)
+        for name in names
     ]
     return (
         edges.group_by(*keys, "t")
@@ -120,15 +132,22 @@ def aligned_starts(ranks: list[RankCells]) -> list[RankCells]:
     (others' traces; our runners add one), a rank that finished the previous step early opens its next
     ProfilerStep at once and waits in it for the ranks still finishing. That wait is the previous step's;
     counted in this one, it would make the step time, the longest window, read long."""
-    opened = pl.concat([rank.steps for rank in ranks]).group_by("step").agg(last_open=pl.col("start_ns").max())
+    opened = (
+        pl.concat([rank.steps for rank in ranks]).group_by("step").agg(last_open=pl.col("start_ns").max())
+    )
     aligned = []
     for rank in ranks:
-        first_compute = rank.cells.filter(pl.col("kind").is_in(COMPUTE_KINDS)).group_by("rank", "step").agg(
-            first_compute=pl.col("start_ns").min())
+        first_compute = (
+            rank.cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
+            .group_by("rank", "step")
+            .agg(first_compute=pl.col("start_ns").min())
+        )
         steps = (
             rank.steps.join(opened, on="step", how="left")
             .join(first_compute, on=["rank", "step"], how="left")
-            .with_columns(start_ns=pl.max_horizontal("start_ns", pl.min_horizontal("last_open", "first_compute")))
+            .with_columns(
+                start_ns=pl.max_horizontal("start_ns", pl.min_horizontal("last_open", "first_compute"))
+            )
             .select(rank.steps.columns)
         )
         aligned.append(replace(rank, steps=steps))
