@@ -1,18 +1,22 @@
 """Inputs the tests share: real Kineto traces nobody on this project wrote, kept in tests/data/real-traces
 (each file's repository, commit, licence and trimming in its PROVENANCE.md), and the place for real GPU
-pipeline runs; and a summary to vary in tests of what reads one. Test modules import these names
-(`from conftest import REAL_TRACES`), as they import the trace builders from test_cells.
+pipeline runs; a summary to vary in tests of what reads one; and the `python -m runners trace` command
+the real torchrun runs start from. Test modules import these names (`from conftest import REAL_TRACES`),
+as they import the trace builders from test_cells.
 """
 
 from __future__ import annotations
 
 import gzip
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
 
 from analysis.schema import RankEntry, Rules, Summary, Waterfall
 
+REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 REAL_TRACES = DATA / "real-traces"
 # Every real trace file, for the tests that hold for all of them (the loader, the merge).
@@ -38,6 +42,23 @@ def real_traces_in(folder: str) -> list[Path]:
 def gunzipped(path: Path) -> bytes:
     """A .json.gz file's JSON text."""
     return gzip.decompress(path.read_bytes())
+
+
+def trace_command(traces: Path, *options: str) -> list[str]:
+    """`python -m runners trace` with `options` (e.g. `*"--sched 1f1b --p 2 --m 4".split()`), its run
+    directories under `traces`; to be run in REPO. For the tests that start it themselves: the ones that
+    expect a refusal, read its output or stop it mid-run."""
+    return [sys.executable, "-m", "runners", "trace", *options, "--traces", str(traces)]
+
+
+def trace_run(traces: Path, *options: str, timeout: float = 300) -> Path:
+    """Run trace_command to the end and return the run directory it made (traces/latest resolved); a run
+    that fails fails the test with its stderr's tail, not at the next missing file."""
+    result = subprocess.run(
+        trace_command(traces, *options), cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return (traces / "latest").resolve()
 
 
 def summary_of(peak_bytes: int | None = None, **fields) -> Summary:

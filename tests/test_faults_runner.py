@@ -10,41 +10,28 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO, trace_command
 
 from analysis.cli import main as analysis_main
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-def trace_command(traces: Path, timed_steps: int = 1) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "runners",
-        "trace",
-        "--sched",
-        "gpipe",
-        "--p",
-        "2",
-        "--m",
-        "2",
-        "--preset",
-        "tiny",
-        "--device",
-        "cpu",
-        "--steps",
-        "1",
-        "--timed-steps",
-        str(timed_steps),
-        "--traces",
-        str(traces),
-    ]
+def start(traces: Path, timed_steps: int = 1, **popen) -> subprocess.Popen:
+    """The tiny gpipe run started in the background, its output piped; `popen`: Popen's further options."""
+    options = f"--sched gpipe --p 2 --m 2 --preset tiny --device cpu --steps 1 --timed-steps {timed_steps}"
+    return subprocess.Popen(
+        trace_command(traces, *options.split()),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def workers(traces: Path) -> dict[int, int]:
@@ -90,13 +77,7 @@ def assert_refused_as_incomplete(run: Path, capsys) -> None:
 
 def test_a_rank_killed_mid_run_leaves_an_incomplete_run_the_analysis_refuses(tmp_path, capsys):
     traces = tmp_path / "traces"
-    launcher = subprocess.Popen(
-        trace_command(traces, timed_steps=100_000),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    launcher = start(traces, timed_steps=100_000)
     os.kill(wait_for_workers(traces, launcher)[1], signal.SIGKILL)
     _, err = launcher.communicate(timeout=120)
     assert launcher.returncode == 1 and err.count("\n") == 1 and "a worker failed" in err, err
@@ -107,14 +88,7 @@ def test_a_rank_killed_mid_run_leaves_an_incomplete_run_the_analysis_refuses(tmp
 def test_ctrl_c_stops_every_process_and_leaves_nothing_looking_complete(tmp_path, capsys):
     traces = tmp_path / "traces"
     # A terminal's Ctrl-C reaches the whole foreground process group: launcher, torchrun and workers.
-    launcher = subprocess.Popen(
-        trace_command(traces, timed_steps=100_000),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    launcher = start(traces, timed_steps=100_000, start_new_session=True)
     wait_for_workers(traces, launcher)
     os.killpg(launcher.pid, signal.SIGINT)
     _, err = launcher.communicate(timeout=120)
@@ -128,12 +102,7 @@ def test_ctrl_c_stops_every_process_and_leaves_nothing_looking_complete(tmp_path
 
 def test_two_runs_started_at_once_both_complete_in_their_own_directories(tmp_path):
     traces = tmp_path / "traces"
-    launchers = [
-        subprocess.Popen(
-            trace_command(traces), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
+    launchers = [start(traces) for _ in range(2)]
     for launcher in launchers:
         _, err = launcher.communicate(timeout=300)
         assert launcher.returncode == 0, err

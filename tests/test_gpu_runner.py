@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import trace_run
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.slow,
@@ -20,29 +18,7 @@ pytestmark = [
 
 
 def cuda_run(traces: Path, p: int) -> Path:
-    command = [
-        sys.executable,
-        "-m",
-        "runners",
-        "trace",
-        "--sched",
-        "gpipe",
-        "--p",
-        str(p),
-        "--m",
-        "4",
-        "--preset",
-        "tiny",
-        "--device",
-        "cuda",
-        "--steps",
-        "2",
-        "--traces",
-        str(traces),
-    ]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return (traces / "latest").resolve()
+    return trace_run(traces, *f"--sched gpipe --p {p} --m 4 --preset tiny --device cuda --steps 2".split())
 
 
 def events(path: Path) -> list[dict]:

@@ -4,18 +4,14 @@ microbatches' bytes."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import polars as pl
 import pytest
+from conftest import trace_run
 
 from analysis.cli.analyze import analyze_dir
 from runners.execute import STASHING
 from runners.schedules import build, in_flight
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
@@ -25,31 +21,8 @@ pytestmark = pytest.mark.slow
 def analysed(request, tmp_path_factory):
     name, p, m = request.param
     traces = tmp_path_factory.mktemp(name)
-    command = [
-        sys.executable,
-        "-m",
-        "runners",
-        "trace",
-        "--sched",
-        name,
-        "--p",
-        str(p),
-        "--m",
-        str(m),
-        "--preset",
-        "tiny",
-        "--device",
-        "cpu",
-        "--steps",
-        "1",
-        "--timed-steps",
-        "1",
-        "--traces",
-        str(traces),
-    ]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    run = (traces / "latest").resolve()
+    options = f"--sched {name} --p {p} --m {m} --preset tiny --device cpu --steps 1 --timed-steps 1"
+    run = trace_run(traces, *options.split())
     return build(name, p, m), analyze_dir(run), run
 
 

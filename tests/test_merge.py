@@ -5,12 +5,10 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import trace_run
 
 from analysis.cells.labelled import CELL_KEY, rank_cells
 from analysis.cli import main
@@ -159,32 +157,8 @@ def test_empty_folder_and_unwritable_output_are_input_errors(tmp_path, capsys):
 def test_real_two_rank_cpu_run_analyses_and_merges_valid(tmp_path, capsys):
     """A real gloo 1F1B run (torchrun, tiny preset): analyse, merge, and the merged trace is valid, with
     one arrow per transfer and the analysis gap track on both ranks."""
-    repo = Path(__file__).resolve().parents[1]
-    command = [
-        sys.executable,
-        "-m",
-        "runners",
-        "trace",
-        "--sched",
-        "1f1b",
-        "--p",
-        "2",
-        "--m",
-        "4",
-        "--preset",
-        "tiny",
-        "--device",
-        "cpu",
-        "--steps",
-        "2",
-        "--timed-steps",
-        "1",
-        "--traces",
-        str(tmp_path),
-    ]
-    finished = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=300)
-    assert finished.returncode == 0, finished.stderr
-    run = (tmp_path / "latest").resolve()
+    options = "--sched 1f1b --p 2 --m 4 --preset tiny --device cpu --steps 2 --timed-steps 1"
+    run = trace_run(tmp_path, *options.split())
     assert main(["analyze", str(run)]) == 0 and main(["merge", str(run)]) == 0
     trace = json.loads(gzip.decompress((run / "merged.json.gz").read_bytes()))
     assert problems(trace) == []

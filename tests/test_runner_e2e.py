@@ -5,39 +5,22 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import REPO, trace_command
 
 from runners.schedules import build, lower
 
-REPO = Path(__file__).resolve().parent.parent
 STEPS = 2
 pytestmark = pytest.mark.slow
 
 
-def trace(traces: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "runners",
-        "trace",
-        "--p",
-        "2",
-        "--preset",
-        "tiny",
-        "--device",
-        "cpu",
-        "--steps",
-        str(STEPS),
-        "--timed-steps",
-        "2",
-        "--traces",
-        str(traces),
-        *args,
-    ]
+def trace(traces: Path, *options: str) -> subprocess.CompletedProcess:
+    command = trace_command(
+        traces, *f"--p 2 --preset tiny --device cpu --steps {STEPS} --timed-steps 2".split(), *options
+    )
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 

@@ -7,50 +7,23 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import REPO, trace_command, trace_run
 
 from analysis.pipeline import analyze_run, read_run
 from runners.schedules import build
 
-REPO = Path(__file__).resolve().parent.parent
 M = 4
 pytestmark = pytest.mark.slow
 
 
 def trace(traces: Path, engine: str, schedule: str, v: int, preset: str = "tiny") -> Path:
-    command = [
-        sys.executable,
-        "-m",
-        "runners",
-        "trace",
-        "--p",
-        "2",
-        "--m",
-        str(M),
-        "--v",
-        str(v),
-        "--sched",
-        schedule,
-        "--engine",
-        engine,
-        "--preset",
-        preset,
-        "--device",
-        "cpu",
-        "--steps",
-        "3",
-        "--timed-steps",
-        "1",
-        "--traces",
-        str(traces),
-    ]  # 3: the median step, not one noisy one
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return (traces / "latest").resolve()
+    options = f"--p 2 --m {M} --v {v} --sched {schedule} --engine {engine} --preset {preset} --device cpu"
+    # --steps 3: the median step, not one noisy one
+    return trace_run(traces, *options.split(), *"--steps 3 --timed-steps 1".split())
 
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
@@ -93,25 +66,6 @@ def test_every_microbatch_forward_and_backward_is_found(tmp_path, engine, schedu
 
 
 def test_torch_only_schedules_are_refused_by_name_for_native(tmp_path):
-    command = [
-        sys.executable,
-        "-m",
-        "runners",
-        "trace",
-        "--p",
-        "2",
-        "--m",
-        "4",
-        "--v",
-        "2",
-        "--sched",
-        "zbv",
-        "--engine",
-        "native",
-        "--device",
-        "cpu",
-        "--traces",
-        str(tmp_path),
-    ]
+    command = trace_command(tmp_path, *"--p 2 --m 4 --v 2 --sched zbv --engine native --device cpu".split())
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "zbv" in result.stderr and "\n" not in result.stderr.strip()
