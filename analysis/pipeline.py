@@ -18,7 +18,7 @@ from analysis import results
 from analysis.attribution.parts import cell_small_gemm, in_ms, median_step, rank_entries, rank_parts
 from analysis.attribution.reference import reference
 from analysis.attribution.waterfall import ideal_frame, step_ladder
-from analysis.cells.executed import as_executed, from_run_json, infer
+from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
 from analysis.cells.inferred import cells_of
 from analysis.cells.labelled import RankCells, is_gpu
 from analysis.errors import InputError
@@ -90,16 +90,19 @@ def _common_steps(per_rank: list[RankCells]) -> list[RankCells]:
     ]
 
 
-def _schedule(run: RunInput, cells: pl.DataFrame, schedule: str | None, m: int | None) -> Schedule:
+def _schedule(
+    run: RunInput, cells: pl.DataFrame, schedule: str | None, m: int | None
+) -> tuple[Schedule, str | None]:
+    """The executed schedule and, when it is custom, the nearest named one (analysis.cells.executed)."""
     p = len(run.frames)
     if run.run_json is None or schedule is not None or m is not None:
-        inferred = infer(cells, p, run.path, schedule, m)
-        if run.run_json is not None and from_run_json(run.run_json, run.path, cells) != inferred:
+        inferred, nearest = infer(cells, p, run.path, schedule, m)
+        if run.run_json is not None and from_run_json(run.run_json, run.path, cells).name != inferred.name:
             raise InputError(
                 run.path / "run.json", f"says {run.run_json.get('schedule')}, the hints {inferred.name}"
             )
-        return inferred
-    return as_executed(from_run_json(run.run_json, run.path, cells), cells, run.path)
+        return inferred, nearest
+    return as_executed(from_run_json(run.run_json, run.path, cells), cells, run.path), None
 
 
 def _warn_overlaps(cells: pl.DataFrame, sources: dict[int, Path]) -> None:
@@ -138,7 +141,8 @@ def analyze_run(
     on_gpu = any(is_gpu(frame) for frame in run.frames.values())
     gaps = pl.concat([classify(timeline(r, split), rules, on_gpu) for r in per_rank])
     spans = pl.concat([windows(r) for r in per_rank])
-    shape = _schedule(run, cells, schedule, m)
+    shape, nearest = _schedule(run, cells, schedule, m)
+    check_causality(shape, cells, run.sources)
     ref = reference(cells, (run.run_json or {}).get("calibration"), shape.m)
     cells = cell_small_gemm(cells, gaps, spans, ref)
     parts = rank_parts(cells, gaps, spans)
@@ -152,6 +156,7 @@ def analyze_run(
     config = run.run_json or {}
     summary = Summary(
         schedule=shape.name,
+        nearest_schedule=nearest,
         engine=config.get("engine"),
         device=config.get("device", "cuda" if on_gpu else "cpu"),
         p=shape.p,
@@ -160,7 +165,7 @@ def analyze_run(
         steps_analyzed=parts["step"].n_unique(),
         median_step=step,
         step_time_ms=step_ns / 1e6,
-        bubble_formula=formula_bubble(shape.p, shape.m, shape.v),
+        bubble_formula=formula_bubble(shape),
         bubble_measured=1 - busy / (shape.p * step_ns),
         simulated_step_time_ms=step_ns / 1e6 - rungs.waterfall.residual,
         waterfall_ms=rungs.waterfall,

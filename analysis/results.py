@@ -56,11 +56,20 @@ class _ScheduleFile(msgspec.Struct):
     v: int
     placement: str
     orders: list[list[str]]  # per rank, its actions in execution order, in the compact form "0F3"
+    stage_ranks: list[int] = []  # the custom placement's rank of each stage
 
 
 def _schedule_json(schedule: Schedule) -> bytes:
     orders = [[str(action) for action in order] for order in schedule.orders]
-    document = _ScheduleFile(schedule.name, schedule.p, schedule.m, schedule.v, schedule.placement, orders)
+    document = _ScheduleFile(
+        schedule.name,
+        schedule.p,
+        schedule.m,
+        schedule.v,
+        schedule.placement,
+        orders,
+        list(schedule.stage_ranks),
+    )
     return msgspec.json.format(msgspec.json.encode(document)) + b"\n"
 
 
@@ -121,7 +130,15 @@ def _schedule(path: Path) -> Schedule:
     found = _decode(path, _ScheduleFile)
     try:
         orders = tuple(tuple(Action.parse(text) for text in order) for order in found.orders)
-        return Schedule(found.name, found.p, found.m, found.v, orders, placement=found.placement)
+        return Schedule(
+            found.name,
+            found.p,
+            found.m,
+            found.v,
+            orders,
+            placement=found.placement,
+            stage_ranks=tuple(found.stage_ranks),
+        )
     except ValueError as error:  # ActionParseError, ScheduleError
         raise InputError(path, f"not a schedule: {error}") from None
 

@@ -89,7 +89,8 @@ WATERFALL_TERMS = Waterfall.__struct_fields__
 class Summary(msgspec.Struct, kw_only=True):
     """summary.json: DESIGN.md section 3's keys, plus what the later stages need to show them."""
 
-    schedule: str
+    schedule: str  # run.json's name, the generator whose order the traces match exactly, or "custom"
+    nearest_schedule: str | None  # for a custom order, the generator whose order is closest; else None
     engine: str | None
     device: str
     p: int

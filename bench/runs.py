@@ -21,7 +21,6 @@ from analysis.schema import WATERFALL_TERMS
 from bench.stats import stats, verdict
 from runners.launch import LaunchError, launch
 from runners.request import RequestError, RunRequest, resolve
-from runners.schedules import formula_bubble
 
 PROFILER_TARGET = 1.10  # profiled / unprofiled step time
 SIM_TARGET = 0.05  # |simulated / measured - 1| on every run
@@ -70,7 +69,7 @@ def sweep_row(run_dir: Path) -> dict:
         "step_ms": step,
         "step_ms_min": min(samples),
         "step_ms_max": max(samples),
-        "bubble_theory": formula_bubble(p, m, summary.v),
+        "bubble_theory": summary.bubble_formula,
         "bubble_measured": 1 - m * slot / step,
         "analysis_bubble": summary.bubble_measured,
         "profiled_step_ms": profiled,

@@ -1,7 +1,8 @@
 """`python -m runners.results RUN_DIR...`: a small markdown table from run.json files (torch- and polars-free,
 so it runs on the GPU machine, which has neither polars nor network).
 
-Per run: the formula bubble (p-1)/(v*m+p-1), the unprofiled step time, and the busiest rank's full-batch
+Per run: the formula bubble (the schedule's order at unit times: runners.schedules.formula_bubble), the
+unprofiled step time, and the busiest rank's full-batch
 compute (the calibrated F+B of the stages the schedule places on it: the seed's m*t_slot at full-batch
 efficiency), whose complement `1 - compute / step` is the seed experiment's measured bubble; it includes
 the small-GEMM slowdown, which analysis/ then separates out (its summary.json's bubble_measured is added
@@ -47,7 +48,8 @@ def row(run_dir: Path) -> dict:
     config = json.loads((run_dir / "run.json").read_text())
     p, m, v = config["p"], config["m"], config["v"]
     step_ms = config["step_time_unprofiled_ms"]
-    compute_ms = busiest_rank_compute_ms(config["calibration"], build(config["schedule"], p, m, v))
+    schedule = build(config["schedule"], p, m, v)
+    compute_ms = busiest_rank_compute_ms(config["calibration"], schedule)
     summary_path = run_dir / "analysis" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return {
@@ -60,7 +62,7 @@ def row(run_dir: Path) -> dict:
         "rows/mb": config["dims"]["microbatch_rows"][0],
         "step ms": step_ms,
         "full-batch compute ms": compute_ms,
-        "bubble formula": formula_bubble(p, m, v),
+        "bubble formula": formula_bubble(schedule),
         "1 - compute/step": 1 - compute_ms / step_ms,
         "analysis bubble": summary.get("bubble_measured"),
         "run s": sum(config.get("phases_s", {}).values()),

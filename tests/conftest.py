@@ -92,6 +92,7 @@ def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
     )
     base = Summary(
         schedule="gpipe",
+        nearest_schedule=None,
         engine="native",
         device="cpu",
         p=2,

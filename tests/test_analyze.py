@@ -63,6 +63,7 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         "inferred_cells",
         "parts",
         "notes",
+        "nearest_schedule",
     }
     assert summary["parts"] == [key for key in RANK_KEYS_IN_ORDER if key.endswith("_ms")]
     assert all(set(rank) == RANK_KEYS for rank in summary["ranks"])

@@ -11,7 +11,7 @@ from analysis.attribution.replay import Measured, replay
 from analysis.attribution.waterfall import ladder
 from analysis.pipeline import analyze_run, read_run
 from analysis.schema import RANK_PARTS, WATERFALL_TERMS
-from runners.schedules import build, formula_bubble, simulate
+from runners.schedules import build, simulate
 
 CALIBRATION = {"0": {"F_ms": 0.008, "B_ms": 0.016}, "1": {"F_ms": 0.016, "B_ms": 0.024}}
 RUN_JSON = {"schedule": "gpipe", "p": 2, "m": 1, "v": 1, "calibration": CALIBRATION, "complete": True}
@@ -89,6 +89,6 @@ def test_equal_slots_give_the_formula_bubble(name, p, m, v):
     measured = Measured({a: ref.ns[(a.stage, a.kind.value)] for a in actions})
     terms = ladder(schedule, measured, ref, step_ns=1e6).waterfall
     step = terms.ideal + terms.formula_bubble
-    assert terms.formula_bubble / step == pytest.approx(formula_bubble(p, m, v))
+    assert terms.formula_bubble / step == pytest.approx((p - 1) / (v * m + p - 1))
     assert terms.imbalance == 0 and terms.small_gemm == 0
     assert sum(msgspec.structs.asdict(terms).values()) == pytest.approx(1.0)  # ms

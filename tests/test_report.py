@@ -27,7 +27,7 @@ from analysis.report.inflight import measured_in_flight, peaks_frame, theory_pea
 from analysis.report.runs import run_directories
 from analysis.report.sweeps import families, formula_curve, measured_steps, newest_per_m, run_row, runs_frame
 from analysis.traces.load import TraceWarning
-from runners.schedules import build
+from runners.schedules import build, formula_bubble
 from synthetic import write_run
 
 
@@ -72,14 +72,20 @@ def _report(tmp_path: Path, **runs) -> tuple[Path, Path]:
     return traces, build_report(traces, tmp_path / "reports")
 
 
-def test_formula_curve_is_the_bubble_formula_at_every_m():
+def test_formula_curve_is_each_schedules_own_geometry_at_every_m_it_can_run():
     rows = [
-        run_row(f"r{m}", summary_of(schedule="interleaved", p=4, m=m, v=2, step_time_ms=10.0 + m))
+        run_row(f"{name}{m}", summary_of(schedule=name, p=2, m=m, v=v, step_time_ms=10.0 + m))
+        for name, v in (("interleaved", 2), ("zb", 1))
         for m in (2, 6)
     ]
     curve = formula_curve(families(runs_frame(rows)))
-    assert curve["m"].to_list() == [1, 2, 3, 4, 5, 6]
-    assert curve.filter(pl.col("m") == 3)["bubble"].item() == pytest.approx(3 / 9)  # (p-1)/(v*m+p-1)
+    interleaved = curve.filter(pl.col("family").str.starts_with("interleaved"))
+    assert interleaved["m"].to_list() == [2, 4, 6]  # m a multiple of p only
+    assert interleaved.filter(pl.col("m") == 4)["bubble"].item() == pytest.approx(1 / 9)  # (p-1)/(v*m+p-1)
+    zb = curve.filter(pl.col("family").str.starts_with("zb"))
+    assert zb["m"].to_list() == [2, 3, 4, 5, 6]  # zb needs m >= p
+    assert zb.filter(pl.col("m") == 4)["bubble"].item() == pytest.approx(formula_bubble(build("zb", 2, 4)))
+    assert formula_bubble(build("zb", 2, 4)) < 1 / 5  # below 1F1B's closed form: ZB's own geometry
 
 
 def test_best_m_is_the_fastest_and_newest_run_stands_for_a_repeated_m():

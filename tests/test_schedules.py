@@ -20,6 +20,9 @@ The tests replay the schedules and check these figures; they do not trust them.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import pytest
 
 from runners.schedules import (
@@ -29,6 +32,7 @@ from runners.schedules import (
     Kind,
     ScheduleError,
     build,
+    formula_bubble,
     in_flight,
     lower,
     simulate,
@@ -192,3 +196,29 @@ def test_interleaved_zero_bubble_splits_every_backward_and_saves_a_drain(p, v):
     unsplit = build("interleaved", p, m, v)
     two_unit_b = simulate(unsplit, duration=lambda rank, action: 2 if action.kind is Kind.B else 1)
     assert two_unit_b.makespan == 3 * v * m + 3 * (p - 1)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved"])
+def test_the_formula_bubble_of_the_closed_form_schedules_is_their_closed_form(name):
+    checked = 0
+    for p, m, v in itertools.product(range(1, 6), range(1, 13), range(1, 4)):
+        try:
+            schedule = build(name, p, m, v)
+        except ScheduleError:
+            continue
+        assert formula_bubble(schedule) == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-12), (p, m, v)
+        checked += 1
+    assert checked >= 40  # not a loop over nothing (1f1b: v = 1 and m >= p)
+
+
+def test_zero_bubble_orders_get_their_own_geometry():
+    # ZB-H1 fills 1F1B's cool-down with deferred W's: about a third of 1F1B's bubble at p=4 m=8.
+    assert formula_bubble(build("1f1b", 4, 8)) == pytest.approx(3 / 11)
+    assert formula_bubble(build("zb", 4, 8)) == pytest.approx(1 / 9)
+    # an order none of the generators writes: GPipe with its backwards in reverse, as the seed runs it
+    gpipe = build("gpipe", 2, 3)
+    reverse = tuple(
+        tuple(a for a in o if a.kind is Kind.F) + tuple(reversed([a for a in o if a.kind is Kind.B]))
+        for o in gpipe.orders
+    )
+    assert formula_bubble(dataclasses.replace(gpipe, name="custom", orders=reverse)) == pytest.approx(1 / 4)

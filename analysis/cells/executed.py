@@ -1,9 +1,13 @@
-"""Which schedule a run executed: from run.json, or inferred from the traces' labels.
+"""Which schedule a run executed: its per-rank order of actions, replayed as it ran, and its name.
 
-Without run.json: p is the number of ranks, v the stages per rank, m the microbatches seen, and the
-schedule the generator whose per-rank compute order matches the first analysed step's. Hints
-(`--schedule`, `--m`) must agree with what the traces show, else the traces are not what the user
-thinks they are: an InputError.
+The order comes from the cells of the first analysed step; dependencies come from the data (what each
+action consumes: runners.schedules.dependencies), not from a name, so any valid order is analysed. A
+name only names the run: run.json's, else the generator whose order the traces match exactly, else
+"custom" with the nearest generator's name beside it. Refused (InputError, naming the action): an
+order that cannot run (an action twice or missing, a stage on two ranks, a backward before its
+forward), steps that ran different actions, and cells that contradict their dependencies in time (a
+consumer that ended before its producer began, with the ranks on one clock). Hints (`--schedule`,
+`--m`) must agree with what the traces show, else the traces are not what the user thinks they are.
 """
 
 from __future__ import annotations
@@ -16,8 +20,21 @@ import polars as pl
 
 from analysis.errors import InputError
 from analysis.traces.load import TraceWarning
-from runners.schedules import COMPUTE_KINDS, SCHEDULES, Action, Kind, Schedule, ScheduleError, build
+from runners.schedules import (
+    COMPUTE_KINDS,
+    SCHEDULES,
+    Action,
+    Kind,
+    Schedule,
+    ScheduleError,
+    build,
+    dependencies,
+    placement_of,
+    validate,
+)
 from runners.schedules.trace_names import LABEL_PREFIX
+
+CUSTOM = "custom"
 
 
 def compute_orders(cells: pl.DataFrame, step: int, p: int) -> tuple[tuple[Action, ...], ...]:
@@ -32,8 +49,12 @@ def compute_orders(cells: pl.DataFrame, step: int, p: int) -> tuple[tuple[Action
 
 
 def _candidates(p: int, m: int, v: int) -> list[Schedule]:
+    """The generators' schedules for this shape. Interleaved with one chunk is 1F1B with a deeper
+    warm-up: it names nothing a user would call interleaved, so it is not a candidate."""
     found = []
     for name in SCHEDULES:
+        if name == "interleaved" and v == 1:
+            continue
         try:
             found.append(build(name, p, m, v))
         except ScheduleError:
@@ -41,35 +62,74 @@ def _candidates(p: int, m: int, v: int) -> list[Schedule]:
     return found
 
 
+def _distance(orders: tuple[tuple[Action, ...], ...], other: Schedule) -> float:
+    """How far apart two orders are: the mean displacement of each action between the two (Spearman's
+    footrule per rank); an action only one of them runs counts as displaced by its rank's length."""
+    total = count = 0
+    for mine, theirs in zip(orders, other.orders):
+        where = {action: k for k, action in enumerate(theirs)}
+        total += sum(abs(k - where[a]) if a in where else len(mine) for k, a in enumerate(mine))
+        total += sum(len(theirs) for a in theirs if a not in set(mine))
+        count += len(mine) + len(theirs)
+    return total / max(count, 1)
+
+
+def nearest(executed: Schedule) -> str | None:
+    """The generator whose order is closest to `executed`'s, among those of its shape and placement."""
+    found = [s for s in _candidates(executed.p, executed.m, executed.v) if s.placement == executed.placement]
+    return min(found, key=lambda s: _distance(executed.orders, s)).name if found else None
+
+
+def _placed(compute: pl.DataFrame, p: int, path: Path) -> tuple[str, tuple[int, ...], int]:
+    """(placement, stage_ranks, v) from which rank ran which stage's cells."""
+    owners = compute.group_by("stage").agg(pl.col("rank").unique()).sort("stage")
+    shared = owners.filter(pl.col("rank").list.len() > 1)
+    if shared.height:
+        stage, ranks = shared.row(0)
+        raise InputError(path, f"stage {stage} ran on ranks {sorted(ranks)}: a stage lives on one rank")
+    stages = owners["stage"].to_list()
+    if stages != list(range(len(stages))):
+        raise InputError(path, f"the traces' stages are {stages}, not 0..{len(stages) - 1}")
+    if len(stages) % p:
+        raise InputError(path, f"{len(stages)} stages do not divide over {p} ranks")
+    placement, stage_ranks = placement_of(tuple(owners["rank"].explode().to_list()), p)
+    return placement, stage_ranks, len(stages) // p
+
+
+def _runnable(schedule: Schedule, path: Path) -> Schedule:
+    """`schedule` if every action is there once, on its stage's rank, in an order that can run."""
+    try:
+        validate(schedule)
+    except ScheduleError as error:
+        raise InputError(path, f"the traces' order cannot run: {str(error).splitlines()[0]}") from None
+    return schedule
+
+
 def infer(
     cells: pl.DataFrame, p: int, path: Path, schedule: str | None = None, m: int | None = None
-) -> Schedule:
-    """The schedule the traces ran; `schedule`/`m` are hints that must agree with them."""
+) -> tuple[Schedule, str | None]:
+    """The schedule the traces ran, and the nearest named one when it is custom; `schedule`/`m` are hints
+    that must agree with them."""
     compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
     if compute.height == 0:
-        raise InputError(path, "no PP:<action> labels in any trace; cannot tell the schedule")
-    stages = compute["stage"].n_unique()
+        raise InputError(path, f"no {LABEL_PREFIX}<action> labels in any trace; cannot tell the schedule")
     seen_m = compute["microbatch"].n_unique()
     if m is not None and m != seen_m:
         raise InputError(path, f"--m {m} disagrees with the traces, which show {seen_m} microbatches")
-    if stages % p:
-        raise InputError(path, f"{stages} stages do not divide over {p} ranks")
-    step = compute["step"].min()
-    measured = compute_orders(compute, step, p)
-    matches = [s for s in _candidates(p, seen_m, stages // p) if s.orders == measured]
-    names = [s.name for s in matches]
-    if schedule is not None:
-        if schedule not in names:
-            shown = ", ".join(names) or "none of " + ", ".join(SCHEDULES)
-            raise InputError(
-                path, f"--schedule {schedule} disagrees with the traces' order (it matches {shown})"
-            )
-        return next(s for s in matches if s.name == schedule)
-    if not matches:
-        raise InputError(
-            path, f"the traces' action order matches none of {', '.join(SCHEDULES)} (p={p}, m={seen_m})"
+    placement, stage_ranks, v = _placed(compute, p, path)
+    orders = compute_orders(compute, compute["step"].min(), p)
+    executed = _runnable(
+        Schedule(CUSTOM, p, seen_m, v, orders, placement=placement, stage_ranks=stage_ranks), path
+    )
+    _check_every_step(executed, compute, path)
+    names = [s.name for s in _candidates(p, seen_m, v) if s.orders == orders and s.placement == placement]
+    if schedule is not None and schedule not in names:
+        shown = (
+            ", ".join(names) or f"none of {', '.join(SCHEDULES)}: a custom order, nearest {nearest(executed)}"
         )
-    return matches[0]
+        raise InputError(path, f"--schedule {schedule} disagrees with the traces' order (it matches {shown})")
+    name = schedule or (names[0] if names else None)
+    return (replace(executed, name=name), None) if name else (executed, nearest(executed))
 
 
 def from_run_json(run: dict, path: Path, cells: pl.DataFrame) -> Schedule:
@@ -109,7 +169,7 @@ def as_executed(named: Schedule, cells: pl.DataFrame, path: Path) -> Schedule:
             f"the traces' actions are not those of {named.name} p={named.p} m={named.m} "
             f"v={named.v}: {difference}",
         )
-    executed = replace(named, orders=compute_orders(compute, compute["step"].min(), named.p))
+    executed = _runnable(replace(named, orders=compute_orders(compute, compute["step"].min(), named.p)), path)
     if executed.orders == named.orders:
         return named
     others = [s.name for s in _candidates(named.p, named.m, named.v) if s.orders == executed.orders]
@@ -121,6 +181,14 @@ def as_executed(named: Schedule, cells: pl.DataFrame, path: Path) -> Schedule:
             stacklevel=2,
         )
     return executed
+
+
+def _check_every_step(executed: Schedule, compute: pl.DataFrame, path: Path) -> None:
+    """Every step ran the first step's actions, each once (a label dropped, doubled or stray in any step
+    would make the steps incomparable)."""
+    difference = _first_difference(executed, compute)
+    if difference is not None:
+        raise InputError(path, f"the traces' steps ran different actions: {difference}")
 
 
 def _first_difference(named: Schedule, compute: pl.DataFrame) -> str | None:
@@ -149,3 +217,35 @@ def _first_difference(named: Schedule, compute: pl.DataFrame) -> str | None:
     row = differ.row(0, named=True)
     ran = f"step {row['step']} rank {row['rank']} ran {LABEL_PREFIX}{row['action']} {row['seen']}x"
     return f"{ran}, the schedule {row['expected']}x"
+
+
+def check_causality(schedule: Schedule, cells: pl.DataFrame, sources: dict[int, Path]) -> None:
+    """Every compute cell ended no earlier than each of its inputs began (ranks on one clock): a consumer
+    that ended before its producer began is a trace that contradicts the data flow."""
+    edges = [
+        (a.stage, a.kind.value, a.microbatch, dep.stage, dep.kind.value, dep.microbatch)
+        for order in schedule.orders
+        for a in order
+        for dep in dependencies(schedule, a)
+    ]
+    if not edges:
+        return
+    keys = ["stage", "kind", "microbatch"]
+    table = pl.DataFrame(edges, schema=[*keys, *(f"dep_{k}" for k in keys)], orient="row")
+    compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS)).select(
+        "rank", "step", *keys, "start_ns", "end_ns"
+    )
+    inputs = compute.rename({k: f"dep_{k}" for k in (*keys, "rank", "start_ns", "end_ns")})
+    joined = compute.join(table, on=keys).join(inputs, on=["step", *(f"dep_{k}" for k in keys)])
+    broken = joined.filter(pl.col("end_ns") < pl.col("dep_start_ns")).sort("step", "start_ns")
+    if broken.height:
+        row = broken.row(0, named=True)
+        consumer = f"{LABEL_PREFIX}{row['stage']}{row['kind']}{row['microbatch']}"
+        producer = f"{LABEL_PREFIX}{row['dep_stage']}{row['dep_kind']}{row['dep_microbatch']}"
+        where = sources.get(row["rank"], f"rank {row['rank']}")
+        late = (row["dep_start_ns"] - row["end_ns"]) / 1e6
+        raise InputError(
+            where,
+            f"step {row['step']}: {consumer} ended {late:.3f} ms before its input {producer} "
+            f"(rank {row['dep_rank']}) began, with the ranks on one clock",
+        )

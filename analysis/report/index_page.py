@@ -21,7 +21,10 @@ RUN_COLUMNS = [
     Column("v", "chunks (stages) per rank"),
     Column("step (ms)", "measured step time: median over the analysed profiled steps", show=number(3)),
     Column(
-        "bubble formula", "(p-1)/(v*m+p-1): idle fraction of the step by schedule geometry", show=number(3)
+        "bubble formula",
+        "idle fraction of the step by the schedule's geometry: its order at unit times ((p-1)/(v*m+p-1) for "
+        "gpipe, 1f1b, interleaved)",
+        show=number(3),
     ),
     Column(
         "bubble measured",
@@ -118,8 +121,9 @@ def sweep_figures(runs: pl.DataFrame) -> list[Figure]:
             Figure(
                 "bubble-vs-m",
                 charts.bubble_vs_m(sweeps.formula_curve(family_runs), family_runs),
-                "Bubble as a fraction of the step against m: dashed lines are the formula "
-                "(p-1)/(v*m+p-1), points the measured 1 - busy / (p * step time).",
+                "Bubble as a fraction of the step against m: dashed lines are the formula, each schedule's "
+                "order replayed at unit times ((p-1)/(v*m+p-1) for gpipe, 1f1b and interleaved), points the "
+                "measured 1 - busy / (p * step time).",
             )
         )
         newest = sweeps.newest_per_m(family_runs)

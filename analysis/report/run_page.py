@@ -76,7 +76,8 @@ def figures_html(summary: Summary) -> str:
             "bubble (formula)",
             summary.bubble_formula,
             "",
-            f"(p-1)/(v*m+p-1) = ({p}-1)/({v}*{m}+{p}-1): idle fraction of the step by schedule geometry alone",
+            "idle fraction of the step by the schedule's geometry alone: its executed order replayed at unit "
+            f"times (F 1, B 2, I and W 1); (p-1)/(v*m+p-1) = ({p}-1)/({v}*{m}+{p}-1) for gpipe, 1f1b, interleaved",
         ),
         (
             "bubble (measured)",

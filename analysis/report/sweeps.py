@@ -9,7 +9,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.schema import WATERFALL_TERMS, Summary
-from runners.schedules import formula_bubble
+from runners.schedules import SCHEDULES, Schedule, ScheduleError, build, formula_bubble
 
 RUN_COLUMNS = {
     "run_id": pl.String,
@@ -60,18 +60,27 @@ def families(runs: pl.DataFrame) -> pl.DataFrame:
 
 
 def formula_curve(family_runs: pl.DataFrame) -> pl.DataFrame:
-    """The formula bubble (runners.schedules.formula_bubble) at every integer m up to the family's largest."""
-    families = family_runs.group_by("family").agg(
-        pl.col("p").first(), pl.col("v").first(), top=pl.col("m").max()
-    )
+    """The formula bubble (runners.schedules.formula_bubble: the schedule's own geometry) at every m up to
+    the family's largest that the schedule can be built for; a custom order has no curve."""
+    families = family_runs.group_by("family").agg(pl.col("schedule", "p", "v").first(), top=pl.col("m").max())
     rows = [
-        (family, m, formula_bubble(p, m, v))
-        for family, p, v, top in families.iter_rows()
+        (family, m, formula_bubble(schedule))
+        for family, name, p, v, top in families.iter_rows()
         for m in range(1, top + 1)
+        if (schedule := _buildable(name, p, m, v)) is not None
     ]
     return pl.DataFrame(
         rows, schema={"family": pl.String, "m": pl.Int64, "bubble": pl.Float64}, orient="row"
     ).sort("family", "m")
+
+
+def _buildable(name: str, p: int, m: int, v: int) -> Schedule | None:
+    if name not in SCHEDULES:
+        return None
+    try:
+        return build(name, p, m, v)
+    except ScheduleError:
+        return None
 
 
 def newest_per_m(family_runs: pl.DataFrame) -> pl.DataFrame:

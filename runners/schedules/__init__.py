@@ -12,7 +12,7 @@ from .generate import SCHEDULES, V_SHAPED, build
 from .grid import grid
 from .lower import lower
 from .memory import in_flight
-from .schedule import Schedule, ScheduleError
+from .schedule import Schedule, ScheduleError, placement_of
 from .simulate import simulate
 from .timeline import Timeline
 from .validate import validate
@@ -34,6 +34,7 @@ __all__ = [
     "grid",
     "in_flight",
     "lower",
+    "placement_of",
     "simulate",
     "validate",
 ]

@@ -1,8 +1,26 @@
-"""The bubble by schedule geometry alone: the fraction of a step a rank idles at unit times."""
+"""The bubble by schedule geometry alone: the executed order replayed at unit times.
+
+One rule for every order: F takes 1 unit, B 2, I and W 1 each (a split backward), communication none;
+the bubble is the idle share of p ranks over the replay's span, 1 - sum of busy / (p * span). For
+GPipe, 1F1B and interleaved 1F1B with v chunks this is (p-1)/(v*m+p-1); zero-bubble and custom orders
+get their own geometry.
+"""
 
 from __future__ import annotations
 
+from .actions import Action, Kind
+from .schedule import Schedule
+from .simulate import simulate
 
-def formula_bubble(p: int, m: int, v: int = 1) -> float:
-    """(p-1)/(v*m+p-1): p ranks, m microbatches, v chunks per rank (GPipe, 1F1B, interleaved)."""
-    return (p - 1) / (v * m + p - 1)
+UNIT_TIMES = {Kind.F: 1.0, Kind.B: 2.0, Kind.I: 1.0, Kind.W: 1.0}
+
+
+def _unit(_rank: int, action: Action) -> float:
+    return UNIT_TIMES.get(action.kind, 0.0)
+
+
+def formula_bubble(schedule: Schedule) -> float:
+    """The idle fraction of the step the schedule's order alone implies (0 for one rank)."""
+    timeline = simulate(schedule, duration=_unit)
+    busy = sum(timeline.busy(rank) for rank in range(schedule.p))
+    return 1 - busy / (schedule.p * timeline.makespan) if timeline.makespan else 0.0
