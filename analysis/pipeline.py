@@ -95,14 +95,13 @@ def _schedule(
 ) -> tuple[Schedule, str | None]:
     """The executed schedule and, when it is custom, the nearest named one (analysis.cells.executed)."""
     p = len(run.frames)
-    if run.run_json is None or schedule is not None or m is not None:
+    named = None if run.run_json is None else from_run_json(run.run_json, run.path, cells)
+    if named is None or schedule is not None or m is not None:
         inferred, nearest = infer(cells, p, run.path, schedule, m)
-        if run.run_json is not None and from_run_json(run.run_json, run.path, cells).name != inferred.name:
-            raise InputError(
-                run.path / "run.json", f"says {run.run_json.get('schedule')}, the hints {inferred.name}"
-            )
+        if named is not None and named.name != inferred.name:
+            raise InputError(run.path / "run.json", f"says {named.name}, the hints {inferred.name}")
         return inferred, nearest
-    return as_executed(from_run_json(run.run_json, run.path, cells), cells, run.path), None
+    return as_executed(named, cells, run.path), None
 
 
 def _warn_overlaps(cells: pl.DataFrame, sources: dict[int, Path]) -> None:

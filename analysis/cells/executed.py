@@ -75,7 +75,8 @@ def _distance(orders: tuple[tuple[Action, ...], ...], other: Schedule) -> float:
 
 
 def nearest(executed: Schedule) -> str | None:
-    """The generator whose order is closest to `executed`'s, among those of its shape and placement."""
+    """The generator whose order is closest to `executed`'s, among those of its shape and placement (None
+    for a placement no generator uses: orders of other placements run other stages on each rank)."""
     found = [s for s in _candidates(executed.p, executed.m, executed.v) if s.placement == executed.placement]
     return min(found, key=lambda s: _distance(executed.orders, s)).name if found else None
 
@@ -132,9 +133,10 @@ def infer(
     return (replace(executed, name=name), None) if name else (executed, nearest(executed))
 
 
-def from_run_json(run: dict, path: Path, cells: pl.DataFrame) -> Schedule:
+def from_run_json(run: dict, path: Path, cells: pl.DataFrame) -> Schedule | None:
     """run.json's schedule, built only once its m and v agree with the traces' microbatches and stages
-    (a wrong m of 10**9 must be an error line, not a schedule that fills memory)."""
+    (a wrong m of 10**9 must be an error line, not a schedule that fills memory); None where it says
+    "custom": the traces' own order is the schedule."""
     try:
         name, p, m, v = run["schedule"], int(run["p"]), int(run["m"]), int(run.get("v", 1))
     except (KeyError, TypeError, ValueError) as error:
@@ -147,6 +149,8 @@ def from_run_json(run: dict, path: Path, cells: pl.DataFrame) -> Schedule:
             f"says m={m}, v={v} (p={p}) but the traces show {seen['m']} microbatches "
             f"and {seen['stages']} stages",
         )
+    if name == CUSTOM:
+        return None
     try:
         return build(name, p, m, v)
     except (TypeError, ValueError) as error:  # ScheduleError is a ValueError
