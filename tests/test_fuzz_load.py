@@ -47,7 +47,7 @@ def _seeds() -> list[bytes]:
 
 SEEDS = _seeds()
 # The loader's frame (analysis.traces.load): these columns, times and ids as integers.
-INTEGERS = "index rank pid tid start_ns end_ns correlation external_id stream flow_id".split()
+INTEGERS = "index rank pid tid start_ns end_ns correlation external_id stream sequence flow_id".split()
 COLUMNS = {name: pl.Int64 for name in INTEGERS} | {name: pl.String for name in ("ph", "name", "cat", "bp")}
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

@@ -114,3 +114,13 @@ def test_hints_must_agree_with_the_traces(seed_run):
         analyze_run(read_run(seed_run), m=8)
     with pytest.raises(InputError, match="--schedule 1f1b"):
         analyze_run(read_run(seed_run), schedule="1f1b")
+
+
+def test_backwards_in_reverse_are_numbered_as_they_ran(tmp_path):
+    """At m=4 the seed's loop runs B3 B2 B1 B0: autograd's sequence numbers tie each B to its F, so the
+    order is the loop's own (custom, nearest gpipe), not GPipe's with the B's renumbered."""
+    result = analyze_run(read_run(handwritten_run(tmp_path, m=4)))
+    assert (result.summary.schedule, result.summary.nearest_schedule) == ("custom", "gpipe")
+    for order in result.schedule.orders:
+        assert [a.microbatch for a in order if a.kind.value == "B"] == [3, 2, 1, 0]
+        assert [a.microbatch for a in order if a.kind.value == "F"] == [0, 1, 2, 3]

@@ -9,8 +9,9 @@ from analysis.cells.inferred import cells_of
 TID = 7
 
 
-def frame(events: list[tuple[str, str, int, int]]) -> pl.DataFrame:
-    """(name, cat, start_us, end_us) on one main thread of rank 0, inside one ProfilerStep."""
+def frame(events: list[tuple]) -> pl.DataFrame:
+    """(name, cat, start_us, end_us[, autograd sequence number]) on one main thread of rank 0, inside
+    one ProfilerStep."""
     rows = [("ProfilerStep#3", "user_annotation", 0, 1000), *events]
     return pl.DataFrame(
         {
@@ -22,8 +23,9 @@ def frame(events: list[tuple[str, str, int, int]]) -> pl.DataFrame:
             "start_ns": [r[2] * 1000 for r in rows],
             "end_ns": [r[3] * 1000 for r in rows],
             "correlation": [None] * len(rows),
+            "sequence": [r[4] if len(r) > 4 else None for r in rows],
         },
-        schema_overrides={"correlation": pl.Int64},
+        schema_overrides={"correlation": pl.Int64, "sequence": pl.Int64},
     )
 
 
@@ -82,6 +84,27 @@ def test_consecutive_forwards_are_numbered_in_order():
         ]
     )
     assert [(kind, mb) for kind, mb, *_ in found] == [("F", 0), ("SEND_F", 0), ("F", 1), ("SEND_F", 1)]
+
+
+def test_backwards_in_reverse_take_the_microbatch_of_the_forward_they_differentiate():
+    # The seed's loop: F0, F1, then B1 before B0. Each backward op carries the sequence number of the
+    # forward op it belongs to (nested ones included), so the first B is microbatch 1.
+    found = cells(
+        [
+            ("aten::linear", "cpu_op", 10, 20, 100),
+            ("aten::mm", "cpu_op", 11, 19, 101),
+            ("c10d::send", "cpu_op", 21, 22),
+            ("aten::linear", "cpu_op", 30, 40, 200),
+            ("aten::mm", "cpu_op", 31, 39, 201),
+            ("c10d::send", "cpu_op", 41, 42),
+            ("autograd::engine::evaluate_function: MmBackward0", "cpu_op", 50, 60, 201),
+            ("c10d::recv_", "cpu_op", 61, 62),
+            ("autograd::engine::evaluate_function: MmBackward0", "cpu_op", 70, 80, 101),
+        ]
+    )
+    compute = [(kind, mb) for kind, mb, *_ in found if kind in ("F", "B")]
+    assert compute == [("F", 0), ("F", 1), ("B", 1), ("B", 0)]
+    assert [mb for kind, mb, *_ in found if kind == "RECV_B"] == [0]  # the recv feeds B0
 
 
 def test_posted_receive_waits_inside_its_consumer():

@@ -12,9 +12,11 @@ Three shapes of trace this project did not write (torch.distributed.pipelining, 
   cut at every p2p op (`c10d::recv_`, `c10d::send`) and wherever autograd's backward ops
   (`autograd::engine::evaluate_function: ...`) start or stop; a run of backward ops is a B, a run of
   other ops holding a GEMM is an F (runs of neither, e.g. the optimizer or gradient scaling, are not
-  cells). Each rank holds one stage (its rank), and the k-th F and the k-th B of a step are microbatch
-  k: FIFO, which is the order of torch's GPipe and 1F1B; a loop that runs backwards in reverse (the
-  seed) gets its B's renumbered, which leaves GPipe's dependencies the same.
+  cells). Each rank holds one stage (its rank), and the k-th F of a step is microbatch k. A B is the
+  microbatch of the F it differentiates: autograd gives every backward op the sequence number of the
+  forward op it belongs to, so a loop that runs its backwards in reverse (the seed's) is numbered as
+  it ran; where no sequence number links them, the k-th B is microbatch k (FIFO, torch's GPipe and
+  1F1B).
 
 A recv's RECV cell runs from the recv call to its data's arrival (the later of the call's end and its
 `gloo:recv` end, cut at the next op), all of it blocked; a send's SEND cell from the send call until
@@ -56,7 +58,7 @@ def cells_of(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells
         return labelled  # GPU op-stream inference needs NCCL kernels as waits: not done here
     steps = step_spans(frame)
     ops = _assign_steps(_top_level_ops(frame, steps), steps)
-    labels = _cells_from_ops(_with_torch_labels(ops, frame))
+    labels = _cells_from_ops(_with_torch_labels(ops, frame), frame)
     waits = labels.filter(pl.col("kind").str.starts_with("RECV")).select(*CELL_KEY, "start_ns", "end_ns")
     cells = (
         labels.with_columns(
@@ -90,7 +92,7 @@ def _top_level_ops(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         .sort("start_ns", pl.col("end_ns"), descending=[False, True])
         .with_columns(outer_end=pl.col("end_ns").cum_max().shift(1))
         .filter(pl.col("outer_end").is_null() | (pl.col("start_ns") >= pl.col("outer_end")))
-        .select("rank", "tid", "name", "start_ns", "end_ns")
+        .select("rank", "tid", "name", "sequence", "start_ns", "end_ns")
     )
     arrivals = frame.filter(pl.col("name").is_in(ARRIVALS)).select(
         "rank", "tid", arrival_start="start_ns", arrival_ns="end_ns"
@@ -179,8 +181,11 @@ def _compute_cells(runs: pl.DataFrame) -> pl.DataFrame:
     )
     order = pl.int_range(pl.len()).over("rank", "step", "role")
     return per_run.with_columns(
-        stage=pl.col("rank"), kind=pl.col("role"), microbatch=pl.coalesce("label_microbatch", order)
-    ).select("rank", "tid", "step", "run", "stage", "kind", "microbatch", "start_ns", "end_ns")
+        stage=pl.col("rank"),
+        kind=pl.col("role"),
+        microbatch=pl.coalesce("label_microbatch", order),
+        labelled=pl.col("label_microbatch").is_not_null(),
+    ).select("rank", "tid", "step", "run", "stage", "kind", "microbatch", "labelled", "start_ns", "end_ns")
 
 
 def _comm_cells(runs: pl.DataFrame, compute: pl.DataFrame) -> pl.DataFrame:
@@ -208,10 +213,47 @@ def _comm_cells(runs: pl.DataFrame, compute: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(found)
 
 
-def _cells_from_ops(ops: pl.DataFrame) -> pl.DataFrame:
+def _cells_from_ops(ops: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
     runs = _runs(ops)
-    compute = _compute_cells(runs)
+    compute = _linked_backwards(_compute_cells(runs), runs, frame)
     return pl.concat([compute, _comm_cells(runs, compute)]).sort("rank", "start_ns")
+
+
+def _linked_backwards(compute: pl.DataFrame, runs: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
+    """Each unlabelled B takes the microbatch of the F whose ops carry its backward ops' sequence numbers
+    (torch's forward-backward link); a B whose ops link to no F keeps its place in the order."""
+    forwards = compute.filter(pl.col("kind") == "F").select(
+        "rank", f_start="start_ns", f_end="end_ns", f_mb="microbatch"
+    )
+    forward_ops = frame.filter(
+        (pl.col("cat") == "cpu_op")
+        & pl.col("sequence").is_not_null()
+        & ~pl.col("name").str.starts_with(BACKWARD_OP_PREFIX)
+    ).select("rank", "sequence", "start_ns")
+    of_forward = (
+        forward_ops.sort("start_ns")
+        .join_asof(
+            forwards.sort("f_start"),
+            left_on="start_ns",
+            right_on="f_start",
+            by="rank",
+            check_sortedness=False,
+        )
+        .filter(pl.col("start_ns") < pl.col("f_end"))
+        .select("rank", "sequence", "f_mb")
+    )
+    backward_ops = runs.filter((pl.col("role") == "B") & pl.col("sequence").is_not_null())
+    linked = (
+        backward_ops.join(of_forward, on=["rank", "sequence"])
+        .group_by("rank", "step", "run")
+        .agg(linked=pl.col("f_mb").mode().min())
+    )
+    is_backward = (pl.col("kind") == "B") & ~pl.col("labelled") & pl.col("linked").is_not_null()
+    return (
+        compute.join(linked, on=["rank", "step", "run"], how="left")
+        .with_columns(microbatch=pl.when(is_backward).then("linked").otherwise("microbatch"))
+        .drop("linked", "labelled")
+    )
 
 
 def _unscheduled_ops(ops: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:

@@ -17,11 +17,11 @@ import msgspec
 # |ts|, |dur| below this many microseconds (about 127 years): base + ts then fits in int64 nanoseconds,
 # and every such int is exact as a float.
 MAX_US = 4 * 10**15
-# Event categories (lowercased: the 2021 format capitalises them) of work that runs on a GPU stream, and
-# of every event that lives on one (the device-side copies of user annotations too).
 # Names torch.profiler gives: its step spans (ProfilerStep#N) and autograd's backward ops.
 STEP_PREFIX = "ProfilerStep#"
 BACKWARD_OP_PREFIX = "autograd::engine::evaluate_function:"
+# Event categories (lowercased: the 2021 format capitalises them) of work that runs on a GPU stream, and
+# of every event that lives on one (the device-side copies of user annotations too).
 DEVICE_WORK_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset")
 DEVICE_TRACK_CATS = (*DEVICE_WORK_CATS, "gpu_user_annotation")
 _IN_RANGE = msgspec.Meta(gt=-MAX_US, lt=MAX_US)
@@ -35,6 +35,8 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     correlation: Any = None
     external_id: Any = msgspec.field(name="External id", default=None)
     stream: Any = None
+    # autograd's sequence number: a backward op carries the one of the forward op it differentiates
+    sequence: Any = msgspec.field(name="Sequence number", default=None)
 
 
 NO_ARGS = Args()

@@ -7,10 +7,12 @@ it to dicts, and a frame row's `index` is its event's position there). The array
 decoding it first (`_guess_top_level`), so the events are parsed once, not twice. `load_trace` gives
 the frame:
 
-    index, rank, ph, name, cat, pid, tid, start_ns, end_ns, correlation, external_id, stream, flow_id, bp
+    index, rank, ph, name, cat, pid, tid, start_ns, end_ns, correlation, external_id, stream, sequence,
+    flow_id, bp
 
 (correlation links a runtime launch to its kernel, external_id a CPU op to its launches, stream is the
-kernel's CUDA stream, flow_id and bp belong to flow events "s"/"f".)
+kernel's CUDA stream, sequence is autograd's sequence number (a backward op has the one of the forward op
+it differentiates), flow_id and bp belong to flow events "s"/"f".)
 
 Times are integer nanoseconds since the epoch: Kineto's `ts` is microseconds relative to the header's
 `baseTimeNanoseconds`, so start_ns = base + ts, exact to the nanosecond of the JSON text: ints as they
