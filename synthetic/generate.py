@@ -19,7 +19,7 @@ import argparse
 import gzip
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -107,10 +107,27 @@ def synthesize(
     step_ns = round(timeline.makespan)
     truth = {r: _truth(r, step_ns, cells, durations_us, gap, latency) for r in cells}
     offsets = clock_offset_ns or {}
+    drawn = _sends_until_received(cells) if shape == "gpu" else cells
     traces = {
-        r: _document(lowered, r, cells[r], step_ns, steps, shape, offsets.get(r, 0), run_id) for r in cells
+        r: _document(lowered, r, drawn[r], step_ns, steps, shape, offsets.get(r, 0), run_id) for r in cells
     }
     return Synthetic(traces, truth, cells)
+
+
+def _sends_until_received(cells: dict[int, list[shapes.Cell]]) -> dict[int, list[shapes.Cell]]:
+    """GPU: each SEND's NCCL kernel runs until its receiver has the data, as an isend does on its own
+    stream, overlapping whatever the sender computes next (the truth does not change: the sender never
+    waits for it)."""
+    received = {
+        matching_send(c.action): c.end
+        for rank in cells.values()
+        for c in rank
+        if c.action.kind.is_comm and c.action.kind.value.startswith("RECV")
+    }
+    return {
+        r: [replace(c, end=max(c.end, received.get(c.action, c.end))) for c in rank_cells]
+        for r, rank_cells in cells.items()
+    }
 
 
 def _cells(schedule: Schedule, rows, gap: int) -> dict[int, list[shapes.Cell]]:

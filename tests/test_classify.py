@@ -84,11 +84,12 @@ def test_gpu_idle_is_split_by_the_nccl_wait_and_the_launch_queue(tmp_path):
     # recv kernel starts at 5, but its step opens with the last rank's (10): before that it waits for a
     # step that has not begun (analysis.timeline.gaps.aligned_starts).
     # rank 1: recv kernel (10,34) waits for rank 0's send kernel starting at 30: bubble 20, p2p 4; its own
-    # send kernel (75,79) is p2p; drain (79,100) bubble; (50,52.25) before B0's launch is the host not
-    # having issued work: launch; idle with a kernel queued ((34,35), (52.25,53)) is other
+    # send kernel (75,79) runs on the NCCL stream after its last compute: drain, like (79,100), bubble (the
+    # hop is counted once, on rank 0's receive); (50,52.25) before B0's launch is the host not having
+    # issued work: launch; idle with a kernel queued ((34,35), (52.25,53)) is other
     assert totals(result.gaps, 1) == {
-        "bubble": 41 * US,
-        "p2p_wait": 8 * US,
+        "bubble": 45 * US,
+        "p2p_wait": 4 * US,
         "launch_overhead": 2_250,
         "other": 1_750,
     }

@@ -196,7 +196,9 @@ def device_events(frame: pl.DataFrame) -> pl.DataFrame:
 def _device_cells(
     labels: pl.DataFrame, device: pl.DataFrame
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """Cell span = its kernels' span (host span where it launched none); waits = its NCCL kernels."""
+    """Cell span = its kernels' span (host span where it launched none); waits = the NCCL kernels of its
+    receives. A send's kernel runs on the NCCL stream while the compute stream goes on: the rank does not
+    wait for it (the hop is counted once, on the receiver)."""
     launched = device.drop_nulls("launch_ns").rename({"start_ns": "k_start", "end_ns": "k_end"})
     owned = _events_in_labels(launched.with_columns(start_ns="launch_ns"), labels)
     spans = owned.group_by(CELL_KEY).agg(pl.col("k_start").min(), pl.col("k_end").max())
@@ -205,7 +207,8 @@ def _device_cells(
         .with_columns(start_ns=pl.coalesce("k_start", "start_ns"), end_ns=pl.coalesce("k_end", "end_ns"))
         .drop("k_start", "k_end")
     )
-    waits = owned.filter("is_p2p").select(*CELL_KEY, start_ns="k_start", end_ns="k_end")
+    receiving = pl.col("is_p2p") & pl.col("kind").str.starts_with("RECV")
+    waits = owned.filter(receiving).select(*CELL_KEY, start_ns="k_start", end_ns="k_end")
     kernels = owned.select(
         *CELL_KEY, "launch_ns", "issued_ns", "is_p2p", "correlation", start_ns="k_start", end_ns="k_end"
     )

@@ -101,7 +101,9 @@ def _queue_rule(host: pl.Expr, queued_class: pl.Expr) -> pl.Expr:
 
 def _gpu_idle() -> pl.Expr:
     """The queue rule; with nothing queued, outside the actions it is the edge's, work outside the
-    schedule is other, else the host was late: launch_overhead."""
+    schedule is other, else the host was late: launch_overhead. With work queued behind the rank's own
+    send (a blocking send: the compute stream waits for the receiver to take the data) it is bubble, the
+    pipeline partner not ready; queued behind anything else, other."""
     host = (
         pl.when(pl.col("active") == 0)
         .then(_edge())
@@ -109,7 +111,8 @@ def _gpu_idle() -> pl.Expr:
         .then(pl.lit("other"))
         .otherwise(pl.lit("launch_overhead"))
     )
-    return _queue_rule(host, pl.lit("other"))
+    queued = pl.when(pl.col("sending") > 0).then(pl.lit("bubble")).otherwise(pl.lit("other"))
+    return _queue_rule(host, queued)
 
 
 def _cpu_idle() -> pl.Expr:

@@ -160,6 +160,12 @@ def _active(cells: pl.DataFrame) -> pl.DataFrame:
     return cells.group_by("rank", "step").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
 
 
+def _compute_stream_work(cells: pl.DataFrame) -> pl.DataFrame:
+    """GPU: the cells the compute stream runs or waits for; a send runs on the NCCL stream, so once the
+    last of these is done the rank's work of the step is over (drain), whatever its sends still do."""
+    return cells.filter(~pl.col("kind").str.starts_with("SEND"))
+
+
 def _head(cells: pl.DataFrame) -> pl.DataFrame:
     """Per (rank, step) everything before the first action (the step window clips the open start)."""
     first = pl.col("start_ns").min()
@@ -178,7 +184,9 @@ def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
             issued_intervals(rank),
             layer(rank.cells, "action"),
             layer(rank.cells.filter(pl.col("kind").str.starts_with("SEND")), "sending"),
-            layer(_active(rank.cells), "active"),
+            layer(
+                _active(rank.cells if rank.kernels is None else _compute_stream_work(rank.cells)), "active"
+            ),
             layer(_head(rank.cells), "head"),
             layer(rank.unscheduled, "unscheduled"),
             waits.select(INTERVAL),
@@ -186,4 +194,7 @@ def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
         how="vertical_relaxed",
     )
     cut = segments(intervals, windows(rank), LAYERS)
+    if rank.kernels is not None:  # a compute kernel running is busy, whatever a comm stream does meanwhile
+        return cut.with_columns(idle=pl.col("busy") == 0)
+    # one host thread: blocked on a peer inside a compute cell (a posted receive's wait) is not work
     return cut.with_columns(idle=(pl.col("busy") == 0) | (pl.sum_horizontal(WAIT_LAYERS) > 0))
