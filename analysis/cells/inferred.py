@@ -29,22 +29,11 @@ from pathlib import Path
 
 import polars as pl
 
+from analysis.cells.inferred_gpu import gpu_cells
 from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA, RankCells, _assign_steps, rank_cells, step_spans
+from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
 from analysis.traces.kineto import BACKWARD_OP_PREFIX, STEP_PREFIX
 
-RECV_OPS = ("c10d::recv_",)
-SEND_OPS = ("c10d::send",)
-# Ops that make a run of forward ops a forward: matrix work (a stage without it computes nothing).
-GEMM_OPS = (
-    "aten::linear",
-    "aten::mm",
-    "aten::addmm",
-    "aten::matmul",
-    "aten::bmm",
-    "aten::baddbmm",
-    "aten::convolution",
-    "aten::scaled_dot_product_attention",
-)
 TORCH_LABEL = r"^(Forward|Backward) (\d+)$"
 ARRIVALS = ("gloo:recv", "gloo:send")  # async spans: from the call until the peer's data moved
 
@@ -54,8 +43,10 @@ def cells_of(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells
     labelled = rank_cells(frame, source)
     if labelled.cells.height:
         return _with_consumer_waits(labelled, frame)
-    if labelled.kernels is not None or frame.height == 0:
-        return labelled  # GPU op-stream inference needs NCCL kernels as waits: not done here
+    if labelled.kernels is not None:
+        return gpu_cells(frame)
+    if frame.height == 0:
+        return labelled
     steps = step_spans(frame)
     ops = _assign_steps(_top_level_ops(frame, steps), steps)
     labels = _cells_from_ops(_with_torch_labels(ops, frame), frame)
@@ -188,40 +179,15 @@ def _compute_cells(runs: pl.DataFrame) -> pl.DataFrame:
     ).select("rank", "tid", "step", "run", "stage", "kind", "microbatch", "labelled", "start_ns", "end_ns")
 
 
-def _comm_cells(runs: pl.DataFrame, compute: pl.DataFrame) -> pl.DataFrame:
-    """A RECV feeds the next compute cell (RECV_F before an F); a SEND ships the previous one's result."""
-    marks = compute.select("rank", "step", "run", "stage", next_kind="kind", next_microbatch="microbatch")
-    found = []
-    for role, strategy in (("RECV", "forward"), ("SEND", "backward")):
-        comm = runs.filter(pl.col("role") == role).sort("run")
-        joined = comm.join_asof(
-            marks.sort("run"), on="run", by=["rank", "step"], strategy=strategy, check_sortedness=False
-        )
-        found.append(
-            joined.drop_nulls("next_kind").select(
-                "rank",
-                "tid",
-                "step",
-                "run",
-                "stage",
-                pl.concat_str(pl.lit(f"{role}_"), "next_kind").alias("kind"),
-                pl.col("next_microbatch").alias("microbatch"),
-                "start_ns",
-                "end_ns",
-            )
-        )
-    return pl.concat(found)
-
-
 def _cells_from_ops(ops: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
     runs = _runs(ops)
     compute = _linked_backwards(_compute_cells(runs), runs, frame)
-    return pl.concat([compute, _comm_cells(runs, compute)]).sort("rank", "start_ns")
+    return pl.concat([compute, comm_cells(runs, compute)]).sort("rank", "start_ns")
 
 
 def _linked_backwards(compute: pl.DataFrame, runs: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
-    """Each unlabelled B takes the microbatch of the F whose ops carry its backward ops' sequence numbers
-    (torch's forward-backward link); a B whose ops link to no F keeps its place in the order."""
+    """The B's numbered by their forwards (`number_backwards`): a forward op belongs to the F cell whose
+    span holds its start, a backward op to its run."""
     forwards = compute.filter(pl.col("kind") == "F").select(
         "rank", f_start="start_ns", f_end="end_ns", f_mb="microbatch"
     )
@@ -243,17 +209,7 @@ def _linked_backwards(compute: pl.DataFrame, runs: pl.DataFrame, frame: pl.DataF
         .select("rank", "sequence", "f_mb")
     )
     backward_ops = runs.filter((pl.col("role") == "B") & pl.col("sequence").is_not_null())
-    linked = (
-        backward_ops.join(of_forward, on=["rank", "sequence"])
-        .group_by("rank", "step", "run")
-        .agg(linked=pl.col("f_mb").mode().min())
-    )
-    is_backward = (pl.col("kind") == "B") & ~pl.col("labelled") & pl.col("linked").is_not_null()
-    return (
-        compute.join(linked, on=["rank", "step", "run"], how="left")
-        .with_columns(microbatch=pl.when(is_backward).then("linked").otherwise("microbatch"))
-        .drop("linked", "labelled")
-    )
+    return number_backwards(compute, of_forward, backward_ops.select("rank", "step", "run", "sequence"))
 
 
 def _unscheduled_ops(ops: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
