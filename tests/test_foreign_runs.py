@@ -8,9 +8,9 @@ outside user: they import torch only, never runners.
 
 Each run must give the right p, m and v, every microbatch's F and B on its stage's rank, per-rank parts
 that close on the step time and the schedule's name (custom with its nearest generator where no
-generator writes the order). The last test (xfail) holds what these runs show the analysis missing: a
-recv that waits inside the c10d::recv_ call, before its gloo:recv span opens, is not counted as
-blocked on the peer."""
+generator writes the order). The last test holds what these runs showed the analysis once missed: a
+recv that waits inside the c10d::recv_ call, before its gloo:recv span opens, is blocked on the peer
+(it was read as launch overhead)."""
 
 from __future__ import annotations
 
@@ -274,16 +274,6 @@ def case_run(request, traced) -> Path:
     return traced(request.param)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a RECV label's wait inside the c10d::recv_ call (gloo blocks there before its gloo:recv span "
-    "opens) is not counted as blocked: only gloo:recv spans are (analysis.cells.labelled HOST_WAIT_NAMES), "
-    "so that wait is classified launch_overhead, not bubble or p2p_wait. AssertionError: RECV cells whose "
-    "c10d::recv_ call waited but are not counted blocked (cell: blocked ms, call ms): "
-    "{(rank, step, stage, kind, microbatch): (blocked, call), ...}, e.g. on the labelled GPipe "
-    "(0, 3, 0, 'RECV_B', 2): (0.082, 6.225)",
-)
 @pytest.mark.parametrize("case_run", list(CASES), indirect=True)
 def test_a_wait_inside_the_recv_call_is_blocked(case_run):
     # A blocking recv (or an irecv being posted) waits inside gloo:recv on some runs and inside the

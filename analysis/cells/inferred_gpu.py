@@ -29,27 +29,22 @@ from analysis.cells.labelled import (
     _unscheduled,
     device_events,
     step_spans,
+    union,
 )
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
 from analysis.traces.kineto import BACKWARD_OP_PREFIX
 
 
-def _union(spans: pl.DataFrame) -> pl.DataFrame:
-    """Per (rank, tid) the disjoint union of the spans (ops nest or follow each other on one thread)."""
-    ordered = spans.sort("rank", "tid", "start_ns")
-    reach = pl.col("end_ns").cum_max().shift(1).over("rank", "tid")
-    grouped = ordered.with_columns(
-        piece=(pl.col("start_ns") > reach).fill_null(True).cum_sum().over("rank", "tid")
-    )
-    return grouped.group_by("rank", "tid", "piece").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-
-
 def _inside(points: pl.DataFrame, spans: pl.DataFrame, name: str) -> pl.DataFrame:
     """`points` (rank, tid, launch_ns, ...) with a boolean column `name`: inside one of `spans` on its
     thread."""
-    union = _union(spans).select("rank", "tid", span_start="start_ns", span_end="end_ns").sort("span_start")
+    merged = (
+        union(spans, ["rank", "tid"])
+        .select("rank", "tid", span_start="start_ns", span_end="end_ns")
+        .sort("span_start")
+    )
     found = points.sort("launch_ns").join_asof(
-        union, left_on="launch_ns", right_on="span_start", by=["rank", "tid"], check_sortedness=False
+        merged, left_on="launch_ns", right_on="span_start", by=["rank", "tid"], check_sortedness=False
     )
     return found.with_columns((pl.col("launch_ns") < pl.col("span_end")).fill_null(False).alias(name)).drop(
         "span_start", "span_end"

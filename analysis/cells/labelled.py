@@ -26,8 +26,9 @@ from runners.schedules.trace_names import LABEL_PREFIX
 # not cells. DualPipeV's fused PP:(0F1;3B0)OVERLAP_F_B is not parsed as one: analysis.cells.fused cuts it
 # into its F and B cells.
 TORCH_BOOKKEEPING = r"(UNSHARD|RESHARD|REDUCE_GRAD|OVERLAP_F_B)$"
-# Blocking p2p waits on the host thread (the span covers the wait until the data arrived).
-HOST_WAIT_NAMES = ("gloo:recv",)
+# Blocking p2p waits on the host thread: the recv call and gloo's span of it (gloo may block inside the
+# call before its span opens, or inside the span), until the data arrived.
+HOST_WAIT_NAMES = ("gloo:recv", "c10d::recv_")
 # Host spans that are not work of the rank's own: labels, steps, and async comm spans that outlive
 # the call that started them (gloo:send runs until the peer has the data).
 NOT_HOST_WORK = (LABEL_PREFIX, STEP_PREFIX, "gloo:", "nccl:")
@@ -170,11 +171,22 @@ def _events_in_labels(events: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFram
     )
 
 
+def union(spans: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Per `keys` the disjoint union of the spans (start_ns, end_ns): nested or overlapping ones merge."""
+    reach = pl.col("end_ns").cum_max().shift(1).over(keys)
+    pieces = spans.sort(*keys, "start_ns").with_columns(
+        piece=(pl.col("start_ns") > reach).fill_null(True).cum_sum().over(keys)
+    )
+    return pieces.group_by(*keys, "piece").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).drop("piece")
+
+
 def _host_waits(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+    """Each label's blocked time on the host: the union of the wait spans inside it, clipped to it."""
     waits = frame.filter(pl.col("name").is_in(HOST_WAIT_NAMES)).select("rank", "tid", "start_ns", "end_ns")
-    return _events_in_labels(waits, labels).select(
+    inside = _events_in_labels(waits, labels).select(
         *CELL_KEY, "start_ns", pl.min_horizontal("end_ns", "label_end").alias("end_ns")
     )
+    return union(inside, CELL_KEY)
 
 
 def device_events(frame: pl.DataFrame) -> pl.DataFrame:
