@@ -11,6 +11,21 @@ truth splits the step exactly: compute (reference), small_gemm (the slowdown's e
 (the gaps), p2p_wait (waiting after the peer had sent: the latency), bubble (the rest: waiting for a
 producer, head, tail).
 Clock offsets shift a rank's timestamps only, never the truth.
+
+labels=False writes the same run without `PP:` labels, as torch.profiler records a hand-written loop
+or torch's Schedule1F1B: the ops of each action instead (synthetic.shapes), with autograd's sequence
+numbers; the truth and every kernel, launch and step span are the labelled run's. Only schedules of F
+and B with stage s on rank s can be written so (OptionError otherwise).
+
+batched=True (GPU, unlabelled) issues each SEND with the RECV right after it in its rank's order as
+torch.distributed.batch_isend_irecv does: one NCCL kernel carries both, from the moment the rank
+reached the pair until both halves are done (the received data arrived and the sent data reached its
+receiver), and the next action waits for all of it (synthetic.batched replays that; simulate cannot).
+The truth of a rank's pair: it idles from reaching the pair until the kernel ends (the launch gap of
+the compute after comes on top); that wait is bubble until both partners were ready (the peer had
+begun the SEND this RECV takes, and the receiver of this SEND had reached its RECV: both moments are
+the start of a kernel of theirs) and p2p_wait after. An unpaired RECV keeps the rule above. So a hop
+a batched sender waits for is p2p_wait on the sender as well as on its receiver.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ from analysis.files import write_atomically
 from analysis.traces.kineto import STEP_PREFIX
 from runners.schedules import SCHEDULES, Action, Kind, Schedule, ScheduleError, build, lower, simulate
 from runners.schedules.dependencies import matching_send
+from synthetic import batched as batching
 from synthetic import shapes
 
 BASE_TIME_NS = 1_700_000_000 * 10**9  # written as baseTimeNanoseconds; ts counts from ORIGIN_NS after it
@@ -54,10 +70,39 @@ class RankTruth:
     bubble_ns: int
 
 
+class OptionError(ValueError):
+    """Options the generator cannot write (say, labels=False for a schedule a trace without labels
+    cannot express); the message says why in one line."""
+
+
+def check_options(schedule: Schedule, shape: str, labels: bool, batched: bool) -> None:
+    """OptionError unless the run can be written with these labels and p2p batching."""
+    if batched and (labels or shape != "gpu"):
+        raise OptionError(
+            "batched p2p is written GPU-shaped and unlabelled only (shape='gpu', labels=False): "
+            "batch_isend_irecv is NCCL's, and a PP label per action would have no kernel of its own"
+        )
+    if labels:
+        return
+    kinds = {a.kind for order in schedule.orders for a in order if a.kind.is_compute}
+    if not kinds <= {Kind.F, Kind.B}:
+        raise OptionError(
+            f"{schedule.name}: an unlabelled trace is written only for F and B: its "
+            f"{'/'.join(sorted(k.value for k in kinds - {Kind.F, Kind.B}))} cannot be told from B without labels"
+        )
+    if schedule.v != 1 or any(schedule.rank_of(stage) != stage for stage in range(schedule.n_stages)):
+        raise OptionError(
+            f"{schedule.name}: an unlabelled trace is written only for one stage per rank (stage s on "
+            f"rank s), not v={schedule.v} placed {schedule.placement}: without labels nothing names the stage"
+        )
+
+
 class Synthetic(NamedTuple):
     traces: dict[int, dict[str, Any]]  # rank -> Chrome trace document
     truth: dict[int, RankTruth]
-    cells: dict[int, list[shapes.Cell]]  # rank -> one step's cells on the true clock (step 0)
+    # rank -> one step's cells on the true clock (step 0); a batched RECV starts when its data arrived and
+    # ends with its pair's kernel
+    cells: dict[int, list[shapes.Cell]]
 
 
 def reference_ns(durations_us: Durations, action: Action) -> int:
@@ -85,7 +130,10 @@ def synthesize(
     steps: int = 3,
     shape: str = "cpu",
     run_id: str = "synthetic",
+    labels: bool = True,
+    batched: bool = False,
 ) -> Synthetic:
+    check_options(schedule, shape, labels, batched)
     lowered = schedule if schedule.lowered else lower(schedule)
     latency, gap = round(p2p_latency_us * 1000), round(launch_gap_us * 1000)
 
@@ -97,29 +145,49 @@ def synthesize(
         )
 
     firsts = {order[0] for order in lowered.orders}
-    timeline = simulate(
-        lowered,
-        duration=duration,
-        latency=lambda *_: latency,
-        gap=lambda _r, a: gap if a.kind.is_compute and a not in firsts else 0,
-    )
-    cells = _cells(lowered, timeline.rows, gap)
-    step_ns = round(timeline.makespan)
-    truth = {r: _truth(r, step_ns, cells, durations_us, gap, latency) for r in cells}
+
+    def launch_gap(_rank: int, action: Action) -> int:
+        return gap if action.kind.is_compute and action not in firsts else 0
+
+    pairs = batching.pairs(lowered) if batched else {}
+    if batched:
+        try:
+            rows = batching.replay(lowered, duration, latency, launch_gap, pairs)
+        except batching.BatchedError as error:
+            raise OptionError(str(error)) from None
+        step_ns = max(end for *_, end in rows)
+    else:
+        timeline = simulate(lowered, duration=duration, latency=lambda *_: latency, gap=launch_gap)
+        rows, step_ns = timeline.rows, round(timeline.makespan)
+    cells = _cells(lowered, rows, gap)
+    truth = {r: _truth(r, step_ns, cells, durations_us, gap, pairs) for r in cells}
     offsets = clock_offset_ns or {}
     drawn = _sends_until_received(cells) if shape == "gpu" else cells
+    style = _Style(shape, labels, pairs, lowered.m)
     traces = {
-        r: _document(lowered, r, drawn[r], step_ns, steps, shape, offsets.get(r, 0), run_id) for r in cells
+        r: _document(lowered, r, drawn[r], step_ns, steps, style, offsets.get(r, 0), run_id) for r in cells
     }
     return Synthetic(traces, truth, cells)
+
+
+class _Style(NamedTuple):
+    shape: str
+    labels: bool
+    pairs: dict[Action, Action]  # batched: RECV -> the SEND issued with it
+    m: int
+
+    def sequence(self, step: int, action: Action) -> int:
+        """Autograd's sequence number of the first forward op of (step, microbatch): distinct per
+        rank; its second forward op has the next one."""
+        return 1 + 2 * (step * self.m + action.microbatch)
 
 
 def _sends_until_received(cells: dict[int, list[shapes.Cell]]) -> dict[int, list[shapes.Cell]]:
     """GPU: each SEND's NCCL kernel runs until its receiver has the data, as an isend does on its own
     stream, overlapping whatever the sender computes next (the truth does not change: the sender never
-    waits for it)."""
+    waits for it, unless batched). A RECV's start is its data's arrival (its end too, unless batched)."""
     received = {
-        matching_send(c.action): c.end
+        matching_send(c.action): c.start
         for rank in cells.values()
         for c in rank
         if c.action.kind.is_comm and c.action.kind.value.startswith("RECV")
@@ -141,8 +209,11 @@ def _cells(schedule: Schedule, rows, gap: int) -> dict[int, list[shapes.Cell]]:
     return cells
 
 
-def _truth(rank: int, step_ns: int, cells, durations_us: Durations, gap: int, latency: int) -> RankTruth:
+def _truth(
+    rank: int, step_ns: int, cells, durations_us: Durations, gap: int, pairs: Mapping[Action, Action]
+) -> RankTruth:
     ends = {cell.action: cell.end for rank_cells in cells.values() for cell in rank_cells}
+    issues = {cell.action: cell.issue for rank_cells in cells.values() for cell in rank_cells}
     compute = measured = p2p = launches = 0
     for index, cell in enumerate(cells[rank]):
         if cell.action.kind.is_compute:
@@ -150,17 +221,19 @@ def _truth(rank: int, step_ns: int, cells, durations_us: Durations, gap: int, la
             measured += cell.end - cell.start
             launches += gap if index else 0
         elif cell.action.kind in (Kind.RECV_F, Kind.RECV_B):
-            sent = ends[matching_send(cell.action)]
-            p2p += cell.end - max(cell.issue, sent)  # the wait after the peer had sent
+            ready = [ends[matching_send(cell.action)]]  # the wait after the peer had sent
+            if cell.action in pairs:  # and the receiver of the pair's SEND had posted its RECV
+                ready.append(issues[batching.receiver_of(pairs[cell.action])])
+            p2p += cell.end - max(cell.issue, *ready)
     small_gemm = measured - compute
     bubble = step_ns - compute - small_gemm - launches - p2p
     return RankTruth(rank, step_ns, compute, small_gemm, launches, p2p, bubble)
 
 
 def _document(
-    schedule: Schedule, rank: int, cells, step_ns: int, steps: int, shape: str, offset: int, run_id: str
+    schedule: Schedule, rank: int, cells, step_ns: int, steps: int, style: _Style, offset: int, run_id: str
 ) -> dict[str, Any]:
-    pid, device = 4000 + rank, rank
+    pid, device, shape = 4000 + rank, rank, style.shape
     events = shapes.metadata(pid, pid, "python", f"thread {pid} (python)")
     shifts = [ORIGIN_NS + offset + step * step_ns for step in range(steps)]
     moved = [
@@ -171,13 +244,24 @@ def _document(
             device, shapes.COMPUTE_STREAM, f"GPU {device}", f"stream {shapes.COMPUTE_STREAM}"
         )
         events += shapes.metadata(device, shapes.COMM_STREAM, f"GPU {device}", f"stream {shapes.COMM_STREAM}")
-        events += _gpu_steps(moved, pid, device, shifts[-1] + step_ns)
+        if not style.labels:
+            autograd = pid + shapes.AUTOGRAD_TID_OFFSET
+            events += shapes.metadata(pid, autograd, "python", f"thread {autograd} (pt_autograd_0)")[1:]
+        events += _gpu_steps(moved, pid, device, shifts[-1] + step_ns, style)
     else:
         for step, (shift, step_cells) in enumerate(zip(shifts, moved)):
             events.append(
                 shapes.span(f"{STEP_PREFIX}{step}", "user_annotation", pid, pid, shift, shift + step_ns)
             )
-            events += [event for cell in step_cells for event in shapes.cpu_cell(cell, pid)]
+            events += [
+                event
+                for cell in step_cells
+                for event in (
+                    shapes.cpu_cell(cell, pid)
+                    if style.labels
+                    else shapes.cpu_cell_unlabelled(cell, pid, style.sequence(step, cell.action))
+                )
+            ]
     gpu = [{"id": device, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
     return {
         "schemaVersion": 1,
@@ -194,7 +278,25 @@ def _document(
     }
 
 
-def _gpu_steps(steps: list[list[shapes.Cell]], pid: int, device: int, last_end: int) -> list[dict[str, Any]]:
+def _units(cells: list[shapes.Cell], pairs: Mapping[Action, Action]) -> list[tuple[shapes.Cell, ...]]:
+    """A rank's cells as what the host launches one kernel for: a cell, or a batched SEND and RECV."""
+    units: list[tuple[shapes.Cell, ...]] = []
+    for cell in cells:
+        if cell.action in pairs:
+            units[-1] += (cell,)
+        else:
+            units.append((cell,))
+    return units
+
+
+def _peer(action: Action) -> int:
+    """The rank a comm action on stage s (rank s) receives from or sends to."""
+    return action.stage + (-1 if action.kind in (Kind.RECV_F, Kind.SEND_B) else 1)
+
+
+def _gpu_steps(
+    steps: list[list[shapes.Cell]], pid: int, device: int, last_end: int, style: _Style
+) -> list[dict[str, Any]]:
     """Every step's launches and kernels, and host ProfilerStep spans that hold their launches.
 
     As in real GPU traces the host runs ahead of the device: step k's host span begins STEP_HEAD_NS
@@ -202,19 +304,30 @@ def _gpu_steps(steps: list[list[shapes.Cell]], pid: int, device: int, last_end: 
     the device may still run step k's kernels; the last ends with the pipeline's step (the profiler
     synchronises before it stops).
     """
-    launches = shapes.host_launches([cell for step in steps for cell in step])
-    bounds = list(accumulate((len(step) for step in steps), initial=0))
+    units = [_units(step, style.pairs) for step in steps]
+    launches = shapes.host_launches([unit for step in units for unit in step])
+    bounds = list(accumulate((len(step) for step in units), initial=0))
     per_step = [launches[a:b] for a, b in zip(bounds, bounds[1:])]
-    heads = [shapes.label_start(ends[0]) - STEP_HEAD_NS for ends in per_step]
+    heads = [shapes.host_start(step[0], ends[0]) - STEP_HEAD_NS for step, ends in zip(units, per_step)]
     begins = heads[:1] + [
         max(head, ends[-1] + shapes.LABEL_PAD_NS) for head, ends in zip(heads[1:], per_step)
     ]
     events = []
-    for step, (step_cells, ends) in enumerate(zip(steps, per_step)):
+    for step, (step_units, ends) in enumerate(zip(units, per_step)):
         finish = begins[step + 1] if step + 1 < len(steps) else last_end
         events.append(shapes.span(f"{STEP_PREFIX}{step}", "user_annotation", pid, pid, begins[step], finish))
-        for number, (cell, launch_end) in enumerate(zip(step_cells, ends)):
-            events += shapes.gpu_cell(cell, pid, device, bounds[step] + number + 1, launch_end)
+        for number, (unit, launch_end) in enumerate(zip(step_units, ends)):
+            correlation, cell = bounds[step] + number + 1, unit[0]
+            if style.labels:
+                events += shapes.gpu_cell(cell, pid, device, correlation, launch_end)
+            elif len(unit) == 2:
+                peers = (_peer(unit[0].action), _peer(unit[1].action))
+                events += shapes.pair_cell(*unit, pid, device, correlation, launch_end, peers)
+            else:
+                sequence, peer = style.sequence(step, cell.action), _peer(cell.action)
+                events += shapes.gpu_cell_unlabelled(
+                    cell, pid, device, correlation, launch_end, sequence, peer
+                )
     return events
 
 
@@ -234,9 +347,9 @@ def calibration(schedule: Schedule, durations_us: Durations) -> dict[str, dict[s
 
 def write_run(directory: str | Path, schedule: Schedule, **options: Any) -> Synthetic:
     """rank{r}.json.gz per rank, truth.json (the injected parts) and run.json, written last with complete."""
+    result = synthesize(schedule, **options)  # refused options leave no directory behind
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    result = synthesize(schedule, **options)
     for rank, document in result.traces.items():
         write_atomically(directory / f"rank{rank}.json.gz", gzip.compress(json.dumps(document).encode(), 6))
     truth = [asdict(t) for t in result.truth.values()]
@@ -277,6 +390,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launch-gap-us", type=float, default=0.0)
     parser.add_argument("--slowdown", type=float, default=1.0, help="compute time / reference time")
     parser.add_argument("--clock-offset-ms", type=float, nargs="*", default=[], help="one per rank")
+    parser.add_argument(
+        "--no-labels",
+        dest="labels",
+        action="store_false",
+        help="no PP: labels, only the ops torch records (a hand-written loop; F and B, stage s on rank s)",
+    )
+    parser.add_argument(
+        "--batched", action="store_true", help="GPU, with --no-labels: a SEND and the RECV after it batched"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -292,18 +414,23 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(None, str(error)) from None
     durations = {"F": args.f_us, "B": args.b_us, "I": args.b_us / 2, "W": args.b_us / 2}
     offsets = {r: round(ms * 1e6) for r, ms in enumerate(args.clock_offset_ms)}
-    result = write_run(
-        args.out,
-        schedule,
-        durations_us=durations,
-        p2p_latency_us=args.p2p_latency_us,
-        launch_gap_us=args.launch_gap_us,
-        slowdown=args.slowdown,
-        clock_offset_ns=offsets,
-        steps=args.steps,
-        shape=args.shape,
-        run_id=args.out.name,
-    )
+    try:
+        result = write_run(
+            args.out,
+            schedule,
+            durations_us=durations,
+            p2p_latency_us=args.p2p_latency_us,
+            launch_gap_us=args.launch_gap_us,
+            slowdown=args.slowdown,
+            clock_offset_ns=offsets,
+            steps=args.steps,
+            shape=args.shape,
+            run_id=args.out.name,
+            labels=args.labels,
+            batched=args.batched,
+        )
+    except OptionError as error:
+        raise InputError(None, str(error)) from None
     step_ms = next(iter(result.truth.values())).step_ns / 1e6
     print(
         f"wrote {args.out}: {args.schedule} p={args.p} m={args.m} v={args.v} {args.shape}, step {step_ms:.3f} ms"
