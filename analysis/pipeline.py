@@ -136,7 +136,8 @@ def analyze_run(
         raise InputError(run.path, "no step has labelled actions on every rank")
     _warn_overlaps(cells, run.sources)
     waits = pl.concat([r.waits for r in per_rank])
-    split = split_waits(cells, waits)
+    kernels = [r.kernels for r in per_rank if r.kernels is not None]
+    split = split_waits(cells, waits, pl.concat(kernels) if kernels else None)
     on_gpu = any(is_gpu(frame) for frame in run.frames.values())
     gaps = pl.concat([classify(timeline(r, split), rules, on_gpu) for r in per_rank])
     spans = pl.concat([windows(r) for r in per_rank])

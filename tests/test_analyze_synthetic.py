@@ -13,6 +13,7 @@ from analysis.schema import RANK_PARTS
 from analysis.traces.load import load_trace
 from runners.schedules import build
 from synthetic.generate import write_run
+from synthetic.orders import deeper_warmup_1f1b, reverse_backward_gpipe
 
 INJECTED_PARTS = ("compute", "small_gemm", "bubble", "p2p_wait", "launch_overhead")  # synthetic.RankTruth's
 CASES = [
@@ -107,3 +108,31 @@ def test_gpu_sends_overlapping_compute_leave_compute_whole_and_count_the_hop_on_
         assert entry.p2p_wait_ms * 1e6 == pytest.approx(truth.p2p_wait_ns, abs=1_000)
     # every hop waited for once, on its receiver: 4 microbatches x 2 directions x 300 us at most
     assert sum(entry.p2p_wait_ms for entry in result.summary.ranks) <= 8 * 0.3 + 1e-6
+
+
+UNLABELLED = {
+    "gpipe": build("gpipe", 4, 8),
+    "1f1b": build("1f1b", 4, 8),
+    "reverse-backward gpipe": reverse_backward_gpipe(3, 4),
+    "1f1b with a deeper warm-up": deeper_warmup_1f1b(3, 6),
+}
+
+
+@pytest.mark.parametrize("name", UNLABELLED)
+@pytest.mark.parametrize("shape,batched", [("cpu", False), ("gpu", False), ("gpu", True)])
+def test_unlabelled_runs_are_inferred_with_their_parts_recovered(tmp_path, name, shape, batched):
+    """No PP: labels (a hand-written loop, Schedule1F1B): the cells come from the op stream alone, on CPU
+    (gloo) and GPU (NCCL, backward on autograd's thread, sends and receives coalesced where batched)."""
+    schedule = UNLABELLED[name]
+    made = write_run(tmp_path, schedule, shape=shape, labels=False, batched=batched, **INJECTED)
+    result = analyze_run(read_run(tmp_path))
+    assert result.summary.inferred_cells == result.cells.height
+    assert result.schedule.orders == schedule.orders
+    for entry in result.summary.ranks:
+        truth = made.truth[entry.rank]
+        misses = {
+            part: (entry.part_ms(part), getattr(truth, f"{part}_ns") / 1e6)
+            for part in INJECTED_PARTS
+            if not close(entry.part_ms(part), getattr(truth, f"{part}_ns"))
+        }
+        assert not misses, (entry.rank, misses)

@@ -100,8 +100,11 @@ def _top_level_ops(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         )
         .with_columns(
             next_start=pl.col("start_ns").shift(-1),
-            # a p2p op's span reaches its data's arrival, but never into the next op
-            end_ns=pl.when(is_p2p).then(pl.max_horizontal("end_ns", "arrival_ns")).otherwise("end_ns"),
+            # a p2p op's span reaches its data's arrival (gloo's span that the call opened, not a later
+            # call's), but never into the next op
+            end_ns=pl.when(is_p2p & (pl.col("arrival_start") <= pl.col("end_ns")))
+            .then(pl.max_horizontal("end_ns", "arrival_ns"))
+            .otherwise("end_ns"),
         )
         .with_columns(end_ns=pl.min_horizontal("end_ns", pl.col("next_start").fill_null(pl.col("end_ns"))))
         .drop("arrival_start", "arrival_ns", "next_start")

@@ -56,14 +56,56 @@ def _producer_starts(cells: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(candidates).sort("preference").group_by(CELL_KEY).agg(pl.col("sent_ns").first())
 
 
-def split_waits(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
+# SEND kind -> (stage step to its receiver, the receiver's RECV kind)
+_RECEIVER = {"SEND_F": (1, "RECV_F"), "SEND_B": (-1, "RECV_B")}
+
+
+def _batched_ready(cells: pl.DataFrame, kernels: pl.DataFrame | None) -> pl.DataFrame:
+    """Per RECV cell carried by one kernel with a SEND of its rank (batch_isend_irecv): when that send's
+    receiver posted its receive. The kernel, and the rank's compute after it, waits for both halves, so
+    until then the pair waits for a partner that is not ready: bubble."""
+    schema = {name: pl.Int64 if name != "kind" else pl.Utf8 for name in CELL_KEY} | {"posted_ns": pl.Int64}
+    if kernels is None or kernels.is_empty():
+        return pl.DataFrame(schema=schema)
+    p2p = kernels.filter("is_p2p").select(*CELL_KEY, "correlation")
+    recvs = p2p.filter(pl.col("kind").str.starts_with("RECV"))
+    sends = p2p.filter(pl.col("kind").str.starts_with("SEND")).select(
+        "rank", "step", "correlation", send_stage="stage", send_kind="kind", send_mb="microbatch"
+    )
+    paired = recvs.join(sends, on=["rank", "step", "correlation"])
+    receivers = cells.filter(pl.col("kind").str.starts_with("RECV")).select(
+        "step", r_stage="stage", r_kind="kind", r_mb="microbatch", posted_ns="start_ns"
+    )
+    step_of = pl.col("send_kind").replace_strict(
+        {k: v[0] for k, v in _RECEIVER.items()}, return_dtype=pl.Int64
+    )
+    kind_of = pl.col("send_kind").replace_strict({k: v[1] for k, v in _RECEIVER.items()})
+    return (
+        paired.with_columns(r_stage=pl.col("send_stage") + step_of, r_kind=kind_of, r_mb="send_mb")
+        .join(receivers, on=["step", "r_stage", "r_kind", "r_mb"])
+        .group_by(CELL_KEY)
+        .agg(pl.col("posted_ns").max())
+    )
+
+
+def split_waits(
+    cells: pl.DataFrame, waits: pl.DataFrame, kernels: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """Blocked intervals of all ranks as wait layers: bubble_wait before the peer sent, p2p_wait after.
 
     Waits inside SEND cells (the peer was not receiving yet) are p2p_wait; a RECV wait whose producer
-    is not in the traces is unmatched_wait (classed `other`). `cells` and `waits` of all ranks, with
-    times already on one clock (analysis.timeline.clock).
+    is not in the traces is unmatched_wait (classed `other`). A RECV coalesced with a SEND in one kernel
+    (`kernels`: GPU, every rank's) waits as bubble also until that send's receiver had posted. `cells`,
+    `waits` and `kernels` of all ranks, with times already on one clock (analysis.timeline.clock).
     """
-    sent = waits.join(_producer_starts(cells), on=CELL_KEY, how="left")
+    sent = (
+        waits.join(_producer_starts(cells), on=CELL_KEY, how="left")
+        .join(_batched_ready(cells, kernels), on=CELL_KEY, how="left")
+        .with_columns(
+            sent_ns=pl.when(pl.col("sent_ns").is_not_null()).then(pl.max_horizontal("sent_ns", "posted_ns"))
+        )
+        .drop("posted_ns")
+    )
     cut = pl.col("sent_ns").clip(pl.col("start_ns"), pl.col("end_ns"))
     is_recv = pl.col("kind").str.starts_with("RECV")
     bubble = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(
