@@ -11,7 +11,8 @@ appends rows with `inferred=True` (the column exists so that pass needs no schem
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import polars as pl
@@ -49,8 +50,8 @@ CELL_KEY = ["rank", "step", "stage", "kind", "microbatch"]
 
 @dataclass(frozen=True)
 class RankCells:
-    """A rank's cells, the p2p waits inside them, its step windows (on the device's timeline) and (GPU
-    only) the cells' kernels."""
+    """A rank's cells, the p2p waits inside them, its step windows (on the device's timeline), what ran
+    inside its compute cells (GPU: the cells' kernels; CPU: its operators) and the work outside them."""
 
     cells: pl.DataFrame
     waits: pl.DataFrame  # CELL_KEY + start_ns, end_ns
@@ -59,6 +60,12 @@ class RankCells:
         pl.DataFrame | None
     )  # GPU: CELL_KEY + start_ns, end_ns, launch_ns, issued_ns, is_p2p; None on CPU
     unscheduled: pl.DataFrame  # rank, step, start_ns, end_ns: work outside every action (optimizer...)
+    ops: pl.DataFrame | None = None  # CPU: CELL_KEY + start_ns, end_ns, the union of operator spans per cell
+
+    def map(self, change: Callable[[pl.DataFrame], pl.DataFrame]) -> RankCells:
+        """The same rank with `change` applied to each of its frames."""
+        frames = (getattr(self, field.name) for field in fields(self))
+        return RankCells(*(None if frame is None else change(frame) for frame in frames))
 
 
 def is_gpu(frame: pl.DataFrame) -> bool:

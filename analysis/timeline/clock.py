@@ -211,14 +211,7 @@ def _p2p_device_starts(cells: pl.DataFrame) -> pl.DataFrame:
 def _shift(rank: RankCells, offset: int) -> RankCells:
     times = ("start_ns", "end_ns", "launch_ns", "issued_ns")
 
-    def moved(frame: pl.DataFrame | None) -> pl.DataFrame | None:
-        if frame is None:
-            return None
-        return frame.with_columns(pl.col(c) + offset for c in times if c in frame.columns)
-
-    return RankCells(
-        moved(rank.cells), moved(rank.waits), moved(rank.steps), moved(rank.kernels), moved(rank.unscheduled)
-    )
+    return rank.map(lambda frame: frame.with_columns(pl.col(c) + offset for c in times if c in frame.columns))
 
 
 def _arrived(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
