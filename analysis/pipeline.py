@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis import results
-from analysis.attribution.parts import cell_small_gemm, in_ms, median_step, rank_entries, rank_parts
+from analysis.attribution.parts import cell_parts, in_ms, median_step, rank_entries, rank_parts
 from analysis.attribution.reference import reference
 from analysis.attribution.waterfall import ideal_frame, step_ladder
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
@@ -143,8 +143,8 @@ def analyze_run(
     spans = pl.concat([windows(r) for r in per_rank])
     shape, nearest = _schedule(run, cells, schedule, m)
     check_causality(shape, cells, run.sources)
-    ref = reference(cells, (run.run_json or {}).get("calibration"), shape.m)
-    cells = cell_small_gemm(cells, gaps, spans, ref)
+    ref = reference(cells, run.run_json, shape.m)
+    cells = cell_parts(cells, gaps, spans, ref)
     parts = rank_parts(cells, gaps, spans)
     step = median_step(parts)
     chosen = parts.filter(pl.col("step") == step)
@@ -152,7 +152,7 @@ def analyze_run(
     this = pl.col("step") == step
     origin = spans.filter(this & (pl.col("rank") == shape.rank_of(0)))["start_ns"][0]
     rungs = step_ladder(shape, cells.filter(this), waits.filter(this), origin, ref, step_ns)
-    busy = chosen.select(pl.col("compute") + pl.col("small_gemm").fill_null(0)).to_series().sum()
+    busy = chosen["busy"].sum()
     config = run.run_json or {}
     summary = Summary(
         schedule=shape.name,

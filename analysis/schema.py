@@ -16,6 +16,7 @@ from analysis.timeline.clock import ClockEstimate
 from runners.schedules import COMM_KINDS, COMPUTE_KINDS
 
 __all__ = [
+    "Parts",
     "COMM_KINDS",
     "COMPUTE_KINDS",
     "GAP_CLASSES",
@@ -45,39 +46,50 @@ class Rules:
 GAP_CLASSES = ("bubble", "p2p_wait", "launch_overhead", "other")
 
 
-class RankEntry(msgspec.Struct, kw_only=True):
-    """One rank of the median step. The `_ms` fields are its parts: they sum to the step time exactly."""
+class Parts(msgspec.Struct, kw_only=True):
+    """A rank's step cut into parts (ms) that sum to the step time exactly (analysis.attribution.parts).
+    small_gemm and slowdown are None where the isolated calibration is missing (unknown, not 0); then
+    compute is all the busy time."""
 
-    rank: int
-    stage_ids: list[int]  # global stages on this rank, from the schedule's placement
-    compute_ms: float  # busy time at reference (full-batch) efficiency; all busy time without calibration
-    small_gemm_ms: float | None  # busy time beyond the reference; None without calibration (unknown, not 0)
+    compute_ms: float  # the work at full-batch efficiency (the calibration's share per microbatch)
+    small_gemm_ms: float | None  # the same work timed in isolation at the cell's microbatch size, beyond that
+    slowdown_ms: float | None  # busy time beyond the isolated work: what running in the pipeline adds
     bubble_ms: float
     p2p_wait_ms: float
     launch_overhead_ms: float
     other_ms: float
+
+
+# The rank parts in the order the report stacks them.
+RANK_PARTS = tuple(name.removesuffix("_ms") for name in Parts.__struct_fields__)
+
+
+class RankEntry(Parts, kw_only=True):
+    """One rank of the median step: its parts and what they are made of."""
+
+    rank: int
+    stage_ids: list[int]  # global stages on this rank, from the schedule's placement
+    busy_ms: float  # time work ran: compute + small_gemm + slowdown (not a part of its own)
+    cpu_contention_ms: float | None  # of slowdown: runnable but not running (CPU, Linux); None unmeasured
     peak_activation_bytes: int | None  # None: the traces have no memory events (unknown, not 0)
 
     def part_ms(self, part: str) -> float | None:
         return getattr(self, f"{part}_ms")
 
 
-# The rank parts in the order the report stacks them: compute, small_gemm, then the gap classes.
-RANK_PARTS = tuple(name.removesuffix("_ms") for name in RankEntry.__struct_fields__ if name.endswith("_ms"))
-
-
 class Waterfall(msgspec.Struct, kw_only=True):
     """The step time as a ladder of replays, rung by rung from the formula to the measurement (ms).
 
-    ideal + formula_bubble is the formula's step time; the rungs after it add stage imbalance,
-    small-GEMM time, host gaps and p2p latencies; `residual` is the measured step minus the last rung.
-    The terms sum to the step time (a None small_gemm, no calibration, counts as 0: it is folded into
-    imbalance)."""
+    ideal + formula_bubble is the formula's step time; the rungs after it add stage imbalance, small-GEMM
+    time, slowdown, host gaps and p2p latencies; `residual` is the measured step minus the last rung.
+    The terms sum to the step time (None small_gemm and slowdown, no isolated calibration, count as 0:
+    they are folded into imbalance)."""
 
     ideal: float
     formula_bubble: float
     imbalance: float
     small_gemm: float | None
+    slowdown: float | None
     launch_overhead: float
     p2p_wait: float
     residual: float

@@ -1,22 +1,15 @@
 """Synthetic pipeline traces with known injected delays: the ground truth the analysis must recover.
 
 Not part of the product: the tests and the benchmarks use it (`python -m synthetic OUT ...` writes a
-run directory). `generate` replays a schedule with chosen durations, p2p latency, launch gaps,
-slowdowns and clock offsets and writes CPU- or GPU-shaped Kineto traces with the per-rank truth;
+run directory; `cli`). `generate` replays a schedule with chosen durations, p2p latency, launch gaps,
+small-GEMM and slowdown factors and clock offsets and writes CPU- or GPU-shaped Kineto traces with the
+per-rank truth (`truth`: what the injected time is made of, and the calibration the run.json carries);
 `shapes` holds the Kineto event shapes (labelled and unlabelled), `batched` the replay of
-batch_isend_irecv's coalesced SEND and RECV.
+batch_isend_irecv's coalesced SEND and RECV, `orders` orders no generator writes.
 """
 
-from synthetic.generate import (
-    DEFAULT_US,
-    OptionError,
-    RankTruth,
-    Synthetic,
-    calibration,
-    check_options,
-    synthesize,
-    write_run,
-)
+from synthetic.generate import OptionError, Synthetic, check_options, synthesize, write_run
+from synthetic.truth import DEFAULT_US, RankTruth, calibration
 
 __all__ = [
     "DEFAULT_US",

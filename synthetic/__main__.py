@@ -2,7 +2,7 @@
 
 import sys
 
-from synthetic.generate import main
+from synthetic.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

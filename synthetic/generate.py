@@ -1,15 +1,13 @@
 """Synthetic pipeline traces with known injected delays: the ground truth the analysis must recover.
 
     traces, truth = synthesize(build("1f1b", 4, 8), durations_us={"F": 1000, "B": 2000},
-                               p2p_latency_us=50, launch_gap_us=10, slowdown=1.2, shape="gpu")
+                               p2p_latency_us=50, launch_gap_us=10, small_gemm=1.1, slowdown=1.2, shape="gpu")
 
 The lowered schedule is replayed by runners.schedules.simulate with the chosen compute durations (the
-reference time x slowdown), the p2p latency on every cross-rank edge and the launch gap before every
-compute action but a rank's first (a device's step begins with its first work: idle before that cannot
-be told from the previous step's); each step is one replay, steps back to back. Per rank and step the
-truth splits the step exactly: compute (reference), small_gemm (the slowdown's excess), launch_overhead
-(the gaps), p2p_wait (waiting after the peer had sent: the latency), bubble (the rest: waiting for a
-producer, head, tail).
+reference time x small_gemm x slowdown: synthetic.truth), the p2p latency on every cross-rank edge and
+the launch gap before every compute action but a rank's first (a device's step begins with its first
+work: idle before that cannot be told from the previous step's); each step is one replay, steps back
+to back. Per rank and step the truth splits the step exactly (synthetic.truth.RankTruth).
 Clock offsets shift a rank's timestamps only, never the truth.
 
 labels=False writes the same run without `PP:` labels, as torch.profiler records a hand-written loop
@@ -30,44 +28,35 @@ a batched sender waits for is p2p_wait on the sender as well as on its receiver.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from analysis.cli import standalone
-from analysis.errors import InputError
 from analysis.files import write_atomically
 from analysis.traces.kineto import STEP_PREFIX
-from runners.schedules import SCHEDULES, Action, Kind, Schedule, ScheduleError, build, lower, simulate
+from runners.schedules import Action, Kind, Schedule, lower, simulate
 from runners.schedules.dependencies import matching_send
 from synthetic import batched as batching
 from synthetic import shapes
+from synthetic.truth import (
+    DEFAULT_US,
+    Durations,
+    Factors,
+    RankTruth,
+    Work,
+    calibration,
+    calibration_by_rows,
+    dims,
+    rank_truth,
+)
 
 BASE_TIME_NS = 1_700_000_000 * 10**9  # written as baseTimeNanoseconds; ts counts from ORIGIN_NS after it
 ORIGIN_NS = 10 * 10**9  # leaves room for negative clock offsets
 STEP_HEAD_NS = 10_000  # GPU: host time in a step before its first launch (data, zero_grad)
-DEFAULT_US = {"F": 1000.0, "B": 2000.0, "I": 1000.0, "W": 1000.0}
-
-Durations = Mapping[str | tuple[int, str], float]  # kind -> us for every stage; (stage, kind) overrides
-Factors = float | Mapping[tuple[int, str], float]
-
-
-@dataclass(frozen=True)
-class RankTruth:
-    """One rank's step split into parts (ns per step); the parts sum to step_ns exactly."""
-
-    rank: int
-    step_ns: int
-    compute_ns: int
-    small_gemm_ns: int
-    launch_overhead_ns: int
-    p2p_wait_ns: int
-    bubble_ns: int
 
 
 class OptionError(ValueError):
@@ -105,26 +94,13 @@ class Synthetic(NamedTuple):
     cells: dict[int, list[shapes.Cell]]
 
 
-def reference_ns(durations_us: Durations, action: Action) -> int:
-    kind = action.kind.value
-    us = durations_us.get((action.stage, kind), durations_us.get(kind, DEFAULT_US[kind]))
-    return round(us * 1000)
-
-
-def factor(slowdown: Factors, action: Action) -> float:
-    return (
-        slowdown
-        if isinstance(slowdown, (int, float))
-        else slowdown.get((action.stage, action.kind.value), 1.0)
-    )
-
-
 def synthesize(
     schedule: Schedule,
     *,
     durations_us: Durations = DEFAULT_US,
     p2p_latency_us: float = 0.0,
     launch_gap_us: float = 0.0,
+    small_gemm: Factors = 1.0,
     slowdown: Factors = 1.0,
     clock_offset_ns: Mapping[int, int] | None = None,
     steps: int = 3,
@@ -132,17 +108,16 @@ def synthesize(
     run_id: str = "synthetic",
     labels: bool = True,
     batched: bool = False,
+    host_in_labels: bool = False,
 ) -> Synthetic:
     check_options(schedule, shape, labels, batched)
     lowered = schedule if schedule.lowered else lower(schedule)
     latency, gap = round(p2p_latency_us * 1000), round(launch_gap_us * 1000)
 
+    work = Work(durations_us, small_gemm, slowdown)
+
     def duration(_rank: int, action: Action) -> float:
-        return (
-            round(reference_ns(durations_us, action) * factor(slowdown, action))
-            if action.kind.is_compute
-            else 0
-        )
+        return work.measured_ns(action, lowered.m) if action.kind.is_compute else 0
 
     firsts = {order[0] for order in lowered.orders}
 
@@ -160,10 +135,14 @@ def synthesize(
         timeline = simulate(lowered, duration=duration, latency=lambda *_: latency, gap=launch_gap)
         rows, step_ns = timeline.rows, round(timeline.makespan)
     cells = _cells(lowered, rows, gap)
-    truth = {r: _truth(r, step_ns, cells, durations_us, gap, pairs) for r in cells}
+    truth = {r: rank_truth(r, step_ns, cells, work, lowered.m, gap, pairs) for r in cells}
     offsets = clock_offset_ns or {}
     drawn = _sends_until_received(cells) if shape == "gpu" else cells
-    style = _Style(shape, labels, pairs, lowered.m)
+    if host_in_labels and (shape != "cpu" or not labels):
+        raise OptionError(
+            "host_in_labels draws the launch gaps inside CPU labels: shape cpu, with labels only"
+        )
+    style = _Style(shape, labels, pairs, lowered.m, host_in_labels)
     traces = {
         r: _document(lowered, r, drawn[r], step_ns, steps, style, offsets.get(r, 0), run_id) for r in cells
     }
@@ -175,6 +154,9 @@ class _Style(NamedTuple):
     labels: bool
     pairs: dict[Action, Action]  # batched: RECV -> the SEND issued with it
     m: int
+    host_in_labels: (
+        bool  # CPU: each compute label opens where its launch gap begins (host time in the action)
+    )
 
     def sequence(self, step: int, action: Action) -> int:
         """Autograd's sequence number of the first forward op of (step, microbatch): distinct per
@@ -209,27 +191,6 @@ def _cells(schedule: Schedule, rows, gap: int) -> dict[int, list[shapes.Cell]]:
     return cells
 
 
-def _truth(
-    rank: int, step_ns: int, cells, durations_us: Durations, gap: int, pairs: Mapping[Action, Action]
-) -> RankTruth:
-    ends = {cell.action: cell.end for rank_cells in cells.values() for cell in rank_cells}
-    issues = {cell.action: cell.issue for rank_cells in cells.values() for cell in rank_cells}
-    compute = measured = p2p = launches = 0
-    for index, cell in enumerate(cells[rank]):
-        if cell.action.kind.is_compute:
-            compute += reference_ns(durations_us, cell.action)
-            measured += cell.end - cell.start
-            launches += gap if index else 0
-        elif cell.action.kind in (Kind.RECV_F, Kind.RECV_B):
-            ready = [ends[matching_send(cell.action)]]  # the wait after the peer had sent
-            if cell.action in pairs:  # and the receiver of the pair's SEND had posted its RECV
-                ready.append(issues[batching.receiver_of(pairs[cell.action])])
-            p2p += cell.end - max(cell.issue, *ready)
-    small_gemm = measured - compute
-    bubble = step_ns - compute - small_gemm - launches - p2p
-    return RankTruth(rank, step_ns, compute, small_gemm, launches, p2p, bubble)
-
-
 def _document(
     schedule: Schedule, rank: int, cells, step_ns: int, steps: int, style: _Style, offset: int, run_id: str
 ) -> dict[str, Any]:
@@ -257,7 +218,7 @@ def _document(
                 event
                 for cell in step_cells
                 for event in (
-                    shapes.cpu_cell(cell, pid)
+                    shapes.cpu_cell(cell, pid, style.host_in_labels)
                     if style.labels
                     else shapes.cpu_cell_unlabelled(cell, pid, style.sequence(step, cell.action))
                 )
@@ -331,20 +292,6 @@ def _gpu_steps(
     return events
 
 
-def calibration(schedule: Schedule, durations_us: Durations) -> dict[str, dict[str, float]]:
-    """Whole-batch reference time per stage and kind (ms): m microbatches at reference efficiency."""
-    kinds = ("F", "I", "W") if schedule.split_backward else ("F", "B")
-    table = {}
-    for stage in range(schedule.n_stages):
-        per_kind = {
-            k: schedule.m * reference_ns(durations_us, Action(stage, Kind(k), 0)) / 1e6 for k in kinds
-        }
-        if schedule.split_backward:
-            per_kind["B"] = per_kind["I"] + per_kind["W"]
-        table[str(stage)] = {f"{k}_ms": v for k, v in per_kind.items()}
-    return table
-
-
 def write_run(directory: str | Path, schedule: Schedule, **options: Any) -> Synthetic:
     """rank{r}.json.gz per rank, truth.json (the injected parts) and run.json, written last with complete."""
     result = synthesize(schedule, **options)  # refused options leave no directory behind
@@ -355,6 +302,9 @@ def write_run(directory: str | Path, schedule: Schedule, **options: Any) -> Synt
     truth = [asdict(t) for t in result.truth.values()]
     write_atomically(directory / "truth.json", json.dumps(truth, indent=1).encode())
     shape = options.get("shape", "cpu")
+    work = Work(
+        options.get("durations_us", DEFAULT_US), options.get("small_gemm", 1.0), options.get("slowdown", 1.0)
+    )
     step_ms = next(iter(result.truth.values())).step_ns / 1e6
     config = {
         "schedule": schedule.name,
@@ -367,76 +317,12 @@ def write_run(directory: str | Path, schedule: Schedule, **options: Any) -> Synt
         "backend": "nccl" if shape == "gpu" else "gloo",
         "dtype": "float32",
         "run_id": options.get("run_id", "synthetic"),
-        "calibration": calibration(schedule, options.get("durations_us", DEFAULT_US)),
+        "dims": dims(schedule),
+        "calibration": calibration(schedule, work),
+        "calibration_by_rows": calibration_by_rows(schedule, work),
         "step_time_unprofiled_ms": step_ms,
         "step_times_unprofiled_ms": [step_ms] * 3,
         "complete": True,
     }
     write_atomically(directory / "run.json", json.dumps(config, indent=1).encode())
     return result
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("out", type=Path, help="run directory to write")
-    parser.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b")
-    parser.add_argument("--p", type=int, default=4, help="pipeline ranks")
-    parser.add_argument("--m", type=int, default=8, help="microbatches per step")
-    parser.add_argument("--v", type=int, default=1, help="chunks per rank (interleaved)")
-    parser.add_argument("--shape", choices=("cpu", "gpu"), default="cpu")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--f-us", type=float, default=DEFAULT_US["F"], help="forward time per microbatch")
-    parser.add_argument("--b-us", type=float, default=DEFAULT_US["B"], help="backward time per microbatch")
-    parser.add_argument("--p2p-latency-us", type=float, default=0.0)
-    parser.add_argument("--launch-gap-us", type=float, default=0.0)
-    parser.add_argument("--slowdown", type=float, default=1.0, help="compute time / reference time")
-    parser.add_argument("--clock-offset-ms", type=float, nargs="*", default=[], help="one per rank")
-    parser.add_argument(
-        "--no-labels",
-        dest="labels",
-        action="store_false",
-        help="no PP: labels, only the ops torch records (a hand-written loop; F and B, stage s on rank s)",
-    )
-    parser.add_argument(
-        "--batched", action="store_true", help="GPU, with --no-labels: a SEND and the RECV after it batched"
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.steps < 1 or args.slowdown <= 0 or min(args.f_us, args.b_us) <= 0:
-        raise InputError(None, "steps must be >= 1 and durations and slowdown positive")
-    if args.clock_offset_ms and len(args.clock_offset_ms) != args.p:
-        raise InputError(
-            None, f"--clock-offset-ms needs {args.p} values (one per rank), got {len(args.clock_offset_ms)}"
-        )
-    try:
-        schedule = build(args.schedule, args.p, args.m, args.v)
-    except ScheduleError as error:
-        raise InputError(None, str(error)) from None
-    durations = {"F": args.f_us, "B": args.b_us, "I": args.b_us / 2, "W": args.b_us / 2}
-    offsets = {r: round(ms * 1e6) for r, ms in enumerate(args.clock_offset_ms)}
-    try:
-        result = write_run(
-            args.out,
-            schedule,
-            durations_us=durations,
-            p2p_latency_us=args.p2p_latency_us,
-            launch_gap_us=args.launch_gap_us,
-            slowdown=args.slowdown,
-            clock_offset_ns=offsets,
-            steps=args.steps,
-            shape=args.shape,
-            run_id=args.out.name,
-            labels=args.labels,
-            batched=args.batched,
-        )
-    except OptionError as error:
-        raise InputError(None, str(error)) from None
-    step_ms = next(iter(result.truth.values())).step_ns / 1e6
-    print(
-        f"wrote {args.out}: {args.schedule} p={args.p} m={args.m} v={args.v} {args.shape}, step {step_ms:.3f} ms"
-    )
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return standalone("python -m synthetic", __doc__, add_arguments, run, argv)

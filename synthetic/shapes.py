@@ -88,14 +88,17 @@ def metadata(pid: int, tid: int, process: str, thread: str) -> list[dict[str, An
     ]
 
 
-def cpu_cell(cell: Cell, pid: int) -> list[dict[str, Any]]:
-    """PP span on the main thread; compute filled by two aten ops, a RECV's wait inside gloo:recv."""
+def cpu_cell(cell: Cell, pid: int, host_in_label: bool = False) -> list[dict[str, Any]]:
+    """PP span on the main thread; compute filled by two aten ops, a RECV's wait inside gloo:recv. With
+    `host_in_label` a compute label opens where the rank turned to it: the launch gap before its ops is
+    host time inside the action (Python, a sleep), as a stall inside a loop's step records."""
     annotation = span(label(cell.action), "user_annotation", pid, pid, cell.issue, cell.end)
     if cell.action.kind.is_compute:
         outer, inner = _OPS[cell.action.kind]
         split = _split(cell)
+        opens = cell.issue if host_in_label else cell.start
         return [
-            annotation | {"ts": cell.start / 1000, "dur": (cell.end - cell.start) / 1000},
+            annotation | {"ts": opens / 1000, "dur": (cell.end - opens) / 1000},
             span(outer, "cpu_op", pid, pid, cell.start, split),
             span(inner, "cpu_op", pid, pid, split, cell.end),
         ]

@@ -29,18 +29,16 @@ SUMMARY_KEYS = {
     "ranks",
     "rules",
 }
-RANK_KEYS_IN_ORDER = (
-    "rank",
-    "stage_ids",
+PART_KEYS = (  # the rank-entry keys that sum to the step time, in order
     "compute_ms",
     "small_gemm_ms",
+    "slowdown_ms",
     "bubble_ms",
     "p2p_wait_ms",
     "launch_overhead_ms",
     "other_ms",
-    "peak_activation_bytes",
 )
-RANK_KEYS = set(RANK_KEYS_IN_ORDER)
+RANK_KEYS = {*PART_KEYS, "rank", "stage_ids", "busy_ms", "cpu_contention_ms", "peak_activation_bytes"}
 
 
 def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
@@ -65,7 +63,7 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         "notes",
         "nearest_schedule",
     }
-    assert summary["parts"] == [key for key in RANK_KEYS_IN_ORDER if key.endswith("_ms")]
+    assert summary["parts"] == list(PART_KEYS)
     assert all(set(rank) == RANK_KEYS for rank in summary["ranks"])
     cells = pl.read_parquet(run / "analysis" / "cells.parquet")
     assert cells.columns == [
@@ -78,9 +76,13 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         "end_ns",
         "blocked_ns",
         "inferred",
+        "busy_ns",
+        "compute_ns",
         "small_gemm_ns",
+        "slowdown_ns",
     ]
-    assert cells["small_gemm_ns"].null_count() == cells.height  # no run.json here, so no calibration
+    # no run.json here, so no calibration: the split of busy time is unknown
+    assert cells["small_gemm_ns"].null_count() == cells["slowdown_ns"].null_count() == cells.height
     assert pl.read_parquet(run / "analysis" / "gaps.parquet").columns == [
         "rank",
         "step",

@@ -15,7 +15,7 @@ from runners.schedules import build
 from synthetic.generate import write_run
 from synthetic.orders import deeper_warmup_1f1b, reverse_backward_gpipe
 
-INJECTED_PARTS = ("compute", "small_gemm", "bubble", "p2p_wait", "launch_overhead")  # synthetic.RankTruth's
+INJECTED_PARTS = ("compute", "small_gemm", "slowdown", "bubble", "p2p_wait", "launch_overhead")  # RankTruth's
 CASES = [
     ("gpipe", 4, 8, 1),
     ("1f1b", 4, 8, 1),
@@ -28,6 +28,7 @@ INJECTED = dict(
     durations_us={"F": 1000, "B": 2000, "I": 1000, "W": 1000},
     p2p_latency_us=50,
     launch_gap_us=20,
+    small_gemm=1.1,
     slowdown=1.25,
     steps=3,
 )
@@ -64,21 +65,21 @@ def test_replay_with_measured_inputs_matches_the_step(tmp_path, name, p, m, v):
     assert summary.simulated_step_time_ms == pytest.approx(summary.step_time_ms, abs=1e-3)  # 1 us
     terms = summary.waterfall_ms
     assert sum(msgspec.structs.asdict(terms).values()) == pytest.approx(summary.step_time_ms, abs=1e-9)
-    # the slowdown is the only duration change: 25% of the ideal work shows as small-GEMM, no imbalance
+    # the small-GEMM loss and the slowdown are the only duration changes: no imbalance
     assert terms.imbalance == pytest.approx(0, abs=1e-6)
-    assert terms.small_gemm > 0 and terms.launch_overhead > 0 and terms.p2p_wait > 0
+    assert terms.small_gemm > 0 and terms.slowdown > 0 and terms.launch_overhead > 0 and terms.p2p_wait > 0
 
 
-def test_without_calibration_small_gemm_is_unknown_and_compute_is_measured(tmp_path):
+def test_without_calibration_small_gemm_and_slowdown_are_unknown_and_compute_is_measured(tmp_path):
     synthetic = write_run(tmp_path, build("1f1b", 4, 8), **INJECTED)
     config = (tmp_path / "run.json").read_text()
     (tmp_path / "run.json").write_text(config.replace('"calibration"', '"not_calibration"'))
     summary = analyze_run(read_run(tmp_path)).summary
-    assert summary.waterfall_ms.small_gemm is None
+    assert summary.waterfall_ms.small_gemm is None and summary.waterfall_ms.slowdown is None
     for rank in summary.ranks:
         truth = synthetic.truth[rank.rank]
-        assert rank.small_gemm_ms is None
-        assert close(rank.compute_ms, truth.compute_ns + truth.small_gemm_ns)
+        assert rank.small_gemm_ms is None and rank.slowdown_ms is None
+        assert close(rank.compute_ms, truth.compute_ns + truth.small_gemm_ns + truth.slowdown_ns)
 
 
 def test_gpu_sends_overlapping_compute_leave_compute_whole_and_count_the_hop_on_the_receiver(tmp_path):
@@ -136,3 +137,21 @@ def test_unlabelled_runs_are_inferred_with_their_parts_recovered(tmp_path, name,
             if not close(entry.part_ms(part), getattr(truth, f"{part}_ns"))
         }
         assert not misses, (entry.rank, misses)
+
+
+def test_host_time_inside_a_cpu_action_is_launch_overhead_not_compute(tmp_path):
+    """A 300 us host stall before each compute action's ops, inside its PP label (a sleep in the loop):
+    the operators are the work, the stall is host overhead, and the truth is the run's without it."""
+    made = write_run(
+        tmp_path,
+        build("gpipe", 3, 4),
+        launch_gap_us=300,
+        host_in_labels=True,
+        **{k: v for k, v in INJECTED.items() if k != "launch_gap_us"},
+    )
+    summary = analyze_run(read_run(tmp_path)).summary
+    for entry in summary.ranks:
+        truth = made.truth[entry.rank]
+        assert truth.launch_overhead_ns >= 3 * 300_000  # the stalls are in the truth's host overhead
+        for part in INJECTED_PARTS:
+            assert close(entry.part_ms(part), getattr(truth, f"{part}_ns")), (entry.rank, part)

@@ -48,9 +48,9 @@ def test_a_custom_order_is_analysed_as_it_ran_with_its_parts_recovered(tmp_path,
     assert found.height == 2 * schedule.n_stages * schedule.m  # every F and B of every stage and microbatch
     for entry in summary.ranks:
         want = {part: getattr(truth[entry.rank], f"{part}_ns") for part in INJECTED_PARTS}
-        if not with_run_json:  # no calibration: small-GEMM time is unknown and counted as compute
-            want["compute"] += want.pop("small_gemm")
-            assert entry.small_gemm_ms is None
+        if not with_run_json:  # no calibration: small-GEMM time and slowdown are unknown, counted as compute
+            want["compute"] += want.pop("small_gemm") + want.pop("slowdown")
+            assert entry.small_gemm_ms is None and entry.slowdown_ms is None
         misses = {
             part: (entry.part_ms(part), ns / 1e6)
             for part, ns in want.items()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import msgspec
+import polars as pl
 import pytest
 from test_cells import gpipe_m1_run
 
-from analysis.attribution.reference import Reference
+from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
 from analysis.attribution.replay import Measured, replay
 from analysis.attribution.waterfall import ladder
 from analysis.pipeline import analyze_run, read_run
@@ -14,7 +15,17 @@ from analysis.schema import RANK_PARTS, WATERFALL_TERMS
 from runners.schedules import build, simulate
 
 CALIBRATION = {"0": {"F_ms": 0.008, "B_ms": 0.016}, "1": {"F_ms": 0.016, "B_ms": 0.024}}
-RUN_JSON = {"schedule": "gpipe", "p": 2, "m": 1, "v": 1, "calibration": CALIBRATION, "complete": True}
+# m = 1: the one microbatch is the whole batch, so its isolated time is the whole batch's
+RUN_JSON = {
+    "schedule": "gpipe",
+    "p": 2,
+    "m": 1,
+    "v": 1,
+    "dims": {"rows": 64, "microbatch_rows": [64]},
+    "calibration": CALIBRATION,
+    "calibration_by_rows": {stage: {"64": times} for stage, times in CALIBRATION.items()},
+    "complete": True,
+}
 
 
 def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
@@ -26,6 +37,7 @@ def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
         "formula_bubble": 0.040,
         "imbalance": 0.0,
         "small_gemm": None,
+        "slowdown": None,
         "launch_overhead": 0.007,
         "p2p_wait": 0.004,
         "residual": 0.009,
@@ -38,25 +50,39 @@ def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
     assert summary.bubble_measured == pytest.approx(1 - 80 / 200)
 
 
-def test_calibration_gives_small_gemm_and_reference_compute(tmp_path):
+def test_calibration_splits_busy_time_into_compute_small_gemm_and_slowdown(tmp_path):
     summary = analyze_run(read_run(gpipe_m1_run(tmp_path, RUN_JSON))).summary
     ranks = {entry.rank: entry for entry in summary.ranks}
-    assert ranks[0].compute_ms == pytest.approx(0.024) and ranks[0].small_gemm_ms == pytest.approx(0.006)
-    assert ranks[1].compute_ms == pytest.approx(0.040) and ranks[1].small_gemm_ms == pytest.approx(0.010)
+    # busy 30 and 50 us against the isolated (here whole-batch) 24 and 40 us: at m = 1 no small-GEMM loss
+    assert (ranks[0].compute_ms, ranks[0].small_gemm_ms, ranks[0].slowdown_ms) == pytest.approx(
+        (0.024, 0, 0.006)
+    )
+    assert (ranks[1].compute_ms, ranks[1].small_gemm_ms, ranks[1].slowdown_ms) == pytest.approx(
+        (0.040, 0, 0.010)
+    )
+    assert (ranks[0].busy_ms, ranks[1].busy_ms) == pytest.approx((0.030, 0.050))
     terms = msgspec.structs.asdict(summary.waterfall_ms)
     assert terms["ideal"] == pytest.approx(0.032) and terms["formula_bubble"] == pytest.approx(0.032)
-    assert terms["small_gemm"] == pytest.approx(0.016)
+    assert terms["small_gemm"] == pytest.approx(0) and terms["slowdown"] == pytest.approx(0.016)
     assert sum(terms.values()) == pytest.approx(summary.step_time_ms, abs=1e-12)
 
 
-def test_each_compute_cell_carries_its_excess_over_the_calibration(tmp_path):
+def test_each_compute_cell_carries_its_split(tmp_path):
     # measured F/B: 10/20 us on stage 0, 20/30 us on stage 1; calibrated (m=1): 8/16 and 16/24 us
     cells = analyze_run(read_run(gpipe_m1_run(tmp_path, RUN_JSON))).cells
-    excess = {f"{s}{k}": ns for s, k, ns in cells.select("stage", "kind", "small_gemm_ns").iter_rows()}
-    assert {a: excess[a] for a in ("0F", "0B", "1F", "1B")} == pytest.approx(
-        {"0F": 2000, "0B": 4000, "1F": 4000, "1B": 6000}
-    )
-    assert all(ns is None for a, ns in excess.items() if a[1:] not in ("F", "B"))
+    split = {
+        f"{s}{k}": (c, g, d)
+        for s, k, c, g, d in cells.select(
+            "stage", "kind", "compute_ns", "small_gemm_ns", "slowdown_ns"
+        ).iter_rows()
+    }
+    assert {a: split[a] for a in ("0F", "0B", "1F", "1B")} == {
+        "0F": pytest.approx((8000, 0, 2000)),
+        "0B": pytest.approx((16000, 0, 4000)),
+        "1F": pytest.approx((16000, 0, 4000)),
+        "1B": pytest.approx((24000, 0, 6000)),
+    }
+    assert all(parts == (None, None, None) for a, parts in split.items() if a[1:] not in ("F", "B"))
 
 
 @pytest.mark.parametrize("with_run_json", [False, True])
@@ -83,12 +109,11 @@ def test_unit_replay_reproduces_the_schedule_simulator(name, p, m, v):
 def test_equal_slots_give_the_formula_bubble(name, p, m, v):
     schedule = build(name, p, m, v)
     actions = [a for order in schedule.orders for a in order]
-    ref = Reference(
-        {(a.stage, a.kind.value): 1.0 if a.kind.value == "F" else 2.0 for a in actions}, calibrated=True
-    )
-    measured = Measured({a: ref.ns[(a.stage, a.kind.value)] for a in actions})
-    terms = ladder(schedule, measured, ref, step_ns=1e6).waterfall
+    unit = {a: 1.0 if a.kind.value == "F" else 2.0 for a in actions}
+    rows = [(a.stage, a.kind.value, a.microbatch, ns, ns) for a, ns in unit.items()]
+    ref = Reference(pl.DataFrame(rows, schema=REFERENCE_SCHEMA, orient="row"), calibrated=True)
+    terms = ladder(schedule, Measured(unit), ref, step_ns=1e6).waterfall
     step = terms.ideal + terms.formula_bubble
     assert terms.formula_bubble / step == pytest.approx((p - 1) / (v * m + p - 1))
-    assert terms.imbalance == 0 and terms.small_gemm == 0
+    assert terms.imbalance == 0 and terms.small_gemm == 0 and terms.slowdown == 0
     assert sum(msgspec.structs.asdict(terms).values()) == pytest.approx(1.0)  # ms

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from analysis.cli.analyze import analyze_dir
 from analysis.errors import InputError
 from runners.schedules import build
-from synthetic.generate import calibration, synthesize
+from synthetic.generate import synthesize
+from synthetic.truth import Work, calibration
 
 EXAMPLES = max(10, int(os.environ.get("FUZZ_EXAMPLES", "40")) // 10)
 FUZZ = settings(
@@ -49,7 +50,7 @@ def _synthetic(name: str, p: int, m: int, v: int = 1, shape: str = "cpu") -> Run
         "m": m,
         "v": v,
         "device": "cuda" if shape == "gpu" else "cpu",
-        "calibration": calibration(schedule, {"F": 1000.0, "B": 2000.0}),
+        "calibration": calibration(schedule, Work({"F": 1000.0, "B": 2000.0})),
         "complete": True,
     }
     return {f"rank{rank}.json": trace for rank, trace in made.traces.items()}, config

@@ -21,7 +21,7 @@ US = 1_000
 STEPS = 3
 F_US, B_US = 1000.0, 2000.0
 OFFSETS = {0: 0, 1: 3_100 * US, 2: -4_700 * US, 3: 250 * US}  # the merge aligns; tracks must follow
-SLOWDOWN = {(1, "F"): 1.5, (2, "B"): 1.25, (3, "F"): 1.1}  # (stage, kind) -> compute / reference
+SMALL_GEMM = {(1, "F"): 1.5, (2, "B"): 1.25, (3, "F"): 1.1}  # (stage, kind) -> alone at its size / reference
 
 
 def analysed_merge(
@@ -31,7 +31,7 @@ def analysed_merge(
         directory,
         build(*schedule),
         durations_us={"F": F_US, "B": B_US},
-        slowdown=SLOWDOWN,
+        small_gemm=SMALL_GEMM,
         p2p_latency_us=40,
         launch_gap_us=15,
         clock_offset_ns=OFFSETS,
@@ -64,12 +64,12 @@ def test_small_gemm_track_totals_the_injected_excess_per_rank(tmp_path, shape):
     for rank, truth in made.truth.items():
         total_us = sum(e["dur"] for e in excess if e["pid"] == rank)
         assert total_us == pytest.approx(STEPS * truth.small_gemm_ns / US, abs=1.0), rank
-    assert {e["name"] for e in excess} == {f"{s}{k}{mb}" for (s, k) in SLOWDOWN for mb in range(8)}
+    assert {e["name"] for e in excess} == {f"{s}{k}{mb}" for (s, k) in SMALL_GEMM for mb in range(8)}
 
 
 def test_each_excess_slice_ends_its_cell_on_the_aligned_clock(tmp_path):
     """The slice covers the cell's slowed-down tail: it ends where the rank's PP: label ends, and lasts
-    (slowdown - 1) x the reference, though ranks' clocks were skewed by milliseconds."""
+    (small_gemm - 1) x the reference, though ranks' clocks were skewed by milliseconds."""
     trace, _ = analysed_merge(tmp_path)
     labels = {
         (e["pid"], e["name"], round(e["ts"] + e["dur"], 3))
@@ -80,7 +80,7 @@ def test_each_excess_slice_ends_its_cell_on_the_aligned_clock(tmp_path):
         assert (e["pid"], f"PP:{e['name']}", round(e["ts"] + e["dur"], 3)) in labels, e
         stage, kind = int(e["name"][0]), e["name"][1]
         reference_us = F_US if kind == "F" else B_US
-        assert e["dur"] == pytest.approx((SLOWDOWN[(stage, kind)] - 1) * reference_us, abs=0.01)
+        assert e["dur"] == pytest.approx((SMALL_GEMM[(stage, kind)] - 1) * reference_us, abs=0.01)
 
 
 def test_cells_table_carries_the_per_cell_excess_and_ranks_sum_it(tmp_path):
@@ -88,7 +88,7 @@ def test_cells_table_carries_the_per_cell_excess_and_ranks_sum_it(tmp_path):
     cells = pl.read_parquet(tmp_path / "analysis" / "cells.parquet")
     compute = cells.filter(pl.col("kind").is_in(["F", "B"]))
     slowed = pl.DataFrame(
-        [(s, k, f) for (s, k), f in SLOWDOWN.items()], schema=["stage", "kind", "factor"], orient="row"
+        [(s, k, f) for (s, k), f in SMALL_GEMM.items()], schema=["stage", "kind", "factor"], orient="row"
     )
     factor = compute.join(slowed, on=["stage", "kind"], how="left", maintain_order="left")[
         "factor"

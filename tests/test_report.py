@@ -153,13 +153,14 @@ def test_measured_in_flight_peaks_follow_the_schedule(tmp_path, schedule):
 
 
 def test_the_report_draws_the_waterfalls_ideal_rung(tmp_path):
-    # Unequal stages and a small-GEMM slowdown: the ideal timeline must be the rung at reference durations
-    # (calibrated F and B per microbatch), not the measured cells and not equal slots.
+    # Unequal stages, a small-GEMM loss and a slowdown: the ideal timeline must be the rung at full-batch
+    # durations (calibrated F and B per microbatch), not the isolated times, the cells or equal slots.
     run = tmp_path / "run"
     write_run(
         run,
         build("gpipe", 2, 4),
         durations_us={"F": 1000, "B": 2000, (1, "F"): 1500, (1, "B"): 3000},
+        small_gemm=1.1,
         slowdown=1.25,
         p2p_latency_us=50,
         launch_gap_us=20,
@@ -171,9 +172,8 @@ def test_the_report_draws_the_waterfalls_ideal_rung(tmp_path):
     assert makespan_ms == pytest.approx(
         waterfall.ideal + waterfall.formula_bubble + waterfall.imbalance, abs=1e-6
     )
-    assert (
-        waterfall.imbalance > 0 and waterfall.small_gemm > 0
-    )  # the rung is neither equal slots nor the cells
+    # the rung is neither equal slots nor the isolated times nor the cells
+    assert waterfall.imbalance > 0 and waterfall.small_gemm > 0 and waterfall.slowdown > 0
     # GPipe at reference durations: stage 1's F (1.5 ms) paces the forwards, its B (3 ms) the backwards.
     assert makespan_ms == pytest.approx(1.0 + 4 * 1.5 + 4 * 3.0 + 2.0)
     drawn = ideal_frame(ideal, step_origin(analysis.cells, analysis.gaps, analysis.summary.median_step))

@@ -14,7 +14,8 @@ from runners.schedules import Action, Kind, Schedule, build, lower, simulate
 from runners.schedules.dependencies import matching_send
 from synthetic import batched as batching
 from synthetic import shapes
-from synthetic.generate import BASE_TIME_NS, ORIGIN_NS, OptionError, main, synthesize, write_run
+from synthetic.cli import main
+from synthetic.generate import BASE_TIME_NS, ORIGIN_NS, OptionError, synthesize, write_run
 from synthetic.orders import blocked_gpipe, deeper_warmup_1f1b, reverse_backward_gpipe
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb", 1)]
@@ -23,20 +24,15 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb", 1)]
 @pytest.mark.parametrize("name, v", SCHEDULES)
 @pytest.mark.parametrize("shape", ["cpu", "gpu"])
 def test_parts_sum_to_the_step_on_every_rank(name, v, shape):
-    result = synthesize(build(name, 4, 8, v), p2p_latency_us=40, launch_gap_us=7, slowdown=1.25, shape=shape)
+    result = synthesize(
+        build(name, 4, 8, v), p2p_latency_us=40, launch_gap_us=7, small_gemm=1.1, slowdown=1.25, shape=shape
+    )
     for truth in result.truth.values():
-        parts = (
-            truth.compute_ns
-            + truth.small_gemm_ns
-            + truth.launch_overhead_ns
-            + truth.p2p_wait_ns
-            + truth.bubble_ns
-        )
-        assert parts == truth.step_ns
+        assert sum(truth.parts_ns().values()) == truth.step_ns
         assert truth.bubble_ns >= 0
-        assert truth.small_gemm_ns == pytest.approx(
-            0.25 * truth.compute_ns, abs=len(result.cells[truth.rank])
-        )
+        rounding = len(result.cells[truth.rank])  # 1 ns per cell
+        assert truth.small_gemm_ns == pytest.approx(0.1 * truth.compute_ns, abs=rounding)
+        assert truth.slowdown_ns == pytest.approx(0.25 * 1.1 * truth.compute_ns, abs=rounding)
 
 
 def test_gpipe_two_ranks_by_hand():
@@ -49,13 +45,19 @@ def test_gpipe_two_ranks_by_hand():
     assert (last.compute_ns, last.p2p_wait_ns, last.bubble_ns) == (3_000_000, 50_000, 3_050_000)
 
 
-def test_launch_gaps_and_slowdown_are_counted_per_compute_action():
+def test_launch_gaps_small_gemm_and_slowdown_are_counted_per_compute_action():
     schedule = build("1f1b", 2, 4)
-    result = synthesize(schedule, launch_gap_us=10, slowdown={(0, "F"): 2.0})
+    result = synthesize(schedule, launch_gap_us=10, small_gemm={(0, "F"): 1.5}, slowdown={(0, "F"): 2.0})
     # 4 F + 4 B on rank 0, but its first (0F0) begins the device's step: no gap before it
     assert result.truth[0].launch_overhead_ns == 7 * 10_000
-    assert result.truth[0].small_gemm_ns == 4 * 1_000_000  # F at twice the reference 1000 us
-    assert result.truth[1].small_gemm_ns == 0
+    assert result.truth[0].small_gemm_ns == 4 * 500_000  # F alone at its size takes 1.5 x 1000 us
+    assert result.truth[0].slowdown_ns == 4 * 1_500_000  # and twice that in the pipeline
+    assert result.truth[1].small_gemm_ns == result.truth[1].slowdown_ns == 0
+
+
+def test_at_one_microbatch_the_isolated_time_is_the_whole_batch():
+    truth = synthesize(build("gpipe", 2, 1), small_gemm=1.5, slowdown=1.2).truth[0]
+    assert truth.small_gemm_ns == 0 and truth.slowdown_ns == pytest.approx(0.2 * truth.compute_ns)
 
 
 @pytest.mark.parametrize("shape", ["cpu", "gpu"])
@@ -124,11 +126,17 @@ def test_gpu_kernels_pair_with_launches_by_correlation(tmp_path):
     assert streams == {7, 20}
 
 
-def test_calibration_is_the_whole_batch_at_reference_speed(tmp_path):
-    write_run(tmp_path, build("gpipe", 2, 4), durations_us={"F": 500, "B": 1500, (1, "F"): 800}, slowdown=1.5)
-    calibration = json.loads((tmp_path / "run.json").read_text())["calibration"]
-    assert calibration["0"] == {"F_ms": 2.0, "B_ms": 6.0}
-    assert calibration["1"]["F_ms"] == pytest.approx(3.2)
+def test_calibration_is_the_whole_batch_at_reference_speed_and_one_microbatch_alone(tmp_path):
+    durations = {"F": 500, "B": 1500, (1, "F"): 800}
+    write_run(tmp_path, build("gpipe", 2, 4), durations_us=durations, small_gemm=1.2, slowdown=1.5)
+    config = json.loads((tmp_path / "run.json").read_text())
+    assert config["calibration"]["0"] == {"F_ms": 2.0, "B_ms": 6.0}
+    assert config["calibration"]["1"]["F_ms"] == pytest.approx(3.2)
+    rows = config["dims"]["microbatch_rows"]
+    assert len(rows) == 4 and config["dims"]["rows"] == sum(rows)
+    by_rows = config["calibration_by_rows"]["1"]
+    assert by_rows[str(sum(rows))] == config["calibration"]["1"]  # the whole batch
+    assert by_rows[str(rows[0])]["F_ms"] == pytest.approx(0.8 * 1.2)  # one microbatch alone, not slowed
 
 
 def test_cli_writes_a_run_and_refuses_bad_requests(tmp_path, capsys):
@@ -418,8 +426,11 @@ def _check_batched_physics(result, paired, latency):
         after = rank_cells[rank_cells.index(cell) + 1]
         assert after.start >= cell.end  # the consumer waits for the whole coalesced kernel
     for truth in result.truth.values():
-        parts = truth.compute_ns + truth.small_gemm_ns + truth.launch_overhead_ns + truth.p2p_wait_ns
-        assert parts + truth.bubble_ns == truth.step_ns and truth.bubble_ns >= 0 and truth.p2p_wait_ns >= 0
+        assert (
+            sum(truth.parts_ns().values()) == truth.step_ns
+            and truth.bubble_ns >= 0
+            and truth.p2p_wait_ns >= 0
+        )
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,19 @@
-"""Per-rank parts of the step that close exactly on the step time.
+"""Per-rank parts of the step that close exactly on the step time, and each compute cell's split.
 
-Per rank and step the step time is cut into compute at reference efficiency, small-GEMM excess
-(busy time beyond the reference, analysis.attribution.reference), and the idle time of each gap class
-(bubble, p2p_wait, launch_overhead, other), plus in `other` the stretch by which this rank's window is
-shorter than the step's longest. The small-GEMM excess is defined per compute cell
-(`cell_small_gemm`) and a rank's part is its cells' sum; compute is the rank's busy time (its window
-less its gaps) less that excess, so compute is the term that closes the split.
+A compute cell's busy time (its span within its step window, less the idle gaps inside it: on CPU
+the time between its operators, on GPU the time no compute kernel ran) is cut the seed's way, from
+the reference durations (analysis.attribution.reference): `compute`, the work at full-batch
+efficiency; `small_gemm`, the same work in isolation at the cell's own microbatch size beyond that
+share (m*t_slot(m) - t_slot(1), 0 at m = 1 by definition); `slowdown`, busy time beyond the isolated
+work (what running inside the pipeline adds; it may be negative). Without the isolated times the last
+two are unknown (null) and compute is all the busy time.
+
+Per rank and step the step time is cut into those three and the idle time of each gap class (bubble,
+p2p_wait, launch_overhead, other), plus in `other` the stretch by which this rank's window is shorter
+than the step's longest. The rank's busy time is its window less its gaps (`busy`, not a part);
+compute and small_gemm are its cells' sums, and slowdown is the busy time beyond the cells' isolated
+work: the term that closes the split, named for what it is (with cells that do not overlap it is
+the sum of their slowdowns).
 """
 
 from __future__ import annotations
@@ -17,15 +25,6 @@ from analysis.schema import GAP_CLASSES, RANK_PARTS, RankEntry
 from runners.schedules import COMPUTE_KINDS, Schedule
 
 NS_PER_MS = 1e6
-
-
-def _reference_column(cells: pl.DataFrame, ref: Reference) -> pl.DataFrame:
-    table = pl.DataFrame(
-        [(stage, kind, ns) for (stage, kind), ns in ref.ns.items()],
-        schema={"stage": pl.Int64, "kind": pl.Utf8, "reference_ns": pl.Float64},
-        orient="row",
-    )
-    return cells.join(table, on=["stage", "kind"], how="left")
 
 
 def _idle_before(times: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
@@ -46,14 +45,15 @@ def _idle_before(times: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
     return found.sort("row").select((pl.col("before") + inside).fill_null(0))["before"]
 
 
-def cell_small_gemm(
+def cell_parts(
     cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame, ref: Reference
 ) -> pl.DataFrame:
-    """`cells` with `small_gemm_ns`: a compute cell's busy time (its span within its step window, less
-    the idle gaps inside it) beyond its reference; null for transfer cells and without calibration."""
+    """`cells` with busy_ns, compute_ns, small_gemm_ns and slowdown_ns (null for transfer cells; the last
+    two also where the isolated time is unknown)."""
     bounds = windows.select("rank", "step", w0="start_ns", w1="end_ns")
     clipped = (
-        _reference_column(cells.with_row_index("row"), ref)
+        cells.with_row_index("row")
+        .join(ref.table, on=["stage", "kind", "microbatch"], how="left")
         .join(bounds, on=["rank", "step"], how="left")
         .with_columns(a=pl.max_horizontal("start_ns", "w0"), b=pl.min_horizontal("end_ns", "w1"))
         .sort("row")
@@ -61,18 +61,21 @@ def cell_small_gemm(
     idle = _idle_before(clipped.select("row", "rank", t_ns="b"), gaps) - _idle_before(
         clipped.select("row", "rank", t_ns="a"), gaps
     )
-    busy = (pl.col("b") - pl.col("a")).clip(lower_bound=0) - idle
-    excess = pl.when(pl.col("kind").is_in(COMPUTE_KINDS) & pl.lit(ref.calibrated)).then(
-        busy - pl.col("reference_ns")
+    compute = pl.col("kind").is_in(COMPUTE_KINDS)
+    busy = pl.when(compute).then((pl.col("b") - pl.col("a")).clip(lower_bound=0) - idle)
+    known = compute & pl.col("isolated_ns").is_not_null()
+    return clipped.with_columns(busy_ns=busy.cast(pl.Float64)).select(
+        *cells.columns,
+        "busy_ns",
+        compute_ns=pl.when(known).then("full_ns").otherwise("busy_ns"),
+        small_gemm_ns=pl.when(known).then(pl.col("isolated_ns") - pl.col("full_ns")),
+        slowdown_ns=pl.when(known).then(pl.col("busy_ns") - pl.col("isolated_ns")),
     )
-    return clipped.select(*cells.columns, small_gemm_ns=excess.cast(pl.Float64))
 
 
 def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
-    """Per (rank, step): step_ns and the RANK_PARTS in ns, summing to step_ns (small_gemm null if unknown).
-
-    `cells` carry `small_gemm_ns` (cell_small_gemm); compute is the busy time less that excess.
-    """
+    """Per (rank, step): step_ns, busy and the RANK_PARTS in ns, summing to step_ns (small_gemm and
+    slowdown null where unknown). `cells` carry cell_parts' columns."""
     window = windows.select("rank", "step", window_ns=pl.col("end_ns") - pl.col("start_ns")).with_columns(
         step_ns=pl.col("window_ns").max().over("step")
     )
@@ -80,22 +83,29 @@ def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -
         (pl.col("end_ns") - pl.col("start_ns")).filter(pl.col("class") == name).sum().alias(name)
         for name in GAP_CLASSES
     )
-    excess = cells.group_by("rank", "step").agg(
-        pl.when(pl.col("small_gemm_ns").is_not_null().any())
-        .then(pl.col("small_gemm_ns").sum())
-        .alias("small_gemm")
+    unknown = pl.col("small_gemm_ns").is_null().any()
+    work = (
+        cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
+        .group_by("rank", "step")
+        .agg(
+            full=pl.col("compute_ns").sum(),
+            small_gemm=pl.when(~unknown).then(pl.col("small_gemm_ns").sum()),
+        )
     )
+    busy = pl.col("window_ns") - pl.sum_horizontal(GAP_CLASSES)
     parts = (
         window.join(idle, on=["rank", "step"], how="left")
         .fill_null(0)
-        .join(excess, on=["rank", "step"], how="left")
+        .join(work, on=["rank", "step"], how="left")
         .with_columns(
-            busy=pl.col("window_ns") - pl.sum_horizontal(GAP_CLASSES),
-            other=pl.col("other") + pl.col("step_ns") - pl.col("window_ns"),
+            busy=busy.cast(pl.Float64), other=pl.col("other") + pl.col("step_ns") - pl.col("window_ns")
         )
-        .with_columns(compute=(pl.col("busy") - pl.col("small_gemm").fill_null(0)).cast(pl.Float64))
+        .with_columns(
+            compute=pl.when(pl.col("small_gemm").is_not_null()).then("full").otherwise("busy"),
+            slowdown=pl.col("busy") - pl.col("full") - pl.col("small_gemm"),
+        )
     )
-    return parts.select("rank", "step", "step_ns", *RANK_PARTS).sort("step", "rank")
+    return parts.select("rank", "step", "step_ns", "busy", *RANK_PARTS).sort("step", "rank")
 
 
 def median_step(parts: pl.DataFrame) -> int:
@@ -112,6 +122,8 @@ def rank_entries(parts: pl.DataFrame, schedule: Schedule, peaks: dict[int, int])
             rank=row["rank"],
             stage_ids=list(schedule.stages_of(row["rank"])),
             peak_activation_bytes=peaks.get(row["rank"]),
+            busy_ms=row["busy"] / NS_PER_MS,
+            cpu_contention_ms=None,
             **{f"{part}_ms": None if row[part] is None else row[part] / NS_PER_MS for part in RANK_PARTS},
         )
         for row in parts.sort("rank").iter_rows(named=True)
@@ -120,6 +132,6 @@ def rank_entries(parts: pl.DataFrame, schedule: Schedule, peaks: dict[int, int])
 
 def in_ms(parts: pl.DataFrame) -> pl.DataFrame:
     """ranks.parquet: every analysed step's parts per rank, in ms (step_ms, <part>_ms)."""
-    return parts.with_columns(pl.col("step_ns", *RANK_PARTS) / NS_PER_MS).rename(
-        {"step_ns": "step_ms", **{part: f"{part}_ms" for part in RANK_PARTS}}
+    return parts.with_columns(pl.col("step_ns", "busy", *RANK_PARTS) / NS_PER_MS).rename(
+        {"step_ns": "step_ms", "busy": "busy_ms", **{part: f"{part}_ms" for part in RANK_PARTS}}
     )

@@ -1,10 +1,15 @@
-"""The one rule for reference durations: how long each (stage, kind) takes per microbatch at full-batch
-efficiency. The per-cell small-GEMM excess, the waterfall and the ideal timeline all use it.
+"""The one rule for reference durations: how long each compute cell's work takes at full-batch efficiency
+(`full`) and in isolation at the cell's own microbatch size (`isolated`). The per-cell split of busy
+time, the waterfall and the ideal timeline all use it.
 
-Calibrated (run.json `calibration`, each stage's forward and backward timed on the whole batch in one
-piece): that time divided by m. A split backward (I, W) without its own calibration takes the
-calibrated B in the ratio of the measured I and W. Uncalibrated: the median measured duration of the
-(stage, kind), blocked time excluded, stands in, and the small-GEMM term is unknown.
+From run.json: `calibration` holds each stage's forward and backward timed on the whole batch in one
+piece; a microbatch's full-batch share is that divided by m. `calibration_by_rows` holds the same work
+timed in isolation on one microbatch of r rows, for the row counts the runner calibrates (those of
+m = 1, 2, 4, ..., 32 and the run's own m); a cell's isolated time is the entry of its microbatch's rows
+(run.json dims.microbatch_rows). A split backward (I, W) without times of its own takes B's in the
+ratio of the measured I and W. Without calibration the median measured busy time of each (stage, kind)
+stands in for `full`; without the isolated times `isolated` is unknown, and so are small_gemm and
+slowdown.
 """
 
 from __future__ import annotations
@@ -15,13 +20,37 @@ import polars as pl
 
 from runners.schedules import COMPUTE_KINDS
 
+# One row per (stage, kind, microbatch) of the cells: its full-batch share and isolated time, ns.
+REFERENCE_SCHEMA = {
+    "stage": pl.Int64,
+    "kind": pl.Utf8,
+    "microbatch": pl.Int64,
+    "full_ns": pl.Float64,
+    "isolated_ns": pl.Float64,
+}
+
 
 @dataclass(frozen=True)
 class Reference:
-    """Per (stage, kind) duration of one microbatch in ns at reference efficiency."""
+    """Reference durations of every compute (stage, kind, microbatch) in ns; `isolated_ns` null where
+    unknown."""
 
-    ns: dict[tuple[int, str], float]
-    calibrated: bool
+    table: pl.DataFrame  # REFERENCE_SCHEMA
+    calibrated: bool  # full_ns from run.json's calibration (else the measured medians)
+
+    @property
+    def isolated(self) -> bool:
+        return self.table.height > 0 and self.table["isolated_ns"].null_count() == 0
+
+    def full(self) -> dict[tuple[int, str], float]:
+        """(stage, kind) -> full-batch share per microbatch (the same for every microbatch)."""
+        per_kind = self.table.group_by("stage", "kind").agg(pl.col("full_ns").mean())
+        return {(stage, kind): ns for stage, kind, ns in per_kind.iter_rows()}
+
+    def isolated_of(self) -> dict[tuple[int, str, int], float]:
+        """(stage, kind, microbatch) -> the isolated time of that microbatch's work."""
+        rows = self.table.select("stage", "kind", "microbatch", "isolated_ns").iter_rows()
+        return {(stage, kind, microbatch): ns for stage, kind, microbatch, ns in rows}
 
 
 def busy_ns() -> pl.Expr:
@@ -29,22 +58,36 @@ def busy_ns() -> pl.Expr:
     return pl.col("end_ns") - pl.col("start_ns") - pl.col("blocked_ns")
 
 
-def reference(cells: pl.DataFrame, calibration: dict | None, m: int) -> Reference:
-    """Reference durations for the (stage, kind) pairs the cells hold."""
+def _split_backward(times: dict, kind: str, median: float, medians: dict, stage: int) -> float | None:
+    """A kind's time from `times` (a calibration entry, ms): its own, else B's split in the measured I:W ratio."""
+    if f"{kind}_ms" in times:
+        return times[f"{kind}_ms"]
+    halves = medians.get((stage, "I"), 0.0) + medians.get((stage, "W"), 0.0)
+    return None if "B_ms" not in times else times["B_ms"] * (median / halves if halves else 0.5)
+
+
+def reference(cells: pl.DataFrame, config: dict | None, m: int) -> Reference:
+    """Reference durations for the compute cells; `config` is run.json (or None)."""
+    config = config or {}
     compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
     medians = {
         (stage, kind): float(ns)
         for stage, kind, ns in compute.group_by("stage", "kind").agg(busy_ns().median()).iter_rows()
     }
-    stages = {stage for stage, _ in medians}
-    if not calibration or any(str(stage) not in calibration for stage in stages):
-        return Reference(medians, calibrated=False)
-    ns = {}
-    for (stage, kind), median in medians.items():
-        calibrated = calibration[str(stage)]
-        if f"{kind}_ms" in calibrated:
-            ns[(stage, kind)] = calibrated[f"{kind}_ms"] * 1e6 / m
-        else:
-            halves = medians.get((stage, "I"), 0.0) + medians.get((stage, "W"), 0.0)
-            ns[(stage, kind)] = calibrated["B_ms"] * 1e6 / m * (median / halves if halves else 0.5)
-    return Reference(ns, calibrated=True)
+    keys = compute.select("stage", "kind", "microbatch").unique().sort("stage", "kind", "microbatch")
+    calibration, by_rows = config.get("calibration") or {}, config.get("calibration_by_rows") or {}
+    rows = (config.get("dims") or {}).get("microbatch_rows")
+    calibrated = bool(calibration) and all(str(stage) in calibration for stage, _ in medians)
+    found = []
+    for stage, kind, microbatch in keys.iter_rows():
+        median = medians[(stage, kind)]
+        full = median
+        if calibrated:
+            full = _split_backward(calibration[str(stage)], kind, median, medians, stage) * 1e6 / m
+        isolated = None
+        if calibrated and isinstance(rows, list) and microbatch < len(rows):
+            entry = by_rows.get(str(stage), {}).get(str(rows[microbatch]))
+            ms = None if entry is None else _split_backward(entry, kind, median, medians, stage)
+            isolated = None if ms is None else ms * 1e6
+        found.append((stage, kind, microbatch, full, isolated))
+    return Reference(pl.DataFrame(found, schema=REFERENCE_SCHEMA, orient="row"), calibrated)

@@ -1,8 +1,9 @@
 """Replay a run's schedule with what one measured step did (runners.schedules.simulate).
 
-From the cells of one step (all ranks, one clock) come, per compute action: its duration (time busy,
-blocked time excluded), the latency of each cross-rank input (when the data was there on the consumer,
-minus when the producer finished) and the gap (how long after it could have started it did start).
+From the cells of one step (all ranks, one clock) come, per compute action: its duration (its busy
+time: analysis.attribution.parts), the latency of each cross-rank input (when the data was there on the
+consumer, minus when the producer finished) and the gap (how long after it could have started it did
+start, plus the host time inside the cell, which is not work).
 With all three the replay reproduces the measured compute starts; dropping some of them gives the
 counterfactual rungs of the waterfall (analysis.attribution.waterfall).
 """
@@ -68,9 +69,12 @@ def measure(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origin
                     latency[(dep, action)] = max(0.0, (arrival if arrival is not None else end) - end)
                     end += latency[(dep, action)]
                 ready = max(ready, end)
-            duration[action] = float(row["end_ns"] - row["start_ns"] - row["blocked_ns"])
-            gap[action] = max(0.0, row["start_ns"] - ready)
-            free = max(ready, row["start_ns"]) + duration[action]
+            occupied = float(row["end_ns"] - row["start_ns"] - row["blocked_ns"])
+            busy = row.get("busy_ns")
+            # the work is the cell's busy time; the host time inside the cell counts as a gap before it
+            duration[action] = occupied if busy is None else min(float(busy), occupied)
+            gap[action] = max(0.0, row["start_ns"] - ready) + occupied - duration[action]
+            free = max(ready, row["start_ns"]) + occupied
     return Measured(duration, latency, gap)
 
 

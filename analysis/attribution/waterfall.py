@@ -1,16 +1,17 @@
 """The waterfall: a ladder of replays of the executed schedule, from the formula to the measurement.
 
 Rungs, each a replay (analysis.attribution.replay) of one measured step with one more measured effect:
-equal slots at reference efficiency (its excess over the even split of the work, `ideal`, is the
-formula bubble) -> per-stage reference durations (imbalance) -> the cells' measured durations
-(small_gemm) -> plus the measured host gaps (launch_overhead) -> plus the measured p2p latencies
-(p2p_wait). Each rung's increase over the one before is one term; the measured step minus the last
-rung is the residual. Without calibration the reference is the step's own medians and the per-stage
-rung is folded into imbalance (small_gemm unknown).
+equal slots at full-batch efficiency (its excess over the even split of the work, `ideal`, is the
+formula bubble) -> per-stage full-batch durations (imbalance) -> each cell's work timed in isolation
+at its microbatch size (small_gemm) -> the cells' measured busy times (slowdown) -> plus the measured
+host gaps (launch_overhead) -> plus the measured p2p latencies (p2p_wait). Each rung's increase over
+the one before is one term; the measured step minus the last rung is the residual. Without the
+isolated calibration small_gemm and slowdown are unknown and the cells' rung stands for the
+reference (their time is in imbalance).
 
-The rung at reference durations (no small-GEMM loss, no host gaps, no p2p latency) is the ideal
-timeline that the report and the merged trace draw: `ideal` + `formula_bubble` + `imbalance` is its
-makespan.
+The rung at full-batch durations (no small-GEMM loss, no slowdown, no host gaps, no p2p latency) is
+the ideal timeline that the report and the merged trace draw: `ideal` + `formula_bubble` + `imbalance`
+is its makespan.
 """
 
 from __future__ import annotations
@@ -46,12 +47,12 @@ def _with_durations(measured: Measured, durations: dict) -> Measured:
     return Measured(durations, measured.latency, measured.gap)
 
 
-def _equal_slots(ref: Reference, measured: Measured) -> dict:
-    """Every action of a kind at that kind's mean reference duration over the stages."""
+def _equal_slots(full: dict[tuple[int, str], float], measured: Measured) -> dict:
+    """Every action of a kind at that kind's mean full-batch share over the stages."""
     kinds = {a.kind.value for a in measured.duration}
     mean = {
-        kind: sum(ns for (_, k), ns in ref.ns.items() if k == kind)
-        / max(1, sum(1 for _, k in ref.ns if k == kind))
+        kind: sum(ns for (_, k), ns in full.items() if k == kind)
+        / max(1, sum(1 for _, k in full if k == kind))
         for kind in kinds
     }
     return {a: mean[a.kind.value] for a in measured.duration}
@@ -59,25 +60,32 @@ def _equal_slots(ref: Reference, measured: Measured) -> dict:
 
 def ladder(schedule: Schedule, measured: Measured, ref: Reference, step_ns: float) -> Ladder:
     """The waterfall of one step (its terms sum to `step_ns`) and its ideal timeline."""
-    per_stage = {a: ref.ns.get((a.stage, a.kind.value), 0.0) for a in measured.duration}
+    full = ref.full()
+    per_stage = {a: full.get((a.stage, a.kind.value), 0.0) for a in measured.duration}
     ideal = sum(per_stage.values()) / schedule.p
-    formula = replay(
-        schedule, _with_durations(measured, _equal_slots(ref, measured)), gaps=False, latencies=False
-    )
-    cells = replay(schedule, measured, gaps=False, latencies=False)
-    # Uncalibrated, the per-stage rung would be the step's own medians: the cells' rung stands for it.
-    reference_rung = (
-        replay(schedule, _with_durations(measured, per_stage), gaps=False, latencies=False)
-        if ref.calibrated
-        else cells
-    )
-    launched = replay(schedule, measured, gaps=True, latencies=False).makespan
-    simulated = replay(schedule, measured, gaps=True, latencies=True).makespan
+
+    def rung(durations: dict | None = None, gaps: bool = False, latencies: bool = False) -> Timeline:
+        return replay(
+            schedule, measured if durations is None else _with_durations(measured, durations), gaps, latencies
+        )
+
+    formula, cells = rung(_equal_slots(full, measured)), rung()
+    if ref.isolated:
+        isolated_of = ref.isolated_of()
+        reference_rung = rung(per_stage)
+        isolated = rung(
+            {a: isolated_of.get((a.stage, a.kind.value, a.microbatch), 0.0) for a in measured.duration}
+        )
+    else:  # the split of busy time is unknown: the cells' own rung stands for the reference
+        reference_rung = isolated = cells
+    launched = rung(gaps=True).makespan
+    simulated = rung(gaps=True, latencies=True).makespan
     terms_ns = {
         "ideal": ideal,
         "formula_bubble": formula.makespan - ideal,
         "imbalance": reference_rung.makespan - formula.makespan,
-        "small_gemm": cells.makespan - reference_rung.makespan if ref.calibrated else None,
+        "small_gemm": isolated.makespan - reference_rung.makespan if ref.isolated else None,
+        "slowdown": cells.makespan - isolated.makespan if ref.isolated else None,
         "launch_overhead": launched - cells.makespan,
         "p2p_wait": simulated - launched,
         "residual": step_ns - simulated,

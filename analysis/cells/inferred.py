@@ -25,12 +25,21 @@ the next op starts (a blocking send's wait included). Inferred cells carry `infe
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
 
 from analysis.cells.inferred_gpu import gpu_cells
-from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA, RankCells, _assign_steps, rank_cells, step_spans
+from analysis.cells.labelled import (
+    CELL_KEY,
+    CELL_SCHEMA,
+    RankCells,
+    _assign_steps,
+    operator_spans,
+    rank_cells,
+    step_spans,
+)
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
 from analysis.traces.kineto import BACKWARD_OP_PREFIX, STEP_PREFIX
 
@@ -62,7 +71,9 @@ def cells_of(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells
         .sort("rank", "start_ns")
     )
     unscheduled = _unscheduled_ops(ops, labels)
-    return RankCells(cells, waits.sort("rank", "start_ns"), steps, None, unscheduled)
+    return RankCells(
+        cells, waits.sort("rank", "start_ns"), steps, None, unscheduled, operator_spans(frame, labels)
+    )
 
 
 def _main_thread(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.Expr:
@@ -280,4 +291,4 @@ def _with_consumer_waits(labelled: RankCells, frame: pl.DataFrame) -> RankCells:
         .with_columns(blocked_ns=pl.col("blocked_ns") + pl.col("extra").fill_null(0))
         .drop("extra")
     )
-    return RankCells(cells, waits, labelled.steps, labelled.kernels, labelled.unscheduled)
+    return replace(labelled, cells=cells, waits=waits)

@@ -20,7 +20,7 @@ import polars as pl
 from analysis.cells.fused import fused_halves
 from analysis.errors import InputError
 from analysis.traces.kineto import DEVICE_WORK_CATS, STEP_PREFIX
-from runners.schedules import Action, ActionParseError
+from runners.schedules import COMPUTE_KINDS, Action, ActionParseError
 from runners.schedules.trace_names import LABEL_PREFIX
 
 # torch's runtime also labels bookkeeping (PP:0REDUCE_GRAD, PP:1UNSHARD): not actions of the IR, so
@@ -187,6 +187,23 @@ def union(spans: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     return pieces.group_by(*keys, "piece").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).drop("piece")
 
 
+def operator_spans(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+    """CPU: when each compute cell's work ran, the union of the operator spans inside it on its thread,
+    clipped to it (CELL_KEY, start_ns, end_ns); the host time between operators (Python, dispatch, a
+    sleep) is not work. A cell with no operator inside (a trace of labels alone) is work throughout."""
+    compute = labels.filter(pl.col("kind").is_in(COMPUTE_KINDS))
+    ops = frame.filter((pl.col("ph") == "X") & (pl.col("cat") == "cpu_op")).select(
+        "rank", "tid", "start_ns", "end_ns"
+    )
+    inside = _events_in_labels(ops, compute).select(
+        *CELL_KEY, "start_ns", pl.min_horizontal("end_ns", "label_end").alias("end_ns")
+    )
+    bare = compute.join(inside.select(CELL_KEY).unique(), on=CELL_KEY, how="anti").select(
+        *CELL_KEY, "start_ns", "end_ns"
+    )
+    return union(pl.concat([inside, bare]), CELL_KEY)
+
+
 def _host_waits(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     """Each label's blocked time on the host: the union of the wait spans inside it, clipped to it."""
     waits = frame.filter(pl.col("name").is_in(HOST_WAIT_NAMES)).select("rank", "tid", "start_ns", "end_ns")
@@ -271,4 +288,5 @@ def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCel
         .sort("rank", "start_ns")
     )
     unscheduled = _unscheduled(frame, labels, kernels, steps)
-    return RankCells(cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled)
+    ops = None if kernels is not None else operator_spans(frame, labels)
+    return RankCells(cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, ops)

@@ -18,7 +18,22 @@ import polars as pl
 from analysis.schema import COMM_KINDS, COMPUTE_KINDS, GAP_CLASSES, RANK_PARTS, WATERFALL_TERMS
 
 TRACKS = ("compute", "p2p", "idle")
-# Compute kinds in strong colours, their p2p counterparts pale, idle classes in greys and muted tones.
+# One colour per quantity, wherever it is drawn: a rank's part, a waterfall term.
+_COLOURS = {
+    "compute": "#4c78a8",
+    "ideal": "#4c78a8",
+    "formula_bubble": "#bab0ac",
+    "bubble": "#bab0ac",
+    "imbalance": "#f58518",
+    "small_gemm": "#e45756",
+    "slowdown": "#ff9da6",
+    "launch_overhead": "#9d755d",
+    "p2p_wait": "#b279a2",
+    "other": "#e0e0e0",
+    "residual": "#eeca3b",
+    "measured": "#333333",
+}
+# Compute kinds in strong colours, their p2p counterparts pale, idle classes as their parts.
 _WHAT_COLOURS = {
     "F": "#4c78a8",
     "B": "#f58518",
@@ -28,28 +43,7 @@ _WHAT_COLOURS = {
     "RECV_F": "#c6dbef",
     "SEND_B": "#ffbf79",
     "RECV_B": "#fdd0a2",
-    "bubble": "#bab0ac",
-    "p2p_wait": "#b279a2",
-    "launch_overhead": "#9d755d",
-    "other": "#e0e0e0",
-}
-_TERM_COLOURS = {
-    "ideal": "#4c78a8",
-    "formula_bubble": "#bab0ac",
-    "imbalance": "#f58518",
-    "small_gemm": "#e45756",
-    "launch_overhead": "#9d755d",
-    "p2p_wait": "#b279a2",
-    "residual": "#eeca3b",
-    "measured": "#333333",
-}
-_PART_COLOURS = {
-    "compute": "#4c78a8",
-    "small_gemm": "#e45756",
-    "bubble": "#bab0ac",
-    "p2p_wait": "#b279a2",
-    "launch_overhead": "#9d755d",
-    "other": "#e0e0e0",
+    **{name: _COLOURS[name] for name in GAP_CLASSES},
 }
 WIDTH = 900
 # m is a power of two in every sweep we run; ticks there instead of log-scale ticks at 1.5, 2.5, ...
@@ -120,7 +114,7 @@ def waterfall(frame: pl.DataFrame) -> Plot:
     bars = base.mark_bar().encode(
         y=alt.Y("start:Q", title="ms of the step"),
         y2="end:Q",
-        color=alt.Color("term:N", scale=_scale(_TERM_COLOURS, (*WATERFALL_TERMS, "measured")), legend=None),
+        color=alt.Color("term:N", scale=_scale(_COLOURS, (*WATERFALL_TERMS, "measured")), legend=None),
         tooltip=[
             alt.Tooltip("term:N"),
             alt.Tooltip("ms:Q", title="ms", format=".3f"),
@@ -140,7 +134,7 @@ def rank_parts(frame: pl.DataFrame) -> Plot:
         .encode(
             x=alt.X("sum(ms):Q", title="ms of the step"),
             y=alt.Y("rank:O"),
-            color=alt.Color("part:N", scale=_scale(_PART_COLOURS, RANK_PARTS)),
+            color=alt.Color("part:N", scale=_scale(_COLOURS, RANK_PARTS)),
             order=alt.Order("order:Q"),
             tooltip=[alt.Tooltip("rank:O"), alt.Tooltip("part:N"), alt.Tooltip("ms:Q", format=".3f")],
         )
@@ -195,7 +189,7 @@ def step_time_vs_m(terms: pl.DataFrame, measured: pl.DataFrame, title: str) -> P
         .encode(
             x=x,
             y=alt.Y("sum(ms):Q", title="ms per step"),
-            color=alt.Color("term:N", scale=_scale(_TERM_COLOURS, WATERFALL_TERMS), title="waterfall term"),
+            color=alt.Color("term:N", scale=_scale(_COLOURS, WATERFALL_TERMS), title="waterfall term"),
             order=alt.Order("order:Q"),
             tooltip=[alt.Tooltip("m:O"), alt.Tooltip("term:N"), alt.Tooltip("ms:Q", format=".3f")],
         )
@@ -230,7 +224,7 @@ def schedules_side_by_side(terms: pl.DataFrame) -> Plot:
         .encode(
             x=alt.X("schedule:N", title=None, axis=alt.Axis(labelAngle=0)),
             y=alt.Y("sum(ms):Q", title="ms per step"),
-            color=alt.Color("term:N", scale=_scale(_TERM_COLOURS, WATERFALL_TERMS), title="waterfall term"),
+            color=alt.Color("term:N", scale=_scale(_COLOURS, WATERFALL_TERMS), title="waterfall term"),
             order=alt.Order("order:Q"),
             tooltip=[
                 alt.Tooltip("schedule:N"),

@@ -48,7 +48,10 @@ CONFIG_FIELDS = (
 )
 PART_MEANINGS = {
     "compute": "useful compute at reference (full-batch) efficiency; measured compute where no reference exists",
-    "small_gemm": "compute beyond the reference: smaller microbatch GEMMs run less efficiently (— = no reference)",
+    "small_gemm": "the same work timed alone at the microbatch's size, beyond its full-batch share: smaller GEMMs "
+    "run less efficiently (— = no isolated calibration)",
+    "slowdown": "busy time beyond the work timed alone: what running inside the pipeline adds (contention, "
+    "interference, profiler cost, noise; may be negative; — = no isolated calibration)",
     "bubble": "idle because the producer had not produced yet: schedule geometry plus delays from upstream",
     "p2p_wait": "idle after the peer had already sent: transfer and latency",
     "launch_overhead": "device idle while the host had not yet issued the next work",

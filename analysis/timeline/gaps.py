@@ -25,10 +25,13 @@ def layer(frame: pl.DataFrame, name: str) -> pl.DataFrame:
 
 
 def busy_intervals(rank: RankCells) -> pl.DataFrame:
-    """What the device computed: the `busy` layer (minus blocked time, which the segments subtract)."""
+    """Time work ran, the `busy` layer: on GPU the compute kernels of compute cells, on CPU the operators
+    inside them (minus blocked time, which the segments subtract)."""
     compute = pl.col("kind").is_in(COMPUTE_KINDS)
     if rank.kernels is not None:
         return layer(rank.kernels.filter(compute & ~pl.col("is_p2p")), "busy")
+    if rank.ops is not None:
+        return layer(rank.ops, "busy")
     return layer(rank.cells.filter(compute), "busy")
 
 
