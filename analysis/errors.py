@@ -33,3 +33,7 @@ class InputError(Exception):
         self.problem = printable(problem)
         where = None if self.path is None else printable(self.path)
         super().__init__(f"{where}: {self.problem}" if where is not None else self.problem)
+
+
+class LimitExceeded(InputError):
+    """Input past one of the limits of analysis.traces.limits; the problem names the limit and its flag."""

@@ -2,8 +2,9 @@
 
 Bad input ends as one line on stderr and exit code 2 (see analysis.errors); `--debug` shows the traceback.
 Usable input with something dropped or assumed (analysis.traces.load.TraceWarning) is one `warning:` line
-each. `standalone` gives the same behaviour to the entry points beside the product (`python -m synthetic`,
-`python -m bench`).
+each, its untrusted text escaped as the error's is (analysis.errors.printable). Every command takes the
+input limits' flags (analysis.traces.limits: `--max-file-mb` ...) and runs under them. `standalone` gives
+the same behaviour to the entry points beside the product (`python -m synthetic`, `python -m bench`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import sys
 import warnings
 from collections.abc import Callable
 
-from analysis.errors import InputError
+from analysis.errors import InputError, printable
+from analysis.traces import limits
 
 # command -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(sub)
+            limits.add_arguments(sub)
             sub.set_defaults(run=module.run)
     return _run(parser.parse_args(argv))
 
@@ -61,7 +64,7 @@ def standalone(
 
 def _one_line(message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as the user's line, not Python's two (file:line and the source line that raised it)."""
-    print(f"warning: {message}", file=sys.stderr)
+    print(f"warning: {printable(message)}", file=sys.stderr)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -69,7 +72,8 @@ def _run(args: argparse.Namespace) -> int:
         if not args.debug:
             warnings.showwarning = _one_line
         try:
-            return args.run(args)
+            with limits.applied(limits.from_arguments(args)):
+                return args.run(args)
         except InputError as error:
             if args.debug:
                 raise

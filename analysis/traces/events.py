@@ -17,10 +17,11 @@ from typing import Any
 import msgspec
 import polars as pl
 
-from analysis.traces import kineto
+from analysis.errors import InputError, LimitExceeded
+from analysis.traces import kineto, limits
 from analysis.traces.array_split import array_pieces
-from analysis.errors import InputError
 from analysis.traces.times import exact_ns, missing_time, nanoseconds
+from analysis.traces.toplevel import NESTED_TOO_DEEPLY, shifted_offsets
 
 PIECE_BYTES = 1 << 20  # ~40k Kineto events: their objects take ~25 MB while the piece is converted
 
@@ -29,14 +30,26 @@ _FOUR_DECIMALS = re.compile(rb"\.[0-9]{4}")  # a literal first byte: searched at
 _TIME_BEFORE = re.compile(rb'"(?:ts|dur)"[ \t\r\n]*:[ \t\r\n]*-?[0-9]*\Z')
 
 
-def event_frame(path: Path, events_json: msgspec.Raw, base_ns: int) -> tuple[pl.DataFrame, int]:
+def event_frame(
+    path: Path, events_json: msgspec.Raw, base_ns: int, max_events: int | None = None, limit: str = "events"
+) -> tuple[pl.DataFrame, int]:
     """Columns index, ph, name, cat, pid, tid, start_ns, end_ns, args ids; and how many events were
-    dropped for a negative duration."""
+    dropped for a negative duration. More than `max_events` events is an InputError naming `limit` (a
+    field of analysis.traces.limits.Limits), raised as soon as a piece passes it."""
     text = memoryview(events_json)
+    frames, count = [], 0
     with _no_collection():
-        frames = _piece_frames(path, text)
-        if frames is None:
-            frames = [_frame(path, 0, _decode(path, text, 0, whole=True), text)]
+        for offset, piece, events in decoded_pieces(path, text, kineto.EVENTS):
+            count += len(events)
+            if max_events is not None and count > max_events:
+                scope = (
+                    "with the files before it, the run holds"
+                    if limit.startswith("run")
+                    else "this file holds"
+                )
+                raise LimitExceeded(path, f"{scope} more than {limits.current().describe(limit)}")
+            frames.append(_frame(path, offset, events, piece))
+            del events, piece  # before the next piece is decoded: one piece's objects at a time
     frame = pl.concat(frames, rechunk=False).with_columns(
         start_ns=pl.lit(base_ns, dtype=pl.Int64) + pl.col("ts_ns"),
         dur_ns=pl.when(pl.col("ph") == "X").then(pl.col("dur_ns")).otherwise(0),
@@ -60,32 +73,51 @@ def _no_collection() -> Iterator[None]:
             gc.enable()
 
 
-def _piece_frames(path: Path, text: memoryview) -> list[pl.DataFrame] | None:
-    """One frame per piece; None when the array is better (or must be) decoded whole."""
-    pieces = array_pieces(text, PIECE_BYTES)
+def decoded_pieces(
+    path: Path, text: memoryview, decoder: msgspec.json.Decoder, size: int | None = None
+) -> Iterator[tuple[int, Any, list]]:
+    """(index of its first element, its text, its elements decoded) for consecutive pieces of the JSON
+    array `text`, so that only one piece's objects live at a time. A piece that is not JSON on its own
+    (a cut inside a string or a nested object: analysis.traces.array_split) is decoded together with the
+    pieces after it, twice as many at each try, until it is; what is still not JSON at the array's end
+    is the file's error, an InputError."""
+    pieces = array_pieces(text, size or PIECE_BYTES)
     if pieces is None or len(pieces) == 1:
-        return None
-    frames, offset = [], 0
-    for start, end in pieces:
-        piece = b"".join((b"[", text[start:end], b"]"))
-        events = _decode(path, piece, offset, whole=False)
-        if events is None:
-            return None
-        frames.append(_frame(path, offset, events, piece))
-        offset += len(events)
-    return frames
+        yield 0, text, _decoded(path, decoder, text, 0, 0)
+        return
+    offset, first = 0, 0
+    while first < len(pieces):
+        width = 1
+        while True:
+            last = min(first + width, len(pieces))
+            start, end = pieces[first][0], pieces[last - 1][1]
+            piece = b"".join((b"[", text[start:end], b"]"))
+            try:
+                elements = decoder.decode(piece)
+                break
+            except RecursionError:
+                raise InputError(path, NESTED_TOO_DEEPLY) from None
+            except msgspec.DecodeError:
+                if last == len(pieces):
+                    _decoded(path, decoder, piece, offset, start - 1)  # raises, wording the problem
+                    raise
+                width *= 2
+        offset += len(elements)
+        yield offset - len(elements), piece, elements
+        del piece, elements  # (the caller drops its own references too)
+        first = last
 
 
-def _decode(path: Path, text: Any, offset: int, whole: bool) -> list[kineto.Event] | None:
-    """Typed events; a piece that is not JSON on its own gives None (the caller decodes the whole array)."""
+def _decoded(path: Path, decoder: msgspec.json.Decoder, text: Any, offset: int, at: int) -> list:
+    """`text` decoded; its problem as an InputError (events numbered from `offset`, bytes from `at`)."""
     try:
-        return kineto.EVENTS.decode(text)
+        return decoder.decode(text)
+    except RecursionError:
+        raise InputError(path, NESTED_TOO_DEEPLY) from None
     except msgspec.ValidationError as error:  # a subclass of DecodeError: test it first
         raise InputError(path, bad_event(error, offset)) from None
     except msgspec.DecodeError as error:
-        if not whole:
-            return None
-        raise InputError(path, json_problem(error)) from None
+        raise InputError(path, shifted_offsets(json_problem(error), at)) from None
 
 
 def _frame(path: Path, offset: int, events: list[kineto.Event], text: Any) -> pl.DataFrame:
@@ -113,11 +145,17 @@ def _times_in_whole_ns(text: Any) -> bool:
     return True
 
 
-def _from_text(times: list[kineto.EventTimes], rows: pl.Series, ts_ns: pl.Series, dur_ns: pl.Series) -> tuple[pl.Series, pl.Series]:
+def _from_text(
+    times: list[kineto.EventTimes], rows: pl.Series, ts_ns: pl.Series, dur_ns: pl.Series
+) -> tuple[pl.Series, pl.Series]:
     """ts_ns and dur_ns with `rows` converted again from their JSON text (analysis.traces.times: unsettled)."""
     texts = pl.DataFrame(
-        {field: pl.Series([bytes(getattr(times[row], field)) for row in rows], dtype=pl.Binary).cast(pl.String)
-         for field in ("ts", "dur")}
+        {
+            field: pl.Series([bytes(getattr(times[row], field)) for row in rows], dtype=pl.Binary).cast(
+                pl.String
+            )
+            for field in ("ts", "dur")
+        }
     ).select(ts=exact_ns("ts"), dur=exact_ns("dur"))
     return ts_ns.scatter(rows, texts["ts"]), dur_ns.scatter(rows, texts["dur"])
 
@@ -149,8 +187,12 @@ def _columns(events: list[kineto.Event], offset: int) -> dict[str, pl.Series]:
 
 
 def _arg_ids(args: list[kineto.Args]) -> tuple[pl.Series, pl.Series, pl.Series, pl.Series]:
-    return (_ids([a.correlation for a in args]), _ids([a.external_id for a in args]),
-            _ids([a.stream for a in args]), _ids([a.sequence for a in args]))
+    return (
+        _ids([a.correlation for a in args]),
+        _ids([a.external_id for a in args]),
+        _ids([a.stream for a in args]),
+        _ids([a.sequence for a in args]),
+    )
 
 
 def _ids(values: list[Any]) -> pl.Series:
@@ -178,7 +220,11 @@ def bad_event(error: msgspec.ValidationError, offset: int) -> str:
         return f"bad trace event: {message}"
     index, rest = offset + int(found[1]), found[2]
     if rest in (".ts", ".dur"):
-        wrong = "is not a number" if ", got `" in message else f"out of range (|{rest[1:]}| >= {kineto.MAX_US} us)"
+        wrong = (
+            "is not a number"
+            if ", got `" in message
+            else f"out of range (|{rest[1:]}| >= {kineto.MAX_US} us)"
+        )
         return f"event {index}: {rest[1:]} {wrong}: {message[: found.start()]}"
     return f"bad trace event: {message[: found.start()]} at `traceEvents[{index}]{rest}`"
 

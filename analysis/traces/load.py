@@ -27,10 +27,8 @@ make a whole run unusable). JSON has no NaN or infinity: such files are refused 
 
 from __future__ import annotations
 
-import gzip
 import re
 import warnings
-import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,18 +36,31 @@ from typing import Any
 import msgspec
 import polars as pl
 
-from analysis.traces import kineto
-from analysis.errors import InputError
+from analysis.errors import InputError, LimitExceeded
+from analysis.traces import kineto, limits
+from analysis.traces.durations import has_pairs, pair_durations
 from analysis.traces.events import event_frame, json_problem, where
+from analysis.traces.labels import check_label_numbers
+from analysis.traces.source import read_text
+from analysis.traces.toplevel import NESTED_TOO_DEEPLY, Malformed, members, refuse_repeated
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 # runners.launch writes it before any worker starts: a directory holding it is one of our runs.
 RUNNER_LOG = "torchrun.log"
+# JSON files of a run directory that are not rank traces: ours and the synthetic generator's.
+RUN_FILES = frozenset({"run.json", "truth.json", "merged.json.gz", "merged.json"})
 _EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
+_NOT_BLANK = re.compile(rb"[^ \t\r\n]")
+_RAW = msgspec.json.Decoder(msgspec.Raw)
+_ARRAY_OF_OBJECTS = re.compile(rb"[ \t\r\n]*\[[ \t\r\n]*\{")
 
 
 class TraceWarning(UserWarning):
     """Usable input with something dropped or assumed; the message names the file."""
+
+
+class NotATrace(InputError):
+    """Valid or invalid JSON that is no Chrome trace: no traceEvents array, no event array."""
 
 
 @dataclass(frozen=True)
@@ -63,35 +74,143 @@ class RawTrace:
     metadata: dict[str, msgspec.Raw]  # every top-level key but traceEvents, verbatim
     events_json: msgspec.Raw  # the traceEvents array, verbatim
     frame: pl.DataFrame
-    dropped: int  # events dropped for a negative duration
+    dropped: int  # events dropped: a negative duration, a "B" never ended, an "E" with no "B"
+    paired: int = 0  # "E" events folded into their "B" (analysis.traces.durations)
+    replaced: int = 0  # invalid UTF-8 sequences replaced by U+FFFD (analysis.traces.source)
 
     def events(self) -> list[dict[str, Any]]:
         """Every event as written, unknown fields included (for the merge)."""
         return msgspec.json.decode(self.events_json)
 
 
-def read_trace(path: str | Path) -> RawTrace:
+@dataclass
+class Budget:
+    """What is left of a run's limits (analysis.traces.limits: run_mb, run_events) as its files load."""
+
+    bytes: int
+    events: int
+
+    @classmethod
+    def of_run(cls) -> Budget:
+        current = limits.current()
+        return cls(current.run_bytes, current.run_events)
+
+
+def read_trace(path: str | Path, budget: Budget | None = None) -> RawTrace:
+    """One trace file, within the limits in force (and what is left of the run's, with `budget`)."""
     path = Path(path)
-    data = _read_bytes(path)
-    guess = _guess_top_level(data)
-    if guess is not None:
-        try:
-            return _parse(path, *guess)
-        except InputError:
-            pass  # a wrong guess or a bad file: the full split below decides, and words the error
-    return _parse(path, *_split_top_level(path, data))
+    current = limits.current()
+    byte_limit, byte_name = current.file_bytes, "file_mb"
+    if budget is not None and budget.bytes < byte_limit:
+        byte_limit, byte_name = budget.bytes, "run_mb"
+    text = read_text(path, byte_limit, byte_name)
+    data = text.data
+    if _NOT_BLANK.search(data) is None:
+        raise InputError(path, "empty file")
+    if text.replaced:
+        warnings.warn(
+            f"{path}: replaced {text.replaced} invalid UTF-8 sequence(s) with U+FFFD (the first at byte "
+            f"{text.first_replaced})",
+            TraceWarning,
+            stacklevel=2,
+        )
+    event_limit, event_name = current.events, "events"
+    if budget is not None and budget.events < event_limit:
+        event_limit, event_name = budget.events, "run_events"
+    try:
+        guess = _guess_top_level(path, data)
+        trace = None
+        if guess is not None:
+            try:
+                trace = _parse(path, *guess, event_limit, event_name)
+            except LimitExceeded:
+                raise
+            except InputError:
+                pass  # a wrong guess or a bad file: the full split below decides, and words the error
+        if trace is None:
+            trace = _parse(path, *_split_top_level(path, data), event_limit, event_name)
+    except RecursionError:
+        raise InputError(path, NESTED_TOO_DEEPLY) from None
+    if budget is not None:
+        budget.bytes -= len(data)
+        budget.events -= trace.frame.height + trace.paired + trace.dropped
+    return replace(trace, replaced=text.replaced)
 
 
-def _parse(path: Path, metadata: dict[str, msgspec.Raw], events_json: msgspec.Raw) -> RawTrace:
+def _parse(
+    path: Path,
+    metadata: dict[str, msgspec.Raw],
+    events_json: msgspec.Raw,
+    max_events: int,
+    limit_name: str,
+) -> RawTrace:
     header = _decode_header(path, metadata)
     info = header.get("distributedInfo") or kineto.DistributedInfo()
-    rank = info.rank if info.rank is not None else rank_from_name(path)
+    rank = _checked_rank(path, info)
     base_ns = header.get("baseTimeNanoseconds", 0)
-    frame, dropped = event_frame(path, events_json, base_ns)
+    frame, dropped = event_frame(path, events_json, base_ns, max_events, limit_name)
     if dropped:
-        warnings.warn(f"{path}: dropped {dropped} events with a negative duration", TraceWarning, stacklevel=2)
+        warnings.warn(
+            f"{path}: dropped {dropped} events with a negative duration", TraceWarning, stacklevel=3
+        )
+    paired = 0
+    if has_pairs(frame):
+        pairs = pair_durations(frame)
+        frame, paired = pairs.frame, pairs.paired
+        if pairs.unended or pairs.unopened:
+            warnings.warn(
+                f"{path}: dropped {pairs.unended} begin (B) event(s) never ended and {pairs.unopened} end (E) "
+                "event(s) with nothing open (a trace cut short?)",
+                TraceWarning,
+                stacklevel=3,
+            )
+        dropped += pairs.unended + pairs.unopened
+    check_label_numbers(path, frame)
     frame = frame.with_columns(rank=pl.lit(rank, dtype=pl.Int64))
-    return RawTrace(path, rank, info.world_size, info.backend, base_ns, header, metadata, events_json, frame, dropped)
+    return RawTrace(
+        path,
+        rank,
+        info.world_size,
+        info.backend,
+        base_ns,
+        header,
+        metadata,
+        events_json,
+        frame,
+        dropped,
+        paired,
+    )
+
+
+def _checked_rank(path: Path, info: kineto.DistributedInfo) -> int | None:
+    """The trace's rank (its distributedInfo, else its file name), and its world size, range-checked."""
+    most = limits.current().ranks
+    size = info.world_size
+    if size is not None and size < 1:
+        raise InputError(path, f"distributedInfo.world_size is {size}, not a number of ranks")
+    if size is not None and size > most:
+        raise LimitExceeded(
+            path, limits.current().exceeded("ranks", f"world size {size} (distributedInfo.world_size)")
+        )
+    if info.rank is not None:
+        rank, where_from = info.rank, "distributedInfo.rank"
+    else:
+        rank, where_from = rank_from_name(path), "the file name"
+    if rank is None:
+        return None
+    if rank < 0:
+        raise InputError(path, f"rank {rank} ({where_from}) is negative")
+    if rank >= most:
+        raise LimitExceeded(
+            path, f"rank {_digits(rank)} ({where_from}) is past {limits.current().describe('ranks')}"
+        )
+    if size is not None and rank >= size:
+        raise InputError(path, f"rank {rank} ({where_from}) is outside its world size of {size}")
+    return rank
+
+
+def _digits(number: int) -> str:
+    return str(number) if number < 10**24 else f"of {len(str(number))} digits"
 
 
 def load_trace(path: str | Path) -> pl.DataFrame:
@@ -100,69 +219,81 @@ def load_trace(path: str | Path) -> pl.DataFrame:
 
 def rank_from_name(path: Path) -> int | None:
     """rank3.json.gz, worker3_step_12..., rank-34.Jul_15... -> the number; None if the name has none."""
-    found = _RANK_IN_NAME.findall(path.name)
-    return int(found[-1]) if found else None
+    found = _RANK_IN_NAME.findall(Path(path).name)
+    if not found:
+        return None
+    digits = found[-1].lstrip("0") or "0"
+    return int(digits[:1000])  # (int() refuses 4300 digits; a thousand are past any limit already)
 
 
-def _read_bytes(path: Path) -> bytes:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(path, "no such file") from None
-    except IsADirectoryError:
-        raise InputError(path, "is a directory, not a trace file") from None
-    except OSError as error:
-        raise InputError(path, f"cannot read: {error.strerror}") from None
-    if data[:2] == b"\x1f\x8b":  # gzip magic, whatever the file is called
-        data = _gunzip(path, data)
-    if not data.strip():
-        raise InputError(path, "empty file")
-    return data
+def looks_like_trace(name: str) -> bool:
+    """Named like a rank trace: a rank number (rank3.json.gz, worker3_step_12.pt.trace.json) or "trace" in
+    the name (torch.profiler's TensorBoard handler: HOST_PID.MILLIS.pt.trace.json.gz; torchtitan:
+    rank0_trace.json). Such a file that cannot be read is an error; another JSON file may be no trace."""
+    return rank_from_name(Path(name)) is not None or "trace" in name.lower()
 
 
-def _gunzip(path: Path, data: bytes) -> bytes:
-    try:
-        return gzip.decompress(data)
-    except EOFError:
-        raise InputError(path, "gzip stream truncated (file cut short while being written?)") from None
-    except (gzip.BadGzipFile, zlib.error) as error:
-        raise InputError(path, f"gzip data corrupted: {error}") from None
-
-
-def _guess_top_level(data: bytes) -> tuple[dict[str, msgspec.Raw], msgspec.Raw] | None:
+def _guess_top_level(path: Path, data: Any) -> tuple[dict[str, msgspec.Raw], msgspec.Raw] | None:
     """The top level split without scanning the events: the array is taken to run from the `[` after
     the "traceEvents" key to the file's last `]` (Kineto writes only short keys after it). The header and
     the trailer are checked to be an object around one value, so if the array then decodes, the whole
-    file is valid JSON and that array is its traceEvents. None when the guess fails its cheap checks."""
+    file is valid JSON and that array is its traceEvents. None when the guess fails its cheap checks;
+    InputError when the header and trailer repeat a key."""
     key = data.find(b'"traceEvents"')
     found = _EVENTS_KEY.match(data, key) if key >= 0 else None
     if found is None:
         return None
     start, end = found.end() - 1, data.rfind(b"]") + 1
+    head, tail = bytes(data[:start]) + b"[]}", b'{"traceEvents":[]' + bytes(data[end:])
     try:
-        head = kineto.TOP_LEVEL.decode(data[:start] + b"[]}")
-        tail = kineto.TOP_LEVEL.decode(b'{"traceEvents":[]' + data[end:])
-    except msgspec.DecodeError:
+        head_members, tail_members = members(head), members(tail)
+    except Malformed:
         return None
-    if list(head)[-1:] != ["traceEvents"] or list(tail)[:1] != ["traceEvents"] or "traceEvents" in list(tail)[1:]:
+    head_keys, tail_keys = [m[0] for m in head_members], [m[0] for m in tail_members]
+    if head_keys[-1:] != ["traceEvents"] or tail_keys[:1] != ["traceEvents"]:
         return None
-    del head["traceEvents"], tail["traceEvents"]
-    return head | tail, msgspec.Raw(memoryview(data)[start:end])
+    refuse_repeated(path, head_keys + tail_keys[1:])
+    metadata = {key: msgspec.Raw(memoryview(head)[a:b]) for key, a, b in head_members[:-1]}
+    metadata |= {key: msgspec.Raw(memoryview(tail)[a:b]) for key, a, b in tail_members[1:]}
+    return metadata, msgspec.Raw(memoryview(data)[start:end])
 
 
-def _split_top_level(path: Path, data: bytes) -> tuple[dict[str, msgspec.Raw], msgspec.Raw]:
-    if data.lstrip()[:1] == b"[":  # legacy format: a bare event array
+def _split_top_level(path: Path, data: Any) -> tuple[dict[str, msgspec.Raw], msgspec.Raw]:
+    first = _NOT_BLANK.search(data).start()
+    if data[first : first + 1] == b"[":  # legacy format: a bare event array
+        if _ARRAY_OF_OBJECTS.match(data) is None:
+            _validate(path, data)
+            raise NotATrace(path, "not a trace: an array, but not of event objects")
         return {}, msgspec.Raw(data)
+    if data[first : first + 1] != b"{":
+        _validate(path, data)
+        raise NotATrace(path, "not a trace: the top level is neither an object nor an event array")
     try:
-        top = kineto.TOP_LEVEL.decode(data)
-    except msgspec.ValidationError:  # a subclass of DecodeError: test it first
-        raise InputError(path, "not a trace: the top level is neither an object nor an event array") from None
-    except msgspec.DecodeError as error:
-        raise InputError(path, json_problem(error)) from None
+        found = members(data)
+    except Malformed as malformed:
+        _validate(path, data)
+        raise _not_json(path, data, f"not valid JSON: {malformed.problem}") from None
+    refuse_repeated(path, [key for key, _, _ in found])
+    view = memoryview(data)
+    top = {key: msgspec.Raw(view[a:b]) for key, a, b in found}
     events_json = top.pop("traceEvents", None)
     if events_json is None:
-        raise InputError(path, "no traceEvents array (not a Chrome trace?)")
+        raise NotATrace(path, "no traceEvents array (not a Chrome trace?)")
     return top, events_json
+
+
+def _validate(path: Path, data: Any) -> None:
+    """InputError with msgspec's words where `data` is not one JSON value."""
+    try:
+        _RAW.decode(data)
+    except msgspec.DecodeError as error:
+        raise _not_json(path, data, json_problem(error)) from None
+
+
+def _not_json(path: Path, data: Any, problem: str) -> InputError:
+    """Invalid JSON is a broken trace where it names traceEvents, else possibly some other file."""
+    kind = InputError if data.find(b'"traceEvents"') >= 0 else NotATrace
+    return kind(path, problem)
 
 
 def _decode_header(path: Path, metadata: dict[str, msgspec.Raw]) -> dict[str, Any]:
@@ -173,13 +304,11 @@ def _decode_header(path: Path, metadata: dict[str, msgspec.Raw]) -> dict[str, An
                 header[key] = msgspec.json.decode(metadata[key], type=kind)
             except msgspec.ValidationError as error:  # a subclass of DecodeError: test it first
                 raise InputError(path, f"bad {key}: {where(error, key)}") from None
-            except msgspec.DecodeError as error:  # e.g. invalid UTF-8, which skipping it as Raw let through
+            except msgspec.DecodeError as error:
                 raise InputError(path, f"bad {key}: {json_problem(error)}") from None
     if not 0 <= header.get("baseTimeNanoseconds", 0) < 4 * 10**18:
-        raise InputError(path, f"baseTimeNanoseconds out of range: {header['baseTimeNanoseconds']}")
+        raise InputError(path, f"baseTimeNanoseconds out of range: {_digits(header['baseTimeNanoseconds'])}")
     return header
-
-
 
 
 @dataclass(frozen=True)
@@ -198,7 +327,8 @@ class RunTraces:
 
 
 def load_run(directory: str | Path) -> RunTraces:
-    """Every rank trace of a run directory (+ run.json if present), checked to form one whole run."""
+    """Every rank trace of a run directory (+ run.json if present), checked to form one whole run, within
+    the limits in force (analysis.traces.limits) for each file and for the run."""
     directory = Path(directory)
     if not directory.is_dir():
         raise InputError(directory, "not a directory")
@@ -206,24 +336,51 @@ def load_run(directory: str | Path) -> RunTraces:
     files = trace_files(directory)
     if not files:
         raise InputError(directory, "no trace files (*.json, *.json.gz) in the run directory")
-    traces = [read_trace(path) for path in files]
+    most = limits.current().ranks
+    named = [path for path in files if looks_like_trace(path.name)]
+    if len(named) > most:
+        raise LimitExceeded(directory, limits.current().exceeded("ranks", f"{len(named)} trace files"))
+    budget = Budget.of_run()
+    traces = []
+    for path in files:
+        try:
+            traces.append(read_trace(path, budget))
+        except NotATrace as error:
+            if path in named:
+                raise
+            warnings.warn(
+                f"{path}: skipped: {error.problem}, and not named like a trace", TraceWarning, stacklevel=2
+            )
+        if len(traces) > most:
+            raise LimitExceeded(
+                directory, limits.current().exceeded("ranks", f"more than {most} trace files")
+            )
+    if not traces:
+        raise InputError(
+            directory, "no trace files (*.json, *.json.gz) in the run directory, only other JSON"
+        )
     if len(traces) == 1 and traces[0].rank is None:  # someone's single-process trace
         traces = [_with_rank(traces[0], 0)]
     _check_same_run(directory, traces)
     by_rank = _one_per_rank(directory, traces)
     if config is not None and config.get("p") not in (None, len(by_rank)):
-        raise InputError(directory / "run.json", f"says p={config['p']} but the directory has {len(by_rank)} rank traces")
+        raise InputError(
+            directory / "run.json",
+            f"says p={config['p']!r:.40} but the directory has {len(by_rank)} rank traces",
+        )
     return RunTraces(directory, tuple(by_rank), config)
 
 
 def trace_files(directory: Path) -> list[Path]:
-    """Chrome traces directly in `directory`: *.json / *.json.gz except our own run files."""
-    skip = {"run.json", "truth.json", "merged.json.gz", "merged.json"}  # truth.json: synthetic.generate
+    """JSON files directly in `directory` that may be Chrome traces: *.json / *.json.gz except our own
+    run files (which are rank traces is settled by reading them: load_run)."""
     return sorted(
         path
         for path in directory.iterdir()
-        if path.is_file() and path.name.endswith((".json", ".json.gz")) and path.name not in skip
+        if path.name.endswith((".json", ".json.gz"))
+        and path.name not in RUN_FILES
         and not path.name.startswith(".")
+        and path.is_file()
     )
 
 
@@ -232,17 +389,23 @@ def read_run_config(path: Path) -> dict[str, Any] | None:
     `"complete": true`, or none beside the launcher's log, is an interrupted or failed run."""
     if not path.exists():
         if path.with_name(RUNNER_LOG).exists():
-            raise InputError(path.parent, f"incomplete run: no run.json beside {RUNNER_LOG} (a rank failed or "
-                                          f"the run was interrupted; see {RUNNER_LOG})")
+            raise InputError(
+                path.parent,
+                f"incomplete run: no run.json beside {RUNNER_LOG} (a rank failed or "
+                f"the run was interrupted; see {RUNNER_LOG})",
+            )
         return None
     try:
-        config = msgspec.json.decode(path.read_bytes())
-    except (msgspec.DecodeError, OSError) as error:
-        raise InputError(path, f"unreadable run.json: {error}") from None
+        config = msgspec.json.decode(read_text(path, limits.RUN_JSON_BYTES).data)
+    except (msgspec.DecodeError, RecursionError) as error:
+        problem = NESTED_TOO_DEEPLY if isinstance(error, RecursionError) else error
+        raise InputError(path, f"unreadable run.json: {problem}") from None
     if not isinstance(config, dict):
         raise InputError(path, "run.json is not a JSON object")
     if config.get("complete") is not True:
-        raise InputError(path, 'incomplete run: run.json lacks "complete": true (interrupted or still running)')
+        raise InputError(
+            path, 'incomplete run: run.json lacks "complete": true (interrupted or still running)'
+        )
     _check_calibration(path, config.get("calibration"))
     return config
 
@@ -255,11 +418,19 @@ def _check_calibration(path: Path, calibration: Any) -> None:
     if not isinstance(calibration, dict):
         raise InputError(path, "bad calibration: not an object of stage -> times")
     for stage, times in calibration.items():
-        if not (stage.isascii() and stage.isdecimal()) or not isinstance(times, dict) or not {"F_ms", "B_ms"} <= times.keys():
-            raise InputError(path, f"bad calibration: stage {stage!r:.40} needs an integer index and F_ms, B_ms")
+        if (
+            not (stage.isascii() and stage.isdecimal())
+            or not isinstance(times, dict)
+            or not {"F_ms", "B_ms"} <= times.keys()
+        ):
+            raise InputError(
+                path, f"bad calibration: stage {stage!r:.40} needs an integer index and F_ms, B_ms"
+            )
         for key, ms in times.items():
             if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not ms > 0:
-                raise InputError(path, f"bad calibration: stage {stage} {key!r:.40} = {ms!r:.40} is not a time > 0")
+                raise InputError(
+                    path, f"bad calibration: stage {stage} {key!r:.40} = {ms!r:.40} is not a time > 0"
+                )
 
 
 def _with_rank(trace: RawTrace, rank: int) -> RawTrace:
@@ -270,16 +441,33 @@ def _one_per_rank(directory: Path, traces: list[RawTrace]) -> list[RawTrace]:
     by_rank: dict[int, RawTrace] = {}
     for trace in traces:
         if trace.rank is None:
-            raise InputError(trace.path, "cannot tell the rank: no distributedInfo.rank and no rank number in the name")
+            raise InputError(
+                trace.path, "cannot tell the rank: no distributedInfo.rank and no rank number in the name"
+            )
         if trace.rank in by_rank:
-            raise InputError(directory, f"two files claim rank {trace.rank}: {by_rank[trace.rank].path.name}, {trace.path.name}")
+            raise InputError(
+                directory,
+                f"two files claim rank {trace.rank}: {by_rank[trace.rank].path.name}, {trace.path.name}",
+            )
         by_rank[trace.rank] = trace
     sizes = {trace.world_size for trace in traces} - {None}
-    expected = max([len(traces), *sizes])
-    missing = sorted(set(range(expected)) - set(by_rank))
-    if missing:
-        raise InputError(directory, f"missing rank(s) {_listed(missing)} (found {_listed(sorted(by_rank))})")
+    expected = max([len(traces), max(by_rank) + 1, *sizes])
+    if expected > len(by_rank):  # ranges, not a set of every rank: world_size may be large
+        raise InputError(
+            directory,
+            f"missing rank(s) {_listed(_gaps(sorted(by_rank), expected))} (found {_listed(sorted(by_rank))})",
+        )
     return [by_rank[rank] for rank in range(expected)]
+
+
+def _gaps(present: list[int], expected: int) -> list[tuple[int, int]]:
+    """The runs of ranks in [0, expected) that `present` (sorted, unique) lacks, as (first, last)."""
+    gaps, next_rank = [], 0
+    for rank in [*present, expected]:
+        if rank > next_rank:
+            gaps.append((next_rank, rank - 1))
+        next_rank = rank + 1
+    return gaps
 
 
 def _check_same_run(directory: Path, traces: list[RawTrace]) -> None:
@@ -289,16 +477,19 @@ def _check_same_run(directory: Path, traces: list[RawTrace]) -> None:
         ("run ids", {t.rank: t.header["run_id"] for t in traces if "run_id" in t.header}),
     ):
         if len(set(values.values())) > 1:
-            shown = ", ".join(f"rank{rank}: {value}" for rank, value in values.items())
+            shown = ", ".join(f"rank{rank}: {str(value)[:40]}" for rank, value in list(values.items())[:8])
             raise InputError(directory, f"ranks from different runs: {label} differ ({shown})")
 
 
-def _listed(ranks: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8" (a 300-rank job must still give one readable line)."""
+def _listed(ranks: list[int] | list[tuple[int, int]]) -> str:
+    """[0, 1, 2, 5, 7, 8] (or the runs [(0, 2), (5, 5), (7, 8)]) -> "0-2, 5, 7-8" (a 300-rank job must
+    still give one readable line; past 20 runs, the first 10 and a count)."""
     runs: list[list[int]] = []
-    for rank in ranks:
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
+    for item in ranks:
+        first, last = item if isinstance(item, tuple) else (item, item)
+        if runs and first == runs[-1][1] + 1:
+            runs[-1][1] = last
         else:
-            runs.append([rank, rank])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+            runs.append([first, last])
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    return ", ".join(shown) if len(shown) <= 20 else ", ".join(shown[:10]) + f", ... ({len(shown)} runs)"

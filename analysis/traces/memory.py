@@ -14,6 +14,7 @@ events by their index. Times are the rank's own clock: steps come from its Profi
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,15 +22,27 @@ import msgspec
 import polars as pl
 
 from analysis.cells.labelled import step_spans
-from analysis.traces.load import RawTrace, RunTraces
+from analysis.traces.events import decoded_pieces
+from analysis.traces.load import RawTrace, RunTraces, TraceWarning
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER, STASH_COUNTER
 
 ALLOCATOR_EVENT = "[memory]"
 SOURCES = ("stash", "cuda_peak", "cuda_allocator", "allocator")  # best first
-EVENT_SCHEMA = {"rank": pl.Int64, "source": pl.String, "t_ns": pl.Int64, "microbatches": pl.Int64,
-                "bytes": pl.Int64, "allocation": pl.Int64}
-PEAK_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "source": pl.String, "peak_bytes": pl.Int64,
-               "peak_microbatches": pl.Int64}
+EVENT_SCHEMA = {
+    "rank": pl.Int64,
+    "source": pl.String,
+    "t_ns": pl.Int64,
+    "microbatches": pl.Int64,
+    "bytes": pl.Int64,
+    "allocation": pl.Int64,
+}
+PEAK_SCHEMA = {
+    "rank": pl.Int64,
+    "step": pl.Int64,
+    "source": pl.String,
+    "peak_bytes": pl.Int64,
+    "peak_microbatches": pl.Int64,
+}
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -47,6 +60,7 @@ class _MemoryEvent(msgspec.Struct, gc=False):
 
 _RAW_EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
 _EVENT = msgspec.json.Decoder(_MemoryEvent)
+_NO_VALUES = _Args()
 
 
 def _integer(value: Any) -> int | None:
@@ -62,10 +76,13 @@ def memory_events(trace: RawTrace) -> pl.DataFrame:
     ).select("index", "name", "start_ns")
     if wanted.is_empty():
         return pl.DataFrame(schema=EVENT_SCHEMA)
-    raw = _RAW_EVENTS.decode(trace.events_json)
-    rows = []
+    raw = _wanted_events(trace, wanted["index"].to_list())
+    rows, malformed = [], 0
     for index, name in wanted.select("index", "name").iter_rows():
-        args = _EVENT.decode(raw[index]).args or _Args()
+        try:
+            args = _EVENT.decode(raw[index]).args or _NO_VALUES
+        except msgspec.ValidationError:  # args that are no object: the sample says nothing
+            args, malformed = _NO_VALUES, malformed + 1
         if name == STASH_COUNTER:
             rows.append(("stash", _integer(args.microbatches), _integer(args.activation_bytes), None))
         elif name == CUDA_PEAK_COUNTER:
@@ -73,10 +90,37 @@ def memory_events(trace: RawTrace) -> pl.DataFrame:
         else:
             source = "cuda_allocator" if args.device_type == 1 else "allocator"
             rows.append((source, None, _integer(args.total_allocated), _integer(args.allocation)))
-    found = pl.DataFrame(rows, schema=["source", "microbatches", "bytes", "allocation"], orient="row",
-                         schema_overrides={k: pl.Int64 for k in ("microbatches", "bytes", "allocation")})
+    if malformed:
+        warnings.warn(
+            f"{trace.path}: {malformed} memory event(s) with args that are no object; their samples ignored",
+            TraceWarning,
+            stacklevel=2,
+        )
+    found = pl.DataFrame(
+        rows,
+        schema=["source", "microbatches", "bytes", "allocation"],
+        orient="row",
+        schema_overrides={k: pl.Int64 for k in ("microbatches", "bytes", "allocation")},
+    )
     return pl.concat([wanted.select(t_ns="start_ns"), found], how="horizontal").select(
-        pl.lit(trace.rank, dtype=pl.Int64).alias("rank"), "source", "t_ns", "microbatches", "bytes", "allocation")
+        pl.lit(trace.rank, dtype=pl.Int64).alias("rank"),
+        "source",
+        "t_ns",
+        "microbatches",
+        "bytes",
+        "allocation",
+    )
+
+
+def _wanted_events(trace: RawTrace, indices: list[int]) -> dict[int, msgspec.Raw]:
+    """index -> the event's JSON, for the events at `indices` (sorted), one piece of the text at a time."""
+    found: dict[int, msgspec.Raw] = {}
+    position = 0
+    for offset, _, events in decoded_pieces(trace.path, memoryview(trace.events_json), _RAW_EVENTS):
+        while position < len(indices) and indices[position] < offset + len(events):
+            found[indices[position]] = events[indices[position] - offset]
+            position += 1
+    return found
 
 
 def with_steps(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
@@ -92,16 +136,26 @@ def step_peaks(events: pl.DataFrame) -> pl.DataFrame:
     step's start: the running sum of their signed sizes (older Kineto writes no "Total Allocated")."""
     above_step_start = pl.col("allocation").sort_by("t_ns").cum_sum().max().clip(lower_bound=0)
     peaks = events.group_by("rank", "step", "source").agg(
-        most=pl.col("bytes").max(), above_start=above_step_start, peak_microbatches=pl.col("microbatches").max())
+        most=pl.col("bytes").max(),
+        above_start=above_step_start,
+        peak_microbatches=pl.col("microbatches").max(),
+    )
     from_allocator = pl.col("source").str.ends_with("allocator")
-    return (peaks.with_columns(peak_bytes=pl.when(from_allocator).then("above_start").otherwise("most"))
-            .select(*PEAK_SCHEMA).sort("rank", "step", "source"))
+    return (
+        peaks.with_columns(peak_bytes=pl.when(from_allocator).then("above_start").otherwise("most"))
+        .select(*PEAK_SCHEMA)
+        .sort("rank", "step", "source")
+    )
 
 
 def best_peaks(peaks: pl.DataFrame) -> pl.DataFrame:
     """One row per (rank, step): the best source present (SOURCES order)."""
-    rank_of_source = pl.col("source").replace_strict(list(SOURCES), list(range(len(SOURCES))), return_dtype=pl.Int64)
-    return peaks.sort(rank_of_source).group_by("rank", "step", maintain_order=True).first().sort("rank", "step")
+    rank_of_source = pl.col("source").replace_strict(
+        list(SOURCES), list(range(len(SOURCES))), return_dtype=pl.Int64
+    )
+    return (
+        peaks.sort(rank_of_source).group_by("rank", "step", maintain_order=True).first().sort("rank", "step")
+    )
 
 
 @dataclass(frozen=True)

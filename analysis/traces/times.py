@@ -41,7 +41,9 @@ def nanoseconds(micros: pl.Series, whole_ns: bool = False) -> tuple[pl.Series, p
         unsettled = us.abs() >= WHOLE_NS_LIMIT_US
     else:
         unsettled = (below_ns - 0.5).abs() <= us.abs() * _SPACING_NS_PER_US + _PRODUCT_ERROR_NS
-    converted = pl.DataFrame({"us": micros}).select(ns=whole * 1000 + fraction_ns.round().cast(pl.Int64), unsettled=unsettled)
+    converted = pl.DataFrame({"us": micros}).select(
+        ns=whole * 1000 + fraction_ns.round().cast(pl.Int64), unsettled=unsettled
+    )
     return converted["ns"], converted["unsettled"].arg_true()
 
 
@@ -68,7 +70,9 @@ def _exponent_ns(text: pl.Expr) -> pl.Expr:
     return whole.cast(pl.Int64, strict=False) * 1000 + ((value - whole) * 1000).round().cast(pl.Int64)
 
 
-def missing_time(index: pl.Series, ph: pl.Series, name: pl.Series, ts: pl.Series, dur: pl.Series) -> str | None:
+def missing_time(
+    index: pl.Series, ph: pl.Series, name: pl.Series, ts: pl.Series, dur: pl.Series
+) -> str | None:
     """The first event missing a time it needs, as one line; else None. Every event but metadata ("M")
     needs a ts; complete events ("X") need a dur. (Types and ranges were checked while decoding.)"""
     for bad, problem in (
