@@ -1,16 +1,26 @@
-"""`python -m analysis merge RUN`: one Perfetto-loadable trace of every rank (analysis.merge)."""
+"""`python -m analysis merge RUN`: one Perfetto-loadable trace of every rank (analysis.merge).
+
+A run directory's traces are loaded once: where its analysis/ is missing (or unreadable), the run is
+analysed from those same traces, so the merge holds one copy of them, as `analyze` does, and streams
+the merged trace to disk (analysis.merge.merged.write_merged).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 
-from analysis.errors import InputError
-from analysis.merge.merged import merge, read_ranks, write_json_gz
-from analysis.pipeline import analysis_of
+from analysis import results
+from analysis.errors import InputError, LimitExceeded, printable
+from analysis.merge.merged import kept_ranks, read_ranks, write_merged
+from analysis.pipeline import RunInput, analyze_run
 from analysis.results import Analysis
+from analysis.traces import limits
+from analysis.traces.load import RunTraces, TraceWarning, load_run
+from analysis.traces.memory import run_memory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,48 +31,85 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run directory (rank*.json.gz), a folder of traces, or one trace",
     )
     parser.add_argument(
-        "--steps", type=_int_list, help="profiler steps to keep, e.g. 3,4 or 3-5 (default: all)"
+        "--steps", type=_ranges, help="profiler steps to keep, e.g. 3,4 or 3-5 (default: all)"
     )
-    parser.add_argument("--ranks", type=_int_list, help="ranks to keep, e.g. 0,1 or 0-3 (default: all)")
+    parser.add_argument("--ranks", type=_ranges, help="ranks to keep, e.g. 0,1 or 0-3 (default: all)")
     parser.add_argument("--out", type=Path, help="output file (default: RUN/merged.json.gz)")
     parser.add_argument("--no-align", action="store_true", help="keep each rank's own clock")
 
 
 def run(args: argparse.Namespace) -> int:
     began = time.perf_counter()
-    traces = read_ranks(args.source, args.ranks)
-    out = args.out or (args.source if args.source.is_dir() else args.source.parent) / "merged.json.gz"
-    merged = merge(traces, args.steps, _analysis(args.source), align=not args.no_align)
-    size = write_json_gz(out, merged)
-    notes = merged["pipelineMerge"]
+    steps = _selection(args.steps, "--steps", "steps")
+    ranks = _selection(args.ranks, "--ranks", "ranks")
+    source: Path = args.source
+    analysis, without = None, None
+    if source.is_dir():
+        loaded = load_run(source.resolve())
+        traces = kept_ranks(source, {t.rank: t for t in loaded.traces}, ranks)
+        analysis, without = _analysis(source.resolve(), loaded)
+    else:
+        traces = read_ranks(source, ranks)
+    out = args.out or (source if source.is_dir() else source.parent) / "merged.json.gz"
+    size, notes = write_merged(out, traces, steps, analysis, align=not args.no_align)
     print(
-        f"{out}: {len(traces)} rank(s), {notes['events']} events, {size / 1e6:.1f} MB of JSON, "
+        f"{printable(out)}: {len(traces)} rank(s), {notes['events']} events, {size / 1e6:.1f} MB of JSON, "
         f"{time.perf_counter() - began:.2f} s; {notes['limited']}"
     )
+    if without is not None:
+        print(f"note: merged without the analysis: {without}", file=sys.stderr)
     for line in notes["notes"]:
-        print(f"note: {line}", file=sys.stderr)
+        print(f"note: {printable(line)}", file=sys.stderr)
     return 0
 
 
-def _analysis(source: Path) -> Analysis | None:
-    """The run's analysis (made first where it is missing); None for one trace file or traces that are
-    not a pipeline the analysis can read."""
-    if not source.is_dir():
-        return None
+def _analysis(run_dir: Path, loaded: RunTraces) -> tuple[Analysis | None, InputError | None]:
+    """The run's analysis and, where there is none, why: what `analyze` wrote, else (missing, unreadable
+    or from another version, the last two with a warning) made now from the traces already loaded and
+    written as `analyze` would. An InputError of the analysis (traces that are not a pipeline it can
+    read) means a merge without it."""
+    if results.exists(run_dir):
+        try:
+            return results.read(run_dir), None
+        except InputError as error:
+            warnings.warn(f"{error}; analysed again", TraceWarning, stacklevel=2)
+    run = RunInput(
+        loaded.path,
+        {t.rank: t.frame for t in loaded.traces},
+        {t.rank: t.path for t in loaded.traces},
+        loaded.config,
+        run_memory(loaded),
+    )
     try:
-        return analysis_of(source)
+        analysis = analyze_run(run)
     except InputError as error:
-        print(f"note: merged without the analysis: {error}", file=sys.stderr)
-        return None
+        return None, error
+    results.write(run_dir, analysis)
+    return analysis, None
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    """ "3,4" or "3-5" or "1,4-6" -> the integers, in order."""
-    values: list[int] = []
+def _ranges(text: str) -> tuple[tuple[int, int], ...]:
+    """ "3,4" or "3-5" or "1,4-6" -> the (first, last) runs, not yet expanded (a range may be huge)."""
+    runs: list[tuple[int, int]] = []
     try:
         for part in text.split(","):
             low, _, high = part.partition("-")
-            values.extend(range(int(low), int(high or low) + 1))
+            first, last = int(low), int(high or low)
+            if first < 0 or last < first:
+                raise ValueError(part)
+            runs.append((first, last))
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a list of integers: {text!r} (e.g. 3,4 or 3-5)") from None
-    return tuple(values)
+    return tuple(runs)
+
+
+def _selection(runs: tuple[tuple[int, int], ...] | None, flag: str, limit: str) -> tuple[int, ...] | None:
+    """The integers a --steps / --ranks selection names, in order; refused past its limit before any is
+    listed (`--steps 0-2000000000` would be a list of two billion)."""
+    if runs is None:
+        return None
+    count = sum(last - first + 1 for first, last in runs)
+    most = getattr(limits.current(), limit)
+    if count > most:
+        raise LimitExceeded(flag, f"names {count:,} {limit}, more than {limits.current().describe(limit)}")
+    return tuple(value for first, last in runs for value in range(first, last + 1))

@@ -13,8 +13,12 @@ silently moved by Perfetto.
 
 from __future__ import annotations
 
-import gzip
+import os
 import sys
+import tempfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -22,14 +26,14 @@ import polars as pl
 
 from analysis.cells.labelled import step_spans
 from analysis.errors import InputError
-from analysis.files import write_atomically
 from analysis.merge.analysis_tracks import analysis_tracks, applied_offsets
-from analysis.merge.tracks import layout, p2p_flows, profiler_flows
+from analysis.merge.tracks import RankTracks, layout, p2p_flows, profiler_flows
 from analysis.results import Analysis
 from analysis.timeline import clock
 from analysis.traces.load import RawTrace, load_run, read_trace
 
 BROWSER_LIMIT_BYTES = 1 << 30  # Perfetto's UI struggles to open JSON traces past about this size
+_ENCODER = msgspec.json.Encoder()
 
 
 def read_ranks(source: Path, ranks: tuple[int, ...] | None) -> dict[int, RawTrace]:
@@ -40,18 +44,46 @@ def read_ranks(source: Path, ranks: tuple[int, ...] | None) -> dict[int, RawTrac
         found = {trace.rank if trace.rank is not None else 0: trace}
     else:
         found = {trace.rank if trace.rank is not None else 0: trace for trace in load_run(source).traces}
+    return kept_ranks(source, found, ranks)
+
+
+def kept_ranks(
+    source: Path, found: dict[int, RawTrace], ranks: tuple[int, ...] | None
+) -> dict[int, RawTrace]:
     kept = {rank: trace for rank, trace in sorted(found.items()) if ranks is None or rank in ranks}
     if not kept:
-        raise InputError(source, f"has none of ranks {list(ranks or [])} (it has {sorted(found)})")
+        raise InputError(source, f"has none of ranks {_shown(ranks or ())} (it has {sorted(found)})")
     return kept
 
 
-def merge(
-    traces: dict[int, RawTrace], steps: tuple[int, ...] | None, analysis: Analysis | None, align: bool = True
-) -> dict:
-    """The merged Chrome trace (as a dict). With `analysis` (what `analyze` wrote for these traces) the
-    ranks go onto its clock and get its transfer arrows and analysis tracks; without it (traces that are
-    not a pipeline) clocks are aligned by their collectives alone (analysis.timeline.clock)."""
+@dataclass(frozen=True)
+class _Plan:
+    """Everything of the merged trace but its events: where each rank's events go and what is noted."""
+
+    traces: dict[int, RawTrace]
+    tracks: dict[int, RankTracks]
+    shift: dict[int, int]
+    origin: int
+    analysis: Analysis | None
+    cells: pl.DataFrame | None
+    steps: tuple[int, ...] | None
+    estimate: clock.ClockEstimate | None
+    notes: list[str]
+
+    def meta(self, events: int) -> dict:
+        return {
+            "clock": msgspec.to_builtins(self.estimate),
+            "origin_ns": self.origin,
+            "limited": _limits(self.steps, self.traces),
+            "notes": self.notes,
+            "events": events,
+            "sources": {str(r): t.path.name for r, t in self.traces.items()},
+        }
+
+
+def _plan(
+    traces: dict[int, RawTrace], steps: tuple[int, ...] | None, analysis: Analysis | None, align: bool
+) -> _Plan:
     frames = {rank: trace.frame.with_columns(rank=pl.lit(rank, pl.Int64)) for rank, trace in traces.items()}
     notes: list[str] = []
     cells, estimate = _own_clock_cells(analysis), analysis.summary.clock if analysis is not None else None
@@ -60,33 +92,120 @@ def merge(
             [f.select("rank", "name", "cat", "ph", "start_ns", "end_ns") for f in frames.values()]
         )
         estimate = clock.estimate(list(traces), None, events)
-    kept = {rank: _within_steps(frame, steps, notes) for rank, frame in frames.items()}
-    tracks = {rank: layout(frame, traces[rank].events_json) for rank, frame in kept.items()}
-    shift = {rank: estimate.offset_ns(rank) if align and estimate is not None else 0 for rank in traces}
-    origin = min(t.slices["start_ns"].min() + shift[r] for r, t in tracks.items() if t.slices.height)
-    out: list[dict] = []
-    next_id = 0
-    for rank, track in tracks.items():
-        stages = [] if analysis is None else list(analysis.schedule.stages_of(rank))
-        out.extend(track.metadata_events(rank, _process_name(rank, stages)))
-        out.extend(track.slice_events(rank, shift[rank] - origin))
-        flows, next_id = profiler_flows(track, rank, shift[rank] - origin, next_id)
-        out.extend(flows)
-    if analysis is not None:
-        arrows, next_id = p2p_flows(clock.transfers(cells), tracks, shift, origin, next_id)
-        out.extend(arrows)
-        out.extend(analysis_tracks(analysis, tracks, shift, origin, steps, notes))
-    else:
-        notes.append("no analysis of these traces: no transfer arrows or analysis tracks")
-    meta = {
-        "clock": msgspec.to_builtins(estimate),
-        "origin_ns": origin,
-        "limited": _limits(steps, traces),
-        "notes": notes,
-        "events": len(out),
-        "sources": {str(r): t.path.name for r, t in traces.items()},
+    tracks = {
+        rank: layout(_within_steps(frame, steps, notes), traces[rank].events_json, traces[rank].path)
+        for rank, frame in frames.items()
     }
-    return {"traceEvents": out, "displayTimeUnit": "ns", "pipelineMerge": meta}
+    shift = {rank: estimate.offset_ns(rank) if align and estimate is not None else 0 for rank in traces}
+    starts = [
+        first + shift[rank]
+        for rank, track in tracks.items()
+        for first in (track.slices["start_ns"].min(), track.instants["start_ns"].min())
+        if first is not None
+    ]
+    return _Plan(traces, tracks, shift, min(starts, default=0), analysis, cells, steps, estimate, notes)
+
+
+def _batches(plan: _Plan) -> Iterator[list[dict]]:
+    """The merged trace's events, a list at a time (a rank's piece of events, its flows, ...)."""
+    next_id = 0
+    origin, shift = plan.origin, plan.shift
+    for rank, track in plan.tracks.items():
+        stages = [] if plan.analysis is None else list(plan.analysis.schedule.stages_of(rank))
+        yield track.metadata_events(rank, _process_name(rank, stages))
+        yield from track.slice_events(rank, shift[rank] - origin)
+        flows, next_id = profiler_flows(track, rank, shift[rank] - origin, next_id)
+        yield flows
+    if plan.analysis is not None:
+        arrows, next_id = p2p_flows(clock.transfers(plan.cells), plan.tracks, shift, origin, next_id)
+        yield arrows
+        yield analysis_tracks(plan.analysis, plan.tracks, shift, origin, plan.steps, plan.notes)
+    else:
+        plan.notes.append("no analysis of these traces: no transfer arrows or analysis tracks")
+
+
+def merge(
+    traces: dict[int, RawTrace], steps: tuple[int, ...] | None, analysis: Analysis | None, align: bool = True
+) -> dict:
+    """The merged Chrome trace (as a dict). With `analysis` (what `analyze` wrote for these traces) the
+    ranks go onto its clock and get its transfer arrows and analysis tracks; without it (traces that are
+    not a pipeline) clocks are aligned by their collectives alone (analysis.timeline.clock). The CLI
+    writes the same trace without holding it whole: `write_merged`."""
+    plan = _plan(traces, steps, analysis, align)
+    out = [event for batch in _batches(plan) for event in batch]
+    return {"traceEvents": out, "displayTimeUnit": "ns", "pipelineMerge": plan.meta(len(out))}
+
+
+def write_merged(
+    path: Path,
+    traces: dict[int, RawTrace],
+    steps: tuple[int, ...] | None,
+    analysis: Analysis | None,
+    align: bool = True,
+) -> tuple[int, dict]:
+    """`merge`'s trace streamed into gzipped JSON at `path` (a temporary file renamed into place: readers
+    never see half of it), a piece of events at a time. Returns the size of the uncompressed JSON (the
+    number the browser's limit applies to) and the trace's pipelineMerge metadata."""
+    plan = _plan(traces, steps, analysis, align)
+    with _AtomicGzip(path) as out:
+        out.write(b'{"traceEvents":[')
+        count = 0
+        for batch in _batches(plan):
+            if batch:
+                out.write((b"," if count else b"") + _ENCODER.encode(batch)[1:-1])
+                count += len(batch)
+        meta = plan.meta(count)
+        out.write(b'],"displayTimeUnit":"ns","pipelineMerge":' + _ENCODER.encode(meta) + b"}")
+    if out.size > BROWSER_LIMIT_BYTES:
+        print(
+            f"warning: {path} is {out.size / 1e9:.1f} GB of JSON; Perfetto's UI may not open it. "
+            "Limit it with --steps or --ranks.",
+            file=sys.stderr,
+        )
+    return out.size, meta
+
+
+class _AtomicGzip:
+    """A gzip stream into a temporary file beside `path`, renamed over it when the block ends without an
+    exception (and removed when it does not); `size` counts the bytes before compression."""
+
+    def __init__(self, path: Path):
+        self.path, self.size = path, 0
+        self._deflate = zlib.compressobj(5, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+
+    def __enter__(self) -> _AtomicGzip:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle, self._temporary = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        except OSError as error:
+            raise _unwritable(self.path, error) from None
+        self._file = os.fdopen(handle, "wb")
+        return self
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+        try:
+            self._file.write(self._deflate.compress(data))
+        except OSError as error:
+            raise _unwritable(self.path, error) from None
+
+    def __exit__(self, kind, value, traceback) -> None:
+        try:
+            if kind is None:
+                self._file.write(self._deflate.flush())
+                self._file.close()
+                os.chmod(self._temporary, 0o644)  # mkstemp makes it private; traces are for sharing
+                os.replace(self._temporary, self.path)
+                return
+        except OSError as error:
+            os.unlink(self._temporary)
+            raise _unwritable(self.path, error) from None
+        self._file.close()
+        os.unlink(self._temporary)
+
+
+def _unwritable(path: Path, error: OSError) -> InputError:
+    return InputError(path.parent, f"cannot write here ({error.strerror}); choose another place with --out")
 
 
 def _own_clock_cells(analysis: Analysis | None) -> pl.DataFrame | None:
@@ -99,18 +218,33 @@ def _own_clock_cells(analysis: Analysis | None) -> pl.DataFrame | None:
 
 
 def _within_steps(frame: pl.DataFrame, steps: tuple[int, ...] | None, notes: list[str]) -> pl.DataFrame:
-    """Events overlapping the chosen profiler steps (metadata always kept); all events when no choice."""
+    """Events overlapping the chosen profiler steps (metadata always kept); all events when no choice.
+    An event is kept when it starts inside a chosen step's span or overlaps it (steps touch, so the
+    overlap must be strict); the spans are merged into disjoint intervals, so each event meets at most
+    one candidate: the first interval ending after it starts."""
     if steps is None:
         return frame
-    windows = step_spans(frame).filter(pl.col("step").is_in(steps))
-    rank = frame["rank"][0]
+    windows = step_spans(frame).filter(pl.col("step").is_in(steps)).sort("start_ns")
+    rank = frame["rank"][0] if frame.height else None
     if windows.height == 0:
-        notes.append(f"rank {rank}: none of steps {list(steps)} is in the trace; rank left empty")
-    inside = pl.lit(False)
-    for start, end in windows.select("start_ns", "end_ns").iter_rows():  # steps touch: overlap must be strict
-        overlaps = (pl.col("start_ns") < end) & (pl.col("end_ns") > start)
-        inside = inside | overlaps | pl.col("start_ns").is_between(start, end, closed="left")
-    return frame.filter(inside | (pl.col("ph") == "M"))
+        notes.append(f"rank {rank}: none of steps {_shown(steps)} is in the trace; rank left empty")
+        return frame.filter(pl.col("ph") == "M")
+    merged = (
+        windows.with_columns(
+            group=(pl.col("start_ns") > pl.col("end_ns").shift(1).cum_max()).fill_null(True).cum_sum()
+        )
+        .group_by("group", maintain_order=True)
+        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+    )
+    starts, ends = merged["start_ns"], merged["end_ns"]
+    candidate = ends.search_sorted(frame["start_ns"].fill_null(0), side="right")
+    found = candidate < len(ends)
+    at = candidate.clip(upper_bound=len(ends) - 1)
+    start, end = starts.gather(at), ends.gather(at)
+    event_start, event_end = frame["start_ns"], frame["end_ns"]
+    overlaps = (event_start < end) & ((event_end > start) | (event_start >= start))
+    inside = (found & overlaps).fill_null(False)
+    return frame.filter(inside | (frame["ph"] == "M"))
 
 
 def _process_name(rank: int, stages: list[int]) -> str:
@@ -119,31 +253,23 @@ def _process_name(rank: int, stages: list[int]) -> str:
     return f"rank {rank} · stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))}"
 
 
+def _shown(values: tuple[int, ...] | list[int]) -> str:
+    """[1] -> "[1]"; a long selection as its runs: "[0-99999]"."""
+    values = list(values)
+    if len(values) <= 20:
+        return str(values)
+    runs: list[list[int]] = []
+    for value in values:
+        if runs and value == runs[-1][1] + 1:
+            runs[-1][1] = value
+        else:
+            runs.append([value, value])
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    return "[" + ", ".join(shown[:10]) + (f", ... ({len(shown)} runs)" if len(shown) > 10 else "") + "]"
+
+
 def _limits(steps: tuple[int, ...] | None, traces: dict[int, RawTrace]) -> str:
-    which = f"steps {list(steps)}" if steps is not None else "all steps"
-    return f"{which} of ranks {list(traces)}" + (" (limited by --steps/--ranks)" if steps is not None else "")
-
-
-def write_json_gz(path: Path, document: dict) -> int:
-    """Gzipped JSON written to a temporary file in the same folder, then renamed: readers never see half.
-
-    Returns the size of the uncompressed JSON, the number the browser's limit applies to.
-    """
-    data = msgspec.json.encode(document)
-    _atomic_write(path, gzip.compress(data, compresslevel=5))
-    if len(data) > BROWSER_LIMIT_BYTES:
-        print(
-            f"warning: {path} is {len(data) / 1e9:.1f} GB of JSON; Perfetto's UI may not open it. "
-            "Limit it with --steps or --ranks.",
-            file=sys.stderr,
-        )
-    return len(data)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    try:
-        write_atomically(path, data)
-    except OSError as error:
-        raise InputError(
-            path.parent, f"cannot write here ({error.strerror}); choose another place with --out"
-        ) from None
+    which = f"steps {_shown(steps)}" if steps is not None else "all steps"
+    return f"{which} of ranks {_shown(list(traces))}" + (
+        " (limited by --steps/--ranks)" if steps is not None else ""
+    )

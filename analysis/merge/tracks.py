@@ -5,15 +5,22 @@ A rank's track is an original (pid, tid) pair: a CPU thread or a GPU stream. Sli
 track without nesting are spread over numbered overlap threads (first one that fits), which is what
 Perfetto would do unasked; here the overlap threads are named and flows stay bound to their slices.
 Times are integer nanoseconds until the last step, where `_us` writes Chrome's microseconds.
+
+A rank's events are written in file order, one piece of its traceEvents text at a time
+(analysis.traces.events.decoded_pieces): each event's args are spliced in undecoded from that piece, so
+the merge never holds more than one piece's args, whatever the trace's size.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 import polars as pl
 
+from analysis.traces.events import decoded_pieces
 from analysis.traces.kineto import DEVICE_TRACK_CATS
 from runners.schedules import COMM_KINDS
 from runners.schedules.trace_names import LABEL_PREFIX
@@ -22,16 +29,22 @@ _TRANSFER_KINDS = "|".join(COMM_KINDS)
 _NO_ARGS = msgspec.Raw(b"{}")
 
 
-class _Passthrough(msgspec.Struct):
-    """What the merge copies from an event beyond the loaded frame: its ids as written, and its args
-    undecoded (they are spliced into the output as they are, which keeps merging large traces fast)."""
+class _Ids(msgspec.Struct, gc=False):
+    """An event's ids as written (the loaded frame nulls those that are not integers)."""
 
     pid: msgspec.Raw = msgspec.Raw(b"null")
     tid: msgspec.Raw = msgspec.Raw(b"null")
     args: msgspec.Raw = _NO_ARGS
 
 
-_PASSTHROUGH = msgspec.json.Decoder(list[_Passthrough])
+class _Args(msgspec.Struct, gc=False):
+    """An event's args undecoded: spliced into the output as they are, which keeps merging fast."""
+
+    args: msgspec.Raw = _NO_ARGS
+
+
+_IDS = msgspec.json.Decoder(list[_Ids])
+_ARGS = msgspec.json.Decoder(list[_Args])
 
 
 def _keys(raws: list[msgspec.Raw]) -> pl.Series:
@@ -49,7 +62,8 @@ class RankTracks:
     flow_ends: pl.DataFrame  # index, ph, cat, flow_id, start_ns, pid_key, tid_key
     instants: pl.DataFrame  # index, name, cat, tid, start_ns
     threads: tuple[tuple[int, str], ...]  # (new tid, name), in display order
-    args: list[msgspec.Raw]  # each event's args as written, by `index`
+    path: Path  # the trace file, for messages
+    events_json: msgspec.Raw  # the traceEvents text, where each event's args are read from
 
     def metadata_events(self, rank: int, process_name: str) -> list[dict]:
         process = [
@@ -58,35 +72,52 @@ class RankTracks:
         ]
         return process + thread_events(rank, self.threads)
 
-    def slice_events(self, rank: int, shift_ns: int) -> list[dict]:
-        columns = ("index", "name", "cat", "tid", "start_ns", "end_ns")
-        slices = zip(*(self.slices[c].to_list() for c in columns))
-        instants = zip(*(self.instants[c].to_list() for c in columns[:-1]))
-        return [
-            {
-                "ph": "X",
-                "name": name,
-                "cat": cat or "",
-                "pid": rank,
-                "tid": tid,
-                "ts": _us(start + shift_ns),
-                "dur": _us(end - start),
-                "args": self.args[index],
-            }
-            for index, name, cat, tid, start, end in slices
-        ] + [
-            {
-                "ph": "i",
-                "s": "t",
-                "name": name,
-                "cat": cat or "",
-                "pid": rank,
-                "tid": tid,
-                "ts": _us(start + shift_ns),
-                "args": self.args[index],
-            }
-            for index, name, cat, tid, start in instants
-        ]
+    def slice_events(self, rank: int, shift_ns: int) -> Iterator[list[dict]]:
+        """The rank's slices ("X") and instants ("i") on their new threads, in file order: one list per
+        piece of the trace's events text, each event with its args as written."""
+        rows = pl.concat(
+            [
+                self.slices.select("index", "name", "cat", "tid", "start_ns", "end_ns"),
+                self.instants.select(
+                    "index", "name", "cat", "tid", "start_ns", end_ns=pl.lit(None, pl.Int64)
+                ),
+            ]
+        ).sort("index")
+        if rows.height == 0:
+            return
+        indices = rows["index"]
+        for offset, _, pieces in decoded_pieces(self.path, memoryview(self.events_json), _ARGS):
+            low, high = indices.search_sorted(
+                pl.Series([offset, offset + len(pieces)]), side="left"
+            ).to_list()
+            if low == high:
+                continue
+            chunk = rows.slice(low, high - low)
+            yield [
+                {
+                    "ph": "X",
+                    "name": name,
+                    "cat": cat or "",
+                    "pid": rank,
+                    "tid": tid,
+                    "ts": _us(start + shift_ns),
+                    "dur": _us(end - start),
+                    "args": pieces[index - offset].args,
+                }
+                if end is not None
+                else {
+                    "ph": "i",
+                    "s": "t",
+                    "name": name,
+                    "cat": cat or "",
+                    "pid": rank,
+                    "tid": tid,
+                    "ts": _us(start + shift_ns),
+                    "args": pieces[index - offset].args,
+                }
+                for index, name, cat, tid, start, end in zip(*(chunk[c].to_list() for c in chunk.columns))
+            ]
+            del pieces  # before the next piece is decoded
 
 
 def thread_events(rank: int, threads) -> list[dict]:
@@ -100,20 +131,29 @@ def thread_events(rank: int, threads) -> list[dict]:
     ]
 
 
-def layout(frame: pl.DataFrame, events_json: msgspec.Raw) -> RankTracks:
+def layout(frame: pl.DataFrame, events_json: msgspec.Raw, path: Path | None = None) -> RankTracks:
     """Assign every kept event of one rank's frame (analysis.traces.load) to a thread of the merged process.
 
     `events_json` is the trace's traceEvents array as written (analysis.traces.load.RawTrace.events_json).
     """
-    events = _PASSTHROUGH.decode(events_json)
-    keys = pl.DataFrame(
-        {
-            "index": pl.int_range(len(events), dtype=pl.Int64, eager=True),
-            "pid_key": _keys([e.pid for e in events]),
-            "tid_key": _keys([e.tid for e in events]),
-        }
-    )
-    args = [e.args for e in events]
+    path = Path(path or "trace")
+    named = frame.filter((pl.col("ph") == "M") & (pl.col("name") == "thread_name"))["index"].to_list()
+    wanted = set(named)
+    key_frames, names_args = [], {}
+    for offset, _, pieces in decoded_pieces(path, memoryview(events_json), _IDS):
+        key_frames.append(
+            pl.DataFrame(
+                {
+                    "index": pl.int_range(offset, offset + len(pieces), dtype=pl.Int64, eager=True),
+                    "pid_key": _keys([e.pid for e in pieces]),
+                    "tid_key": _keys([e.tid for e in pieces]),
+                }
+            )
+        )
+        if wanted:
+            names_args |= {i: pieces[i - offset].args for i in named if offset <= i < offset + len(pieces)}
+        del pieces  # before the next piece is decoded
+    keys = pl.concat(key_frames)
     keyed = frame.drop("pid", "tid").join(keys, on="index", how="left")
     device = (
         keyed.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_TRACK_CATS))
@@ -124,7 +164,7 @@ def layout(frame: pl.DataFrame, events_json: msgspec.Raw) -> RankTracks:
         ["pid_key", "tid_key", "start_ns", "end_ns"], descending=[False, False, False, True]
     )
     slices = slices.with_columns(pl.Series("layer", _layers(slices), dtype=pl.Int64))
-    threads = _thread_table(slices, device, _thread_names(keyed, args))
+    threads = _thread_table(slices, device, _thread_names(keyed, names_args))
     slices = slices.join(
         threads.select("pid_key", "tid_key", "layer", "tid"), on=["pid_key", "tid_key", "layer"]
     )
@@ -138,7 +178,8 @@ def layout(frame: pl.DataFrame, events_json: msgspec.Raw) -> RankTracks:
         flow_ends=flow_ends,
         instants=instants.select("index", "name", "cat", "tid", "start_ns"),
         threads=tuple(threads.select("tid", "thread").iter_rows()),
-        args=args,
+        path=path,
+        events_json=events_json,
     )
 
 
@@ -166,12 +207,14 @@ def _layers(slices: pl.DataFrame) -> list[int]:
     return layers
 
 
-def _thread_names(keyed: pl.DataFrame, args: list[msgspec.Raw]) -> dict[tuple[str, str], str]:
+def _thread_names(keyed: pl.DataFrame, args: dict[int, msgspec.Raw]) -> dict[tuple[str, str], str]:
+    """(pid, tid) -> the name its thread_name metadata gives (args that are no object name nothing)."""
     named = keyed.filter((pl.col("ph") == "M") & (pl.col("name") == "thread_name"))
-    return {
-        (pid, tid): str(msgspec.json.decode(args[index]).get("name", ""))
-        for index, pid, tid in named.select("index", "pid_key", "tid_key").iter_rows()
-    }
+    names = {}
+    for index, pid, tid in named.select("index", "pid_key", "tid_key").iter_rows():
+        decoded = msgspec.json.decode(args[index]) if index in args else None
+        names[(pid, tid)] = str(decoded.get("name", ""))[:200] if isinstance(decoded, dict) else ""
+    return names
 
 
 def _thread_table(slices: pl.DataFrame, device: pl.DataFrame, names: dict) -> pl.DataFrame:
