@@ -27,6 +27,7 @@ from analysis.schema import RANK_PARTS, Rules, Summary
 from analysis.timeline.classify import classify, split_waits
 from analysis.timeline.clock import on_one_clock
 from analysis.timeline.gaps import aligned_starts, timeline, windows
+from analysis.timeline.pairing import paired_steps
 from analysis.traces.load import TraceWarning, load_run
 from analysis.traces.memory import Memory, run_memory
 from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
@@ -75,7 +76,9 @@ def analysis_of(run_dir: Path) -> Analysis:
 
 
 def _common_steps(per_rank: list[RankCells]) -> list[RankCells]:
-    """Keep the steps every rank has cells for (a step cut off on one rank cannot be compared)."""
+    """Keep the steps every rank has cells for (a step cut off on one rank cannot be compared), once each
+    rank's steps are numbered as the steps they ran with (analysis.timeline.pairing)."""
+    per_rank = paired_steps(per_rank)
     common = set.intersection(*(set(r.cells["step"].unique()) for r in per_rank))
     keep = pl.col("step").is_in(sorted(common))
     return [

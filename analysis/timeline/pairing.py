@@ -1,0 +1,152 @@
+"""Which steps of different ranks ran together: paired by time and checked by their transfers, not taken
+from the ProfilerStep numbers alone.
+
+Each rank numbers its own steps: a profiler started a step later on one rank (or a restarted job)
+makes its `ProfilerStep#N` another rank's `#N+1`, and pairing by number compares different steps
+without a sign of it. A pipeline step of every rank spans most of the same stretch of time (its ranks
+exchange activations and gradients within it, and loops end it together), so a rank's step is paired
+with the reference rank's (the lowest) step it overlaps most, by at least half the shorter of the two.
+Clocks of different hosts may disagree by a fraction of a step, so the numbers stand wherever
+same-numbered steps overlap that much, and wherever time cannot tell (no step overlaps well: clocks
+apart by more than half a step). Where time pairs steps the numbers did not, and the pipeline's
+transfers (a receive cannot end before its send began) agree no worse than with the numbers, the rank's
+steps are renumbered as the reference's and one warning line says so; where the transfers contradict
+the times, the run is refused: which steps ran together cannot be told.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import polars as pl
+
+from analysis.cells.labelled import RankCells
+from analysis.errors import InputError
+from analysis.timeline.clock import transfers
+from analysis.traces.load import TraceWarning
+
+MIN_OVERLAP = 0.5  # of the shorter step: same step; adjacent steps overlap by little or nothing
+
+
+def _spans(cells: RankCells) -> pl.DataFrame:
+    """The rank's steps that hold cells: step, start_ns, end_ns."""
+    having = cells.cells.select("step").unique()
+    return cells.steps.join(having, on="step").select("step", "start_ns", "end_ns").sort("start_ns")
+
+
+def _fraction(start: str, end: str) -> pl.Expr:
+    """How much of the shorter of this step and the partner in (start, end) the two share."""
+    shorter = pl.min_horizontal(pl.col("end_ns") - pl.col("start_ns"), pl.col(end) - pl.col(start))
+    common = (pl.min_horizontal("end_ns", end) - pl.max_horizontal("start_ns", start)).clip(lower_bound=0)
+    partnered = pl.col(start).is_not_null() & (shorter > 0)  # min/max_horizontal would skip a null
+    return pl.when(partnered).then(common / shorter).otherwise(0.0)
+
+
+def _overlaps(mine: pl.DataFrame, theirs: pl.DataFrame) -> pl.DataFrame:
+    """Per step of `mine`: the step of `theirs` it overlaps most (theirs_step) and by what fraction of
+    the shorter (best), and the fraction with `theirs`'s step of the same number (same). A rank's steps
+    follow each other, so the best is the last of theirs that starts before this one or the next."""
+    other = theirs.select(step_r="step", start_r="start_ns", end_r="end_ns")
+    before = mine.join_asof(other, left_on="start_ns", right_on="start_r", strategy="backward")
+    after = mine.join_asof(
+        other.with_columns(start_r=pl.col("start_r")),
+        left_on="start_ns",
+        right_on="start_r",
+        strategy="forward",
+    )
+    same = mine.join(other, left_on="step", right_on="step_r", how="left")
+    scored = pl.DataFrame(
+        {
+            "step": mine["step"],
+            "before": before.select(_fraction("start_r", "end_r")).to_series(),
+            "before_step": before["step_r"],
+            "after": after.select(_fraction("start_r", "end_r")).to_series(),
+            "after_step": after["step_r"],
+            "same": same.select(_fraction("start_r", "end_r")).to_series(),
+        }
+    )
+    earlier = pl.col("before") >= pl.col("after")
+    return scored.select(
+        "step",
+        "same",
+        best=pl.max_horizontal("before", "after"),
+        theirs_step=pl.when(earlier).then("before_step").otherwise("after_step"),
+    )
+
+
+def _renumbering(mine: pl.DataFrame, theirs: pl.DataFrame) -> dict[int, int] | None:
+    """step -> the reference's step it ran with, where time says it is another number; None when the
+    numbers stand. Steps with no partner in time keep their number (they drop out as not common)."""
+    if mine.height == 0 or theirs.height == 0:
+        return None
+    scored = _overlaps(mine, theirs)
+    if scored.filter(pl.col("same") >= MIN_OVERLAP).height * 2 >= scored.height:
+        return None  # same-numbered steps overlap: the numbers are right (clocks may differ a little)
+    moved = scored.filter((pl.col("best") >= MIN_OVERLAP) & (pl.col("same") < MIN_OVERLAP))
+    if moved.height * 2 < scored.height:
+        return None  # time cannot tell: too few steps overlap any step of the reference well
+    mapping = dict(moved.select("step", "theirs_step").iter_rows())
+    if len(set(mapping.values())) < len(mapping):
+        return {}  # two steps with one partner: no pairing step by step
+    return mapping
+
+
+def _violations(per_rank: list[RankCells]) -> int:
+    """Transfers whose receive ended before its send began (on the ranks' clocks as they are)."""
+    pairs = transfers(pl.concat([r.cells for r in per_rank]))
+    return pairs.filter(pl.col("recv_end_ns") < pl.col("send_start_ns")).height
+
+
+def _renumbered(cells: RankCells, mapping: dict[int, int]) -> RankCells:
+    """The rank's tables with its steps numbered as `mapping` says; steps not in it get numbers no
+    other rank has (they ran with no step of the reference)."""
+    unpaired = -1 - pl.col("step")  # negative: never a ProfilerStep number, so never common
+
+    def moved(frame: pl.DataFrame) -> pl.DataFrame:
+        step = pl.col("step").replace_strict(mapping, default=unpaired, return_dtype=pl.Int64)
+        return frame.with_columns(step=step)
+
+    return cells.map(moved)
+
+
+def paired_steps(per_rank: list[RankCells]) -> list[RankCells]:
+    """Every rank's steps numbered as the reference rank's steps they ran with (analysis.pipeline keeps
+    the steps all ranks then share); unchanged when the numbers already pair them."""
+    if len(per_rank) < 2:
+        return per_rank
+    spans = [_spans(r) for r in per_rank]
+    reference = spans[0]
+    changes = {index: _renumbering(spans[index], reference) for index in range(1, len(per_rank))}
+    changes = {index: mapping for index, mapping in changes.items() if mapping is not None}
+    if not changes:
+        return per_rank
+    ranks = {index: int(per_rank[index].cells["rank"][0]) for index in changes}
+    first = int(per_rank[0].cells["rank"][0])
+    conflicting = [ranks[i] for i, mapping in changes.items() if not mapping]
+    if conflicting:
+        raise InputError(
+            None,
+            f"rank {conflicting[0]}'s steps cannot be paired with rank {first}'s: two of them ran during one "
+            f"step of rank {first}, and the ProfilerStep numbers disagree with the times",
+        )
+    renumbered = [_renumbered(r, changes[i]) if i in changes else r for i, r in enumerate(per_rank)]
+    if _violations(renumbered) > _violations(per_rank):
+        raise InputError(
+            None,
+            f"which steps ran together cannot be told: rank {ranks[next(iter(changes))]}'s ProfilerStep "
+            f"numbers pair it with rank {first}'s steps at other times, and pairing by time makes receives "
+            "end before their sends began",
+        )
+    examples = []
+    for index, mapping in changes.items():
+        step, partner = next(iter(sorted(mapping.items())))
+        examples.append(f"rank {ranks[index]}'s #{step} ran with rank {first}'s #{partner}")
+    shown = ", ".join(str(ranks[i]) for i in changes)
+    warnings.warn(
+        f"rank{'s' if len(changes) > 1 else ''} {shown}: ProfilerStep numbers disagree with rank {first}'s "
+        f"for the steps that ran together ({'; '.join(examples[:3])}); paired by time and numbered as "
+        f"rank {first}'s",
+        TraceWarning,
+        stacklevel=3,
+    )
+    return renumbered
