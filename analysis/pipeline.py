@@ -17,7 +17,7 @@ import polars as pl
 from analysis import results
 from analysis.attribution.parts import cell_parts, in_ms, median_step, rank_entries, rank_parts
 from analysis.attribution.reference import reference
-from analysis.attribution.waterfall import ideal_frame, step_ladder
+from analysis.attribution.waterfall import ideal_frame, ladder, step_model
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
 from analysis.cells.inferred import cells_of
 from analysis.cells.labelled import RankCells, is_gpu
@@ -154,7 +154,7 @@ def analyze_run(
     step_ns = float(chosen["step_ns"][0])
     this = pl.col("step") == step
     origin = spans.filter(this & (pl.col("rank") == shape.rank_of(0)))["start_ns"][0]
-    rungs = step_ladder(shape, cells.filter(this), waits.filter(this), origin, ref, step_ns)
+    rungs = ladder(shape, step_model(shape, cells, waits, spans), ref, step_ns)
     busy = chosen["busy"].sum()
     config = run.run_json or {}
     summary = Summary(

@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 from test_cells import gpipe_m1_run
 
+from analysis.attribution.model import StepModel
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
 from analysis.attribution.replay import Measured, replay
 from analysis.attribution.waterfall import ladder
@@ -112,7 +113,8 @@ def test_equal_slots_give_the_formula_bubble(name, p, m, v):
     unit = {a: 1.0 if a.kind.value == "F" else 2.0 for a in actions}
     rows = [(a.stage, a.kind.value, a.microbatch, ns, ns) for a, ns in unit.items()]
     ref = Reference(pl.DataFrame(rows, schema=REFERENCE_SCHEMA, orient="row"), calibrated=True)
-    terms = ladder(schedule, Measured(unit), ref, step_ns=1e6).waterfall
+    model = StepModel({(a.stage, a.kind.value): ns for a, ns in unit.items()}, gap={}, latency={})
+    terms = ladder(schedule, model, ref, step_ns=1e6).waterfall
     step = terms.ideal + terms.formula_bubble
     assert terms.formula_bubble / step == pytest.approx((p - 1) / (v * m + p - 1))
     assert terms.imbalance == 0 and terms.small_gemm == 0 and terms.slowdown == 0

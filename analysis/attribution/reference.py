@@ -47,10 +47,10 @@ class Reference:
         per_kind = self.table.group_by("stage", "kind").agg(pl.col("full_ns").mean())
         return {(stage, kind): ns for stage, kind, ns in per_kind.iter_rows()}
 
-    def isolated_of(self) -> dict[tuple[int, str, int], float]:
-        """(stage, kind, microbatch) -> the isolated time of that microbatch's work."""
-        rows = self.table.select("stage", "kind", "microbatch", "isolated_ns").iter_rows()
-        return {(stage, kind, microbatch): ns for stage, kind, microbatch, ns in rows}
+    def isolated_medians(self) -> dict[tuple[int, str], float]:
+        """(stage, kind) -> the median over its microbatches of their work timed alone."""
+        per_kind = self.table.group_by("stage", "kind").agg(pl.col("isolated_ns").median())
+        return {(stage, kind): ns for stage, kind, ns in per_kind.iter_rows()}
 
 
 def busy_ns() -> pl.Expr:

@@ -25,6 +25,8 @@ class Measured:
     duration: dict[Action, float]
     latency: dict[tuple[Action, Action], float] = field(default_factory=dict)  # (producer, consumer)
     gap: dict[Action, float] = field(default_factory=dict)
+    # hops whose arrival was not seen (the receiver came after the data): their latency is an upper bound
+    bounded: set[tuple[Action, Action]] = field(default_factory=set)
 
 
 def _by_action(cells: pl.DataFrame) -> dict[Action, dict]:
@@ -33,12 +35,15 @@ def _by_action(cells: pl.DataFrame) -> dict[Action, dict]:
     }
 
 
-def _arrival(recv: dict | None, waits_end: dict[Action, int]) -> float | None:
-    """When the input was there on the consumer: the end of the RECV's wait, else the RECV's start."""
+def _arrival(recv: dict | None, waits_end: dict[Action, int]) -> tuple[float | None, bool]:
+    """When the input was there on the consumer: the end of the RECV's wait, else at the latest the
+    RECV's start (then the second value is True: a bound, not a sighting)."""
     if recv is None:
-        return None
+        return None, True
     action = Action(recv["stage"], Kind(recv["kind"]), recv["microbatch"])
-    return waits_end.get(action, recv["start_ns"])
+    if action in waits_end:
+        return waits_end[action], False
+    return recv["start_ns"], True
 
 
 def measure(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origin_ns: int) -> Measured:
@@ -50,7 +55,7 @@ def measure(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origin
         .agg(pl.col("end_ns").max())
         .iter_rows(named=True)
     }
-    duration, latency, gap = {}, {}, {}
+    duration, latency, gap, bounded = {}, {}, {}, set()
     for rank, order in enumerate(schedule.orders):
         free = origin_ns
         for action in order:
@@ -65,8 +70,10 @@ def measure(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origin
                     continue
                 end = producer["end_ns"]
                 if schedule.rank_of(dep.stage) != rank:
-                    arrival = _arrival(rows.get(receiving(action)), waits_end)
+                    arrival, bound = _arrival(rows.get(receiving(action)), waits_end)
                     latency[(dep, action)] = max(0.0, (arrival if arrival is not None else end) - end)
+                    if bound:
+                        bounded.add((dep, action))
                     end += latency[(dep, action)]
                 ready = max(ready, end)
             occupied = float(row["end_ns"] - row["start_ns"] - row["blocked_ns"])
@@ -75,7 +82,7 @@ def measure(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origin
             duration[action] = occupied if busy is None else min(float(busy), occupied)
             gap[action] = max(0.0, row["start_ns"] - ready) + occupied - duration[action]
             free = max(ready, row["start_ns"]) + occupied
-    return Measured(duration, latency, gap)
+    return Measured(duration, latency, gap, bounded)
 
 
 def replay(schedule: Schedule, measured: Measured, gaps: bool = True, latencies: bool = True) -> Timeline:

@@ -1,11 +1,13 @@
 """The waterfall: a ladder of replays of the executed schedule, from the formula to the measurement.
 
-Rungs, each a replay (analysis.attribution.replay) of one measured step with one more measured effect:
-equal slots at full-batch efficiency (its excess over the even split of the work, `ideal`, is the
-formula bubble) -> per-stage full-batch durations (imbalance) -> each cell's work timed in isolation
-at its microbatch size (small_gemm) -> the cells' measured busy times (slowdown) -> plus the measured
-host gaps (launch_overhead) -> plus the measured p2p latencies (p2p_wait). Each rung's increase over
-the one before is one term; the measured step minus the last rung is the residual. Without the
+Rungs, each a replay (analysis.attribution.replay) of the step model (analysis.attribution.model: the
+medians over every analysed step) with one more measured effect: equal slots at full-batch efficiency
+(its excess over the even split of the work, `ideal`, is the formula bubble) -> per-stage full-batch
+durations (imbalance) -> each (stage, kind)'s work timed in isolation at its microbatch size
+(small_gemm) -> its measured busy time (slowdown) -> plus the measured host gaps (launch_overhead) ->
+plus the measured p2p latencies (p2p_wait). Each rung's increase over the one before is one term; the
+median step minus the last rung is the residual: what medians do not explain (jitter, a rank's first
+action sparing its launch gap, one slow microbatch). Without the
 isolated calibration small_gemm and slowdown are unknown and the cells' rung stands for the
 reference (their time is in imbalance).
 
@@ -16,12 +18,14 @@ is its makespan.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 import polars as pl
 
-from analysis.attribution.reference import Reference, reference
-from analysis.attribution.replay import Measured, measure, replay
+from analysis.attribution.model import StepModel, fit
+from analysis.attribution.reference import Reference
+from analysis.attribution.replay import measure, replay
 from analysis.schema import Waterfall
 from runners.schedules import Schedule, Timeline
 
@@ -43,39 +47,28 @@ class Ladder:
     ideal: Timeline  # the reference rung, ns from the step's origin
 
 
-def _with_durations(measured: Measured, durations: dict) -> Measured:
-    return Measured(durations, measured.latency, measured.gap)
-
-
-def _equal_slots(full: dict[tuple[int, str], float], measured: Measured) -> dict:
-    """Every action of a kind at that kind's mean full-batch share over the stages."""
-    kinds = {a.kind.value for a in measured.duration}
+def _equal_slots(full: dict[tuple[int, str], float]) -> dict[tuple[int, str], float]:
+    """Every (stage, kind) at its kind's mean full-batch share over the stages."""
     mean = {
-        kind: sum(ns for (_, k), ns in full.items() if k == kind)
-        / max(1, sum(1 for _, k in full if k == kind))
-        for kind in kinds
+        kind: statistics.mean(ns for (_, k), ns in full.items() if k == kind) for kind in {k for _, k in full}
     }
-    return {a: mean[a.kind.value] for a in measured.duration}
+    return {(stage, kind): mean[kind] for stage, kind in full}
 
 
-def ladder(schedule: Schedule, measured: Measured, ref: Reference, step_ns: float) -> Ladder:
-    """The waterfall of one step (its terms sum to `step_ns`) and its ideal timeline."""
+def ladder(schedule: Schedule, model: StepModel, ref: Reference, step_ns: float) -> Ladder:
+    """The waterfall (its terms sum to `step_ns`, the measured step) and the ideal timeline, from the
+    step model (analysis.attribution.model) and the reference durations."""
     full = ref.full()
-    per_stage = {a: full.get((a.stage, a.kind.value), 0.0) for a in measured.duration}
-    ideal = sum(per_stage.values()) / schedule.p
+    ideal = (
+        sum(full.get((a.stage, a.kind.value), 0.0) for order in schedule.orders for a in order) / schedule.p
+    )
 
-    def rung(durations: dict | None = None, gaps: bool = False, latencies: bool = False) -> Timeline:
-        return replay(
-            schedule, measured if durations is None else _with_durations(measured, durations), gaps, latencies
-        )
+    def rung(duration: dict | None = None, gaps: bool = False, latencies: bool = False) -> Timeline:
+        return replay(schedule, model.measured(schedule, duration), gaps, latencies)
 
-    formula, cells = rung(_equal_slots(full, measured)), rung()
+    formula, cells = rung(_equal_slots(full)), rung()
     if ref.isolated:
-        isolated_of = ref.isolated_of()
-        reference_rung = rung(per_stage)
-        isolated = rung(
-            {a: isolated_of.get((a.stage, a.kind.value, a.microbatch), 0.0) for a in measured.duration}
-        )
+        reference_rung, isolated = rung(full), rung(ref.isolated_medians())
     else:  # the split of busy time is unknown: the cells' own rung stands for the reference
         reference_rung = isolated = cells
     launched = rung(gaps=True).makespan
@@ -94,18 +87,16 @@ def ladder(schedule: Schedule, measured: Measured, ref: Reference, step_ns: floa
     return Ladder(terms, reference_rung)
 
 
-def step_ladder(
-    schedule: Schedule,
-    cells: pl.DataFrame,
-    waits: pl.DataFrame,
-    origin_ns: int,
-    ref: Reference,
-    step_ns: float,
-) -> Ladder:
-    """The ladder of one step from its cells and waits (all ranks, that step only; times from `origin_ns`).
-    Uncalibrated, the reference is the step's own medians, not other steps'."""
-    step_ref = ref if ref.calibrated else reference(cells, None, schedule.m)
-    return ladder(schedule, measure(schedule, cells, waits, origin_ns), step_ref, step_ns)
+def step_model(
+    schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, windows: pl.DataFrame
+) -> StepModel:
+    """The model fitted to every analysed step: each measured from its first stage's window start."""
+    origins = windows.filter(pl.col("rank") == schedule.rank_of(0)).select("step", "start_ns")
+    steps = [
+        measure(schedule, cells.filter(pl.col("step") == step), waits.filter(pl.col("step") == step), origin)
+        for step, origin in origins.sort("step").iter_rows()
+    ]
+    return fit(steps)
 
 
 def ideal_frame(timeline: Timeline, step: int, origin_ns: int) -> pl.DataFrame:

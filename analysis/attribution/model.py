@@ -1,0 +1,74 @@
+"""The model of a step that the waterfall's last rung and `predict` replay: medians, no start times.
+
+From every analysed step's measurements (analysis.attribution.replay.measure) the model keeps, per
+(stage, kind), the median busy time of its cells and the median host gap before them (the host time
+before and inside an action that is not work), and per direction of a hop (activations, gradients)
+the median latency from the producer's end to the data's arrival, over the hops whose arrival was seen
+(the receiver was already waiting; where it came later, the data had been there for an unknown time).
+Replayed on the executed order
+(runners.schedules.simulate), it predicts the step: whatever it does not explain (jitter, order
+effects, one slow microbatch) is the waterfall's residual. Like torch.distributed.pipelining's
+simulator it is not high-fidelity: it does not model compute and communication overlapping beyond
+what the order allows, contention between ranks, or message sizes (a hop's latency is taken as it was
+measured, whatever the microbatch size).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+from analysis.attribution.replay import Measured
+from runners.schedules import Action, Kind, Schedule, dependencies
+
+Key = tuple[int, str]  # (stage, kind)
+
+
+def direction(producer: Action) -> str:
+    """The kind of hop a producer's output makes: activations (F) or gradients (B)."""
+    return "F" if producer.kind is Kind.F else "B"
+
+
+@dataclass(frozen=True)
+class StepModel:
+    duration: dict[Key, float]  # median busy ns of a (stage, kind)'s cells
+    gap: dict[Key, float]  # median host ns before (and inside) them
+    latency: dict[str, float]  # direction -> median ns from the producer's end to the data's arrival
+
+    def measured(self, schedule: Schedule, duration: dict[Key, float] | None = None) -> Measured:
+        """The model as the measurements of one step of `schedule` (any m); `duration` replaces the busy
+        times (a rung of the waterfall)."""
+        per_key = self.duration if duration is None else duration
+        actions = [a for order in schedule.orders for a in order if a.kind.is_compute]
+        hops = {
+            (dep, a): self.latency.get(direction(dep), 0.0)
+            for a in actions
+            for dep in dependencies(schedule, a)
+            if schedule.rank_of(dep.stage) != schedule.rank_of(a.stage)
+        }
+        return Measured(
+            {a: per_key.get((a.stage, a.kind.value), 0.0) for a in actions},
+            hops,
+            {a: self.gap.get((a.stage, a.kind.value), 0.0) for a in actions},
+        )
+
+
+def fit(steps: list[Measured]) -> StepModel:
+    """The medians over every analysed step's measurements."""
+    durations, gaps = defaultdict(list), defaultdict(list)
+    seen, bounds = defaultdict(list), defaultdict(list)  # hop latencies sighted / only bounded
+    for measured in steps:
+        for action, ns in measured.duration.items():
+            durations[(action.stage, action.kind.value)].append(ns)
+        for action, ns in measured.gap.items():
+            gaps[(action.stage, action.kind.value)].append(ns)
+        for hop, ns in measured.latency.items():
+            (bounds if hop in measured.bounded else seen)[direction(hop[0])].append(ns)
+    # a direction whose data always arrived before its receiver looked is bounded by its quickest hop
+    latency = {d: statistics.median(seen[d]) if seen[d] else min(bounds[d]) for d in {*seen, *bounds}}
+    return StepModel(_medians(durations), _medians(gaps), latency)
+
+
+def _medians(table: dict[Key, list[float]]) -> dict[Key, float]:
+    return {key: statistics.median(values) for key, values in table.items()}
