@@ -9,6 +9,9 @@ s the action's stage and i its microbatch, keys of StepState's dicts. Stage 0 re
 first_inputs. dx(s, i) pops forwards[s, i] and output_grads[s, i] (none on the last stage, whose output
 is the loss) and is the gradient of that forward's input. With the next (or previous) stage on the
 same rank a tensor goes straight into inputs (output_grads) instead of to_send.
+
+An F's and a B's compute are forward_work and backward_work, which the calibration (runners/measure.py)
+times too, so both do the same work: the loss inside the last stage's F, no input gradient for stage 0.
 """
 
 from __future__ import annotations
@@ -76,16 +79,31 @@ class StepState:
         return [f"{name}: {sorted(getattr(self, name))}" for name in names if getattr(self, name)]
 
 
+def forward_work(
+    stage: Stage, x: torch.Tensor, last: bool, m: int
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]:
+    """An F's compute: what its backward starts from (the output, or on the last stage the loss scaled
+    for m microbatches), the Linears' taps, and the activation the next stage gets (None on the last)."""
+    output, taps = stage.forward_with_taps(x)
+    if last:
+        return loss_of(output, m), taps, None
+    return output, taps, output.detach()
+
+
+def backward_work(output: torch.Tensor, output_grad: torch.Tensor | None) -> None:
+    """A B's compute: every gradient the graph from the stage's input to `output` asks for (its
+    weights', and its input's where the input requires one: not on stage 0)."""
+    torch.autograd.backward(output, output_grad)
+
+
 def forward(ctx: StepContext, state: StepState, action: Action) -> None:
     """Roughly: inputs[s+1, i] or to_send[SEND_F, s, i] = stage_s(inputs.pop((s, i))), kept in forwards."""
     stage, microbatch = action.stage, action.microbatch
     x = ctx.first_inputs[microbatch] if stage == 0 else state.inputs.pop((stage, microbatch))
-    output, taps = ctx.stages[stage].forward_with_taps(x)
-    last = stage == ctx.n_stages - 1
-    state.forwards[(stage, microbatch)] = Forward(x, loss_of(output, ctx.m) if last else output, taps)
-    if last:
+    output, taps, activation = forward_work(ctx.stages[stage], x, stage == ctx.n_stages - 1, ctx.m)
+    state.forwards[(stage, microbatch)] = Forward(x, output, taps)
+    if activation is None:
         return
-    activation = output.detach()
     if ctx.is_local(stage + 1):  # interleaved with p=1: hand over without communication
         state.inputs[(stage + 1, microbatch)] = activation.requires_grad_()
     else:
@@ -112,7 +130,7 @@ def backward(ctx: StepContext, state: StepState, action: Action) -> None:
     """Roughly: output_grads[s-1, i] or to_send[SEND_B, s, i] = dx(s, i); each weight's .grad += its share."""
     key = (action.stage, action.microbatch)
     stashed = state.forwards.pop(key)
-    torch.autograd.backward(stashed.output, _output_grad(ctx, state, key))
+    backward_work(stashed.output, _output_grad(ctx, state, key))
     _pass_input_grad(ctx, state, *key, stashed.input.grad)
 
 

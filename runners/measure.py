@@ -1,24 +1,43 @@
-"""Unprofiled timings for run.json: each stage's full-batch F and B (the reference efficiency for the
-small-GEMM analysis) and the step time without the profiler.
+"""Timings for run.json: each stage's F and B in isolation at several microbatch sizes (the reference
+efficiencies for the analysis) and the step time without the profiler.
 
-Timings use CUDA events on a GPU and the wall clock on CPU. Calibration runs one rank at a time,
-with a barrier between ranks, so CPU ranks sharing cores do not slow each other down. It is sampled
-between the timed steps, just before the profiled ones, so it sees the machine as the steps did: where
-its speed drifts (a shared VM), a calibration taken in one burst before the first step or after the
-profiled ones times a different machine from the one the steps ran on, and the whole-batch cells of
-an m=1 run, which should match it, do not.
+Calibration times one microbatch of r rows through one stage, forward then backward, for every r of
+runners.presets.calibration_rows (the whole batch, the microbatch sizes of m = 2, 4, ..., 32 and of the
+run's own m). Each pass is the executor's own work (runners/execute.py forward_work, backward_work):
+the last stage's forward includes the loss, stage 0's backward computes no input gradient, other
+stages' do, and a microbatch smaller than the batch adds its weight gradients to ones already there, as
+every microbatch of a step but the first does (the whole batch, an m=1 step's only microbatch, starts
+from none). An injected host stall is not in it (it is the executor's, not the stage's); an injected
+`slow` stage is (it is the stage's own work).
+
+Timings use CUDA events on a GPU and the wall clock on CPU. Calibration runs one rank at a time, with a
+barrier between ranks, so CPU ranks sharing cores do not slow each other down; each rank's turn may run
+inside a profiler session with the profiled steps' settings (its trace discarded), so the calibration
+pays the profiler's per-op cost as the profiled cells do. It is sampled between the timed steps, just
+before the profiled ones, so it sees the machine as the steps did: where its speed drifts (a shared VM),
+a calibration taken in one burst before the first step or after the profiled ones times a different
+machine from the one the steps ran on, and the whole-batch cells of an m=1 run, which should match it,
+do not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 import torch.distributed as dist
 
-from runners.model import Stage, loss_of
+from runners.execute import backward_work, forward_work
+from runners.model import Stage
+
+Times = dict[str, list[float]]  # {"F_ms": [...], "B_ms": [...]}
+Samples = dict[str, Times]  # stage index text -> times (the whole batch: run.json's calibration)
+RowSamples = dict[str, dict[str, Times]]  # stage index text -> microbatch rows text -> times
+Session = Callable[[], AbstractContextManager]  # around each rank's turn (a profiler session, or nothing)
 
 
 def time_ms(work: Callable[[], object], device: torch.device) -> float:
@@ -34,41 +53,85 @@ def time_ms(work: Callable[[], object], device: torch.device) -> float:
     return (time.perf_counter() - began) * 1e3
 
 
-Samples = dict[str, dict[str, list[float]]]  # stage index text -> {"F_ms": [...], "B_ms": [...]}
+def microbatch_passes(
+    stage: Stage, rows: torch.Tensor, is_first: bool, is_last: bool, m: int, accumulate: bool
+) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
+    """(forward, reset, backward) for one microbatch `rows` through `stage`, as the executor runs it:
+    forward, then reset (untimed: the state the executor's backward finds), then backward. m scales the
+    last stage's loss as the executor's does; accumulate: the weight gradients exist already."""
+    x = rows.detach() if is_first else rows.detach().clone().requires_grad_()
+    output_grad = None if is_last else torch.randn_like(rows)  # a stage maps D -> D
+    held: list[torch.Tensor] = []
+    parameters = list(stage.parameters())
+
+    def forward() -> None:
+        held.append(forward_work(stage, x, is_last, m)[0])
+
+    def reset() -> None:
+        x.grad = None
+        for parameter in parameters:
+            if not accumulate:
+                parameter.grad = None
+            elif parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+
+    def backward() -> None:
+        backward_work(held.pop(), output_grad)
+
+    return forward, reset, backward
 
 
 def stage_samples(
-    stage: Stage, batch: torch.Tensor, is_last: bool, repeats: int, warmup: bool
-) -> dict[str, list[float]]:
-    """F and B times of one stage on the whole batch in one piece (after one untimed warm-up if asked:
-    the first whole-batch pass of a run that splits the batch allocates)."""
-    x = batch.detach().requires_grad_()
-    out_grad = torch.randn_like(batch)
+    stage: Stage,
+    batch: torch.Tensor,
+    rows: int,
+    is_first: bool,
+    is_last: bool,
+    repeats: int,
+    warmup: bool,
+) -> Times:
+    """F and B times of one microbatch of `rows` rows through one stage (after one untimed warm-up if
+    asked: the first pass at a size allocates). Leaves the stage's gradients unset, as a step ends."""
+    total = batch.shape[0]
+    forward, reset, backward = microbatch_passes(
+        stage, batch[:rows], is_first, is_last, max(1, total // rows), accumulate=rows < total
+    )
     forward_ms, backward_ms = [], []
     for _ in range(repeats + warmup):
-        # each lambda runs at once, inside its own iteration, so binding the loop's variables late is right
-        outputs = []
-        forward_ms.append(time_ms(lambda: outputs.append(stage(x)), batch.device))  # noqa: B023
-        target = loss_of(outputs[0], 1) if is_last else outputs[0]
-        backward_ms.append(time_ms(lambda: target.backward(None if is_last else out_grad), batch.device))  # noqa: B023
-        x.grad = None
-        stage.zero_grad(set_to_none=True)
+        forward_ms.append(time_ms(forward, batch.device))
+        reset()
+        backward_ms.append(time_ms(backward, batch.device))
+    stage.zero_grad(set_to_none=True)
     return {"F_ms": forward_ms[warmup:], "B_ms": backward_ms[warmup:]}
 
 
 def calibration_samples(
-    stages: dict[int, Stage], batch: torch.Tensor, n_stages: int, repeats: int = 1, warmup: bool = True
-) -> Samples:
-    """Every stage's full-batch F and B samples, measured rank after rank, gathered on every rank."""
-    mine = {}
+    stages: dict[int, Stage],
+    batch: torch.Tensor,
+    n_stages: int,
+    row_counts: tuple[int, ...] | None = None,
+    repeats: int = 1,
+    warmup: bool = True,
+    session: Session | None = None,
+) -> RowSamples:
+    """Every stage's F and B samples at every microbatch size (default: the whole batch only), measured
+    rank after rank, each rank's turn inside `session`, gathered on every rank."""
+    row_counts = row_counts or (batch.shape[0],)
+    mine: RowSamples = {}
     for rank in range(dist.get_world_size()):
         if rank == dist.get_rank():
-            mine = {
-                str(s): stage_samples(stage, batch, s == n_stages - 1, repeats, warmup)
-                for s, stage in stages.items()
-            }
+            with (session or contextlib.nullcontext)():
+                mine = {
+                    str(s): {
+                        str(rows): stage_samples(
+                            stage, batch, rows, s == 0, s == n_stages - 1, repeats, warmup
+                        )
+                        for rows in row_counts
+                    }
+                    for s, stage in stages.items()
+                }
         dist.barrier()
-    gathered: list[Samples] = [{} for _ in range(dist.get_world_size())]
+    gathered: list[RowSamples] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(gathered, mine)
     return dict(
         sorted(
@@ -77,19 +140,36 @@ def calibration_samples(
     )
 
 
-def pooled(rounds: list[Samples]) -> Samples:
+def pooled(rounds: list[RowSamples]) -> RowSamples:
     """Several rounds' samples as one."""
     return {
-        stage: {kind: [ms for samples in rounds for ms in samples[stage][kind]] for kind in times}
-        for stage, times in rounds[0].items()
+        stage: {
+            rows: {kind: [ms for samples in rounds for ms in samples[stage][rows][kind]] for kind in times}
+            for rows, times in by_rows.items()
+        }
+        for stage, by_rows in rounds[0].items()
     }
+
+
+def medians(times: Times) -> dict[str, float]:
+    return {kind: statistics.median(ms) for kind, ms in times.items()}
+
+
+def calibration_by_rows(samples: RowSamples) -> dict[str, dict[str, dict[str, float]]]:
+    """run.json's calibration_by_rows: per stage and microbatch size the median of each kind's samples."""
+    return {
+        stage: {rows: medians(times) for rows, times in by_rows.items()} for stage, by_rows in samples.items()
+    }
+
+
+def at_rows(samples: RowSamples, rows: int) -> Samples:
+    """The samples of one microbatch size, per stage (the whole batch: run.json's calibration_samples_ms)."""
+    return {stage: by_rows[str(rows)] for stage, by_rows in samples.items()}
 
 
 def calibration(samples: Samples) -> dict[str, dict[str, float]]:
-    """run.json's calibration: per stage the median of each kind's samples."""
-    return {
-        stage: {kind: statistics.median(ms) for kind, ms in times.items()} for stage, times in samples.items()
-    }
+    """run.json's calibration: per stage the median of each kind's whole-batch samples."""
+    return {stage: medians(times) for stage, times in samples.items()}
 
 
 def timed_step(step: Callable[[], None], device: torch.device) -> float:

@@ -44,3 +44,17 @@ def microbatch_rows(rows: int, m: int) -> list[int]:
     """Rows of each microbatch: as even as possible, the first ones one row larger when m does not divide."""
     base, extra = divmod(rows, m)
     return [base + (i < extra) for i in range(m)]
+
+
+# The microbatch counts whose microbatch sizes every run calibrates (the run's own m is added): the
+# analysis compares a cell with the same work timed in isolation at the cell's own size.
+CALIBRATED_MS = (1, 2, 4, 8, 16, 32)
+
+
+def calibration_rows(rows: int, m: int) -> tuple[int, ...]:
+    """The microbatch sizes to calibrate, largest (the whole batch) first: every size microbatch_rows
+    gives for m = 1, 2, 4, ..., 32 and the run's own m, skipping an m with fewer than one row each."""
+    sizes = {
+        size for count in (*CALIBRATED_MS, m) if rows // count >= 1 for size in microbatch_rows(rows, count)
+    }
+    return tuple(sorted(sizes, reverse=True))

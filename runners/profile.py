@@ -4,7 +4,8 @@ The profiler schedule skips `wait` steps, warms up for `warmup` and records `act
 appears in the trace as a ProfilerStep#N span. The trace is written under a temporary name in the same
 directory and renamed into place, so a reader never sees half a file. Memory counters of the active
 steps (runners.stash: the executor's stash; on CUDA each step's allocator peak) join the trace's
-events at export, on the profiler's clock.
+events at export, on the profiler's clock. `session` builds a profiler with the same settings and no
+export, for the calibration.
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ def _step_with_cuda_peak(step: Callable[[], None], peaks: list[tuple[int, int]])
     peaks.append((time.time_ns(), torch.cuda.max_memory_allocated() - before))
 
 
+def activities(on_cuda: bool) -> list[ProfilerActivity]:
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+
+
+def session(on_cuda: bool, profile_memory: bool) -> torch.profiler.profile:
+    """A profiler session with the profiled steps' activities and memory setting, recording from enter
+    to exit; nothing exports it, so its trace is dropped with it (it is only there for its cost)."""
+    return torch.profiler.profile(activities=activities(on_cuda), profile_memory=profile_memory)
+
+
 def profile_steps(
     step: Callable[[], None],
     path: Path,
@@ -58,7 +69,6 @@ def profile_steps(
     meter: StashMeter | None = None,
 ) -> None:
     """Run wait + warmup + active steps under the profiler and write the active ones to path."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
     meter = meter or StashMeter()
     cuda_peaks: list[tuple[int, int]] = []
@@ -70,7 +80,7 @@ def profile_steps(
         ]
 
     with torch.profiler.profile(
-        activities=activities,
+        activities=activities(on_cuda),
         schedule=schedule,
         profile_memory=profile_memory,
         on_trace_ready=lambda prof: export_atomically(prof, path, counters),

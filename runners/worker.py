@@ -3,13 +3,15 @@
 The launcher (`python -m runners trace`) starts it on one node; for several nodes start it with
 torchrun yourself (`torchrun --nnodes=2 --nproc_per_node=4 --rdzv-endpoint=HOST:PORT -m runners.worker
 --run-dir traces/RUN ...`, RUN on a shared file system). Each rank times unprofiled steps, calibrating
-its stages between them, then profiles a few steps into rank{r}.json.gz; rank 0 writes run.json last,
-once every rank has exported its trace.
+its stages between them at every microbatch size of runners.presets.calibration_rows (under a profiler
+session with the profiled steps' settings: CALIBRATION_PROFILED), then profiles a few steps into
+rank{r}.json.gz; rank 0 writes run.json last, once every rank has exported its trace.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -22,17 +24,20 @@ import torch.distributed as dist
 
 from runners.engines import ENGINES
 from runners.engines.protocol import RankSetup
-from runners.measure import calibration, calibration_samples, pooled, timed_step
+from runners.measure import at_rows, calibration, calibration_by_rows, calibration_samples, pooled, timed_step
 from runners.model import build_stages, stage_input
 from runners.p2p import PEER_TIMEOUT
-from runners.presets import microbatch_rows
-from runners.profile import profile_steps
+from runners.presets import calibration_rows, microbatch_rows
+from runners.profile import profile_steps, session
 from runners.request import RequestError, Resolved, add_request_arguments, request_from, resolve
 from runners.rundir import git_revision, host_facts, write_run_json
 from runners.schedules import Schedule, build, lower
 from runners.stash import StashMeter
 
 PROFILER_WAIT, PROFILER_WARMUP = 1, 1
+# Calibrate inside a profiler session with the profiled steps' settings (its trace discarded), so the
+# isolated passes pay the profiler's per-op cost as the profiled cells do; run.json says which.
+CALIBRATION_PROFILED = True
 
 
 def ended_together(step: Callable[[], None]) -> Callable[[], None]:
@@ -114,43 +119,56 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
     optimizer = torch.optim.SGD([p for stage in stages.values() for p in stage.parameters()], lr=1e-4)
     meter = StashMeter()
     build_step = ENGINES[request.engine].step_builder()
-    step = ended_together(build_step(RankSetup(resolved, schedule, rank, stages, batch, optimizer, meter)))
-    marks = [time.monotonic()]
+    setup = RankSetup(resolved, schedule, rank, stages, batch, optimizer, meter)
+    step = ended_together(build_step(setup))
+    on_cuda = device.type == "cuda"
+    row_counts = calibration_rows(preset.rows, request.m)
+
+    def calibration_session():
+        return session(on_cuda, request.profile_memory) if CALIBRATION_PROFILED else contextlib.nullcontext()
+
     step()  # first step allocates; keep it out of the timings
-    step_ms, rounds = [], []
+    step_ms, rounds, phases = [], [], {"timed_steps": 0.0, "calibration": 0.0, "profiled_steps": 0.0}
     for index in range(request.timed_steps):  # calibration samples beside the steps (runners/measure.py)
+        began = time.monotonic()
         step_ms.append(timed_step(step, device))
-        rounds.append(calibration_samples(stages, batch, schedule.n_stages, warmup=index == 0))
-    marks.append(time.monotonic())
+        calibrating = time.monotonic()
+        rounds.append(
+            calibration_samples(
+                stages, batch, schedule.n_stages, row_counts, warmup=index == 0, session=calibration_session
+            )
+        )
+        phases["timed_steps"] += calibrating - began
+        phases["calibration"] += time.monotonic() - calibrating
+    began = time.monotonic()
     profile_steps(
         step,
         run_dir / f"rank{rank}.json.gz",
         request.steps,
-        device.type == "cuda",
+        on_cuda,
         PROFILER_WAIT,
         PROFILER_WARMUP,
         request.profile_memory,
         meter,
     )
     dist.barrier()  # every rank's trace is on disk before run.json says complete
-    marks.append(time.monotonic())
+    phases["profiled_steps"] = time.monotonic() - began
     if rank == 0:
         facts = run_facts(resolved, schedule, device, torch.get_num_threads())
         samples_ms = pooled(rounds)
+        whole_batch = at_rows(samples_ms, preset.rows)
         write_run_json(
             run_dir,
             facts
             | {
-                "calibration": calibration(samples_ms),
-                "calibration_samples_ms": samples_ms,
+                "calibration": calibration(whole_batch),
+                "calibration_samples_ms": whole_batch,
+                "calibration_by_rows": calibration_by_rows(samples_ms),
+                "calibration_by_rows_samples_ms": samples_ms,
+                "calibration_profiled": CALIBRATION_PROFILED,
                 "step_time_unprofiled_ms": statistics.median(step_ms),
                 "step_times_unprofiled_ms": step_ms,
-                "phases_s": dict(
-                    zip(
-                        ("timed_steps_and_calibration", "profiled_steps"),
-                        (round(b - a, 3) for a, b in zip(marks, marks[1:])),
-                    )
-                ),
+                "phases_s": {name: round(seconds, 3) for name, seconds in phases.items()},
             },
         )
 

@@ -1,47 +1,151 @@
-"""Calibration: each stage's whole-batch F and B sampled rank after rank; run.json keeps the medians."""
+"""Calibration: each stage's F and B of one microbatch at several sizes, sampled rank after rank, doing
+exactly the executor's work; run.json keeps the medians."""
 
 from __future__ import annotations
 
+from collections import Counter
+
+import pytest
 import torch
 import torch.distributed as dist
+from torch.profiler import ProfilerActivity, record_function
 
-from runners.measure import calibration, calibration_samples, pooled
-from runners.model import build_stages, stage_input
-from runners.presets import Preset
+from runners.execute import StepContext, run_step
+from runners.measure import (
+    at_rows,
+    calibration,
+    calibration_by_rows,
+    calibration_samples,
+    microbatch_passes,
+    pooled,
+)
+from runners.model import build_stages, split_microbatches, stage_input
+from runners.presets import CALIBRATED_MS, Preset, calibration_rows, microbatch_rows
+from runners.schedules import build, lower
 
 PRESET = Preset("test", width=16, layers_per_rank=2, rows=32, dtype="float32")
 
 
-def test_every_stage_of_the_rank_is_sampled_in_index_order(tmp_path):
+@pytest.fixture
+def one_rank(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        stages = build_stages(PRESET, (10, 2), 1, torch.device("cpu"))
-        samples = calibration_samples(
-            stages, stage_input(PRESET, torch.device("cpu")), n_stages=11, repeats=3
-        )
-    finally:
-        dist.destroy_process_group()
+    yield
+    dist.destroy_process_group()
+
+
+def test_every_stage_of_the_rank_is_sampled_in_index_order_at_every_size(one_rank):
+    stages = build_stages(PRESET, (10, 2), 1, torch.device("cpu"))
+    sessions = []
+
+    class Session:
+        def __enter__(self):
+            sessions.append("enter")
+
+        def __exit__(self, *exc):
+            sessions.append("exit")
+
+    samples = calibration_samples(
+        stages, stage_input(PRESET, torch.device("cpu")), 11, (32, 8, 1), repeats=3, session=Session
+    )
+    assert sessions == ["enter", "exit"]  # one session around this rank's whole turn
     assert list(samples) == ["2", "10"]  # by index, not as text
-    for times in samples.values():
-        assert {kind: len(ms) for kind, ms in times.items()} == {"F_ms": 3, "B_ms": 3}
-        assert all(ms > 0 for kind in times.values() for ms in kind)
-    medians = calibration(samples)
-    assert medians["10"]["B_ms"] == sorted(samples["10"]["B_ms"])[1]
+    for by_rows in samples.values():
+        assert list(by_rows) == ["32", "8", "1"]
+        for times in by_rows.values():
+            assert {kind: len(ms) for kind, ms in times.items()} == {"F_ms": 3, "B_ms": 3}
+            assert all(ms > 0 for kind in times.values() for ms in kind)
+    medians = calibration_by_rows(samples)
+    assert medians["10"]["8"]["B_ms"] == sorted(samples["10"]["8"]["B_ms"])[1]
+    assert calibration(at_rows(samples, 32)) == {stage: by_rows["32"] for stage, by_rows in medians.items()}
+    for stage in stages.values():  # a step starts with no gradients: calibration leaves none behind
+        assert all(parameter.grad is None for parameter in stage.parameters())
 
 
 def test_calibration_is_each_kinds_median():
     samples = {"10": {"F_ms": [3.0, 1.0, 2.0], "B_ms": [4.0]}, "2": {"F_ms": [5.0], "B_ms": [6.0, 8.0]}}
     assert calibration(samples) == {"10": {"F_ms": 2.0, "B_ms": 4.0}, "2": {"F_ms": 5.0, "B_ms": 7.0}}
+    assert calibration_by_rows({"2": {"64": samples["2"]}}) == {"2": {"64": {"F_ms": 5.0, "B_ms": 7.0}}}
 
 
-def test_rounds_pool_into_one_sample_list_per_stage_and_kind():
+def test_rounds_pool_into_one_sample_list_per_stage_size_and_kind():
     rounds = [
-        {"0": {"F_ms": [1.0], "B_ms": [2.0]}},
-        {"0": {"F_ms": [3.0], "B_ms": [4.0]}},
-        {"0": {"F_ms": [9.0], "B_ms": [5.0]}},
+        {"0": {"8": {"F_ms": [1.0], "B_ms": [2.0]}, "4": {"F_ms": [0.5], "B_ms": [1.0]}}},
+        {"0": {"8": {"F_ms": [3.0], "B_ms": [4.0]}, "4": {"F_ms": [0.7], "B_ms": [1.1]}}},
+        {"0": {"8": {"F_ms": [9.0], "B_ms": [5.0]}, "4": {"F_ms": [0.6], "B_ms": [1.2]}}},
     ]
-    assert pooled(rounds) == {"0": {"F_ms": [1.0, 3.0, 9.0], "B_ms": [2.0, 4.0, 5.0]}}
-    assert calibration(pooled(rounds)) == {"0": {"F_ms": 3.0, "B_ms": 4.0}}
+    together = pooled(rounds)
+    assert together == {
+        "0": {
+            "8": {"F_ms": [1.0, 3.0, 9.0], "B_ms": [2.0, 4.0, 5.0]},
+            "4": {"F_ms": [0.5, 0.7, 0.6], "B_ms": [1.0, 1.1, 1.2]},
+        }
+    }
+    assert calibration(at_rows(together, 8)) == {"0": {"F_ms": 3.0, "B_ms": 4.0}}
+
+
+@pytest.mark.parametrize("rows,m", [(512, 8), (64, 4), (64, 6), (64, 64), (3, 2), (512, 1)])
+def test_calibrated_sizes_are_the_microbatch_sizes_of_the_usual_ms_and_the_runs_own(rows, m):
+    sizes = calibration_rows(rows, m)
+    assert sizes[0] == rows and list(sizes) == sorted(set(sizes), reverse=True) and min(sizes) >= 1
+    for count in (*CALIBRATED_MS, m):
+        if rows // count >= 1:
+            assert set(microbatch_rows(rows, count)) <= set(sizes), count
+    assert set(sizes) == {
+        size for count in (*CALIBRATED_MS, m) if rows // count for size in microbatch_rows(rows, count)
+    }
+
+
+# The executor's work against the calibration's, op by op: interleaved on one rank with 3 chunks has a
+# first (no input gradient), a middle and a last stage (the loss in its forward).
+EXEC_PRESET = Preset("exec", width=16, layers_per_rank=6, rows=32, dtype="float32")
+
+
+def _ops_inside(events: list, span) -> Counter:
+    return Counter(
+        e.name
+        for e in events
+        if e is not span
+        and e.thread == span.thread
+        and e.time_range.start >= span.time_range.start
+        and e.time_range.end <= span.time_range.end
+    )
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_calibration_does_exactly_the_executors_forward_and_backward(m):
+    """Same ops, same gradients asked for: stage 0's backward computes no input gradient, the last
+    stage's forward holds the loss, and a microbatch after the first adds to existing weight gradients."""
+    schedule = lower(build("interleaved", 1, m, 3))
+    stages = build_stages(EXEC_PRESET, schedule.stages_of(0), 3, torch.device("cpu"))
+    batch = stage_input(EXEC_PRESET, torch.device("cpu"))
+    ctx = StepContext(
+        0, schedule.n_stages, schedule.rank_of, stages, None, split_microbatches(batch, m), EXEC_PRESET.width
+    )
+    optimizer = torch.optim.SGD([p for s in stages.values() for p in s.parameters()], lr=0.1)
+    rows = batch.shape[0] // m
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as profiler:
+        run_step(ctx, schedule.orders[0], optimizer)
+        for s, stage in stages.items():
+            forward, reset, backward = microbatch_passes(
+                stage, batch[:rows], s == 0, s == 2, m, accumulate=m > 1
+            )
+            with record_function(f"calibration {s}F"):
+                forward()
+            reset()
+            with record_function(f"calibration {s}B"):
+                backward()
+            stage.zero_grad(set_to_none=True)
+    events = list(profiler.events())
+    spans = {event.name: event for event in events if event.name.startswith(("PP:", "calibration "))}
+    last = m - 1  # with m > 1 the last microbatch's backward adds to the gradients the first made
+    for s in range(3):
+        for kind in ("F", "B"):
+            executed = _ops_inside(events, spans[f"PP:{s}{kind}{last}"])
+            calibrated = _ops_inside(events, spans[f"calibration {s}{kind}"])
+            assert executed == calibrated, (s, kind, executed - calibrated, calibrated - executed)
+    input_grad_mms = {s: _ops_inside(events, spans[f"calibration {s}B"])["aten::mm"] for s in range(3)}
+    assert input_grad_mms[0] == 2 * 2 - 1  # 2 layers: 2 weight gradients, 1 input gradient between them
+    assert input_grad_mms[1] == input_grad_mms[2] == 2 * 2
 
 
 def test_a_step_ends_with_a_barrier_across_the_ranks(monkeypatch):

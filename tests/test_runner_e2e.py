@@ -51,6 +51,12 @@ def test_every_action_of_every_rank_is_in_its_trace(finished_run):
         v["B_ms"] > 0 for v in config["calibration"].values()
     )
     assert len(config["step_times_unprofiled_ms"]) == 2
+    # every stage at every microbatch size (tiny: 64 rows), the whole batch being the calibration above
+    assert {stage: list(by_rows) for stage, by_rows in config["calibration_by_rows"].items()} == {
+        stage: ["64", "32", "16", "8", "4", "2"] for stage in ("0", "1")
+    }
+    assert all(config["calibration_by_rows"][s]["64"] == config["calibration"][s] for s in ("0", "1"))
+    assert config["calibration_profiled"] is True
     expected = lower(build(schedule, 2, 4))
     for rank in range(2):
         trace_rank, labels, steps = labels_and_steps(run / f"rank{rank}.json.gz")
