@@ -12,6 +12,9 @@ same rank a tensor goes straight into inputs (output_grads) instead of to_send.
 
 An F's and a B's compute are forward_work and backward_work, which the calibration (runners/measure.py)
 times too, so both do the same work: the loss inside the last stage's F, no input gradient for stage 0.
+After the last action the step waits for its sends in a WAIT_SENDS span, then takes the optimizer step
+in its own span. A run-queue meter (runners/runqueue.py) is sampled at the start and end of every
+action, inside its span.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from torch.profiler import record_function
 
 from runners.model import Stage, loss_of
 from runners.p2p import Links, PendingSend, message_tag
+from runners.runqueue import RunQueueMeter
 from runners.schedules.actions import Action, Kind
-from runners.schedules.trace_names import label
+from runners.schedules.trace_names import OPTIMIZER_STEP, WAIT_SENDS, label
 from runners.stash import StashMeter
 
 Key = tuple[int, int]  # (stage, microbatch)
@@ -213,17 +217,24 @@ def run_step(
     order: tuple[Action, ...],
     optimizer: torch.optim.Optimizer,
     meter: StashMeter | None = None,
+    run_queue: RunQueueMeter | None = None,
 ) -> None:
     """Execute one rank's order for one step, complete its sends, then take the SGD step."""
     state = StepState()
+    sample_run_queue = run_queue.sample if run_queue is not None and run_queue.available else None
     for action in order:
         with record_function(label(action)):
+            if sample_run_queue:
+                sample_run_queue()
             HANDLERS[action.kind](ctx, state, action)
             if meter is not None and action.kind in STASHING:
                 meter.sample({"forwards": state.forwards, "weight_work": state.weight_work})
-    with record_function("optimizer_step"):
+            if sample_run_queue:
+                sample_run_queue()
+    with record_function(WAIT_SENDS):  # outside the optimizer's span: the sends belong to the schedule
         for send in state.pending:
             send.wait()
+    with record_function(OPTIMIZER_STEP):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     if state.leftovers():

@@ -3,9 +3,9 @@
 The profiler schedule skips `wait` steps, warms up for `warmup` and records `active` steps; each step
 appears in the trace as a ProfilerStep#N span. The trace is written under a temporary name in the same
 directory and renamed into place, so a reader never sees half a file. Memory counters of the active
-steps (runners.stash: the executor's stash; on CUDA each step's allocator peak) join the trace's
-events at export, on the profiler's clock. `session` builds a profiler with the same settings and no
-export, for the calibration.
+steps (runners.stash: the executor's stash; on CUDA each step's allocator peak) and the executor's
+run-queue samples (runners.runqueue) join the trace's events at export, on the profiler's clock.
+`session` builds a profiler with the same settings and no export, for the calibration.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity
 
+from runners.runqueue import RunQueueMeter, run_queue_events
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER
 from runners.stash import StashMeter, base_ns, counter_event, stash_events, with_events
 
@@ -67,17 +68,23 @@ def profile_steps(
     warmup: int = 1,
     profile_memory: bool = False,
     meter: StashMeter | None = None,
+    run_queue: RunQueueMeter | None = None,
 ) -> None:
     """Run wait + warmup + active steps under the profiler and write the active ones to path."""
     schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
     meter = meter or StashMeter()
+    run_queue = run_queue or RunQueueMeter()
     cuda_peaks: list[tuple[int, int]] = []
 
     def counters(base: int) -> list[bytes]:
-        return stash_events(meter.samples, base) + [
-            counter_event(CUDA_PEAK_COUNTER, t, base, {"peak_bytes_above_step_start": peak})
-            for t, peak in cuda_peaks
-        ]
+        return (
+            stash_events(meter.samples, base)
+            + [
+                counter_event(CUDA_PEAK_COUNTER, t, base, {"peak_bytes_above_step_start": peak})
+                for t, peak in cuda_peaks
+            ]
+            + run_queue_events(run_queue.values(), base)
+        )
 
     with torch.profiler.profile(
         activities=activities(on_cuda),
@@ -88,6 +95,7 @@ def profile_steps(
         for index in range(wait + warmup + active):
             if index == wait + warmup:  # keep only the recorded steps' samples
                 meter.samples.clear()
+                run_queue.samples.clear()
             if on_cuda and index >= wait + warmup:
                 _step_with_cuda_peak(step, cuda_peaks)
             else:

@@ -64,10 +64,11 @@ def _micros_text(t_ns: int, base_ns: int) -> bytes:
     return f"{'-' if t_ns < base_ns else ''}{whole}.{ns:03d}".encode()
 
 
-def counter_event(name: str, t_ns: int, base_ns: int, args: dict[str, int]) -> bytes:
+def counter_event(name: str, t_ns: int, base_ns: int, args: dict[str, int], cat: str = "pp_memory") -> bytes:
     """One Chrome counter event on this process's current thread, as JSON text."""
     values = ",".join(f'"{key}":{int(value)}' for key, value in args.items())
-    return b'{"ph":"C","cat":"pp_memory","name":"%s","pid":%d,"tid":%d,"ts":%s,"args":{%s}}' % (
+    return b'{"ph":"C","cat":"%s","name":"%s","pid":%d,"tid":%d,"ts":%s,"args":{%s}}' % (
+        cat.encode(),
         name.encode(),
         os.getpid(),
         threading.get_native_id(),

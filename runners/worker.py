@@ -31,6 +31,7 @@ from runners.presets import calibration_rows, microbatch_rows
 from runners.profile import profile_steps, session
 from runners.request import RequestError, Resolved, add_request_arguments, request_from, resolve
 from runners.rundir import git_revision, host_facts, write_run_json
+from runners.runqueue import RunQueueMeter
 from runners.schedules import Schedule, build, lower
 from runners.stash import StashMeter
 
@@ -117,9 +118,9 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
     stages = build_stages(preset, schedule.stages_of(rank), request.v, device)
     batch = stage_input(preset, device)
     optimizer = torch.optim.SGD([p for stage in stages.values() for p in stage.parameters()], lr=1e-4)
-    meter = StashMeter()
+    meter, run_queue = StashMeter(), RunQueueMeter()
     build_step = ENGINES[request.engine].step_builder()
-    setup = RankSetup(resolved, schedule, rank, stages, batch, optimizer, meter)
+    setup = RankSetup(resolved, schedule, rank, stages, batch, optimizer, meter, run_queue)
     step = ended_together(build_step(setup))
     on_cuda = device.type == "cuda"
     row_counts = calibration_rows(preset.rows, request.m)
@@ -150,6 +151,7 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
         PROFILER_WARMUP,
         request.profile_memory,
         meter,
+        run_queue,
     )
     dist.barrier()  # every rank's trace is on disk before run.json says complete
     phases["profiled_steps"] = time.monotonic() - began

@@ -1,8 +1,13 @@
 """The executor's SGD step must equal plain full-batch autograd, whatever the schedule splits the batch
-into, on one rank and on two ranks over gloo; every action must appear as a PP:<action> span."""
+into, on one rank and on two ranks over gloo; every action must appear as a PP:<action> span, the
+sends be awaited in a span of their own before the optimizer's, and the run-queue meter be sampled
+twice inside every action."""
 
 from __future__ import annotations
 
+import os
+import time
+import timeit
 from datetime import timedelta
 
 import pytest
@@ -13,7 +18,9 @@ from runners.execute import StepContext, run_step
 from runners.model import build_stages, loss_of, split_microbatches, stage_input
 from runners.p2p import open_links
 from runners.presets import Preset
+from runners.runqueue import RunQueueMeter, run_delay_ns
 from runners.schedules import Action, build, lower
+from runners.schedules.trace_names import LABEL_PREFIX, OPTIMIZER_STEP, WAIT_SENDS
 
 PRESET = Preset("test", width=16, layers_per_rank=2, rows=32, dtype="float64")
 LR = 0.5
@@ -30,21 +37,30 @@ def reference_update(n_stages: int, v: int) -> dict[int, list[torch.Tensor]]:
         return {s: [w - LR * w.grad for w in stage.parameters()] for s, stage in stages.items()}
 
 
-def executed(schedule_name: str, m: int, v: int = 1, order: tuple[Action, ...] | None = None):
-    """Run one step of a p=1 schedule; return the stages (updated in place) and the schedule."""
-    schedule = lower(build(schedule_name, 1, m, v))
+def executed(
+    schedule_name: str,
+    m: int,
+    v: int = 1,
+    order: tuple[Action, ...] | None = None,
+    run_queue: RunQueueMeter | None = None,
+    p: int = 1,
+    links=None,
+):
+    """Run one step of rank 0 of a schedule (p > 1: with fake links); return the stages (updated in
+    place) and the schedule."""
+    schedule = lower(build(schedule_name, p, m, v))
     stages = build_stages(PRESET, schedule.stages_of(0), v, torch.device("cpu"))
     ctx = StepContext(
         0,
         schedule.n_stages,
         schedule.rank_of,
         stages,
-        None,
+        links,
         split_microbatches(stage_input(PRESET, torch.device("cpu")), m),
         PRESET.width,
     )
     optimizer = torch.optim.SGD([p for s in stages.values() for p in s.parameters()], lr=LR)
-    run_step(ctx, schedule.orders[0] if order is None else order, optimizer)
+    run_step(ctx, schedule.orders[0] if order is None else order, optimizer, run_queue=run_queue)
     return stages, schedule
 
 
@@ -66,6 +82,74 @@ def test_every_action_is_a_labelled_span():
         executed("interleaved", 2, 2)
     labels = [event.name for event in profiler.events() if event.name.startswith("PP:")]
     assert labels == [f"PP:{action}" for action in schedule.orders[0]]
+
+
+class SlowSends:
+    """Links whose sends take SEND_S to complete and whose receives get random data at once."""
+
+    SEND_S = 0.005
+
+    def send(self, tensor, dst, tag, is_gradient):
+        return self
+
+    def wait(self) -> None:
+        time.sleep(self.SEND_S)
+
+    def recv(self, buffer, src, tag, is_gradient):
+        return buffer.normal_()
+
+
+def test_sends_are_awaited_in_their_own_span_before_the_optimizer_step():
+    """Waiting for sends is the schedule's p2p, not work outside it: its own span after the last
+    action, not inside optimizer_step."""
+    schedule = lower(build("gpipe", 2, 2))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        executed("gpipe", 2, p=2, links=SlowSends())
+    events = sorted(profiler.events(), key=lambda event: event.time_range.start)
+    (wait,) = [event for event in events if event.name == WAIT_SENDS]
+    (optimizer,) = [event for event in events if event.name == OPTIMIZER_STEP]
+    actions = [event for event in events if event.name.startswith(LABEL_PREFIX)]
+    sends = sum(action.kind.name.startswith("SEND") for action in schedule.orders[0])
+    assert sends == 2 and [event.name for event in actions] == [f"PP:{a}" for a in schedule.orders[0]]
+    assert max(event.time_range.end for event in actions) <= wait.time_range.start
+    assert wait.time_range.end <= optimizer.time_range.start  # one after the other, neither inside the other
+    assert wait.time_range.elapsed_us() >= sends * SlowSends.SEND_S * 1e6
+    assert optimizer.time_range.elapsed_us() < SlowSends.SEND_S * 1e6
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstat only")
+def test_the_run_queue_is_sampled_at_the_start_and_end_of_every_action():
+    meter = RunQueueMeter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        _, schedule = executed("interleaved", 2, 2, run_queue=meter)
+    order = schedule.orders[0]
+    assert len(meter.samples) == 2 * len(order)
+    values = meter.values()
+    assert [t for t, _ in values] == sorted(t for t, _ in values)
+    assert [d for _, d in values] == sorted(d for _, d in values)  # cumulative: never decreases
+    # both samples of an action lie inside its span: pair the i-th span with samples 2i and 2i+1
+    spans = sorted(
+        (event for event in profiler.events() if event.name.startswith(LABEL_PREFIX)),
+        key=lambda event: event.time_range.start,
+    )
+    durations_ns = [(values[2 * i + 1][0] - values[2 * i][0]) for i in range(len(order))]
+    for span, inside_ns in zip(spans, durations_ns):
+        assert 0 <= inside_ns <= span.time_range.elapsed_us() * 1e3 + 1e3
+
+
+def test_without_schedstat_the_meter_records_nothing(tmp_path):
+    meter = RunQueueMeter(str(tmp_path / "absent"))
+    executed("gpipe", 2, run_queue=meter)
+    assert not meter.available and meter.samples == []
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstat only")
+def test_a_run_queue_sample_costs_microseconds():
+    meter = RunQueueMeter()
+    count = 20000
+    per_sample_ns = timeit.timeit(meter.sample, number=count) / count * 1e9
+    assert per_sample_ns < 50_000, per_sample_ns  # about 1 us on Linux (a pread of a file kept open)
+    assert run_delay_ns(b"19137413 221357 4\n") == 221357
 
 
 def test_an_order_that_leaves_work_undone_is_an_error():

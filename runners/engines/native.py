@@ -12,7 +12,8 @@ from runners.p2p import PEER_TIMEOUT, open_links
 
 
 def build_step(setup: RankSetup) -> Callable[[], None]:
-    """run_step over this rank's order, with p2p channels to its peers (none when p is 1)."""
+    """run_step over this rank's order, with p2p channels to its peers (none when p is 1) and the
+    stash and run-queue meters."""
     request = setup.resolved.request
     links = open_links(setup.resolved.backend, PEER_TIMEOUT) if request.p > 1 else None
     ctx = StepContext(
@@ -24,4 +25,5 @@ def build_step(setup: RankSetup) -> Callable[[], None]:
         split_microbatches(setup.batch, request.m),
         setup.resolved.preset.width,
     )
-    return partial(run_step, ctx, setup.schedule.orders[setup.rank], setup.optimizer, setup.meter)
+    order = setup.schedule.orders[setup.rank]
+    return partial(run_step, ctx, order, setup.optimizer, setup.meter, setup.run_queue)

@@ -9,6 +9,8 @@ does, so both engines compute the same step.
 What torch's traces contain differs by class (the analysis reads each form): ScheduleGPipe labels
 `Forward i`/`Backward i`, Schedule1F1B labels nothing, the multi-stage runtime labels every action
 `PP:<action>` but its RECV only posts the receive; the wait happens inside the consuming F or B.
+torch's action loop cannot be instrumented from outside, so its traces carry no run-queue counter, and
+torch waits for its sends inside its own step, not in a span of ours.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch.distributed.pipelining import schedules as torch_schedules
 from runners.engines.protocol import RankSetup
 from runners.engines.torch_classes import MULTI_STAGE, TORCH_CLASSES
 from runners.model import Stage
+from runners.schedules.trace_names import OPTIMIZER_STEP
 
 
 def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -59,7 +62,7 @@ def step_function(
 
     def step() -> None:
         schedule.step(*inputs, target=target)
-        with torch.profiler.record_function("optimizer_step"):
+        with torch.profiler.record_function(OPTIMIZER_STEP):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 

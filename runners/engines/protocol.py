@@ -9,6 +9,7 @@ import torch
 
 from runners.model import Stage
 from runners.request import Resolved
+from runners.runqueue import RunQueueMeter
 from runners.schedules import Schedule
 from runners.stash import StashMeter
 
@@ -24,6 +25,7 @@ class RankSetup:
     batch: torch.Tensor  # the whole batch that enters stage 0
     optimizer: torch.optim.Optimizer
     meter: StashMeter  # the native executor samples its stash here; other engines leave it empty
+    run_queue: RunQueueMeter  # the native executor samples it around every action; torch's cannot
 
 
 # Called once per rank, collectively (an engine may create process groups); the step function it

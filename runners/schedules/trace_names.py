@@ -1,8 +1,10 @@
 """The names the runner writes into traces and the analysis reads back: the contract between the halves.
 
 Every executed action runs inside `record_function(label(action))`, torch.distributed.pipelining's
-compact form with a `PP:` prefix (`PP:0F3`, `PP:1RECV_B0`; the stage is the global stage). The runner
-adds two Chrome counter tracks ("ph": "C") on the profiler's clock; the comments name their args.
+compact form with a `PP:` prefix (`PP:0F3`, `PP:1RECV_B0`; the stage is the global stage; `PP:` names
+only actions). After its last action the native executor waits for its pending sends in a span of their
+own, then takes the optimizer step in another. The runner adds Chrome counter tracks ("ph": "C") on the
+profiler's clock; the comments name their args.
 """
 
 from __future__ import annotations
@@ -10,8 +12,14 @@ from __future__ import annotations
 from .actions import Action
 
 LABEL_PREFIX = "PP:"
+WAIT_SENDS = "PP wait for sends"  # the native executor completing the step's isends, after its last action
+OPTIMIZER_STEP = "optimizer_step"  # the SGD step and zero_grad, after the schedule (both engines)
 STASH_COUNTER = "PP stash"  # args: microbatches, activation_bytes (what the executor holds for backward)
 CUDA_PEAK_COUNTER = "PP cuda step peak"  # args: peak_bytes_above_step_start (the allocator's, per step)
+# args: run_delay_ns, the executing thread's cumulative ns runnable but waiting for a CPU
+# (/proc/thread-self/schedstat's second field); sampled at the start and at the end of every native
+# action, inside its span. Linux only: absent elsewhere, and from the torch engine's traces.
+RUN_QUEUE_COUNTER = "PP run queue"
 
 
 def label(action: Action) -> str:

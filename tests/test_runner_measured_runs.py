@@ -1,0 +1,99 @@
+"""Real tiny 2-rank gloo runs: what run.json and the traces carry for the analysis's split of busy time
+(calibration at every microbatch size, the run-queue counter, the wait for sends)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from conftest import trace_run
+
+from runners.presets import calibration_rows
+from runners.schedules import build, lower
+from runners.schedules.trace_names import LABEL_PREFIX, OPTIMIZER_STEP, RUN_QUEUE_COUNTER, WAIT_SENDS
+
+pytestmark = pytest.mark.slow
+
+M, STEPS, TIMED = 4, 2, 3
+ROWS_PER_MB = 128  # the tiny model on 512 rows: the whole batch costs clearly more than 16 rows
+OPTIONS = f"--sched gpipe --p 2 --m {M} --preset tiny --device cpu --steps {STEPS} --timed-steps {TIMED}"
+OPTIONS += f" --rows-per-mb {ROWS_PER_MB}"
+SCHEDSTAT = os.path.exists("/proc/thread-self/schedstat")
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> Path:
+    return trace_run(tmp_path_factory.mktemp("plain"), *OPTIONS.split())
+
+
+def run_json(run: Path) -> dict:
+    return json.loads((run / "run.json").read_text())
+
+
+def events(run: Path, rank: int) -> list[dict]:
+    """The rank's trace events, times as exact decimals (Kineto's microseconds with 3 decimals)."""
+    return json.loads(gzip.decompress((run / f"rank{rank}.json.gz").read_bytes()), parse_float=Decimal)[
+        "traceEvents"
+    ]
+
+
+def spans(run: Path, rank: int, name=lambda name: True) -> list[dict]:
+    found = [e for e in events(run, rank) if e.get("ph") == "X" and name(e.get("name", ""))]
+    return sorted(found, key=lambda e: e["ts"])
+
+
+def test_calibration_at_every_microbatch_size(plain):
+    config = run_json(plain)
+    rows = ROWS_PER_MB * M
+    sizes = [str(r) for r in calibration_rows(rows, M)]
+    assert sizes == ["512", "256", "128", "64", "32", "16"]
+    by_rows, samples = config["calibration_by_rows"], config["calibration_by_rows_samples_ms"]
+    assert config["calibration_profiled"] is True
+    assert list(by_rows) == list(samples) == ["0", "1"]
+    for stage in ("0", "1"):
+        assert list(by_rows[stage]) == list(samples[stage]) == sizes
+        assert all(len(samples[stage][r][kind]) == TIMED for r in sizes for kind in ("F_ms", "B_ms"))
+        # the whole batch is the m=1 size: the old whole-batch calibration, same samples
+        assert by_rows[stage][str(rows)] == config["calibration"][stage]
+        assert samples[stage][str(rows)] == config["calibration_samples_ms"][stage]
+        whole, small = (by_rows[stage][r]["F_ms"] + by_rows[stage][r]["B_ms"] for r in ("512", "16"))
+        assert 0 < small < whole  # a small microbatch costs less ...
+        assert small / 16 > whole / 512  # ... but more per row
+    assert set(config["phases_s"]) == {"timed_steps", "calibration", "profiled_steps"}
+
+
+@pytest.mark.skipif(not SCHEDSTAT, reason="Linux schedstat only")
+@pytest.mark.parametrize("rank", [0, 1])
+def test_run_queue_counter_two_samples_inside_every_action(plain, rank):
+    order = lower(build("gpipe", 2, M)).orders[rank]
+    counter = sorted(
+        (e for e in events(plain, rank) if e.get("ph") == "C" and e["name"] == RUN_QUEUE_COUNTER),
+        key=lambda e: e["ts"],
+    )
+    actions = spans(plain, rank, lambda name: name.startswith(LABEL_PREFIX))
+    assert len(actions) == STEPS * len(order) and len(counter) == 2 * len(actions)
+    values = [e["args"]["run_delay_ns"] for e in counter]
+    assert values == sorted(values) and all(isinstance(v, int) for v in values)  # cumulative ns
+    for i, action in enumerate(actions):
+        start, end = action["ts"], action["ts"] + action["dur"]
+        assert start <= counter[2 * i]["ts"] <= counter[2 * i + 1]["ts"] <= end, action["name"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_sends_are_awaited_in_their_own_span_before_the_optimizer_step(plain, rank):
+    steps = spans(plain, rank, lambda name: name.startswith("ProfilerStep#"))
+    assert len(steps) == STEPS
+    for step in steps:
+
+        def within(e, step=step):
+            return step["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"]
+
+        inside = [e for e in spans(plain, rank) if within(e)]
+        (wait,) = [e for e in inside if e["name"] == WAIT_SENDS]
+        (optimizer,) = [e for e in inside if e["name"] == OPTIMIZER_STEP]
+        last_action_end = max(e["ts"] + e["dur"] for e in inside if e["name"].startswith(LABEL_PREFIX))
+        assert last_action_end <= wait["ts"] and wait["ts"] + wait["dur"] <= optimizer["ts"]
