@@ -10,6 +10,7 @@ ENGINE ?= native       # native (runners/execute.py) | torch (torch.distributed.
 STEPS  ?= 3            # profiled steps per run
 DEVICE ?= auto         # auto (CUDA when >= P GPUs, else CPU) | cpu | cuda
 ROWS_PER_MB ?=         # fix the rows per microbatch (batch = M x this); empty = the preset's batch
+INJECT ?=              # delays injected on purpose, e.g. host:0:20,slow:1:2 (runners/inject.py)
 MS     ?= 1 2 4 8 16 32
 RUN    ?= traces/latest
 BENCH_ARGS ?=          # e.g. --only throughput --size-mb 100 (see python -m bench --help)
@@ -20,7 +21,8 @@ TORCH_SPEC ?= torch==2.13.0
 PY := .venv/bin/python
 RUN_ARGS = --sched $(strip $(SCHED)) --p $(strip $(P)) --v $(strip $(V)) --engine $(strip $(ENGINE)) \
            --steps $(strip $(STEPS)) --device $(strip $(DEVICE)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET))) \
-           $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(strip $(ROWS_PER_MB)))
+           $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(strip $(ROWS_PER_MB))) \
+           $(if $(strip $(INJECT)),--inject $(strip $(INJECT)))
 
 .PHONY: setup trace sweep analyze merge report bench lint test fuzz browser clean
 .DEFAULT_GOAL := trace

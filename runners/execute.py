@@ -14,11 +14,12 @@ An F's and a B's compute are forward_work and backward_work, which the calibrati
 times too, so both do the same work: the loss inside the last stage's F, no input gradient for stage 0.
 After the last action the step waits for its sends in a WAIT_SENDS span, then takes the optimizer step
 in its own span. A run-queue meter (runners/runqueue.py) is sampled at the start and end of every
-action, inside its span.
+action, inside its span; an injected host stall (runners/inject.py) sleeps at the start of every F.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,6 +47,7 @@ class StepContext:
     links: Links | None  # None when the pipeline has one rank
     first_inputs: tuple[torch.Tensor, ...]  # stage 0's input, one piece per microbatch
     width: int
+    host_stall_s: float = 0.0  # slept at the start of every F, inside its span (an injected host stall)
 
     @property
     def m(self) -> int:
@@ -102,6 +104,8 @@ def backward_work(output: torch.Tensor, output_grad: torch.Tensor | None) -> Non
 
 def forward(ctx: StepContext, state: StepState, action: Action) -> None:
     """Roughly: inputs[s+1, i] or to_send[SEND_F, s, i] = stage_s(inputs.pop((s, i))), kept in forwards."""
+    if ctx.host_stall_s:
+        time.sleep(ctx.host_stall_s)
     stage, microbatch = action.stage, action.microbatch
     x = ctx.first_inputs[microbatch] if stage == 0 else state.inputs.pop((stage, microbatch))
     output, taps, activation = forward_work(ctx.stages[stage], x, stage == ctx.n_stages - 1, ctx.m)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from runners.inject import as_text
 from runners.request import Resolved
 from runners.rundir import create_run_dir, is_complete, point_latest, run_id
 
@@ -52,6 +53,7 @@ def torchrun_command(resolved: Resolved, run_dir: Path) -> list[str]:
         str(request.timed_steps),
         *(["--rows-per-mb", str(request.rows_per_microbatch)] if request.rows_per_microbatch else []),
         *([] if request.profile_memory else ["--no-profile-memory"]),
+        *(["--inject", as_text(request.injections)] if request.injections else []),
     ]
 
 

@@ -36,14 +36,20 @@ class Stage(nn.Module):
 
 
 def build_stages(
-    preset: Preset, stage_ids: tuple[int, ...], v: int, device: torch.device
+    preset: Preset,
+    stage_ids: tuple[int, ...],
+    v: int,
+    device: torch.device,
+    layer_factors: dict[int, int] | None = None,
 ) -> dict[int, Stage]:
-    """This rank's stages, seeded by stage index so a stage's weights do not depend on the rank layout."""
+    """This rank's stages, seeded by stage index so a stage's weights do not depend on the rank layout.
+    layer_factors: stage -> K, a stage made K times heavier on purpose (runners/inject.py `slow`)."""
     layers = preset.layers_per_rank // v
     stages = {}
     for stage_id in stage_ids:
         torch.manual_seed(1337 + stage_id)
-        stages[stage_id] = Stage(preset.width, layers).to(device=device, dtype=getattr(torch, preset.dtype))
+        count = layers * (layer_factors or {}).get(stage_id, 1)
+        stages[stage_id] = Stage(preset.width, count).to(device=device, dtype=getattr(torch, preset.dtype))
     return stages
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from runners.engines import ENGINES
 from runners.engines.torch_classes import TORCH_CLASSES, TORCH_ONLY
+from runners.inject import SYNTAX, Injection, InjectionError, injection_problem, parse_injections
 from runners.presets import PRESETS, Preset, preset_problem
 from runners.schedules import V_SHAPED, ScheduleError, build
 
@@ -39,6 +40,7 @@ class RunRequest:
     # fixed microbatch size: the batch grows to m x this; None: the preset's batch split m ways
     rows_per_microbatch: int | None = None
     profile_memory: bool = True  # torch.profiler's allocator events ([memory]) in the traces
+    injections: tuple[Injection, ...] = ()  # delays injected on purpose (runners/inject.py)
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,12 @@ def resolve(
     if request.schedule in V_SHAPED and request.v == 1:
         request = replace(request, v=2)  # a V always holds 2 stages per rank; v=1 is the option's default
     try:
-        build(request.schedule, request.p, request.m, request.v)
+        n_stages = build(request.schedule, request.p, request.m, request.v).n_stages
     except ScheduleError as error:
         raise RequestError(str(error).splitlines()[0]) from None
+    problem = injection_problem(request.injections, request.p, n_stages)
+    if problem:
+        raise RequestError(problem)
     gpus = 0 if request.device == "cpu" else count_gpus()
     device = choose_device(request.device, ranks_per_node or request.p, gpus)
     preset = choose_preset(request.preset, device)
@@ -158,10 +163,20 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
         action="store_false",
         help="leave torch.profiler's memory events out of the traces",
     )
+    parser.add_argument(
+        "--inject",
+        default=None,
+        help=f"delays injected on purpose ({SYNTAX}): host:R:X sleeps X ms before each forward on rank R, "
+        "slow:S:K gives stage S K times its layers",
+    )
 
 
 def request_from(args: argparse.Namespace, p: int, m: int | None = None) -> RunRequest:
     m = args.m if m is None else m
+    try:
+        injections = parse_injections(args.inject)
+    except InjectionError as error:
+        raise RequestError(str(error)) from None
     return RunRequest(
         args.sched,
         p,
@@ -174,4 +189,5 @@ def request_from(args: argparse.Namespace, p: int, m: int | None = None) -> RunR
         args.timed_steps,
         args.rows_per_microbatch,
         args.profile_memory,
+        injections,
     )

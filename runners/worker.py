@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from runners.engines import ENGINES
 from runners.engines.protocol import RankSetup
+from runners.inject import layer_factors
 from runners.measure import at_rows, calibration, calibration_by_rows, calibration_samples, pooled, timed_step
 from runners.model import build_stages, stage_input
 from runners.p2p import PEER_TIMEOUT
@@ -99,6 +100,7 @@ def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, thre
             "profile_memory": request.profile_memory,
         },
         "rows_per_microbatch": request.rows_per_microbatch,  # set: microbatch size fixed, batch = m x it
+        "injections": [injection.as_json() for injection in request.injections],
         "versions": versions(device),
         "host": host,
         "git_revision": git_revision(),
@@ -115,7 +117,9 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
         else torch.device("cpu")
     )
     schedule = lower(build(request.schedule, request.p, request.m, request.v))
-    stages = build_stages(preset, schedule.stages_of(rank), request.v, device)
+    stages = build_stages(
+        preset, schedule.stages_of(rank), request.v, device, layer_factors(request.injections)
+    )
     batch = stage_input(preset, device)
     optimizer = torch.optim.SGD([p for stage in stages.values() for p in stage.parameters()], lr=1e-4)
     meter, run_queue = StashMeter(), RunQueueMeter()

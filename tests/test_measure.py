@@ -148,6 +148,22 @@ def test_calibration_does_exactly_the_executors_forward_and_backward(m):
     assert input_grad_mms[1] == input_grad_mms[2] == 2 * 2
 
 
+def test_a_slowed_stage_calibrates_its_extra_layers():
+    """slow:S:K is the stage's own work: its calibration does K times the matrix work."""
+    stages = build_stages(EXEC_PRESET, (0, 1), 3, torch.device("cpu"), layer_factors={1: 3})
+    assert [len(stages[s].linears) for s in (0, 1)] == [2, 6]
+    batch = stage_input(EXEC_PRESET, torch.device("cpu"))
+    counts = []
+    for s in (0, 1):
+        forward, reset, backward = microbatch_passes(stages[s], batch, False, False, 1, accumulate=False)
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as profiler:
+            forward()
+            reset()
+            backward()
+        counts.append(Counter(event.name for event in profiler.events())["aten::mm"])
+    assert counts == [2 + 2 * 2, 3 * (2 + 2 * 2)]
+
+
 def test_a_step_ends_with_a_barrier_across_the_ranks(monkeypatch):
     """The worker's step: the engine's step, then a barrier, so the ranks' ProfilerStep spans end together."""
     from runners import worker

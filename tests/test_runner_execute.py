@@ -1,7 +1,7 @@
 """The executor's SGD step must equal plain full-batch autograd, whatever the schedule splits the batch
 into, on one rank and on two ranks over gloo; every action must appear as a PP:<action> span, the
-sends be awaited in a span of their own before the optimizer's, and the run-queue meter be sampled
-twice inside every action."""
+sends be awaited in a span of their own before the optimizer's, the run-queue meter be sampled twice
+inside every action, and an injected host stall sit inside every forward."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def executed(
     v: int = 1,
     order: tuple[Action, ...] | None = None,
     run_queue: RunQueueMeter | None = None,
+    host_stall_s: float = 0.0,
     p: int = 1,
     links=None,
 ):
@@ -58,6 +59,7 @@ def executed(
         links,
         split_microbatches(stage_input(PRESET, torch.device("cpu")), m),
         PRESET.width,
+        host_stall_s,
     )
     optimizer = torch.optim.SGD([p for s in stages.values() for p in s.parameters()], lr=LR)
     run_step(ctx, schedule.orders[0] if order is None else order, optimizer, run_queue=run_queue)
@@ -150,6 +152,20 @@ def test_a_run_queue_sample_costs_microseconds():
     per_sample_ns = timeit.timeit(meter.sample, number=count) / count * 1e9
     assert per_sample_ns < 50_000, per_sample_ns  # about 1 us on Linux (a pread of a file kept open)
     assert run_delay_ns(b"19137413 221357 4\n") == 221357
+
+
+def test_an_injected_host_stall_sits_inside_every_forward():
+    stall_s = 0.02
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        executed("gpipe", 2, host_stall_s=stall_s)
+    spans = {
+        event.name: event.time_range.elapsed_us()
+        for event in profiler.events()
+        if event.name.startswith("PP:")
+    }
+    assert sorted(spans) == ["PP:0B0", "PP:0B1", "PP:0F0", "PP:0F1"]
+    assert all(spans[name] >= stall_s * 1e6 for name in ("PP:0F0", "PP:0F1"))
+    assert all(spans[name] < stall_s * 1e6 for name in ("PP:0B0", "PP:0B1"))
 
 
 def test_an_order_that_leaves_work_undone_is_an_error():

@@ -1,5 +1,6 @@
 """Real tiny 2-rank gloo runs: what run.json and the traces carry for the analysis's split of busy time
-(calibration at every microbatch size, the run-queue counter, the wait for sends)."""
+(calibration at every microbatch size, the run-queue counter, the wait for sends) and injected delays
+against a run without them."""
 
 from __future__ import annotations
 
@@ -22,12 +23,19 @@ M, STEPS, TIMED = 4, 2, 3
 ROWS_PER_MB = 128  # the tiny model on 512 rows: the whole batch costs clearly more than 16 rows
 OPTIONS = f"--sched gpipe --p 2 --m {M} --preset tiny --device cpu --steps {STEPS} --timed-steps {TIMED}"
 OPTIONS += f" --rows-per-mb {ROWS_PER_MB}"
+STALL_MS, FACTOR = 20, 3
 SCHEDSTAT = os.path.exists("/proc/thread-self/schedstat")
 
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory) -> Path:
     return trace_run(tmp_path_factory.mktemp("plain"), *OPTIONS.split())
+
+
+@pytest.fixture(scope="module")
+def injected(tmp_path_factory) -> Path:
+    inject = f"host:0:{STALL_MS},slow:1:{FACTOR}"
+    return trace_run(tmp_path_factory.mktemp("injected"), *OPTIONS.split(), "--inject", inject)
 
 
 def run_json(run: Path) -> dict:
@@ -52,7 +60,7 @@ def test_calibration_at_every_microbatch_size(plain):
     sizes = [str(r) for r in calibration_rows(rows, M)]
     assert sizes == ["512", "256", "128", "64", "32", "16"]
     by_rows, samples = config["calibration_by_rows"], config["calibration_by_rows_samples_ms"]
-    assert config["calibration_profiled"] is True
+    assert config["calibration_profiled"] is True and config["injections"] == []
     assert list(by_rows) == list(samples) == ["0", "1"]
     for stage in ("0", "1"):
         assert list(by_rows[stage]) == list(samples[stage]) == sizes
@@ -97,3 +105,54 @@ def test_sends_are_awaited_in_their_own_span_before_the_optimizer_step(plain, ra
         (optimizer,) = [e for e in inside if e["name"] == OPTIMIZER_STEP]
         last_action_end = max(e["ts"] + e["dur"] for e in inside if e["name"].startswith(LABEL_PREFIX))
         assert last_action_end <= wait["ts"] and wait["ts"] + wait["dur"] <= optimizer["ts"]
+
+
+def test_injections_are_recorded(injected):
+    assert run_json(injected)["injections"] == [
+        {"kind": "host", "rank": 0, "ms": float(STALL_MS)},
+        {"kind": "slow", "stage": 1, "factor": FACTOR},
+    ]
+
+
+def test_a_host_stall_lengthens_every_forward_on_its_rank(plain, injected):
+    """host:0:20: each rank-0 forward is at least 20 ms longer than the same forward without it (at its
+    fastest in the plain run, so that run's noise cannot hide the stall); backward and the calibration
+    do not stall."""
+
+    def durations(run: Path, kind: str) -> dict[str, list[Decimal]]:
+        found: dict[str, list[Decimal]] = {}
+        for e in spans(run, 0, lambda name: name.startswith(f"{LABEL_PREFIX}0{kind}")):
+            found.setdefault(e["name"], []).append(e["dur"])
+        return found
+
+    before, after = durations(plain, "F"), durations(injected, "F")
+    assert sorted(before) == sorted(after) == [f"PP:0F{i}" for i in range(M)]
+    for name, stalled in after.items():
+        assert len(stalled) == STEPS
+        assert all(us >= min(before[name]) + STALL_MS * 1000 for us in stalled), (name, stalled, before[name])
+    assert all(
+        us < STALL_MS * 1000 for durations_us in durations(injected, "B").values() for us in durations_us
+    )
+    assert run_json(injected)["calibration"]["0"]["F_ms"] < STALL_MS / 2
+
+
+def test_a_slowed_stage_is_slower_in_its_calibration_too(plain, injected):
+    """slow:1:3 is stage 1's own work: its isolated calibration grows with it (imbalance, not slowdown)."""
+    base, slowed = (run_json(run)["calibration_by_rows"]["1"] for run in (plain, injected))
+    for rows in ("512", "128"):
+        work = [times[rows]["F_ms"] + times[rows]["B_ms"] for times in (base, slowed)]
+        assert work[1] > 1.8 * work[0], (rows, work)
+
+
+def test_the_torch_engine_stalls_inside_its_forwards_and_has_no_run_queue_counter(tmp_path):
+    """torch's GPipe labels `Forward i`; the stall is a pre-hook on the stage module, inside it (rank 1's
+    forwards wait for rank 0's inside their spans too, so only rank 0's are checked)."""
+    options = (
+        f"--sched gpipe --engine torch --p 2 --m {M} --preset tiny --device cpu --steps 1 --timed-steps 1"
+    )
+    run = trace_run(tmp_path, *options.split(), "--inject", f"host:0:{STALL_MS}")
+    assert run_json(run)["injections"] == [{"kind": "host", "rank": 0, "ms": float(STALL_MS)}]
+    forwards = spans(run, 0, lambda name: name.startswith("Forward "))
+    assert len(forwards) == M and all(e["dur"] >= STALL_MS * 1000 for e in forwards)
+    assert not any(e.get("name") == RUN_QUEUE_COUNTER for rank in (0, 1) for e in events(run, rank))
+    assert run_json(run)["calibration"]["0"]["F_ms"] < STALL_MS / 2

@@ -103,6 +103,7 @@ def test_what_the_launcher_imports_needs_no_torch():
     """A bad request is refused before torch (seconds to import) is loaded."""
     modules = [
         "runners.request",
+        "runners.inject",
         "runners.presets",
         "runners.engines",
         "runners.engines.torch_classes",

@@ -9,12 +9,18 @@ does, so both engines compute the same step.
 What torch's traces contain differs by class (the analysis reads each form): ScheduleGPipe labels
 `Forward i`/`Backward i`, Schedule1F1B labels nothing, the multi-stage runtime labels every action
 `PP:<action>` but its RECV only posts the receive; the wait happens inside the consuming F or B.
-torch's action loop cannot be instrumented from outside, so its traces carry no run-queue counter, and
-torch waits for its sends inside its own step, not in a span of ours.
+
+Injections (runners/inject.py): `slow` is the model's own (the stage holds K times its layers), so it
+applies here as in the native engine; a `host` stall is a forward pre-hook on the rank's stage modules,
+so it runs inside torch's forward action before the stage's ops (in the F's label where the class writes
+one; Schedule1F1B writes none, so there it is host time between ops). torch's action loop cannot be
+instrumented from outside, so its traces carry no run-queue counter, and torch waits for its sends
+inside its own step, not in a span of ours.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -24,6 +30,7 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from runners.engines.protocol import RankSetup
 from runners.engines.torch_classes import MULTI_STAGE, TORCH_CLASSES
+from runners.inject import host_stall_ms
 from runners.model import Stage
 from runners.schedules.trace_names import OPTIMIZER_STEP
 
@@ -69,9 +76,23 @@ def step_function(
     return step
 
 
+def stall_before_forward(stages: dict[int, Stage], ms: float) -> None:
+    """Every forward of these modules through their __call__ (torch's stage calls them so) sleeps ms first.
+    The calibration calls forward_with_taps directly, so it does not stall."""
+
+    def stall(_module: torch.nn.Module, _args: tuple) -> None:
+        time.sleep(ms / 1e3)
+
+    for module in stages.values():
+        module.register_forward_pre_hook(stall)
+
+
 def build_step(setup: RankSetup) -> Callable[[], None]:
     """This rank's stages under torch's schedule class for the requested schedule name."""
     request = setup.resolved.request
+    stall_ms = host_stall_ms(request.injections, setup.rank)
+    if stall_ms:
+        stall_before_forward(setup.stages, stall_ms)
     n_stages = setup.schedule.n_stages
     schedule = build_schedule(request.schedule, setup.stages, n_stages, request.m, setup.batch.device)
     return step_function(schedule, setup.stages, n_stages, setup.batch, setup.optimizer)
