@@ -81,16 +81,7 @@ def _common_steps(per_rank: list[RankCells]) -> list[RankCells]:
     per_rank = paired_steps(per_rank)
     common = set.intersection(*(set(r.cells["step"].unique()) for r in per_rank))
     keep = pl.col("step").is_in(sorted(common))
-    return [
-        RankCells(
-            r.cells.filter(keep),
-            r.waits.filter(keep),
-            r.steps.filter(keep),
-            None if r.kernels is None else r.kernels.filter(keep),
-            r.unscheduled.filter(keep),
-        )
-        for r in per_rank
-    ]
+    return [r.map(lambda frame: frame.filter(keep)) for r in per_rank]
 
 
 def _schedule(
@@ -154,7 +145,7 @@ def analyze_run(
     step_ns = float(chosen["step_ns"][0])
     this = pl.col("step") == step
     origin = spans.filter(this & (pl.col("rank") == shape.rank_of(0)))["start_ns"][0]
-    rungs = ladder(shape, step_model(shape, cells, waits, spans), ref, step_ns)
+    rungs = ladder(shape, step_model(shape, cells, waits, spans, parts), ref, step_ns)
     busy = chosen["busy"].sum()
     config = run.run_json or {}
     summary = Summary(

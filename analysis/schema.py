@@ -81,7 +81,8 @@ class Waterfall(msgspec.Struct, kw_only=True):
     """The step time as a ladder of replays, rung by rung from the formula to the measurement (ms).
 
     ideal + formula_bubble is the formula's step time; the rungs after it add stage imbalance, small-GEMM
-    time, slowdown, host gaps and p2p latencies; `residual` is the measured step minus the last rung.
+    time, slowdown, host gaps, p2p latencies and the step's time after its last action (`other`: the
+    optimizer step); `residual` is the measured step minus the last rung.
     The terms sum to the step time (None small_gemm and slowdown, no isolated calibration, count as 0:
     they are folded into imbalance)."""
 
@@ -92,6 +93,7 @@ class Waterfall(msgspec.Struct, kw_only=True):
     slowdown: float | None
     launch_overhead: float
     p2p_wait: float
+    other: float
     residual: float
 
 

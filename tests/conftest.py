@@ -62,7 +62,7 @@ def trace_run(traces: Path, *options: str, timeout: float = 300) -> Path:
 
 
 def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
-    """A gpipe p=2 m=4 summary (waterfall 6 + 2 + 0.5 + 1 + 1 - 0.5 = 10 ms) with `fields` changed; with
+    """A gpipe p=2 m=4 summary (waterfall 6 + 2 + 0.5 + 1 + 1 + 0.25 - 0.75 = 10 ms) with `fields` changed; with
     `peak_bytes`, one rank entry holding that peak (for what reads summaries: the index, the sweeps)."""
     waterfall = Waterfall(
         ideal=6.0,
@@ -72,7 +72,8 @@ def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
         slowdown=None,
         launch_overhead=1.0,
         p2p_wait=1.0,
-        residual=-0.5,
+        other=0.25,
+        residual=-0.75,
     )
     ranks = (
         []

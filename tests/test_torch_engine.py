@@ -41,9 +41,6 @@ def test_v_schedules_every_compute_action_of_every_stage_is_found(tmp_path, sche
         assert sorted(got) == sorted(wanted), (rank, step)
     assert compute.select("rank", "step").n_unique() == 2 * result.summary.steps_analyzed
     assert (result.summary.inferred_cells > 0) == (schedule == "dualpipev")  # the fused halves
-    # a replay of the measured step lands near it (a wait taken for compute, or a wrong clock shift, puts
-    # it far off)
-    assert abs(result.summary.waterfall_ms.residual) < 0.15 * result.summary.step_time_ms
 
 
 @pytest.mark.parametrize("engine", ["native", "torch"])

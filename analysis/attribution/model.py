@@ -4,8 +4,9 @@ From every analysed step's measurements (analysis.attribution.replay.measure) th
 (stage, kind), the median busy time of its cells and the median host gap before them (the host time
 before and inside an action that is not work), and per direction of a hop (activations, gradients)
 the median latency from the producer's end to the data's arrival, over the hops whose arrival was seen
-(the receiver was already waiting; where it came later, the data had been there for an unknown time).
-Replayed on the executed order
+(the receiver was already waiting; where it came later, the data had been there for an unknown time);
+and the median time the step goes on after the schedule's last action (the optimizer step, waiting for
+pending sends, on GPU the host's turn to the next step). Replayed on the executed order
 (runners.schedules.simulate), it predicts the step: whatever it does not explain (jitter, order
 effects, one slow microbatch) is the waterfall's residual. Like torch.distributed.pipelining's
 simulator it is not high-fidelity: it does not model compute and communication overlapping beyond
@@ -35,6 +36,7 @@ class StepModel:
     duration: dict[Key, float]  # median busy ns of a (stage, kind)'s cells
     gap: dict[Key, float]  # median host ns before (and inside) them
     latency: dict[str, float]  # direction -> median ns from the producer's end to the data's arrival
+    tail: float  # median ns of the step after its last action
 
     def measured(self, schedule: Schedule, duration: dict[Key, float] | None = None) -> Measured:
         """The model as the measurements of one step of `schedule` (any m); `duration` replaces the busy
@@ -54,8 +56,8 @@ class StepModel:
         )
 
 
-def fit(steps: list[Measured]) -> StepModel:
-    """The medians over every analysed step's measurements."""
+def fit(steps: list[Measured], tails: list[float]) -> StepModel:
+    """The medians over every analysed step's measurements and the time after their last action."""
     durations, gaps = defaultdict(list), defaultdict(list)
     seen, bounds = defaultdict(list), defaultdict(list)  # hop latencies sighted / only bounded
     for measured in steps:
@@ -67,7 +69,7 @@ def fit(steps: list[Measured]) -> StepModel:
             (bounds if hop in measured.bounded else seen)[direction(hop[0])].append(ns)
     # a direction whose data always arrived before its receiver looked is bounded by its quickest hop
     latency = {d: statistics.median(seen[d]) if seen[d] else min(bounds[d]) for d in {*seen, *bounds}}
-    return StepModel(_medians(durations), _medians(gaps), latency)
+    return StepModel(_medians(durations), _medians(gaps), latency, statistics.median(tails))
 
 
 def _medians(table: dict[Key, list[float]]) -> dict[Key, float]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from runners.schedules import Action, Kind, Schedule, Timeline, dependencies, simulate
-from runners.schedules.dependencies import receiving
+from runners.schedules.dependencies import matching_send, receiving
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Measured:
     duration: dict[Action, float]
     latency: dict[tuple[Action, Action], float] = field(default_factory=dict)  # (producer, consumer)
     gap: dict[Action, float] = field(default_factory=dict)
-    # hops whose arrival was not seen (the receiver came after the data): their latency is an upper bound
+    # hops whose arrival was not seen (the receiver looked after the data was sent): latency is a bound
     bounded: set[tuple[Action, Action]] = field(default_factory=set)
 
 
@@ -35,25 +35,27 @@ def _by_action(cells: pl.DataFrame) -> dict[Action, dict]:
     }
 
 
-def _arrival(recv: dict | None, waits_end: dict[Action, int]) -> tuple[float | None, bool]:
-    """When the input was there on the consumer: the end of the RECV's wait, else at the latest the
-    RECV's start (then the second value is True: a bound, not a sighting)."""
+def _arrival(recv: dict | None, waits: dict[Action, tuple[int, int]], sent_ns: int) -> tuple[float, bool]:
+    """When the input was there on the consumer, and whether that was seen: the end of the RECV's wait
+    if the receiver was waiting before the data was sent; else at the latest that end, or the RECV's
+    start (an upper bound: the data may have been there for a while)."""
     if recv is None:
-        return None, True
-    action = Action(recv["stage"], Kind(recv["kind"]), recv["microbatch"])
-    if action in waits_end:
-        return waits_end[action], False
-    return recv["start_ns"], True
+        return sent_ns, False
+    span = waits.get(Action(recv["stage"], Kind(recv["kind"]), recv["microbatch"]))
+    if span is None:
+        return recv["start_ns"], False
+    return span[1], span[0] <= sent_ns
 
 
 def measure(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origin_ns: int) -> Measured:
     """Measurements of one step from its cells and waits (all ranks); times from `origin_ns`."""
     rows = _by_action(cells)
-    waits_end = {
-        Action(r["stage"], Kind(r["kind"]), r["microbatch"]): r["end_ns"]
-        for r in waits.group_by("stage", "kind", "microbatch")
-        .agg(pl.col("end_ns").max())
-        .iter_rows(named=True)
+    spans = waits.group_by("stage", "kind", "microbatch").agg(
+        pl.col("start_ns").min(), pl.col("end_ns").max()
+    )
+    wait_spans = {
+        Action(stage, Kind(kind), microbatch): (start, end)
+        for stage, kind, microbatch, start, end in spans.iter_rows()
     }
     duration, latency, gap, bounded = {}, {}, {}, set()
     for rank, order in enumerate(schedule.orders):
@@ -70,9 +72,11 @@ def measure(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origin
                     continue
                 end = producer["end_ns"]
                 if schedule.rank_of(dep.stage) != rank:
-                    arrival, bound = _arrival(rows.get(receiving(action)), waits_end)
-                    latency[(dep, action)] = max(0.0, (arrival if arrival is not None else end) - end)
-                    if bound:
+                    recv = receiving(action)
+                    send = rows.get(matching_send(recv), {"start_ns": end})
+                    arrival, seen = _arrival(rows.get(recv), wait_spans, max(end, send["start_ns"]))
+                    latency[(dep, action)] = max(0.0, arrival - end)
+                    if not seen:
                         bounded.add((dep, action))
                     end += latency[(dep, action)]
                 ready = max(ready, end)

@@ -5,9 +5,10 @@ medians over every analysed step) with one more measured effect: equal slots at 
 (its excess over the even split of the work, `ideal`, is the formula bubble) -> per-stage full-batch
 durations (imbalance) -> each (stage, kind)'s work timed in isolation at its microbatch size
 (small_gemm) -> its measured busy time (slowdown) -> plus the measured host gaps (launch_overhead) ->
-plus the measured p2p latencies (p2p_wait). Each rung's increase over the one before is one term; the
-median step minus the last rung is the residual: what medians do not explain (jitter, a rank's first
-action sparing its launch gap, one slow microbatch). Without the
+plus the measured p2p latencies (p2p_wait) -> plus the step's time after its last action (other: the
+optimizer step, pending sends). Each rung's increase over the one before is one term; the median step
+minus the last rung is the residual: what medians do not explain (jitter, a rank's first action
+sparing its launch gap, one slow microbatch). Without the
 isolated calibration small_gemm and slowdown are unknown and the cells' rung stands for the
 reference (their time is in imbalance).
 
@@ -27,7 +28,7 @@ from analysis.attribution.model import StepModel, fit
 from analysis.attribution.reference import Reference
 from analysis.attribution.replay import measure, replay
 from analysis.schema import Waterfall
-from runners.schedules import Schedule, Timeline
+from runners.schedules import COMPUTE_KINDS, Schedule, Timeline
 
 NS_PER_MS = 1e6
 IDEAL_SCHEMA = {
@@ -72,7 +73,7 @@ def ladder(schedule: Schedule, model: StepModel, ref: Reference, step_ns: float)
     else:  # the split of busy time is unknown: the cells' own rung stands for the reference
         reference_rung = isolated = cells
     launched = rung(gaps=True).makespan
-    simulated = rung(gaps=True, latencies=True).makespan
+    scheduled = rung(gaps=True, latencies=True).makespan
     terms_ns = {
         "ideal": ideal,
         "formula_bubble": formula.makespan - ideal,
@@ -80,23 +81,34 @@ def ladder(schedule: Schedule, model: StepModel, ref: Reference, step_ns: float)
         "small_gemm": isolated.makespan - reference_rung.makespan if ref.isolated else None,
         "slowdown": cells.makespan - isolated.makespan if ref.isolated else None,
         "launch_overhead": launched - cells.makespan,
-        "p2p_wait": simulated - launched,
-        "residual": step_ns - simulated,
+        "p2p_wait": scheduled - launched,
+        "other": model.tail,
+        "residual": step_ns - scheduled - model.tail,
     }
     terms = Waterfall(**{term: None if ns is None else ns / NS_PER_MS for term, ns in terms_ns.items()})
     return Ladder(terms, reference_rung)
 
 
 def step_model(
-    schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, windows: pl.DataFrame
+    schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, windows: pl.DataFrame, parts: pl.DataFrame
 ) -> StepModel:
-    """The model fitted to every analysed step: each measured from its first stage's window start."""
+    """The model fitted to every analysed step (`parts`: their step_ns), each measured from its first
+    stage's window start."""
     origins = windows.filter(pl.col("rank") == schedule.rank_of(0)).select("step", "start_ns")
-    steps = [
-        measure(schedule, cells.filter(pl.col("step") == step), waits.filter(pl.col("step") == step), origin)
-        for step, origin in origins.sort("step").iter_rows()
-    ]
-    return fit(steps)
+    ends = (
+        cells.filter(pl.col("kind").is_in(COMPUTE_KINDS)).group_by("step").agg(last_ns=pl.col("end_ns").max())
+    )
+    steps = (
+        parts.group_by("step").agg(pl.col("step_ns").first()).join(origins, on="step").join(ends, on="step")
+    )
+    measured, tails = [], []
+    for step, step_ns, origin, last in (
+        steps.sort("step").select("step", "step_ns", "start_ns", "last_ns").iter_rows()
+    ):
+        this = pl.col("step") == step
+        measured.append(measure(schedule, cells.filter(this), waits.filter(this), origin))
+        tails.append(step_ns - (last - origin))
+    return fit(measured, tails)
 
 
 def ideal_frame(timeline: Timeline, step: int, origin_ns: int) -> pl.DataFrame:

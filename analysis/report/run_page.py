@@ -158,10 +158,12 @@ def waterfall_figure(summary: Summary) -> Figure:
     largest = f" The largest deviation is {deviation[0]} ({deviation[1]:.3f} ms)." if deviation else ""
     caption = (
         "Where the step time went, in ms: ideal (the work at reference efficiency, evenly split) plus the "
-        "formula bubble is the formula's step time; imbalance (unequal stages), small_gemm (microbatch GEMMs "
-        "slower than full-batch ones), launch_overhead, p2p_wait and the residual take it to the measured "
-        "step time, the last bar. Each term is the difference between two rungs of a ladder of replays of "
-        f"the schedule.{largest}"
+        "formula bubble is the formula's step time; imbalance (unequal stages), small_gemm (a microbatch's "
+        "work timed alone, beyond its full-batch share), slowdown (busy time beyond that isolated work), "
+        "launch_overhead (host gaps), p2p_wait (hop latencies) and other (the step after its last action: "
+        "the optimizer) take it to the model's step time; the residual, what the model of per-(stage, kind) "
+        "medians does not explain, to the measured step time, the last bar. Each term is the difference "
+        f"between two rungs of a ladder of replays of the schedule.{largest}"
     )
     return Figure("waterfall", charts.waterfall(waterfall_frame(summary)), caption)
 
