@@ -145,10 +145,20 @@ REFUSED: dict[str, tuple[Mutation, str, str]] = {
         "run.json",
         "'F_ms' = 'x' is not a time > 0",
     ),
+    "calibration by rows not per row count": (
+        lambda run: edit_run_json(run, calibration_by_rows={"0": {"many": {"F_ms": 1, "B_ms": 1}}}),
+        "run.json",
+        "row count 'many' is not an integer",
+    ),
+    "calibration by rows time negative": (
+        lambda run: edit_run_json(run, calibration_by_rows={"0": {"32": {"F_ms": -1, "B_ms": 1}}}),
+        "run.json",
+        "calibration_by_rows: stage 0 rows 32: 'F_ms' = -1 is not a time > 0",
+    ),
     "calibration without B_ms": (
         lambda run: edit_run_json(run, calibration={"0": {"F_ms": 1}}),
         "run.json",
-        "stage '0' needs an integer index and F_ms, B_ms",
+        "bad calibration: stage 0: needs F_ms, B_ms",
     ),
     "run.json missing beside the runner's log": (
         lambda run: ((run / "run.json").unlink(), (run / "torchrun.log").write_text("killed\n")),

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -406,31 +407,50 @@ def read_run_config(path: Path) -> dict[str, Any] | None:
         raise InputError(
             path, 'incomplete run: run.json lacks "complete": true (interrupted or still running)'
         )
-    _check_calibration(path, config.get("calibration"))
+    _check_calibration(path, config.get("calibration"), config.get("calibration_by_rows"))
     return config
 
 
-def _check_calibration(path: Path, calibration: Any) -> None:
-    """Stage index text -> {"F_ms": ms, "B_ms": ms, ...} with every time > 0, or absent: checked here once,
-    so the waterfall, the report and the merge's ideal track never meet a malformed one."""
-    if calibration is None:
-        return
-    if not isinstance(calibration, dict):
-        raise InputError(path, "bad calibration: not an object of stage -> times")
-    for stage, times in calibration.items():
-        if (
-            not (stage.isascii() and stage.isdecimal())
-            or not isinstance(times, dict)
-            or not {"F_ms", "B_ms"} <= times.keys()
-        ):
-            raise InputError(
-                path, f"bad calibration: stage {stage!r:.40} needs an integer index and F_ms, B_ms"
-            )
-        for key, ms in times.items():
+def _check_calibration(path: Path, calibration: Any, by_rows: Any) -> None:
+    """Stage index text -> {"F_ms": ms, "B_ms": ms, ...} with every time > 0, or absent, and the same per
+    row count in calibration_by_rows: checked here once, so the waterfall, the report, `predict` and the
+    merge's ideal track never meet a malformed one."""
+
+    def times(where: str, entry: Any) -> None:
+        if not isinstance(entry, dict) or not {"F_ms", "B_ms"} <= entry.keys():
+            raise InputError(path, f"bad {where}: needs F_ms, B_ms")
+        for key, ms in entry.items():
             if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not ms > 0:
-                raise InputError(
-                    path, f"bad calibration: stage {stage} {key!r:.40} = {ms!r:.40} is not a time > 0"
-                )
+                raise InputError(path, f"bad {where}: {key!r:.40} = {ms!r:.40} is not a time > 0")
+
+    def per_rows(where: str, entry: Any) -> None:
+        _check_keyed(path, where, "row count", entry, lambda count: f"{where} rows {count}", times)
+
+    if calibration is not None:
+        _check_keyed(
+            path, "calibration", "stage", calibration, lambda stage: f"calibration: stage {stage}", times
+        )
+    if by_rows is not None:
+        _check_keyed(
+            path,
+            "calibration_by_rows",
+            "stage",
+            by_rows,
+            lambda s: f"calibration_by_rows: stage {s}",
+            per_rows,
+        )
+
+
+def _check_keyed(
+    path: Path, name: str, key: str, table: Any, where: Callable[[str], str], check: Callable
+) -> None:
+    """`table` an object of integer text (a stage, a row count) -> an entry `check` accepts."""
+    if not isinstance(table, dict):
+        raise InputError(path, f"bad {name}: not an object of {key} -> times")
+    for index, entry in table.items():
+        if not (index.isascii() and index.isdecimal()):
+            raise InputError(path, f"bad {name}: {key} {index!r:.40} is not an integer")
+        check(where(index), entry)
 
 
 def _with_rank(trace: RawTrace, rank: int) -> RawTrace:
