@@ -11,7 +11,7 @@ STEPS  ?= 3            # profiled steps per run
 DEVICE ?= auto         # auto (CUDA when >= P GPUs, else CPU) | cpu | cuda
 ROWS_PER_MB ?=         # fix the rows per microbatch (batch = M x this); empty = the preset's batch
 INJECT ?=              # delays injected on purpose, e.g. host:0:20,slow:1:2 (runners/inject.py)
-MS     ?= 1 2 4 8 16 32
+MS     ?= 1 2 4 8 16 32  # the m values of `make sweep` and `make predict`
 RUN    ?= traces/latest
 BENCH_ARGS ?=          # e.g. --only throughput --size-mb 100 (see python -m bench --help)
 # On a CPU-only machine torch==2.13.0 resolves to the CPU build on disk; on a GPU machine to PyPI's
@@ -19,12 +19,14 @@ BENCH_ARGS ?=          # e.g. --only throughput --size-mb 100 (see python -m ben
 TORCH_SPEC ?= torch==2.13.0
 
 PY := .venv/bin/python
+comma := ,
+space := $(subst ,, )
 RUN_ARGS = --sched $(strip $(SCHED)) --p $(strip $(P)) --v $(strip $(V)) --engine $(strip $(ENGINE)) \
            --steps $(strip $(STEPS)) --device $(strip $(DEVICE)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET))) \
            $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(strip $(ROWS_PER_MB))) \
            $(if $(strip $(INJECT)),--inject $(strip $(INJECT)))
 
-.PHONY: setup trace sweep analyze merge report bench lint test fuzz browser clean
+.PHONY: setup trace sweep analyze merge predict report bench lint test fuzz browser clean
 .DEFAULT_GOAL := trace
 
 .venv/.installed: pyproject.toml
@@ -50,6 +52,9 @@ analyze: setup
 
 merge: setup
 	$(PY) -m analysis merge $(RUN)
+
+predict: setup
+	$(PY) -m analysis predict $(RUN) --ms $(subst $(space),$(comma),$(strip $(MS)))
 
 report: setup
 	$(PY) -m analysis report

@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis import results
-from analysis.attribution.parts import cell_parts, in_ms, median_step, rank_entries, rank_parts
+from analysis.attribution.parts import cell_parts, in_ms, median_step, rank_entries, rank_parts, with_busy
 from analysis.attribution.reference import reference
 from analysis.attribution.waterfall import ideal_frame, ladder, step_model
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
@@ -137,15 +137,17 @@ def analyze_run(
     spans = pl.concat([windows(r) for r in per_rank])
     shape, nearest = _schedule(run, cells, schedule, m)
     check_causality(shape, cells, run.sources)
+    cells = with_busy(cells, gaps, spans)
     ref = reference(cells, run.run_json, shape.m)
-    cells = cell_parts(cells, gaps, spans, ref)
+    cells = cell_parts(cells, ref)
     parts = rank_parts(cells, gaps, spans)
     step = median_step(parts)
     chosen = parts.filter(pl.col("step") == step)
     step_ns = float(chosen["step_ns"][0])
     this = pl.col("step") == step
     origin = spans.filter(this & (pl.col("rank") == shape.rank_of(0)))["start_ns"][0]
-    rungs = ladder(shape, step_model(shape, cells, waits, spans, parts), ref, step_ns)
+    model = step_model(shape, cells, waits, spans, parts)
+    rungs = ladder(shape, model, ref, step_ns)
     busy = chosen["busy"].sum()
     config = run.run_json or {}
     summary = Summary(
@@ -177,6 +179,7 @@ def analyze_run(
         gaps.sort("rank", "start_ns"),
         in_ms(parts),
         ideal_frame(rungs.ideal, step, origin),
+        model,
         run.memory,
     )
 

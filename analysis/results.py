@@ -4,11 +4,13 @@ for the merge, the report and the benchmarks), so every page and track shows wha
     summary.json          Summary (analysis.schema), the median step's figures
     schedule.json         the executed schedule: name, p, m, v, placement and each rank's order of actions
     cells.parquet         rank, step, stage, kind, microbatch, start_ns, end_ns, blocked_ns, inferred,
-                          small_gemm_ns (a compute cell's busy time beyond its reference; null uncalibrated)
+                          busy_ns, compute_ns, small_gemm_ns, slowdown_ns (analysis.attribution.parts)
     gaps.parquet          rank, step, start_ns, end_ns, class (analysis.schema.GAP_CLASSES)
     ranks.parquet         every analysed step's parts per rank, in ms
     ideal.parquet         the ideal timeline (analysis.attribution.waterfall): rank, stage, kind,
                           microbatch, start_ns, end_ns from the median step's origin
+    model.json            the step model the waterfall replays (analysis.attribution.model), which
+                          `predict` replays at other m
     memory.parquet, memory_peaks.parquet
                           where the traces carry memory events (analysis.traces.memory)
 
@@ -28,6 +30,7 @@ from pathlib import Path
 import msgspec
 import polars as pl
 
+from analysis.attribution.model import StepModel
 from analysis.errors import InputError
 from analysis.schema import Summary
 from analysis.traces.memory import Memory
@@ -46,6 +49,7 @@ class Analysis:
     gaps: pl.DataFrame
     ranks: pl.DataFrame
     ideal: pl.DataFrame
+    model: StepModel
     memory: Memory | None = None  # None: the traces have no memory events
 
 
@@ -57,6 +61,31 @@ class _ScheduleFile(msgspec.Struct):
     placement: str
     orders: list[list[str]]  # per rank, its actions in execution order, in the compact form "0F3"
     stage_ranks: list[int] = []  # the custom placement's rank of each stage
+
+
+class _ModelFile(msgspec.Struct):
+    kinds: list[tuple[int, str, float, float]]  # stage, kind, busy_ns, gap_ns
+    latency_ns: dict[str, float]  # hop direction (F, B) -> ns
+    tail_ns: float
+
+
+def _model_json(model: StepModel) -> bytes:
+    kinds = [
+        (stage, kind, ns, model.gap.get((stage, kind), 0.0)) for (stage, kind), ns in model.duration.items()
+    ]
+    return (
+        msgspec.json.format(msgspec.json.encode(_ModelFile(sorted(kinds), model.latency, model.tail))) + b"\n"
+    )
+
+
+def _model(path: Path) -> StepModel:
+    found = _decode(path, _ModelFile)
+    return StepModel(
+        {(stage, kind): busy for stage, kind, busy, _ in found.kinds},
+        {(stage, kind): gap for stage, kind, _, gap in found.kinds},
+        found.latency_ns,
+        found.tail_ns,
+    )
 
 
 def _schedule_json(schedule: Schedule) -> bytes:
@@ -85,6 +114,7 @@ def write(run_dir: Path, analysis: Analysis) -> Path:
             msgspec.json.format(msgspec.json.encode(analysis.summary)) + b"\n"
         )
         (staging / "schedule.json").write_bytes(_schedule_json(analysis.schedule))
+        (staging / "model.json").write_bytes(_model_json(analysis.model))
         for name in ("cells", "gaps", "ranks", "ideal"):
             getattr(analysis, name).write_parquet(staging / f"{name}.parquet")
         if analysis.memory is not None and not analysis.memory.peaks.is_empty():
@@ -157,5 +187,6 @@ def read(run_dir: Path) -> Analysis:
         gaps=_table(directory / "gaps.parquet"),
         ranks=_table(directory / "ranks.parquet"),
         ideal=_table(directory / "ideal.parquet"),
+        model=_model(directory / "model.json"),
         memory=None if stash is None or peaks is None else Memory(stash, peaks),
     )

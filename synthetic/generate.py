@@ -44,6 +44,7 @@ from synthetic import batched as batching
 from synthetic import shapes
 from synthetic.truth import (
     DEFAULT_US,
+    ROWS_PER_MICROBATCH,
     Durations,
     Factors,
     RankTruth,
@@ -318,6 +319,7 @@ def write_run(directory: str | Path, schedule: Schedule, **options: Any) -> Synt
         "dtype": "float32",
         "run_id": options.get("run_id", "synthetic"),
         "dims": dims(schedule),
+        "rows_per_microbatch": ROWS_PER_MICROBATCH,  # a microbatch's work is the same at any m
         "calibration": calibration(schedule, work),
         "calibration_by_rows": calibration_by_rows(schedule, work),
         "step_time_unprofiled_ms": step_ms,

@@ -49,6 +49,7 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         "cells.parquet",
         "gaps.parquet",
         "ideal.parquet",
+        "model.json",
         "ranks.parquet",
         "schedule.json",
         "summary.json",

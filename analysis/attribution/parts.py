@@ -45,15 +45,12 @@ def _idle_before(times: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
     return found.sort("row").select((pl.col("before") + inside).fill_null(0))["before"]
 
 
-def cell_parts(
-    cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame, ref: Reference
-) -> pl.DataFrame:
-    """`cells` with busy_ns, compute_ns, small_gemm_ns and slowdown_ns (null for transfer cells; the last
-    two also where the isolated time is unknown)."""
+def with_busy(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """`cells` with busy_ns: a compute cell's span within its step window less the idle gaps inside it
+    (null for transfer cells)."""
     bounds = windows.select("rank", "step", w0="start_ns", w1="end_ns")
     clipped = (
         cells.with_row_index("row")
-        .join(ref.table, on=["stage", "kind", "microbatch"], how="left")
         .join(bounds, on=["rank", "step"], how="left")
         .with_columns(a=pl.max_horizontal("start_ns", "w0"), b=pl.min_horizontal("end_ns", "w1"))
         .sort("row")
@@ -63,10 +60,16 @@ def cell_parts(
     )
     compute = pl.col("kind").is_in(COMPUTE_KINDS)
     busy = pl.when(compute).then((pl.col("b") - pl.col("a")).clip(lower_bound=0) - idle)
-    known = compute & pl.col("isolated_ns").is_not_null()
-    return clipped.with_columns(busy_ns=busy.cast(pl.Float64)).select(
+    return clipped.with_columns(busy_ns=busy.cast(pl.Float64)).select(*cells.columns, "busy_ns")
+
+
+def cell_parts(cells: pl.DataFrame, ref: Reference) -> pl.DataFrame:
+    """`cells` (with busy_ns) with compute_ns, small_gemm_ns and slowdown_ns (null for transfer cells; the
+    last two also where the isolated time is unknown)."""
+    joined = cells.with_row_index("row").join(ref.table, on=["stage", "kind", "microbatch"], how="left")
+    known = pl.col("kind").is_in(COMPUTE_KINDS) & pl.col("isolated_ns").is_not_null()
+    return joined.sort("row").select(
         *cells.columns,
-        "busy_ns",
         compute_ns=pl.when(known).then("full_ns").otherwise("busy_ns"),
         small_gemm_ns=pl.when(known).then(pl.col("isolated_ns") - pl.col("full_ns")),
         slowdown_ns=pl.when(known).then(pl.col("busy_ns") - pl.col("isolated_ns")),

@@ -53,11 +53,6 @@ class Reference:
         return {(stage, kind): ns for stage, kind, ns in per_kind.iter_rows()}
 
 
-def busy_ns() -> pl.Expr:
-    """A cell's measured duration: its span less the time it was blocked on a peer."""
-    return pl.col("end_ns") - pl.col("start_ns") - pl.col("blocked_ns")
-
-
 def _split_backward(times: dict, kind: str, median: float, medians: dict, stage: int) -> float | None:
     """A kind's time from `times` (a calibration entry, ms): its own, else B's split in the measured I:W ratio."""
     if f"{kind}_ms" in times:
@@ -67,19 +62,29 @@ def _split_backward(times: dict, kind: str, median: float, medians: dict, stage:
 
 
 def reference(cells: pl.DataFrame, config: dict | None, m: int) -> Reference:
-    """Reference durations for the compute cells; `config` is run.json (or None)."""
-    config = config or {}
+    """Reference durations for the compute cells (with their busy_ns: analysis.attribution.parts);
+    `config` is run.json (or None)."""
     compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
     medians = {
         (stage, kind): float(ns)
-        for stage, kind, ns in compute.group_by("stage", "kind").agg(busy_ns().median()).iter_rows()
+        for stage, kind, ns in compute.group_by("stage", "kind").agg(pl.col("busy_ns").median()).iter_rows()
     }
     keys = compute.select("stage", "kind", "microbatch").unique().sort("stage", "kind", "microbatch")
+    rows = ((config or {}).get("dims") or {}).get("microbatch_rows")
+    return reference_at(list(keys.iter_rows()), medians, config, m, rows)
+
+
+def reference_at(
+    keys: list[tuple[int, str, int]], medians: dict[tuple[int, str], float], config: dict | None, m: int, rows
+) -> Reference:
+    """Reference durations of the compute (stage, kind, microbatch) `keys` of a step of m microbatches
+    whose sizes are `rows` (run.json's dims.microbatch_rows, or a prediction's); `medians`: the measured
+    busy medians per (stage, kind), which stand in without calibration and split a backward into I, W."""
+    config = config or {}
     calibration, by_rows = config.get("calibration") or {}, config.get("calibration_by_rows") or {}
-    rows = (config.get("dims") or {}).get("microbatch_rows")
     calibrated = bool(calibration) and all(str(stage) in calibration for stage, _ in medians)
     found = []
-    for stage, kind, microbatch in keys.iter_rows():
+    for stage, kind, microbatch in keys:
         median = medians[(stage, kind)]
         full = median
         if calibrated:

@@ -22,6 +22,7 @@ from analysis.traces import limits
 COMMANDS = {
     "analyze": ("analysis.cli.analyze", "analyse one run directory: cells, gaps, summary.json"),
     "merge": ("analysis.cli.merge", "write one Perfetto-loadable trace of all ranks"),
+    "predict": ("analysis.cli.predict", "predict one run's step time and bubble at other m: RUN/predict.json"),
     "report": ("analysis.cli.report", "build reports/index.html from every run under traces/"),
 }
 

@@ -180,8 +180,9 @@ def bubble_vs_m(curve: pl.DataFrame, measured: pl.DataFrame) -> Plot:
     return Plot(chart, {"curve": curve, "measured": measured.select(columns)})
 
 
-def step_time_vs_m(terms: pl.DataFrame, measured: pl.DataFrame, title: str) -> Plot:
-    """Step time over m as stacked waterfall terms, the measured time as a line, the best m marked."""
+def step_time_vs_m(terms: pl.DataFrame, measured: pl.DataFrame, predicted: pl.DataFrame, title: str) -> Plot:
+    """Step time over m as stacked waterfall terms, the measured time as a line, the predicted one dashed,
+    each one's best m marked."""
     x = alt.X("m:O", title="microbatches m", axis=alt.Axis(labelAngle=0))
     bars = (
         alt.Chart(_named("terms"))
@@ -212,8 +213,24 @@ def step_time_vs_m(terms: pl.DataFrame, measured: pl.DataFrame, title: str) -> P
         .mark_text(dy=-12, fontWeight="bold")
         .encode(x=x, y="step_time_ms:Q", text=alt.value("best m"))
     )
-    chart = alt.layer(bars, line, best, title=title).properties(width=WIDTH // 2, height=280)
-    return Plot(chart, {"terms": terms, "measured": measured})
+    layers = [bars, line, best]
+    if not predicted.is_empty():
+        guess = alt.Chart(_named("predicted"))
+        layers += [
+            guess.mark_line(point=True, strokeDash=[5, 3], color="#888").encode(
+                x=x,
+                y="step_time_ms:Q",
+                tooltip=[
+                    alt.Tooltip("m:O"),
+                    alt.Tooltip("step_time_ms:Q", title="predicted step (ms)", format=".3f"),
+                ],
+            ),
+            guess.transform_filter("datum.best")
+            .mark_text(dy=14, color="#555")
+            .encode(x=x, y="step_time_ms:Q", text=alt.value("predicted best")),
+        ]
+    chart = alt.layer(*layers, title=title).properties(width=WIDTH // 2, height=280)
+    return Plot(chart, {"terms": terms, "measured": measured, "predicted": predicted})
 
 
 def schedules_side_by_side(terms: pl.DataFrame) -> Plot:

@@ -10,6 +10,7 @@ from analysis.report import charts, sweeps
 from analysis.report.frames import largest_deviation
 from analysis.report.pages import Column, Figure, Markup, link, number, table
 from analysis.report.runs import Run
+from runners.presets import CALIBRATED_MS
 
 RUN_COLUMNS = [
     Column("run", "the run directory under traces/; links to its page", text=True),
@@ -112,8 +113,9 @@ def engines_table(runs: pl.DataFrame) -> str:
     )
 
 
-def sweep_figures(runs: pl.DataFrame) -> list[Figure]:
-    """Bubble vs m for all families, step time vs m per family, memory vs m, schedules at equal m."""
+def sweep_figures(runs: pl.DataFrame, by_id: dict[str, Run]) -> list[Figure]:
+    """Bubble vs m for all families, step time vs m per family (measured, and predicted from one of its
+    runs), memory vs m, schedules at equal m."""
     family_runs = sweeps.families(runs)
     figures = []
     if not family_runs.is_empty():
@@ -129,13 +131,26 @@ def sweep_figures(runs: pl.DataFrame) -> list[Figure]:
         newest = sweeps.newest_per_m(family_runs)
         for i, family in enumerate(newest["family"].unique(maintain_order=True)):
             rows = newest.filter(pl.col("family") == family)
+            source = by_id[sweeps.prediction_source(rows)]
+            ms = sorted({*CALIBRATED_MS, *rows["m"]} & set(range(1, rows["m"].max() + 1)))
+            predicted = sweeps.predicted_steps(source.analysis, source.config, ms)
             figures.append(
                 Figure(
                     f"step-vs-m-{i}",
-                    charts.step_time_vs_m(sweeps.step_terms(rows), sweeps.measured_steps(rows), family),
+                    charts.step_time_vs_m(
+                        sweeps.step_terms(rows), sweeps.measured_steps(rows), predicted, family
+                    ),
                     f"{family}: step time against m, stacked by waterfall term (ms); the line is the measured step "
-                    "time, 'best m' marks its minimum. More microbatches shrink the bubble but make each GEMM smaller "
-                    "and add a p2p hop per microbatch: the U-curve.",
+                    "time, 'best m' marks its minimum. "
+                    + (
+                        f"The dashed line is the step predicted from the m={source.summary.m} run alone "
+                        "(python -m analysis predict: its model of medians replayed at each m, busy times "
+                        "scaled by the isolated calibration), 'predicted best' its minimum. "
+                        if not predicted.is_empty()
+                        else f"No prediction: the m={source.summary.m} run has no isolated calibration. "
+                    )
+                    + "More microbatches shrink the bubble but make each GEMM smaller and add a p2p hop per "
+                    "microbatch: the U-curve.",
                 )
             )
         memory = sweeps.peak_memory(family_runs)
@@ -164,7 +179,7 @@ def body(runs: list[Run], pages: dict[str, str]) -> tuple[str, list[Figure]]:
     analysed = sweeps.runs_frame(
         [sweeps.run_row(r.run_id, r.summary, r.config) for r in runs if r.error is None]
     )
-    figures = sweep_figures(analysed)
+    figures = sweep_figures(analysed, {r.run_id: r for r in runs if r.error is None})
     failed = sum(r.error is not None for r in runs)
     sections = [
         "<h1>Pipeline runs</h1>",

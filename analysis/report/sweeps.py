@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import polars as pl
 
+from analysis.attribution.predict import predict_each
+from analysis.errors import InputError
+from analysis.results import Analysis
 from analysis.schema import WATERFALL_TERMS, Summary
 from runners.schedules import SCHEDULES, Schedule, ScheduleError, build, formula_bubble
 
@@ -110,6 +113,27 @@ def measured_steps(newest: pl.DataFrame) -> pl.DataFrame:
         "step_time_ms",
         best=pl.col("step_time_ms") == pl.col("step_time_ms").min().over("family"),
     )
+
+
+def prediction_source(newest: pl.DataFrame) -> str:
+    """The run a family's predicted curve comes from: the one at its middle measured m (the lower one)."""
+    ordered = newest.sort("m")
+    return ordered["run_id"][(ordered.height - 1) // 2]
+
+
+def predicted_steps(analysis: Analysis, config: dict, ms: list[int]) -> pl.DataFrame:
+    """The step time predicted from one run at each of `ms` it can be (analysis.attribution.predict), with
+    the predicted best m flagged; empty where the run has no isolated calibration."""
+    try:
+        found, _ = predict_each(analysis, config, ms, "run.json")
+    except InputError:
+        found = []
+    frame = pl.DataFrame(
+        [(p.m, p.step_time_ms) for p in found],
+        schema={"m": pl.Int64, "step_time_ms": pl.Float64},
+        orient="row",
+    )
+    return frame.with_columns(best=pl.col("step_time_ms") == pl.col("step_time_ms").min())
 
 
 def schedule_comparison(runs: pl.DataFrame) -> pl.DataFrame:

@@ -1,0 +1,89 @@
+"""`python -m analysis predict RUN --ms 1,2,4,8,16,32`: the profiled step time and the bubble at other m.
+
+Replays the run's step model at each m (analysis.attribution.predict), prints a table beside the run's
+own measured step, and writes RUN/predict.json: a list of {m, step_time_ms, bubble_formula,
+bubble_predicted} (beside analysis/, which `analyze` replaces as a whole).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import msgspec
+
+from analysis.attribution.predict import Prediction, predict_each
+from analysis.errors import InputError
+from analysis.pipeline import analysis_of
+from analysis.schema import Summary
+from analysis.traces.load import TraceWarning, read_run_config
+from runners.presets import CALIBRATED_MS
+
+PREDICT_FILE = "predict.json"
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"microbatch counts must be >= 1: {text!r}")
+    return counts
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN", help="a run directory our runner wrote")
+    parser.add_argument(
+        "--ms",
+        type=_counts,
+        default=list(CALIBRATED_MS),
+        help="microbatch counts to predict (default: those every run calibrates, %(default)s)",
+    )
+
+
+def predictions(run_dir: Path, ms: list[int]) -> tuple[Summary, list[Prediction]]:
+    """The run's summary and its step predicted at each of `ms`."""
+    path = Path(run_dir) / "run.json"
+    config = read_run_config(path)
+    if config is None:
+        raise InputError(path, "predict needs run.json with the runner's calibration")
+    analysis = analysis_of(run_dir)
+    found, skipped = predict_each(analysis, config, ms, path)
+    for m, why in skipped.items():
+        warnings.warn(f"m={m} skipped: {why}", TraceWarning, stacklevel=2)
+    if not found:
+        raise InputError(path, f"none of m={','.join(map(str, ms))} can be predicted from this run")
+    return analysis.summary, found
+
+
+def write(run_dir: Path, found: list[Prediction]) -> Path:
+    """RUN/predict.json, written whole or not at all."""
+    target = Path(run_dir) / PREDICT_FILE
+    text = msgspec.json.format(msgspec.json.encode([dataclasses.asdict(p) for p in found])) + b"\n"
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{PREDICT_FILE}.", delete=False) as staging:
+        staging.write(text)
+    os.replace(staging.name, target)
+    return target
+
+
+def run(args: argparse.Namespace) -> int:
+    summary, found = predictions(args.run_dir, args.ms)
+    print(
+        f"{summary.schedule} p={summary.p} v={summary.v}: measured at m={summary.m}, "
+        f"{summary.step_time_ms:.3f} ms a step (the model replays it as {summary.simulated_step_time_ms:.3f})"
+    )
+    print(f"  {'m':>4}  {'step ms':>10}  {'bubble formula':>14}  {'bubble predicted':>16}")
+    for p in found:
+        own = "   <- measured run" if p.m == summary.m else ""
+        print(
+            f"  {p.m:>4}  {p.step_time_ms:>10.3f}  {p.bubble_formula:>14.3f}  {p.bubble_predicted:>16.3f}{own}"
+        )
+    best = min(found, key=lambda p: p.step_time_ms)
+    print(f"  predicted best m: {best.m} ({best.step_time_ms:.3f} ms)")
+    print(f"written: {write(args.run_dir, found)}")
+    return 0

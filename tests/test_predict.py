@@ -1,0 +1,81 @@
+"""`predict`: one run's step model replayed at other m, against synthetic runs made at those m and a
+hand-computed single-rank step."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from analysis.attribution.model import StepModel
+from analysis.attribution.predict import Unpredictable, predict
+from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
+from analysis.cli import main
+from analysis.pipeline import analysis_of, analyze_run, read_run
+from analysis.report import build_report
+from analysis.report.sweeps import predicted_steps
+from runners.schedules import build, formula_bubble
+from synthetic import write_run
+
+# no launch gaps: a synthetic rank's first action spares its gap, which a model of medians charges
+WORK = dict(durations_us={"F": 1000, "B": 2000}, p2p_latency_us=40, small_gemm=1.2, slowdown=1.1, steps=3)
+
+
+@pytest.mark.parametrize("name,p,v", [("gpipe", 2, 1), ("1f1b", 4, 1), ("interleaved", 2, 2)])
+def test_a_prediction_at_another_m_is_that_m_s_step(tmp_path, name, p, v):
+    """The synthetic microbatch does the same work at every m: the m=4 run's model, replayed at m=8 and
+    m=2, gives the steps of the runs made at those m."""
+    write_run(tmp_path / "m4", build(name, p, 4, v), **WORK)
+    assert main(["predict", str(tmp_path / "m4"), "--ms", "2,4,8"]) == 0
+    predicted = {row["m"]: row for row in json.loads((tmp_path / "m4" / "predict.json").read_text())}
+    assert set(predicted) == ({4, 8} if name == "1f1b" else {2, 4, 8})  # 1f1b p=4 cannot run m=2
+    for m in set(predicted) - {4}:
+        made = write_run(tmp_path / f"m{m}", build(name, p, m, v), **WORK)
+        truth_ms = made.truth[0].step_ns / 1e6
+        assert predicted[m]["step_time_ms"] == pytest.approx(truth_ms, abs=1e-3), m
+        assert predicted[m]["bubble_formula"] == formula_bubble(build(name, p, m, v))
+        measured = analyze_run(read_run(tmp_path / f"m{m}")).summary.bubble_measured
+        assert predicted[m]["bubble_predicted"] == pytest.approx(measured, abs=1e-4), m
+
+
+def test_busy_time_scales_with_the_isolated_calibration_and_the_rest_is_kept():
+    """One rank, gpipe: the step is every action's busy time, gap and the tail in a row. Busy F was 1.5x
+    its isolated 2 ms at m=2 (1 ms at m=4's 16 rows): at m=4 each F takes 1.5 ms."""
+    model = StepModel({(0, "F"): 3e6, (0, "B"): 8e6}, {(0, "F"): 1e5, (0, "B"): 2e5}, {}, tail=5e5)
+    own = [(0, kind, mb, 0.0, ns) for kind, ns in (("F", 2e6), ("B", 4e6)) for mb in range(2)]
+    ref = Reference(pl.DataFrame(own, schema=REFERENCE_SCHEMA, orient="row"), calibrated=True)
+    config = {
+        "dims": {"rows": 64, "microbatch_rows": [32, 32]},
+        "calibration": {"0": {"F_ms": 3.0, "B_ms": 6.0}},
+        "calibration_by_rows": {"0": {"32": {"F_ms": 2.0, "B_ms": 4.0}, "16": {"F_ms": 1.0, "B_ms": 2.5}}},
+    }
+    found = predict(build("gpipe", 1, 2), model, ref, config, 4, "run.json")
+    busy_ms = 4 * (1.5 + 2.5 * 2)  # F: 3/2 x 1 ms, B: 8/4 x 2.5 ms
+    assert found.step_time_ms == pytest.approx(busy_ms + 4 * (0.1 + 0.2) + 0.5)
+    assert found.bubble_predicted == pytest.approx(1 - busy_ms / found.step_time_ms)
+    with pytest.raises(Unpredictable, match=r"no entry for m=8's microbatch rows \[8\]"):
+        predict(build("gpipe", 1, 2), model, ref, config, 8, "run.json")
+
+
+def test_without_the_isolated_calibration_predict_says_so(tmp_path, capsys):
+    write_run(tmp_path, build("gpipe", 2, 4), **WORK)
+    config = json.loads((tmp_path / "run.json").read_text())
+    del config["calibration_by_rows"]
+    (tmp_path / "run.json").write_text(json.dumps(config))
+    assert main(["predict", str(tmp_path)]) == 2
+    assert "predict needs the isolated calibration" in capsys.readouterr().err
+    assert not (tmp_path / "predict.json").exists()
+
+
+def test_the_sweep_page_draws_the_prediction_from_its_middle_run(tmp_path):
+    traces = tmp_path / "traces"
+    truth = {m: write_run(traces / f"m{m}", build("gpipe", 2, m), run_id=f"m{m}", **WORK) for m in (2, 4, 8)}
+    index = build_report(traces, tmp_path / "reports").read_text()
+    assert "predicted from the m=4 run alone" in index
+    source = analysis_of(traces / "m4")
+    config = json.loads((traces / "m4" / "run.json").read_text())
+    predicted = predicted_steps(source, config, [2, 4, 8])
+    for m, step_ms, best in predicted.iter_rows():
+        assert step_ms == pytest.approx(truth[m].truth[0].step_ns / 1e6, abs=1e-3)
+        assert best == (m == 2)  # fixed microbatch work: fewer microbatches, a shorter step
