@@ -131,7 +131,10 @@ def analyze_run(
     _warn_overlaps(cells, run.sources)
     waits = pl.concat([r.waits for r in per_rank])
     kernels = [r.kernels for r in per_rank if r.kernels is not None]
-    split = split_waits(cells, waits, pl.concat(kernels) if kernels else None)
+    send_waits = [r.send_waits for r in per_rank if r.send_waits is not None]
+    split = split_waits(
+        cells, waits, pl.concat(kernels) if kernels else None, pl.concat(send_waits) if send_waits else None
+    )
     on_gpu = any(is_gpu(frame) for frame in run.frames.values())
     gaps = pl.concat([classify(timeline(r, split), rules, on_gpu) for r in per_rank])
     spans = pl.concat([windows(r) for r in per_rank])

@@ -3,7 +3,8 @@
 `--inject host:0:20,slow:1:3` (Makefile: INJECT=...), comma-separated:
 
 - `host:R:X`: rank R sleeps X ms before each forward, inside the F's span before its ops: a host stall
-  that the isolated calibration does not see, so the analysis should find it as slowdown on rank R.
+  that the isolated calibration does not see: the analysis should find it as launch_overhead on rank
+  R (host time inside an action is not work), about m x X a step.
 - `slow:S:K`: stage S holds K times its layers (K a whole number >= 1), so it does K times the matrix
   work, forward and backward, in the steps and in its calibration alike: real compute that scales,
   which the analysis should find as stage imbalance, not as slowdown.

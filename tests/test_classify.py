@@ -6,8 +6,10 @@ import polars as pl
 import pytest
 from test_cells import gpipe_m1_run, gpu_action, span, trace, write_trace
 
+from analysis.cells.labelled import CELL_KEY
 from analysis.pipeline import analyze_run, read_run
-from analysis.timeline.classify import Rules
+from analysis.timeline.classify import Rules, split_waits
+from runners.schedules.trace_names import WAIT_SENDS
 
 US = 1_000
 
@@ -41,6 +43,33 @@ def test_work_outside_the_schedule_is_other_and_idle_around_it_is_drain(tmp_path
         "launch_overhead": 5 * US,
         "other": 29 * US,
     }
+
+
+def test_the_wait_for_pending_sends_is_p2p_once_the_receiver_posted_and_bubble_before(tmp_path):
+    # rank 1 waits for its sends (69,80) after its last action: rank 0 had posted the receive of its
+    # one send at 14, so all 11 us are transfer, not other; the optimizer (80,99) stays other
+    extra = {1: [span(WAIT_SENDS, 69, 80), span("optimizer_step", 80, 99)]}
+    gaps = analyze_run(read_run(gpipe_m1_run(tmp_path, extra=extra))).gaps
+    assert totals(gaps, 1) == {
+        "bubble": 11 * US,
+        "p2p_wait": 15 * US,
+        "launch_overhead": 5 * US,
+        "other": 19 * US,
+    }
+    # the receiver posting at 75 inside the wait: bubble until then; a rank without sends: all bubble
+    cells = pl.DataFrame(
+        [(1, 0, 1, "SEND_B", 0, 68, 69), (0, 0, 0, "RECV_B", 0, 75, 90)],
+        schema=["rank", "step", "stage", "kind", "microbatch", "start_ns", "end_ns"],
+        orient="row",
+    )
+    waits = cells.clear().select(*CELL_KEY, "start_ns", "end_ns")
+    send_waits = pl.DataFrame({"rank": [1, 0], "step": [0, 0], "start_ns": [69, 91], "end_ns": [90, 95]})
+    layers = split_waits(cells, waits, None, send_waits).sort("rank", "start_ns")
+    assert layers.select("rank", "layer", "start_ns", "end_ns").rows() == [
+        (0, "bubble_wait", 91, 95),
+        (1, "bubble_wait", 69, 75),
+        (1, "p2p_wait", 75, 90),
+    ]
 
 
 def test_long_idle_between_actions_is_other_and_long_head_is_bubble(tmp_path):

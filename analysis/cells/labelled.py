@@ -21,7 +21,7 @@ from analysis.cells.fused import fused_halves
 from analysis.errors import InputError
 from analysis.traces.kineto import DEVICE_WORK_CATS, STEP_PREFIX
 from runners.schedules import COMPUTE_KINDS, Action, ActionParseError
-from runners.schedules.trace_names import LABEL_PREFIX
+from runners.schedules.trace_names import LABEL_PREFIX, WAIT_SENDS
 
 # torch's runtime also labels bookkeeping (PP:0REDUCE_GRAD, PP:1UNSHARD): not actions of the IR, so
 # not cells. DualPipeV's fused PP:(0F1;3B0)OVERLAP_F_B is not parsed as one: analysis.cells.fused cuts it
@@ -32,7 +32,7 @@ TORCH_BOOKKEEPING = r"(UNSHARD|RESHARD|REDUCE_GRAD|OVERLAP_F_B)$"
 HOST_WAIT_NAMES = ("gloo:recv", "c10d::recv_")
 # Host spans that are not work of the rank's own: labels, steps, and async comm spans that outlive
 # the call that started them (gloo:send runs until the peer has the data).
-NOT_HOST_WORK = (LABEL_PREFIX, STEP_PREFIX, "gloo:", "nccl:")
+NOT_HOST_WORK = (LABEL_PREFIX, STEP_PREFIX, WAIT_SENDS, "gloo:", "nccl:")
 
 CELL_SCHEMA = {
     "rank": pl.Int64,
@@ -61,6 +61,8 @@ class RankCells:
     )  # GPU: CELL_KEY + start_ns, end_ns, launch_ns, issued_ns, is_p2p; None on CPU
     unscheduled: pl.DataFrame  # rank, step, start_ns, end_ns: work outside every action (optimizer...)
     ops: pl.DataFrame | None = None  # CPU: CELL_KEY + start_ns, end_ns, the union of operator spans per cell
+    # CPU, our executor: rank, step, start_ns, end_ns of its wait for pending sends after the last action
+    send_waits: pl.DataFrame | None = None
 
     def map(self, change: Callable[[pl.DataFrame], pl.DataFrame]) -> RankCells:
         """The same rank with `change` applied to each of its frames."""
@@ -213,6 +215,14 @@ def _host_waits(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     return union(inside, CELL_KEY)
 
 
+def _send_waits(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """The executor's `PP wait for sends` spans (runners.schedules.trace_names), by step."""
+    spans = frame.filter((pl.col("name") == WAIT_SENDS) & (pl.col("ph") == "X"))
+    return _assign_steps(spans.select("rank", "start_ns", "end_ns"), steps).select(
+        "rank", "step", "start_ns", "end_ns"
+    )
+
+
 def device_events(frame: pl.DataFrame) -> pl.DataFrame:
     """GPU events with the host launch that issued them (start of the runtime call, same correlation)."""
     launches = frame.filter(
@@ -280,6 +290,7 @@ def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCel
     else:
         kernels = None
         waits = _host_waits(frame, labels)
+    send_waits = None if kernels is not None else _send_waits(frame, host_steps)
     blocked = waits.group_by(CELL_KEY).agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("blocked_ns"))
     cells = (
         labels.join(blocked, on=CELL_KEY, how="left")
@@ -289,4 +300,4 @@ def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCel
     )
     unscheduled = _unscheduled(frame, labels, kernels, steps)
     ops = None if kernels is not None else operator_spans(frame, labels)
-    return RankCells(cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, ops)
+    return RankCells(cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, ops, send_waits)

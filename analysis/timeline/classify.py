@@ -60,6 +60,21 @@ def _producer_starts(cells: pl.DataFrame) -> pl.DataFrame:
 _RECEIVER = {"SEND_F": (1, "RECV_F"), "SEND_B": (-1, "RECV_B")}
 
 
+def _receivers_posted(sends: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
+    """`sends` (step, send_stage, send_kind, send_mb, ...) joined with posted_ns: when each one's
+    receiver began its RECV."""
+    receivers = cells.filter(pl.col("kind").str.starts_with("RECV")).select(
+        "step", r_stage="stage", r_kind="kind", r_mb="microbatch", posted_ns="start_ns"
+    )
+    step_of = pl.col("send_kind").replace_strict(
+        {k: v[0] for k, v in _RECEIVER.items()}, return_dtype=pl.Int64
+    )
+    kind_of = pl.col("send_kind").replace_strict({k: v[1] for k, v in _RECEIVER.items()})
+    return sends.with_columns(r_stage=pl.col("send_stage") + step_of, r_kind=kind_of, r_mb="send_mb").join(
+        receivers, on=["step", "r_stage", "r_kind", "r_mb"]
+    )
+
+
 def _batched_ready(cells: pl.DataFrame, kernels: pl.DataFrame | None) -> pl.DataFrame:
     """Per RECV cell carried by one kernel with a SEND of its rank (batch_isend_irecv): when that send's
     receiver posted its receive. The kernel, and the rank's compute after it, waits for both halves, so
@@ -73,30 +88,40 @@ def _batched_ready(cells: pl.DataFrame, kernels: pl.DataFrame | None) -> pl.Data
         "rank", "step", "correlation", send_stage="stage", send_kind="kind", send_mb="microbatch"
     )
     paired = recvs.join(sends, on=["rank", "step", "correlation"])
-    receivers = cells.filter(pl.col("kind").str.starts_with("RECV")).select(
-        "step", r_stage="stage", r_kind="kind", r_mb="microbatch", posted_ns="start_ns"
+    return _receivers_posted(paired, cells).group_by(CELL_KEY).agg(pl.col("posted_ns").max())
+
+
+def _send_wait_layers(cells: pl.DataFrame, send_waits: pl.DataFrame) -> pl.DataFrame:
+    """The executor's wait for its pending sends after its last action: bubble until the last of its
+    sends' receivers had posted its receive (a partner not ready), p2p_wait after (the transfer)."""
+    sends = cells.filter(pl.col("kind").is_in(list(_RECEIVER))).select(
+        "rank", "step", send_stage="stage", send_kind="kind", send_mb="microbatch"
     )
-    step_of = pl.col("send_kind").replace_strict(
-        {k: v[0] for k, v in _RECEIVER.items()}, return_dtype=pl.Int64
-    )
-    kind_of = pl.col("send_kind").replace_strict({k: v[1] for k, v in _RECEIVER.items()})
-    return (
-        paired.with_columns(r_stage=pl.col("send_stage") + step_of, r_kind=kind_of, r_mb="send_mb")
-        .join(receivers, on=["step", "r_stage", "r_kind", "r_mb"])
-        .group_by(CELL_KEY)
-        .agg(pl.col("posted_ns").max())
+    posted = _receivers_posted(sends, cells).group_by("rank", "step").agg(pl.col("posted_ns").max())
+    waits = send_waits.join(posted, on=["rank", "step"], how="left")
+    cut = pl.col("posted_ns").fill_null(pl.col("end_ns")).clip(pl.col("start_ns"), pl.col("end_ns"))
+    return pl.concat(
+        [
+            waits.with_columns(end_ns=cut, layer=pl.lit("bubble_wait")).select(INTERVAL),
+            waits.with_columns(start_ns=cut, layer=pl.lit("p2p_wait")).select(INTERVAL),
+        ]
     )
 
 
 def split_waits(
-    cells: pl.DataFrame, waits: pl.DataFrame, kernels: pl.DataFrame | None = None
+    cells: pl.DataFrame,
+    waits: pl.DataFrame,
+    kernels: pl.DataFrame | None = None,
+    send_waits: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """Blocked intervals of all ranks as wait layers: bubble_wait before the peer sent, p2p_wait after.
 
     Waits inside SEND cells (the peer was not receiving yet) are p2p_wait; a RECV wait whose producer
     is not in the traces is unmatched_wait (classed `other`). A RECV coalesced with a SEND in one kernel
-    (`kernels`: GPU, every rank's) waits as bubble also until that send's receiver had posted. `cells`,
-    `waits` and `kernels` of all ranks, with times already on one clock (analysis.timeline.clock).
+    (`kernels`: GPU, every rank's) waits as bubble also until that send's receiver had posted; so does
+    the executor's wait for its pending sends after its last action (`send_waits`, CPU). `cells`,
+    `waits`, `kernels` and `send_waits` of all ranks, with times already on one clock
+    (analysis.timeline.clock).
     """
     sent = (
         waits.join(_producer_starts(cells), on=CELL_KEY, how="left")
@@ -118,8 +143,10 @@ def split_waits(
     unmatched = sent.filter(is_recv & pl.col("sent_ns").is_null()).with_columns(
         layer=pl.lit("unmatched_wait")
     )
-    parts = pl.concat([frame.select(INTERVAL) for frame in (bubble, after, sends, unmatched)])
-    return parts.filter(pl.col("end_ns") > pl.col("start_ns"))
+    parts = [frame.select(INTERVAL) for frame in (bubble, after, sends, unmatched)]
+    if send_waits is not None:
+        parts.append(_send_wait_layers(cells, send_waits))
+    return pl.concat(parts).filter(pl.col("end_ns") > pl.col("start_ns"))
 
 
 def _edge() -> pl.Expr:
