@@ -15,7 +15,15 @@ from pathlib import Path
 import polars as pl
 
 from analysis import results
-from analysis.attribution.parts import cell_parts, in_ms, median_step, rank_entries, rank_parts, with_busy
+from analysis.attribution.parts import (
+    cell_parts,
+    in_ms,
+    median_step,
+    rank_entries,
+    rank_parts,
+    with_busy,
+    with_contention,
+)
 from analysis.attribution.reference import reference
 from analysis.attribution.waterfall import ideal_frame, ladder, step_model
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
@@ -25,11 +33,12 @@ from analysis.errors import InputError
 from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Rules, Summary
 from analysis.timeline.classify import classify, split_waits
-from analysis.timeline.clock import on_one_clock
+from analysis.timeline.clock import ClockEstimate, on_one_clock
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
-from analysis.traces.load import TraceWarning, load_run
+from analysis.traces.load import RunTraces, TraceWarning, load_run
 from analysis.traces.memory import Memory, run_memory
+from analysis.traces.runqueue import SAMPLE_SCHEMA, run_samples
 from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
 from runners.schedules.trace_names import LABEL_PREFIX
 
@@ -41,17 +50,23 @@ class RunInput:
     sources: dict[int, Path]  # rank -> trace file
     run_json: dict | None
     memory: Memory | None = None  # activation memory from the traces' memory events (analysis.traces.memory)
+    run_queue: pl.DataFrame | None = None  # the executor's run-queue samples (analysis.traces.runqueue)
 
 
 def read_run(path: Path) -> RunInput:
     """The traces of a run directory and its run.json (analysis.traces.load.load_run checks they form a run)."""
-    run = load_run(path)
+    return run_input(load_run(path))
+
+
+def run_input(run: RunTraces) -> RunInput:
+    """What the analysis reads of loaded traces: their frames, memory events and run-queue samples."""
     return RunInput(
         run.path,
         {t.rank: t.frame for t in run.traces},
         {t.rank: t.path for t in run.traces},
         run.config,
         run_memory(run),
+        run_samples(run),
     )
 
 
@@ -142,7 +157,7 @@ def analyze_run(
     check_causality(shape, cells, run.sources)
     cells = with_busy(cells, gaps, spans)
     ref = reference(cells, run.run_json, shape.m)
-    cells = cell_parts(cells, ref)
+    cells = with_contention(cell_parts(cells, ref), _on_clock(run.run_queue, clock))
     parts = rank_parts(cells, gaps, spans)
     step = median_step(parts)
     chosen = parts.filter(pl.col("step") == step)
@@ -185,6 +200,20 @@ def analyze_run(
         model,
         run.memory,
     )
+
+
+def _on_clock(samples: pl.DataFrame | None, clock: ClockEstimate | None) -> pl.DataFrame:
+    """Run-queue samples shifted as their rank's cells were (analysis.timeline.clock)."""
+    if samples is None:
+        return pl.DataFrame(schema=SAMPLE_SCHEMA)
+    if clock is None:
+        return samples
+    offsets = pl.DataFrame(
+        {"rank": [r.rank for r in clock.ranks], "offset": [r.offset_ns for r in clock.ranks]},
+        schema={"rank": pl.Int64, "offset": pl.Int64},
+    )
+    shifted = samples.join(offsets, on="rank", how="left")
+    return shifted.select("rank", pl.col("t_ns") + pl.col("offset").fill_null(0), "run_delay_ns")
 
 
 def caveats(config: dict) -> list[str]:

@@ -4,7 +4,8 @@ for the merge, the report and the benchmarks), so every page and track shows wha
     summary.json          Summary (analysis.schema), the median step's figures
     schedule.json         the executed schedule: name, p, m, v, placement and each rank's order of actions
     cells.parquet         rank, step, stage, kind, microbatch, start_ns, end_ns, blocked_ns, inferred,
-                          busy_ns, compute_ns, small_gemm_ns, slowdown_ns (analysis.attribution.parts)
+                          busy_ns, compute_ns, small_gemm_ns, slowdown_ns, cpu_contention_ns
+                          (analysis.attribution.parts)
     gaps.parquet          rank, step, start_ns, end_ns, class (analysis.schema.GAP_CLASSES)
     ranks.parquet         every analysed step's parts per rank, in ms
     ideal.parquet         the ideal timeline (analysis.attribution.waterfall): rank, stage, kind,

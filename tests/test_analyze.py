@@ -81,6 +81,7 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         "compute_ns",
         "small_gemm_ns",
         "slowdown_ns",
+        "cpu_contention_ns",
     ]
     # no run.json here, so no calibration: the split of busy time is unknown
     assert cells["small_gemm_ns"].null_count() == cells["slowdown_ns"].null_count() == cells.height

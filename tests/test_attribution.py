@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import polars as pl
 import pytest
-from test_cells import gpipe_m1_run
+from test_cells import gpipe_m1_run, span
 
 from analysis.attribution.model import StepModel
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
@@ -14,6 +14,7 @@ from analysis.attribution.waterfall import ladder
 from analysis.pipeline import analyze_run, read_run
 from analysis.schema import RANK_PARTS, WATERFALL_TERMS
 from runners.schedules import build, simulate
+from runners.schedules.trace_names import RUN_QUEUE_COUNTER
 
 CALIBRATION = {"0": {"F_ms": 0.008, "B_ms": 0.016}, "1": {"F_ms": 0.016, "B_ms": 0.024}}
 # m = 1: the one microbatch is the whole batch, so its isolated time is the whole batch's
@@ -120,3 +121,30 @@ def test_equal_slots_give_the_formula_bubble(name, p, m, v):
     assert terms.formula_bubble / step == pytest.approx((p - 1) / (v * m + p - 1))
     assert terms.imbalance == 0 and terms.small_gemm == 0 and terms.slowdown == 0
     assert sum(msgspec.structs.asdict(terms).values()) == pytest.approx(1.0)  # ms
+
+
+def run_queue(t_us: float, delay_ns: int) -> dict:
+    return {
+        "ph": "C",
+        "cat": "pp_sched",
+        "name": RUN_QUEUE_COUNTER,
+        "pid": 1,
+        "tid": 1,
+        "ts": t_us,
+        "args": {"run_delay_ns": delay_ns},
+    }
+
+
+def test_cpu_contention_is_the_run_queue_delay_across_compute_cells_on_their_busy_share(tmp_path):
+    # rank 1: 5 us runnable-but-waiting inside 1F0 [17,37], 0.5 us inside 1B0 [38,68] (bare labels: all
+    # busy), 3 us after its last action that no compute cell holds; rank 0: an operator covers 15 of
+    # 0B0's 20 us and 4 us of delay fall across it: 3 us on the operator
+    extra = {
+        1: [run_queue(t, ns) for t, ns in ((17, 1000), (37, 6000), (38, 6000), (68, 6500), (90, 9500))],
+        0: [span("aten::mm", 76, 91, cat="cpu_op"), run_queue(71, 0), run_queue(91, 4000)],
+    }
+    ranks = analyze_run(read_run(gpipe_m1_run(tmp_path, extra=extra))).summary.ranks
+    assert ranks[1].cpu_contention_ms == pytest.approx(0.0055, abs=1e-12)
+    assert ranks[0].cpu_contention_ms == pytest.approx(0.003, abs=1e-12)
+    bare = analyze_run(read_run(gpipe_m1_run(tmp_path / "bare"))).summary.ranks
+    assert [r.cpu_contention_ms for r in bare] == [None, None]  # no counter: unknown, not zero

@@ -76,6 +76,43 @@ def cell_parts(cells: pl.DataFrame, ref: Reference) -> pl.DataFrame:
     )
 
 
+def with_contention(cells: pl.DataFrame, samples: pl.DataFrame) -> pl.DataFrame:
+    """`cells` (with busy_ns) with cpu_contention_ns: of the run-queue delay across a compute cell (its
+    last run-queue sample less its first: the executor samples at each action's start and end,
+    analysis.traces.runqueue), the share its busy time is of its span less blocked time, taken as spread
+    evenly over the action; null on ranks without samples. `samples` on the cells' clock."""
+    points = samples.sort("t_ns")
+    indexed = cells.with_row_index("row")
+    compute = indexed.filter(pl.col("kind").is_in(COMPUTE_KINDS))
+    first = compute.sort("start_ns").join_asof(
+        points.rename({"t_ns": "first_t", "run_delay_ns": "first"}),
+        left_on="start_ns",
+        right_on="first_t",
+        by="rank",
+        strategy="forward",
+        check_sortedness=False,
+    )
+    both = first.sort("end_ns").join_asof(
+        points.rename({"t_ns": "last_t", "run_delay_ns": "last"}),
+        left_on="end_ns",
+        right_on="last_t",
+        by="rank",
+        strategy="backward",
+        check_sortedness=False,
+    )
+    inside = (pl.col("first_t") <= pl.col("last_t")) & (pl.col("last_t") <= pl.col("end_ns"))
+    occupied = pl.col("end_ns") - pl.col("start_ns") - pl.col("blocked_ns")
+    share = pl.when(occupied > 0).then((pl.col("busy_ns") / occupied).clip(0.0, 1.0)).otherwise(0.0)
+    sampled = samples.select("rank").unique().with_columns(sampled=pl.lit(True))
+    delay = both.join(sampled, on="rank", how="left").select(
+        "row",
+        cpu_contention_ns=pl.when(pl.col("sampled"))
+        .then(pl.when(inside).then((pl.col("last") - pl.col("first")) * share).otherwise(0.0))
+        .cast(pl.Float64),
+    )
+    return indexed.join(delay, on="row", how="left").sort("row").drop("row")
+
+
 def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     """Per (rank, step): step_ns, busy and the RANK_PARTS in ns, summing to step_ns (small_gemm and
     slowdown null where unknown). `cells` carry cell_parts' columns."""
@@ -93,6 +130,9 @@ def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -
         .agg(
             full=pl.col("compute_ns").sum(),
             small_gemm=pl.when(~unknown).then(pl.col("small_gemm_ns").sum()),
+            cpu_contention=pl.when(pl.col("cpu_contention_ns").is_not_null().any()).then(
+                pl.col("cpu_contention_ns").sum()
+            ),
         )
     )
     busy = pl.col("window_ns") - pl.sum_horizontal(GAP_CLASSES)
@@ -108,7 +148,7 @@ def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -
             slowdown=pl.col("busy") - pl.col("full") - pl.col("small_gemm"),
         )
     )
-    return parts.select("rank", "step", "step_ns", "busy", *RANK_PARTS).sort("step", "rank")
+    return parts.select("rank", "step", "step_ns", "busy", "cpu_contention", *RANK_PARTS).sort("step", "rank")
 
 
 def median_step(parts: pl.DataFrame) -> int:
@@ -126,7 +166,7 @@ def rank_entries(parts: pl.DataFrame, schedule: Schedule, peaks: dict[int, int])
             stage_ids=list(schedule.stages_of(row["rank"])),
             peak_activation_bytes=peaks.get(row["rank"]),
             busy_ms=row["busy"] / NS_PER_MS,
-            cpu_contention_ms=None,
+            cpu_contention_ms=None if row["cpu_contention"] is None else row["cpu_contention"] / NS_PER_MS,
             **{f"{part}_ms": None if row[part] is None else row[part] / NS_PER_MS for part in RANK_PARTS},
         )
         for row in parts.sort("rank").iter_rows(named=True)
@@ -135,6 +175,11 @@ def rank_entries(parts: pl.DataFrame, schedule: Schedule, peaks: dict[int, int])
 
 def in_ms(parts: pl.DataFrame) -> pl.DataFrame:
     """ranks.parquet: every analysed step's parts per rank, in ms (step_ms, <part>_ms)."""
-    return parts.with_columns(pl.col("step_ns", "busy", *RANK_PARTS) / NS_PER_MS).rename(
-        {"step_ns": "step_ms", "busy": "busy_ms", **{part: f"{part}_ms" for part in RANK_PARTS}}
+    return parts.with_columns(pl.col("step_ns", "busy", "cpu_contention", *RANK_PARTS) / NS_PER_MS).rename(
+        {
+            "step_ns": "step_ms",
+            "busy": "busy_ms",
+            "cpu_contention": "cpu_contention_ms",
+            **{part: f"{part}_ms" for part in RANK_PARTS},
+        }
     )

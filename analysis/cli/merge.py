@@ -16,11 +16,10 @@ from pathlib import Path
 from analysis import results
 from analysis.errors import InputError, LimitExceeded, printable
 from analysis.merge.merged import kept_ranks, read_ranks, write_merged
-from analysis.pipeline import RunInput, analyze_run
+from analysis.pipeline import analyze_run, run_input
 from analysis.results import Analysis
 from analysis.traces import limits
 from analysis.traces.load import RunTraces, TraceWarning, load_run
-from analysis.traces.memory import run_memory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,15 +72,8 @@ def _analysis(run_dir: Path, loaded: RunTraces) -> tuple[Analysis | None, InputE
             return results.read(run_dir), None
         except InputError as error:
             warnings.warn(f"{error}; analysed again", TraceWarning, stacklevel=2)
-    run = RunInput(
-        loaded.path,
-        {t.rank: t.frame for t in loaded.traces},
-        {t.rank: t.path for t in loaded.traces},
-        loaded.config,
-        run_memory(loaded),
-    )
     try:
-        analysis = analyze_run(run)
+        analysis = analyze_run(run_input(loaded))
     except InputError as error:
         return None, error
     results.write(run_dir, analysis)

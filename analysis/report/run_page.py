@@ -54,8 +54,10 @@ PART_MEANINGS = {
     "interference, profiler cost, noise; may be negative; — = no isolated calibration)",
     "bubble": "idle because the producer had not produced yet: schedule geometry plus delays from upstream",
     "p2p_wait": "idle after the peer had already sent: transfer and latency",
-    "launch_overhead": "device idle while the host had not yet issued the next work",
-    "other": "idle time no rule explains",
+    "launch_overhead": "device idle while the host had not yet issued the next work (CPU: host time inside "
+    "and between actions)",
+    "other": "work outside the schedule that the trace shows (the optimizer step, data loading), and the "
+    "stretch by which this rank's step is shorter than the longest",
 }
 IDEAL_CAPTION = (
     "Ideal: the executed schedule replayed at reference durations (each stage's calibrated F and B per "
@@ -177,6 +179,13 @@ def parts_html(summary: Summary) -> str:
     columns += [Column(f"{part} (ms)", PART_MEANINGS[part], show=number(3)) for part in RANK_PARTS]
     columns += [
         Column("sum (ms)", "sum of the parts: equals the step time when the split closes", show=number(3)),
+        Column("busy (ms)", "time the rank's work ran: compute + small_gemm + slowdown", show=number(3)),
+        Column(
+            "cpu_contention (ms)",
+            "not a part: the thread's run-queue delay (runnable, waiting for a core) across compute cells, "
+            "on their busy share; it lengthens busy time, mostly seen as slowdown (— = no run-queue counter)",
+            show=number(3),
+        ),
         Column("peak activations (MiB)", "largest live activation memory held for backward", show=number(2)),
     ]
     rows = []
@@ -189,6 +198,8 @@ def parts_html(summary: Summary) -> str:
                 entry.stage_ids,
                 *parts,
                 sum(x or 0.0 for x in parts),
+                entry.busy_ms,
+                entry.cpu_contention_ms,
                 None if peak is None else peak / 2**20,
             ]
         )

@@ -76,7 +76,7 @@ def memory_events(trace: RawTrace) -> pl.DataFrame:
     ).select("index", "name", "start_ns")
     if wanted.is_empty():
         return pl.DataFrame(schema=EVENT_SCHEMA)
-    raw = _wanted_events(trace, wanted["index"].to_list())
+    raw = events_at(trace, wanted["index"].to_list())
     rows, malformed = [], 0
     for index, name in wanted.select("index", "name").iter_rows():
         try:
@@ -112,7 +112,7 @@ def memory_events(trace: RawTrace) -> pl.DataFrame:
     )
 
 
-def _wanted_events(trace: RawTrace, indices: list[int]) -> dict[int, msgspec.Raw]:
+def events_at(trace: RawTrace, indices: list[int]) -> dict[int, msgspec.Raw]:
     """index -> the event's JSON, for the events at `indices` (sorted), one piece of the text at a time."""
     found: dict[int, msgspec.Raw] = {}
     position = 0
