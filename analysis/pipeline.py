@@ -181,6 +181,7 @@ def analyze_run(
         step_time_ms=step_ns / 1e6,
         bubble_formula=formula_bubble(shape),
         bubble_measured=1 - busy / (shape.p * step_ns),
+        bubble_seed=_seed_bubble(chosen, shape.p, step_ns),
         simulated_step_time_ms=step_ns / 1e6 - rungs.waterfall.residual,
         waterfall_ms=rungs.waterfall,
         parts=tuple(f"{part}_ms" for part in RANK_PARTS),
@@ -200,6 +201,13 @@ def analyze_run(
         model,
         run.memory,
     )
+
+
+def _seed_bubble(chosen: pl.DataFrame, p: int, step_ns: float) -> float | None:
+    """The seed's 1 - m*t_slot/step, t_slot timed alone: 1 - the ranks' isolated work / (p * step)."""
+    if chosen["small_gemm"].null_count():
+        return None
+    return 1 - (chosen["compute"].sum() + chosen["small_gemm"].sum()) / (p * step_ns)
 
 
 def _on_clock(samples: pl.DataFrame | None, clock: ClockEstimate | None) -> pl.DataFrame:

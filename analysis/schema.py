@@ -114,7 +114,10 @@ class Summary(msgspec.Struct, kw_only=True):
     median_step: int  # the ProfilerStep whose time is the (lower) median: ranks and waterfall are its
     step_time_ms: float  # profiled: the longest rank window of the median step
     bubble_formula: float
-    bubble_measured: float  # 1 - sum of busy time / (p * step): the seed's 1 - m*t_slot/step
+    bubble_measured: float  # bubble (busy-time): 1 - sum of busy time / (p * step)
+    # the seed's 1 - m*t_slot/step: 1 - the cells' work timed alone (compute + small_gemm) / (p * step);
+    # None without the isolated calibration
+    bubble_seed: float | None
     simulated_step_time_ms: float  # the last rung of the replay ladder (step - residual)
     waterfall_ms: Waterfall
     parts: tuple[str, ...]  # the rank-entry keys that sum to the step time

@@ -108,6 +108,7 @@ def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
         step_time_ms=10.0,
         bubble_formula=0.2,
         bubble_measured=0.3,
+        bubble_seed=None,
         simulated_step_time_ms=10.5,
         waterfall_ms=waterfall,
         parts=(),

@@ -24,6 +24,7 @@ SUMMARY_KEYS = {
     "step_time_ms",
     "bubble_formula",
     "bubble_measured",
+    "bubble_seed",
     "simulated_step_time_ms",
     "waterfall_ms",
     "ranks",
@@ -93,7 +94,7 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         "class",
     ]
     printed = capsys.readouterr().out
-    assert "formula 0.500" in printed and "measured 0.600" in printed and "residual" in printed
+    assert "formula 0.500" in printed and "busy-time 0.600" in printed and "seed unknown" in printed and "residual" in printed
 
 
 def test_rerun_replaces_the_previous_analysis(tmp_path):

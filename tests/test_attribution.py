@@ -51,6 +51,7 @@ def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
     }
     assert summary.simulated_step_time_ms == pytest.approx(0.091 + 0.009)  # the replay, then the tail
     assert summary.bubble_measured == pytest.approx(1 - 80 / 200)
+    assert summary.bubble_seed is None  # no isolated calibration
 
 
 def test_calibration_splits_busy_time_into_compute_small_gemm_and_slowdown(tmp_path):
@@ -64,6 +65,9 @@ def test_calibration_splits_busy_time_into_compute_small_gemm_and_slowdown(tmp_p
         (0.040, 0, 0.010)
     )
     assert (ranks[0].busy_ms, ranks[1].busy_ms) == pytest.approx((0.030, 0.050))
+    # the two bubbles of a 100 us step on 2 ranks: busy 80 us, work timed alone 64 us
+    assert summary.bubble_measured == pytest.approx(1 - 80 / 200)
+    assert summary.bubble_seed == pytest.approx(1 - 64 / 200)
     terms = msgspec.structs.asdict(summary.waterfall_ms)
     assert terms["ideal"] == pytest.approx(0.032) and terms["formula_bubble"] == pytest.approx(0.032)
     assert terms["small_gemm"] == pytest.approx(0) and terms["slowdown"] == pytest.approx(0.016)

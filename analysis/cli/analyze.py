@@ -34,7 +34,8 @@ def table(summary: Summary) -> str:
         f"{summary.schedule} p={summary.p} m={summary.m} v={summary.v} "
         f"({summary.device}, {summary.steps_analyzed} steps)",
         f"  step time      {step:10.3f} ms   simulated {summary.simulated_step_time_ms:.3f} ms",
-        f"  bubble         formula {summary.bubble_formula:.3f}   measured {summary.bubble_measured:.3f}",
+        f"  bubble         formula {summary.bubble_formula:.3f}   busy-time {summary.bubble_measured:.3f}   "
+        f"seed {'unknown' if summary.bubble_seed is None else f'{summary.bubble_seed:.3f}'}",
         "  waterfall",
     ]
     for term in WATERFALL_TERMS:

@@ -28,8 +28,14 @@ RUN_COLUMNS = [
         show=number(3),
     ),
     Column(
-        "bubble measured",
+        "bubble (busy-time)",
         "1 - busy time of all ranks / (p * step time), as a fraction of the step",
+        show=number(3),
+    ),
+    Column(
+        "bubble (seed)",
+        "the seed's 1 - m*t_slot/step: 1 - the ranks' work timed alone / (p * step time); — without the "
+        "isolated calibration",
         show=number(3),
     ),
     Column(
@@ -50,9 +56,7 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
                 [
                     Markup(html.escape(run.run_id)),
                     *map(_text, cells),
-                    None,
-                    None,
-                    None,
+                    *[None] * 4,  # step, the three bubbles
                     Markup(html.escape(run.error), css="error"),
                 ]
             )
@@ -72,6 +76,7 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
                 s.step_time_ms,
                 s.bubble_formula,
                 s.bubble_measured,
+                s.bubble_seed,
                 f"{deviation[0]} {deviation[1]:+.3f}" if deviation else "—",
             ]
         )

@@ -85,10 +85,18 @@ def figures_html(summary: Summary) -> str:
             f"times (F 1, B 2, I and W 1); (p-1)/(v*m+p-1) = ({p}-1)/({v}*{m}+{p}-1) for gpipe, 1f1b, interleaved",
         ),
         (
-            "bubble (measured)",
+            "bubble (busy-time)",
             summary.bubble_measured,
             "",
             "1 - sum over ranks of busy time / (p * step time): the fraction of the step devices were not computing",
+        ),
+        (
+            "bubble (seed)",
+            "—" if summary.bubble_seed is None else summary.bubble_seed,
+            "",
+            "the seed experiment's 1 - m*t_slot/step, t_slot timed alone: 1 - the ranks' work timed in "
+            "isolation (compute + small_gemm) / (p * step time); slowdown counts as bubble here (— = no "
+            "isolated calibration)",
         ),
         ("steps analysed", summary.steps_analyzed, "", "profiled steps the figures are taken over"),
     ]
