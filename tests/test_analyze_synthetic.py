@@ -70,6 +70,15 @@ def test_the_step_model_replays_the_step(tmp_path, name, p, m, v):
     summary = analyze_run(read_run(tmp_path)).summary
     gap_ms = INJECTED["launch_gap_us"] / 1e3
     assert -p * gap_ms <= summary.waterfall_ms.residual < 0
+    # only small_gemm, slowdown and the residual may be negative
+    terms = msgspec.structs.asdict(summary.waterfall_ms)
+    assert all(terms[t] >= 0 for t in terms if t not in ("small_gemm", "slowdown", "residual")), terms
+    assert all(
+        getattr(r, f"{part}_ms") >= 0
+        for r in summary.ranks
+        for part in RANK_PARTS
+        if part not in ("small_gemm", "slowdown")
+    )
     terms = summary.waterfall_ms
     assert sum(msgspec.structs.asdict(terms).values()) == pytest.approx(summary.step_time_ms, abs=1e-9)
     # the small-GEMM loss and the slowdown are the only duration changes: no imbalance
