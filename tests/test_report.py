@@ -107,6 +107,11 @@ def test_waterfall_bars_chain_from_formula_to_measured():
     assert terms["end"][-1] == pytest.approx(10.0)
     assert bars.filter(pl.col("term") == "measured").select("start", "end").row(0) == (0.0, 10.0)
     assert bars.filter(pl.col("term") == "residual")["bar"].item() == "decrease"
+    # summary_of has no isolated calibration: its two unknown terms are drawn as unknown, not as 0.00
+    unknown = bars.filter(pl.col("term").is_in(["small_gemm", "slowdown"]))
+    assert unknown["label"].to_list() == ["unknown", "unknown"]
+    assert (unknown["start"] == unknown["end"]).all()
+    assert bars.filter(pl.col("term") == "ideal")["label"].item() == "6.00"
 
 
 def test_timeline_shows_one_step_from_zero_with_every_cell_and_gap(tmp_path):

@@ -121,7 +121,7 @@ def waterfall(frame: pl.DataFrame) -> Plot:
             alt.Tooltip("end:Q", title="running total (ms)", format=".3f"),
         ],
     )
-    labels = base.mark_text(dy=-7).encode(y="top:Q", text=alt.Text("ms:Q", format=".2f"))
+    labels = base.mark_text(dy=-7).encode(y="top:Q", text=alt.Text("label:N"))
     chart = alt.layer(bars, labels).properties(width=WIDTH * 2 // 3, height=260)
     return Plot(chart, {"waterfall": frame.with_columns(top=pl.max_horizontal("start", "end"))})
 

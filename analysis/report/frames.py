@@ -117,13 +117,24 @@ def ideal_frame(ideal: pl.DataFrame, origin: int) -> pl.DataFrame:
 
 
 def waterfall_frame(summary: Summary) -> pl.DataFrame:
-    """The waterfall's bars: each term from where the previous ended, then the measured total from 0."""
-    values = [float(getattr(summary.waterfall_ms, term) or 0.0) for term in WATERFALL_TERMS]
-    terms = pl.DataFrame({"term": list(WATERFALL_TERMS), "ms": values})
-    terms = terms.with_columns(end=pl.col("ms").cum_sum()).with_columns(start=pl.col("end") - pl.col("ms"))
+    """The waterfall's bars: each term from where the previous ended, then the measured total from 0; an
+    unknown term (no isolated calibration) has no bar and says so (`label`)."""
+    values = [getattr(summary.waterfall_ms, term) for term in WATERFALL_TERMS]
+    terms = pl.DataFrame(
+        {"term": list(WATERFALL_TERMS), "ms": values}, schema={"term": pl.String, "ms": pl.Float64}
+    )
+    terms = terms.with_columns(end=pl.col("ms").fill_null(0.0).cum_sum()).with_columns(
+        start=pl.col("end") - pl.col("ms").fill_null(0.0)
+    )
     total = pl.DataFrame({"term": ["measured"], "ms": [summary.step_time_ms]})
     total = total.with_columns(end=pl.col("ms"), start=pl.lit(0.0))
+    label = (
+        pl.when(pl.col("ms").is_null())
+        .then(pl.lit("unknown"))
+        .otherwise(pl.col("ms").round(2).cast(pl.String))
+    )
     return pl.concat([terms, total]).with_columns(
+        label=label,
         order=pl.int_range(pl.len()),
         bar=pl.when(pl.col("term") == "measured")
         .then(pl.lit("total"))

@@ -175,6 +175,11 @@ def waterfall_figure(summary: Summary) -> Figure:
         "medians does not explain, to the measured step time, the last bar. Each term is the difference "
         f"between two rungs of a ladder of replays of the schedule.{largest}"
     )
+    if summary.waterfall_ms.small_gemm is None:
+        caption += (
+            " This run has no isolated calibration: small_gemm and slowdown are unknown (no bar), their time "
+            "is in imbalance, and the reference is each stage's measured median busy time."
+        )
     return Figure("waterfall", charts.waterfall(waterfall_frame(summary)), caption)
 
 
@@ -297,8 +302,9 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
     parts = Figure(
         "parts",
         charts.rank_parts(rank_parts_frame(summary)),
-        "Each rank's step split into its parts in ms (they sum to the step time): compute at reference "
-        "efficiency, small-GEMM excess, bubble, p2p wait, launch overhead, other idle.",
+        "Each rank's step split into its parts in ms (they sum to the step time): compute at full-batch "
+        "efficiency, small_gemm and slowdown (no bar where unknown), bubble, p2p wait, launch overhead, other "
+        "(work outside the schedule).",
     )
     memory = memory_figure(summary)
     in_flight_html, in_flight = in_flight_section(run)
