@@ -128,13 +128,9 @@ def waterfall_frame(summary: Summary) -> pl.DataFrame:
     )
     total = pl.DataFrame({"term": ["measured"], "ms": [summary.step_time_ms]})
     total = total.with_columns(end=pl.col("ms"), start=pl.lit(0.0))
-    label = (
-        pl.when(pl.col("ms").is_null())
-        .then(pl.lit("unknown"))
-        .otherwise(pl.col("ms").round(2).cast(pl.String))
-    )
+    labels = ["unknown" if ms is None else f"{ms:.2f}" for ms in [*values, summary.step_time_ms]]
     return pl.concat([terms, total]).with_columns(
-        label=label,
+        label=pl.Series(labels, dtype=pl.String),
         order=pl.int_range(pl.len()),
         bar=pl.when(pl.col("term") == "measured")
         .then(pl.lit("total"))
