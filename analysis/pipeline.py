@@ -26,6 +26,7 @@ from analysis.attribution.parts import (
 )
 from analysis.attribution.reference import reference
 from analysis.attribution.waterfall import ideal_frame, ladder, step_model
+from analysis.caveats import flags, noise
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
 from analysis.cells.inferred import cells_of
 from analysis.cells.labelled import RankCells, is_gpu
@@ -168,6 +169,9 @@ def analyze_run(
     rungs = ladder(shape, model, ref, step_ns)
     busy = chosen["busy"].sum()
     config = run.run_json or {}
+    found = noise(parts.group_by("step").agg(pl.col("step_ns").first() / 1e6)["step_ns"].to_list(), config)
+    raised, notes = flags(config, found, rules)
+    unprofiled = config.get("step_time_unprofiled_ms")
     summary = Summary(
         schedule=shape.name,
         nearest_schedule=nearest,
@@ -179,6 +183,7 @@ def analyze_run(
         steps_analyzed=parts["step"].n_unique(),
         median_step=step,
         step_time_ms=step_ns / 1e6,
+        step_time_unprofiled_ms=unprofiled if isinstance(unprofiled, (int, float)) else None,
         bubble_formula=formula_bubble(shape),
         bubble_measured=1 - busy / (shape.p * step_ns),
         bubble_seed=_seed_bubble(chosen, shape.p, step_ns),
@@ -189,7 +194,9 @@ def analyze_run(
         rules=rules,
         clock=clock,
         inferred_cells=int(cells["inferred"].sum()),
-        notes=caveats(config),
+        noise=found,
+        flags=raised,
+        notes=notes,
     )
     return Analysis(
         summary,
@@ -222,19 +229,3 @@ def _on_clock(samples: pl.DataFrame | None, clock: ClockEstimate | None) -> pl.D
     )
     shifted = samples.join(offsets, on="rank", how="left")
     return shifted.select("rank", pl.col("t_ns") + pl.col("offset").fill_null(0), "run_delay_ns")
-
-
-def caveats(config: dict) -> list[str]:
-    """Why a run's figures mislead when read against the formula: a CPU run with more rank threads than
-    cores (P=4 on a 2-core machine) takes turns, and the wait for a core is measured as slower compute
-    and longer bubbles. Runs on GPUs, or that did not say, get no note."""
-    p, threads, nodes = config.get("p"), config.get("threads_per_rank"), config.get("nodes") or 1
-    cores = (config.get("host") or {}).get("cpu_count")
-    if config.get("device") != "cpu" or not all(isinstance(n, int) for n in (p, threads, cores, nodes)):
-        return []
-    if p * threads <= cores * nodes:
-        return []
-    return [
-        f"{p} ranks x {threads} thread(s) on {cores * nodes} cores: ranks take turns, so small_gemm and the "
-        f"bubble include waiting for a core; use P <= {cores * nodes} to compare with the formula"
-    ]

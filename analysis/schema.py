@@ -40,6 +40,9 @@ class Rules:
     # device_idle only: a queued stretch between two kernels shorter than this is the device's own
     # kernel-to-kernel delay (HTA's consecutive_kernel_delay, same default).
     kernel_wait_max_ns: int = 30
+    # A run whose profiled or unprofiled step times spread, (max - min) / median, beyond this is flagged
+    # noisy (analysis.caveats); the benchmarks call a range this wide too wide to read alone.
+    noisy_spread_max: float = 0.25
 
 
 # What an idle stretch of a rank's step is (gaps.parquet `class`; DESIGN.md section 4).
@@ -100,6 +103,14 @@ class Waterfall(msgspec.Struct, kw_only=True):
 WATERFALL_TERMS = Waterfall.__struct_fields__
 
 
+class Noise(msgspec.Struct, kw_only=True):
+    """How steady the run was (analysis.caveats): spreads are (max - min) / median."""
+
+    profiled_spread: float  # over the analysed steps
+    unprofiled_spread: float | None  # over run.json's unprofiled steps; None without them
+    profiler_cost: float | None  # profiled median step / unprofiled median step
+
+
 class Summary(msgspec.Struct, kw_only=True):
     """summary.json: DESIGN.md section 3's keys, plus what the later stages need to show them."""
 
@@ -113,6 +124,7 @@ class Summary(msgspec.Struct, kw_only=True):
     steps_analyzed: int
     median_step: int  # the ProfilerStep whose time is the (lower) median: ranks and waterfall are its
     step_time_ms: float  # profiled: the longest rank window of the median step
+    step_time_unprofiled_ms: float | None  # run.json's median of the steps timed without the profiler
     bubble_formula: float
     bubble_measured: float  # bubble (busy-time): 1 - sum of busy time / (p * step)
     # the seed's 1 - m*t_slot/step: 1 - the cells' work timed alone (compute + small_gemm) / (p * step);
@@ -125,6 +137,8 @@ class Summary(msgspec.Struct, kw_only=True):
     rules: Rules  # the classification thresholds used
     clock: ClockEstimate | None  # offsets applied to put ranks on one clock; None: they share one
     inferred_cells: int  # cells read from the op stream rather than from PP: labels
+    noise: Noise
+    flags: list[str]  # "contended", "noisy" (analysis.caveats), each with a note
     notes: list[str]  # caveats a reader of the numbers must know (e.g. more rank threads than cores)
 
     def rank_entry(self, rank: int) -> RankEntry:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from analysis.schema import RankEntry, Rules, Summary, Waterfall
+from analysis.schema import Noise, RankEntry, Rules, Summary, Waterfall
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -106,6 +106,7 @@ def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
         steps_analyzed=1,
         median_step=0,
         step_time_ms=10.0,
+        step_time_unprofiled_ms=9.5,
         bubble_formula=0.2,
         bubble_measured=0.3,
         bubble_seed=None,
@@ -116,6 +117,8 @@ def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
         rules=Rules(),
         clock=None,
         inferred_cells=0,
+        noise=Noise(profiled_spread=0.0, unprofiled_spread=0.05, profiler_cost=10.0 / 9.5),
+        flags=[],
         notes=[],
     )
     return msgspec.structs.replace(base, **fields)

@@ -64,6 +64,9 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         "parts",
         "notes",
         "nearest_schedule",
+        "step_time_unprofiled_ms",
+        "noise",
+        "flags",
     }
     assert summary["parts"] == list(PART_KEYS)
     assert all(set(rank) == RANK_KEYS for rank in summary["ranks"])

@@ -20,7 +20,7 @@ import pytest
 from conftest import summary_of
 
 from analysis import results
-from analysis.pipeline import analyze_dir, caveats
+from analysis.pipeline import analyze_dir
 from analysis.report import build_report
 from analysis.report.frames import coarsen, ideal_frame, step_origin, timeline_frame, waterfall_frame
 from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks, thinned
@@ -267,25 +267,6 @@ def test_native_and_torch_runs_of_one_configuration_are_compared(tmp_path):
     assert ratio and float(ratio.group(1)) == pytest.approx(1.5, abs=1e-3)
 
 
-@pytest.mark.parametrize(
-    "config, said",
-    [
-        (
-            {"device": "cpu", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}},
-            "4 ranks x 1 thread(s) on 2 cores",
-        ),
-        ({"device": "cpu", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}, "nodes": 2}, None),
-        ({"device": "cpu", "p": 2, "threads_per_rank": 1, "host": {"cpu_count": 2}}, None),
-        ({"device": "cuda", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}}, None),
-        ({"device": "cpu", "p": 4}, None),  # someone else's run.json: no facts, no claim
-        ({}, None),
-    ],
-)
-def test_oversubscribed_cpu_runs_are_called_out(config, said):
-    notes = caveats(config)
-    assert notes == [] if said is None else (len(notes) == 1 and notes[0].startswith(said))
-
-
 def test_the_run_page_says_when_ranks_shared_cores(tmp_path):
     traces = tmp_path / "traces"
     run = write_contract_run(traces, "crowded", p=2)
@@ -297,6 +278,8 @@ def test_the_run_page_says_when_ranks_shared_cores(tmp_path):
     build_report(traces, tmp_path / "reports")
     page = (tmp_path / "reports" / "runs" / "crowded.html").read_text()
     assert "Note: 2 ranks x 1 thread(s) on 1 cores: ranks take turns" in page
+    index = (tmp_path / "reports" / "index.html").read_text()
+    assert re.search(r'<tr class="flagged">.*crowded.*contended.*</tr>', index)
 
 
 def test_a_run_analysed_by_another_version_is_analysed_again(tmp_path):

@@ -22,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     summary = analyze_dir(args.run_dir, schedule=args.schedule, m=args.m).summary
     print(table(summary))
+    if summary.flags:
+        print(f"  flags: {', '.join(summary.flags)}")
     for note in summary.notes:
         print(f"  note: {note}")
     return 0
@@ -33,7 +35,8 @@ def table(summary: Summary) -> str:
     lines = [
         f"{summary.schedule} p={summary.p} m={summary.m} v={summary.v} "
         f"({summary.device}, {summary.steps_analyzed} steps)",
-        f"  step time      {step:10.3f} ms   simulated {summary.simulated_step_time_ms:.3f} ms",
+        f"  step (profiled) {step:9.3f} ms   unprofiled {_ms(summary.step_time_unprofiled_ms)}   "
+        f"model prediction {summary.simulated_step_time_ms:.3f} ms",
         f"  bubble         formula {summary.bubble_formula:.3f}   busy-time {summary.bubble_measured:.3f}   "
         f"seed {'unknown' if summary.bubble_seed is None else f'{summary.bubble_seed:.3f}'}",
         "  waterfall",
@@ -43,3 +46,7 @@ def table(summary: Summary) -> str:
         shown = "   unknown (no calibration)" if value is None else f"{value:10.3f} ms  {value / step:6.1%}"
         lines.append(f"    {term:16s}{shown}")
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.3f} ms"

@@ -37,6 +37,7 @@ table { border-collapse: collapse; margin: 0.5em 0 1em; }
 th, td { padding: 3px 10px; border-bottom: 1px solid #ddd; text-align: right; white-space: nowrap; }
 th { background: #f4f4f4; cursor: help; } td.text, th.text { text-align: left; }
 tr.error td { background: #fff0f0; } td.error { text-align: left; white-space: normal; color: #a00; }
+tr.flagged td { background: #fff8e0; }
 .caption, .note { color: #555; max-width: 70em; margin: 0.3em 0 0.8em; }
 .chart { margin: 0.5em 0 0.3em; } .figures { display: flex; gap: 2.5em; flex-wrap: wrap; }
 .figure b { font-size: 1.35em; display: block; } .figure { cursor: help; }

@@ -20,7 +20,9 @@ RUN_COLUMNS = [
     Column("p", "pipeline ranks"),
     Column("m", "microbatches per step"),
     Column("v", "chunks (stages) per rank"),
-    Column("step (ms)", "measured step time: median over the analysed profiled steps", show=number(3)),
+    Column(
+        "step, profiled (ms)", "measured step time: median over the analysed profiled steps", show=number(3)
+    ),
     Column(
         "bubble formula",
         "idle fraction of the step by the schedule's geometry: its order at unit times ((p-1)/(v*m+p-1) for "
@@ -43,6 +45,12 @@ RUN_COLUMNS = [
         "the waterfall term beyond the formula with the largest magnitude, in ms",
         text=True,
     ),
+    Column(
+        "flags",
+        "contended: more rank threads than cores (ranks took turns); noisy: its steps spread beyond the "
+        "threshold in summary.json rules. A flagged row is no finding about the schedule",
+        text=True,
+    ),
 ]
 
 
@@ -58,6 +66,7 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
                     *map(_text, cells),
                     *[None] * 4,  # step, the three bubbles
                     Markup(html.escape(run.error), css="error"),
+                    None,
                 ]
             )
             classes.append("error")
@@ -78,9 +87,10 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
                 s.bubble_measured,
                 s.bubble_seed,
                 f"{deviation[0]} {deviation[1]:+.3f}" if deviation else "—",
+                ", ".join(s.flags) or "—",
             ]
         )
-        classes.append("")
+        classes.append("flagged" if s.flags else "")
     return table(RUN_COLUMNS, rows, classes)
 
 

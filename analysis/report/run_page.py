@@ -70,12 +70,26 @@ def figures_html(summary: Summary) -> str:
     """The headline numbers, each with its meaning in a tooltip."""
     p, m, v = summary.p, summary.m, summary.v
     items = [
-        ("step time", summary.step_time_ms, " ms", "measured: the median of the analysed profiled steps"),
         (
-            "simulated step",
+            "step (profiled)",
+            summary.step_time_ms,
+            " ms",
+            "measured: the median of the analysed profiled steps",
+        ),
+        (
+            "step (unprofiled)",
+            "—" if summary.step_time_unprofiled_ms is None else summary.step_time_unprofiled_ms,
+            "" if summary.step_time_unprofiled_ms is None else " ms",
+            "the median of the steps the runner timed without the profiler (— = not recorded: traces from "
+            "elsewhere)",
+        ),
+        (
+            "model prediction",
             summary.simulated_step_time_ms,
             " ms",
-            "the schedule replayed with the measured cell durations, host gaps and p2p latencies",
+            "the step model (per stage and kind: median busy time and host gap; per hop direction: median "
+            "latency; the median time after the last action) replayed on the schedule; its difference from "
+            "the profiled step is the waterfall's residual",
         ),
         (
             "bubble (formula)",
@@ -99,6 +113,13 @@ def figures_html(summary: Summary) -> str:
             "isolated calibration)",
         ),
         ("steps analysed", summary.steps_analyzed, "", "profiled steps the figures are taken over"),
+        (
+            "profiled steps spread",
+            f"{summary.noise.profiled_spread:.0%}",
+            "",
+            "(max - min) / median of the analysed steps' times; over "
+            f"{summary.rules.noisy_spread_max:.0%} (this one's or the unprofiled steps') flags the run noisy",
+        ),
     ]
     parts = []
     for label, value, unit, meaning in items:
