@@ -25,7 +25,15 @@ from analysis.report import build_report
 from analysis.report.frames import coarsen, ideal_frame, step_origin, timeline_frame, waterfall_frame
 from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks, thinned
 from analysis.report.runs import run_directories
-from analysis.report.sweeps import families, formula_curve, measured_steps, newest_per_m, run_row, runs_frame
+from analysis.report.sweeps import (
+    engine_pairs,
+    families,
+    formula_curve,
+    measured_steps,
+    median_per_m,
+    run_row,
+    runs_frame,
+)
 from analysis.traces.load import TraceWarning
 from runners.schedules import build, formula_bubble
 from synthetic import write_run
@@ -88,16 +96,18 @@ def test_formula_curve_is_each_schedules_own_geometry_at_every_m_it_can_run():
     assert formula_bubble(build("zb", 2, 4)) < 1 / 5  # below 1F1B's closed form: ZB's own geometry
 
 
-def test_best_m_is_the_fastest_and_newest_run_stands_for_a_repeated_m():
+def test_best_m_is_the_fastest_and_the_median_run_stands_for_a_repeated_m():
     rows = [
         run_row("new-m4", summary_of(m=4, step_time_ms=7.0)),
+        run_row("mid-m4", summary_of(m=4, step_time_ms=5.0)),
         run_row("old-m4", summary_of(m=4, step_time_ms=3.0)),
         run_row("m2", summary_of(m=2, step_time_ms=8.0)),
         run_row("m8", summary_of(m=8, step_time_ms=9.0)),
     ]
-    steps = measured_steps(newest_per_m(families(runs_frame(rows))))
+    steps = measured_steps(median_per_m(families(runs_frame(rows))))
     assert steps.filter(pl.col("best"))["m"].to_list() == [4]
-    assert steps.filter(pl.col("m") == 4)["step_time_ms"].item() == 7.0
+    assert steps.filter(pl.col("m") == 4).select("step_time_ms", "repeats").row(0) == (5.0, 3)
+    assert steps.filter(pl.col("m") == 2)["repeats"].item() == 1
 
 
 def test_waterfall_bars_chain_from_formula_to_measured():
@@ -265,6 +275,26 @@ def test_native_and_torch_runs_of_one_configuration_are_compared(tmp_path):
     )
     ratio = re.search(r'title="torch / native">([0-9.]+)<', index.read_text())
     assert ratio and float(ratio.group(1)) == pytest.approx(1.5, abs=1e-3)
+
+
+def test_engine_pairs_take_the_median_of_repeated_runs_and_say_how_many():
+    rows = [
+        run_row(name, summary_of(engine=engine, step_time_ms=ms))
+        for name, engine, ms in [
+            ("n1", "native", 10.0),
+            ("n2", "native", 30.0),
+            ("n3", "native", 20.0),
+            ("t1", "torch", 25.0),
+        ]
+    ]
+    pair = engine_pairs(runs_frame(rows))
+    assert pair.select("native", "native_runs", "torch", "torch_runs", "ratio").row(0) == (
+        20.0,
+        3,
+        25.0,
+        1,
+        1.25,
+    )
 
 
 def test_the_run_page_says_when_ranks_shared_cores(tmp_path):

@@ -204,6 +204,7 @@ def step_time_vs_m(terms: pl.DataFrame, measured: pl.DataFrame, predicted: pl.Da
             tooltip=[
                 alt.Tooltip("m:O"),
                 alt.Tooltip("step_time_ms:Q", title="measured step (ms)", format=".3f"),
+                alt.Tooltip("repeats:Q", title="median of runs"),
             ],
         )
     )

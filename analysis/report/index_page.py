@@ -113,8 +113,16 @@ def engines_table(runs: pl.DataFrame) -> str:
         )
     ]
     columns += [
-        Column("native (ms)", "step time with this project's executor", show=number(3)),
-        Column("torch (ms)", "step time with torch.distributed.pipelining", show=number(3)),
+        Column(
+            "native (ms)", "profiled step time with this project's executor (the median run)", show=number(3)
+        ),
+        Column("native runs", "how many runs of this configuration the native figure is the median of"),
+        Column(
+            "torch (ms)",
+            "profiled step time with torch.distributed.pipelining (the median run)",
+            show=number(3),
+        ),
+        Column("torch runs", "how many runs the torch figure is the median of"),
         Column("torch / native", "step time ratio; above 1 the native executor is faster", show=number(3)),
     ]
     return table(
@@ -122,7 +130,7 @@ def engines_table(runs: pl.DataFrame) -> str:
         [
             list(row)
             for row in pairs.select(
-                "schedule", "p", "m", "v", "device", "native", "torch", "ratio"
+                "schedule", "p", "m", "v", "device", "native", "native_runs", "torch", "torch_runs", "ratio"
             ).iter_rows()
         ],
     )
@@ -143,9 +151,9 @@ def sweep_figures(runs: pl.DataFrame, by_id: dict[str, Run]) -> list[Figure]:
                 "measured 1 - busy / (p * step time).",
             )
         )
-        newest = sweeps.newest_per_m(family_runs)
-        for i, family in enumerate(newest["family"].unique(maintain_order=True)):
-            rows = newest.filter(pl.col("family") == family)
+        chosen = sweeps.median_per_m(family_runs)
+        for i, family in enumerate(chosen["family"].unique(maintain_order=True)):
+            rows = chosen.filter(pl.col("family") == family)
             source = by_id[sweeps.prediction_source(rows)]
             ms = sorted({*CALIBRATED_MS, *rows["m"]} & set(range(1, rows["m"].max() + 1)))
             predicted = sweeps.predicted_steps(source.analysis, source.config, ms)
@@ -156,7 +164,8 @@ def sweep_figures(runs: pl.DataFrame, by_id: dict[str, Run]) -> list[Figure]:
                         sweeps.step_terms(rows), sweeps.measured_steps(rows), predicted, family
                     ),
                     f"{family}: step time against m, stacked by waterfall term (ms); the line is the measured step "
-                    "time, 'best m' marks its minimum. "
+                    "time (at an m run several times, the run of median step, its count in the tooltip), 'best m' "
+                    "marks its minimum. "
                     + (
                         f"The dashed line is the step predicted from the m={source.summary.m} run alone "
                         "(python -m analysis predict: its model of medians replayed at each m, busy times "

@@ -1,7 +1,8 @@
 """Frames for the index: one row per analysed run, and the sweep views built from them.
 
 A family is one (schedule, p, v, engine, device) measured at several m. Where a setting was measured
-more than once, the newest run stands for it (rows arrive newest first).
+more than once, the run of median step time stands for it (the lower one of an even count: a run that
+happened, so its terms still sum to its step), and `repeats` says how many there were.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from analysis.results import Analysis
 from analysis.schema import WATERFALL_TERMS, Summary
 from runners.schedules import SCHEDULES, Schedule, ScheduleError, build, formula_bubble
 
+ENGINES = ("native", "torch")
 RUN_COLUMNS = {
     "run_id": pl.String,
     "schedule": pl.String,
@@ -86,8 +88,17 @@ def _buildable(name: str, p: int, m: int, v: int) -> Schedule | None:
         return None
 
 
-def newest_per_m(family_runs: pl.DataFrame) -> pl.DataFrame:
-    return family_runs.unique(subset=["family", "m"], keep="first", maintain_order=True).sort("family", "m")
+def median_runs(runs: pl.DataFrame, key: list[str]) -> pl.DataFrame:
+    """One run per `key`: the one of median step time over its repeats, with `repeats`, their count."""
+    ranked = runs.with_columns(
+        repeats=pl.len().over(key),
+        position=pl.col("step_time_ms").rank("ordinal").over(key) - 1,
+    )
+    return ranked.filter(pl.col("position") == (pl.col("repeats") - 1) // 2).drop("position")
+
+
+def median_per_m(family_runs: pl.DataFrame) -> pl.DataFrame:
+    return median_runs(family_runs, ["family", "m"]).sort("family", "m")
 
 
 def _terms_long(frame: pl.DataFrame, index: list[str]) -> pl.DataFrame:
@@ -106,11 +117,13 @@ def step_terms(newest: pl.DataFrame) -> pl.DataFrame:
 
 
 def measured_steps(newest: pl.DataFrame) -> pl.DataFrame:
-    """Measured step time per (family, m), with the family's best m flagged."""
+    """Measured step time per (family, m) and how many runs it is the median of, with the family's best m
+    flagged."""
     return newest.select(
         "family",
         "m",
         "step_time_ms",
+        "repeats",
         best=pl.col("step_time_ms") == pl.col("step_time_ms").min().over("family"),
     )
 
@@ -139,31 +152,35 @@ def predicted_steps(analysis: Analysis, config: dict, ms: list[int]) -> pl.DataF
 def schedule_comparison(runs: pl.DataFrame) -> pl.DataFrame:
     """Waterfall terms per schedule, for every (p, m, engine, device) measured with several schedules."""
     labelled = runs.with_columns(setting=pl.format("p={} m={} ({}, {})", "p", "m", "engine", "device"))
-    newest = labelled.unique(subset=["setting", "schedule_label"], keep="first", maintain_order=True)
-    shared = newest.filter(pl.col("schedule_label").n_unique().over("setting") >= 2)
+    chosen = median_runs(labelled, ["setting", "schedule_label"])
+    shared = chosen.filter(pl.col("schedule_label").n_unique().over("setting") >= 2)
     terms = _terms_long(shared, ["setting", "schedule_label", "run_id"])
     return terms.rename({"schedule_label": "schedule"}).sort("setting", "schedule", "order")
 
 
 def engine_pairs(runs: pl.DataFrame) -> pl.DataFrame:
-    """Native and torch.distributed.pipelining runs of one configuration side by side, with their ratio."""
+    """Native and torch.distributed.pipelining runs of one configuration side by side (each the median
+    run of its repeats, their count beside it), with their ratio."""
     key = ["schedule", "p", "m", "v", "device"]
-    newest = runs.unique(subset=[*key, "engine"], keep="first", maintain_order=True)
-    both = newest.filter(pl.col("engine").is_in(["native", "torch"])).pivot(
-        on="engine", index=key, values="step_time_ms"
-    )
-    if not {"native", "torch"} <= set(both.columns):
+    chosen = median_runs(runs.filter(pl.col("engine").is_in(ENGINES)), [*key, "engine"])
+    wide = {
+        value: chosen.pivot(on="engine", index=key, values=value).rename(
+            {engine: f"{engine}{suffix}" for engine in ENGINES}, strict=False
+        )
+        for value, suffix in (("step_time_ms", ""), ("repeats", "_runs"))
+    }
+    both = wide["step_time_ms"].join(wide["repeats"], on=key)
+    columns = [*ENGINES, *(f"{engine}_runs" for engine in ENGINES)]
+    if not set(columns) <= set(both.columns):
         return pl.DataFrame(
             schema={
                 **{k: RUN_COLUMNS[k] for k in key},
-                "native": pl.Float64,
-                "torch": pl.Float64,
+                **{engine: pl.Float64 for engine in ENGINES},
+                **{f"{engine}_runs": pl.UInt32 for engine in ENGINES},
                 "ratio": pl.Float64,
             }
         )
-    return (
-        both.drop_nulls(["native", "torch"]).with_columns(ratio=pl.col("torch") / pl.col("native")).sort(key)
-    )
+    return both.drop_nulls(list(ENGINES)).with_columns(ratio=pl.col("torch") / pl.col("native")).sort(key)
 
 
 def peak_memory(family_runs: pl.DataFrame) -> pl.DataFrame:
@@ -176,7 +193,7 @@ def peak_memory(family_runs: pl.DataFrame) -> pl.DataFrame:
     )
     labelled = family_runs.with_columns(family=pl.format("{}, {}", "family", batch))
     return (
-        newest_per_m(labelled)
+        median_per_m(labelled)
         .drop_nulls("peak_activation_bytes")
         .select("family", "m", peak_mib=pl.col("peak_activation_bytes") / 2**20)
     )
