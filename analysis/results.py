@@ -48,7 +48,7 @@ class Analysis:
     schedule: Schedule  # as executed: the replay, the in-flight count and the ideal timeline follow it
     cells: pl.DataFrame
     gaps: pl.DataFrame
-    ranks: pl.DataFrame
+    parts: pl.DataFrame  # every analysed step's parts per rank, ms (ranks.parquet)
     ideal: pl.DataFrame
     model: StepModel
     memory: Memory | None = None  # None: the traces have no memory events
@@ -116,8 +116,14 @@ def write(run_dir: Path, analysis: Analysis) -> Path:
         )
         (staging / "schedule.json").write_bytes(_schedule_json(analysis.schedule))
         (staging / "model.json").write_bytes(_model_json(analysis.model))
-        for name in ("cells", "gaps", "ranks", "ideal"):
-            getattr(analysis, name).write_parquet(staging / f"{name}.parquet")
+        tables = {
+            "cells": analysis.cells,
+            "gaps": analysis.gaps,
+            "ranks": analysis.parts,
+            "ideal": analysis.ideal,
+        }
+        for name, table in tables.items():
+            table.write_parquet(staging / f"{name}.parquet")
         if analysis.memory is not None and not analysis.memory.peaks.is_empty():
             analysis.memory.stash.write_parquet(staging / "memory.parquet")
             analysis.memory.peaks.write_parquet(staging / "memory_peaks.parquet")
@@ -186,7 +192,7 @@ def read(run_dir: Path) -> Analysis:
         schedule=_schedule(directory / "schedule.json"),
         cells=_table(directory / "cells.parquet"),
         gaps=_table(directory / "gaps.parquet"),
-        ranks=_table(directory / "ranks.parquet"),
+        parts=_table(directory / "ranks.parquet"),
         ideal=_table(directory / "ideal.parquet"),
         model=_model(directory / "model.json"),
         memory=None if stash is None or peaks is None else Memory(stash, peaks),

@@ -61,7 +61,7 @@ def test_replicated_set_analyses_like_its_source(source, tmp_path):
     copied, original = analyze_run(read_run(tmp_path / "set")), analyze_run(read_run(source))
     ours, theirs = copied.summary, original.summary
     # every step of every copy lasts as a source step does, copy boundaries included
-    assert set(copied.ranks["step_ms"].round(6)) == set(original.ranks["step_ms"].round(6))
+    assert set(copied.parts["step_ms"].round(6)) == set(original.parts["step_ms"].round(6))
     assert ours.steps_analyzed == trace_set.steps_per_rank
     assert ours.step_time_ms == pytest.approx(theirs.step_time_ms, abs=1e-6)
     assert msgspec.structs.asdict(ours.waterfall_ms) == pytest.approx(
