@@ -26,16 +26,23 @@ RUN_ARGS = --sched $(strip $(SCHED)) --p $(strip $(P)) --v $(strip $(V)) --engin
            $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(strip $(ROWS_PER_MB))) \
            $(if $(strip $(INJECT)),--inject $(strip $(INJECT)))
 
-.PHONY: setup trace sweep analyze merge predict report bench lint test fuzz browser clean
+.PHONY: setup setup-dev trace sweep analyze merge predict report bench lint test fuzz browser clean
 .DEFAULT_GOAL := trace
 
+# The runtime (what `make trace` needs) first; the test, lint and benchmark tools on top, only for the
+# targets that use them.
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
 	.venv/bin/pip install -q --disable-pip-version-check $(TORCH_SPEC)
+	.venv/bin/pip install -q --disable-pip-version-check -e .
+	touch $@
+
+.venv/.installed-dev: .venv/.installed
 	.venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $@
 
 setup: .venv/.installed
+setup-dev: .venv/.installed-dev
 
 trace: setup
 	$(PY) -m runners trace $(RUN_ARGS) --m $(strip $(M))
@@ -59,7 +66,7 @@ predict: setup
 report: setup
 	$(PY) -m analysis report
 
-bench: setup
+bench: setup-dev
 	$(PY) -m bench $(BENCH_ARGS)
 
 # Headless Chromium for the report's browser test (Debian's package); the test skips, saying why,
@@ -69,14 +76,14 @@ browser:
 	  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 	  echo "warning: chromium not installed; the browser test will be skipped"; }
 
-lint: setup
+lint: setup-dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-test: setup browser
+test: setup-dev browser
 	$(PY) -m pytest -q
 
-fuzz: setup
+fuzz: setup-dev
 	FUZZ_EXAMPLES=20000 $(PY) -m pytest -q tests -k fuzz
 
 clean:
