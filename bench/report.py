@@ -1,6 +1,14 @@
-"""bench/results.json's document -> bench/RESULTS.md: headline ratios first, then one section per part."""
+"""bench/results.json's document -> bench/RESULTS.md: one block per section, each with its verdicts first.
+
+A block is marked (`<!-- bench: NAME -->` ... `<!-- /bench: NAME -->`) and says which command, date and
+git revision measured it, so a run of some parts rewrites their blocks and keeps the others' as they
+were (bench.suite merges results.json the same way).
+"""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Callable
 
 from analysis.schema import WATERFALL_TERMS
 from bench.stats import Stats
@@ -41,9 +49,16 @@ def _unmeasured(size: dict, ratio: str) -> str:
     return "not measured (see section 1)"
 
 
-def _headline(results: dict) -> list[str]:
+def _verdicts(rows: list[str]) -> list[str]:
+    """A section's verdict table (none when it has no rows)."""
+    return (
+        ["| figure | median (min-max) | target | verdict |", "|---|---|---|---|", *rows, ""] if rows else []
+    )
+
+
+def _throughput_verdicts(part: dict) -> list[str]:
     rows = []
-    for size in results.get("throughput", {}).get("sizes", []):
+    for size in part["sizes"]:
         for name, label in (
             ("hta_over_ours", "HTA load time / ours"),
             ("ours_over_decode", "ours / typed decoding"),
@@ -56,14 +71,23 @@ def _headline(results: dict) -> list[str]:
                 )
             else:
                 rows.append(f"| {label} ({size['mb']:.0f} MB) | {_unmeasured(size, name)} | | |")
-    executor = results.get("executor")
-    if executor and not executor["available"]:
-        rows.append(f"| native / torch step time | {executor['reason']} | 1.0 | |")
-    for config in (executor or {}).get("configs", []):
-        shown = config.get("failed") or _figure(config["native_over_torch"])
-        rows.append(
-            f"| native / torch, {config['schedule']} m={config['m']} | {shown} | 1.0 | {config.get('verdict', '')} |"
-        )
+    return _verdicts(rows)
+
+
+def _executor_verdicts(executor: dict) -> list[str]:
+    if not executor["available"]:
+        return _verdicts([f"| native / torch step time | {executor['reason']} | 1.0 | |"])
+    return _verdicts(
+        [
+            f"| native / torch, {c['schedule']} m={c['m']} | {c.get('failed') or _figure(c['native_over_torch'])} "
+            f"| 1.0 | {c.get('verdict', '')} |"
+            for c in executor["configs"]
+        ]
+    )
+
+
+def _sweep_verdicts(results: dict) -> list[str]:
+    rows = []
     if "profiler" in results:
         profiler = results["profiler"]
         rows.append(
@@ -76,23 +100,11 @@ def _headline(results: dict) -> list[str]:
             f"| abs(simulated / measured - 1) ({sim['runs_within']}/{sim['runs']} within target) | "
             f"{_figure(sim)} | {sim['target']} | {sim['verdict']} |"
         )
-    bubble = results.get("bubble", {})
-    if "deviation" in bubble:
-        deviation = bubble["deviation"]
-        rows.append(
-            f"| abs(bubble - 0.5), gpipe p=2 m=1 ({deviation['n']} runs) | {_figure(deviation, 4)} | "
-            f"{deviation['target']} | {deviation['verdict']} |"
-        )
-    if "seed" in results:
-        best = ", ".join(f"{key}: m={m}" for key, m in results["seed"]["optimum_m"].items())
-        rows.append(f"| fastest m (U-curve bottom) | {best} | | |")
-    return ["| figure | median (min-max) | target | verdict |", "|---|---|---|---|", *rows, ""]
+    return _verdicts(rows)
 
 
 def _throughput(part: dict) -> list[str]:
     lines = [
-        "## 1. Analysis throughput",
-        "",
         f"Source run replicated: `{part['source']}`. Times are the work inside a fresh process after its "
         f"imports (wall = the whole process); "
         f"peak RSS is the process's own high-water mark, 'with workers' the sampled peak of the RSS summed "
@@ -140,10 +152,9 @@ def _throughput(part: dict) -> list[str]:
 
 
 def _executor(part: dict) -> list[str]:
-    lines = ["## 2. Executor overhead (p=2, CPU, unprofiled, A B A B)", ""]
     if not part["available"]:
-        return lines + [part["reason"], ""]
-    lines += [
+        return [part["reason"], ""]
+    lines = [
         "| schedule | m | native ms | torch ms | native / torch | verdict |",
         "|---|---|---|---|---|---|",
     ]
@@ -158,72 +169,16 @@ def _executor(part: dict) -> list[str]:
     return lines + [""]
 
 
-def render(document: dict) -> str:
-    results, machine = document["results"], document["machine"]
-    lines = [
-        "# Benchmarks",
-        "",
-        f"Written by `{document['command']}` (`make bench` runs it with the defaults), {document['started']}, "
-        f"in {document['seconds']} s, "
-        f"at git {document['git_revision']}.",
-        "",
-        f"Machine: {machine['cpu']}, {machine['cores_usable']} usable cores, {machine['memory_gib']} GiB, "
-        f"{machine['platform']}, Python {machine['python']}; load average "
-        f"{machine['load_average_at_start'][0]:.1f} at the start, {document['load_average_at_end'][0]:.1f} at the end "
-        f"(other work on the machine inflates and spreads every time). Versions: "
-        + ", ".join(f"{k} {v}" for k, v in document["versions"].items())
-        + ".",
-        "",
-        "Figures are medians of repeats with (min-max); `wide` marks a range over 25% of the median, too noisy "
-        "to read the median alone; a verdict is given only when the whole range is on one side of the target.",
-        "",
-        *(
-            []
-            if document.get("complete", True)
-            else [
-                "**Partial**: the bench was interrupted or is still running; only the parts below were measured.",
-                "",
-            ]
-        ),
-        "Reproduce: `make bench` (all parts), or one part at a time, e.g. "
-        "`.venv/bin/python -m analysis bench --only throughput --size-mb 50`, `--only sim,profiler --ms '1 2 4 8'`, "
-        "`--only executor --pairs 3`; every figure here comes from the one command above.",
-        "",
-        *_headline(results),
-    ]
-    if "throughput" in results:
-        lines += _throughput(results["throughput"])
-    if "executor" in results:
-        lines += _executor(results["executor"])
-    if "sweep" in results:
-        lines += [
-            "## 3-4. Profiler overhead and simulator accuracy (p=2 sweep, one run each)",
-            "",
-            "step_ms: median of the run's unprofiled steps (min, max); profiled: the analysed median step; "
-            "sim_error: simulated / profiled - 1.",
-            "",
-            *_table(SWEEP_COLUMNS, results["sweep"]),
-            *(f"Skipped: {reason}" for reason in results.get("skipped", [])),
-            "",
-        ]
-    if "seed" in results:
-        lines += [
-            "## 5. The seed's experiment on CPU (gpipe)",
-            "",
-            "Seed columns, then ours. slot_ms: stage 0's F+B per microbatch in the profiled step; "
-            "bubble_measured = 1 - m*slot_ms/step_ms as the seed computes it; analysis_bubble and the "
-            "waterfall (ms) from summary.json. p=4 runs 4 single-threaded ranks on "
-            f"{machine['cores_usable']} cores ({4 / machine['cores_usable']:.0f}x oversubscribed).",
-            "",
-            *_table(SEED_COLUMNS + OUR_COLUMNS, results["seed"]["rows"]),
-        ]
-    if "bubble" in results:
-        lines += _bubble(results["bubble"])
-    return "\n".join(lines)
-
-
 def _bubble(part: dict) -> list[str]:
-    lines = ["## 6. GPipe p=2 m=1: the measured bubble against the formula's 0.5", ""]
+    lines = []
+    if "deviation" in part:
+        deviation = part["deviation"]
+        lines += _verdicts(
+            [
+                f"| abs(bubble - 0.5), gpipe p=2 m=1 ({deviation['n']} runs) | {_figure(deviation, 4)} | "
+                f"{deviation['target']} | {deviation['verdict']} |"
+            ]
+        )
     if "bubbles" in part:
         lines += [
             f"Bubbles measured ({len(part['bubbles'])} runs): "
@@ -235,3 +190,115 @@ def _bubble(part: dict) -> list[str]:
             "",
         ]
     return lines + [f"Failed: {reason}" for reason in part["failed"]] + [""]
+
+
+def _sweep(results: dict, _machine: dict) -> list[str]:
+    return [
+        *_sweep_verdicts(results),
+        "step_ms: median of the run's unprofiled steps (min, max); profiled: the analysed median step; "
+        "sim_error: simulated / profiled - 1.",
+        "",
+        *_table(SWEEP_COLUMNS, results["sweep"]),
+        *(f"Skipped: {reason}" for reason in results.get("skipped", [])),
+        "",
+    ]
+
+
+def _seed(results: dict, machine: dict) -> list[str]:
+    seed = results["seed"]
+    best = ", ".join(f"{key}: m={m}" for key, m in seed["optimum_m"].items())
+    return [
+        *_verdicts([f"| fastest m (U-curve bottom) | {best} | | |"]),
+        "Seed columns, then ours. slot_ms: stage 0's F+B per microbatch in the profiled step; "
+        "bubble_measured = 1 - m*slot_ms/step_ms as the seed computes it; analysis_bubble and the "
+        "waterfall (ms) from summary.json. p=4 runs 4 single-threaded ranks on "
+        f"{machine['cores_usable']} cores ({4 / machine['cores_usable']:.0f}x oversubscribed).",
+        "",
+        *_table(SEED_COLUMNS + OUR_COLUMNS, seed["rows"]),
+    ]
+
+
+# (results key, heading, body from the results and the machine), in the order RESULTS.md shows them
+SECTIONS: tuple[tuple[str, str, Callable[[dict, dict], list[str]]], ...] = (
+    (
+        "throughput",
+        "## 1. Analysis throughput",
+        lambda r, _: _throughput_verdicts(r["throughput"]) + _throughput(r["throughput"]),
+    ),
+    (
+        "executor",
+        "## 2. Executor overhead (p=2, CPU, unprofiled, A B A B)",
+        lambda r, _: _executor_verdicts(r["executor"]) + _executor(r["executor"]),
+    ),
+    ("sweep", "## 3-4. Profiler overhead and simulator accuracy (p=2 sweep, one run each)", _sweep),
+    ("seed", "## 5. The seed's experiment on CPU (gpipe)", _seed),
+    (
+        "bubble",
+        "## 6. GPipe p=2 m=1: the measured bubble against the formula's 0.5",
+        lambda r, _: _bubble(r["bubble"]),
+    ),
+)
+BLOCK = re.compile(r"^<!-- bench: (?P<name>\w+) -->\n.*?^<!-- /bench: (?P=name) -->\n", re.S | re.M)
+
+
+def blocks(text: str) -> dict[str, str]:
+    """The marked section blocks of a RESULTS.md, by name, each with its markers."""
+    return {match["name"]: match[0] for match in BLOCK.finditer(text)}
+
+
+def provenance(entry: dict) -> str:
+    """Which command measured a section, when, how long, at which revision and under what load."""
+    start, end = entry["load_average_at_start"][0], entry["load_average_at_end"][0]
+    return (
+        f"Measured by `{entry['command']}`, started {entry['started']}, {entry['seconds']} s, at git "
+        f"{entry['git_revision']}; load average {start:.1f} at the start, {end:.1f} at the end."
+    )
+
+
+def render(document: dict, fresh: dict[str, dict], previous: str = "") -> str:
+    """RESULTS.md: the sections in `fresh` (name -> provenance) rendered from the document's results, every
+    other section's block kept from `previous` (an earlier RESULTS.md) as it was."""
+    results, machine = document["results"], document["machine"]
+    kept = blocks(previous)
+    lines = [
+        "# Benchmarks",
+        "",
+        "Each section says the command, start, duration and git revision that measured it: "
+        "`python -m bench --only PARTS` measures those parts again and keeps the other sections as they were. "
+        f"Latest: `{document['command']}`, {document['started']}, at git {document['git_revision']}.",
+        "",
+        *(
+            []
+            if document.get("complete", True)
+            else [
+                "**Partial**: the latest bench was interrupted or is still running; only the sections it "
+                "finished are its.",
+                "",
+            ]
+        ),
+        f"Machine: {machine['cpu']}, {machine['cores_usable']} usable cores, {machine['memory_gib']} GiB, "
+        f"{machine['platform']}, Python {machine['python']} (other work on the machine inflates and spreads "
+        "every time). Versions: " + ", ".join(f"{k} {v}" for k, v in document["versions"].items()) + ".",
+        "",
+        "Figures are medians of repeats with (min-max); `wide` marks a range over 25% of the median, too noisy "
+        "to read the median alone; a verdict is given only when the whole range is on one side of the target.",
+        "",
+        "Reproduce: `make bench` (all parts), or some parts, e.g. "
+        "`.venv/bin/python -m bench --only throughput --size-mb 50`, `--only sim,profiler --ms '1 2 4 8'`, "
+        "`--only executor --pairs 3`.",
+        "",
+    ]
+    for name, heading, body in SECTIONS:
+        if name in fresh:
+            block = [
+                f"<!-- bench: {name} -->",
+                heading,
+                "",
+                provenance(fresh[name]),
+                "",
+                *body(results, machine),
+            ]
+            lines += [*block, f"<!-- /bench: {name} -->", ""]
+        elif name in kept:
+            lines += [kept[name]]
+    return "\n".join(lines)

@@ -4,12 +4,14 @@ Parts (--only picks some): throughput (ours vs HTA vs typed decoding on a genera
 executor (native vs torch engine), profiler (profiled / unprofiled step), sim (simulated vs measured
 step), seed (the seed's m sweep at p=2 and p=4), bubble (gpipe p=2 m=1 against the formula's 1/2,
 repeated). profiler, sim and seed read the same p=2 sweep.
+A run of some parts replaces their sections of results.json and RESULTS.md and keeps the others'.
 Generated traces and runs live in a temporary directory that is deleted at the end (--keep keeps it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -152,6 +154,7 @@ def _command(args: argparse.Namespace) -> str:
         "ms": args.ms,
         "p4-ms": args.p4_ms,
         "executor-ms": args.executor_ms,
+        "bubble-runs": args.bubble_runs,
         "preset": args.preset,
     }
     if args.source:
@@ -179,61 +182,121 @@ def _throughput(args, workdir: Path, say) -> dict:
     return throughput(plan, say)
 
 
-def measure(
-    args: argparse.Namespace, parts: list[str], workdir: Path, say, save: Callable[[dict], None]
-) -> None:
-    """Run the chosen parts in order, saving the results after each (an interrupted bench keeps its figures)."""
+class Record:
+    """This run's results and, for each section it finished, how it was measured (its provenance);
+    saved after each section, so an interrupted bench keeps what it finished."""
+
+    def __init__(self, command: str, save: Callable[[Record], None]) -> None:
+        self.command, self.save = command, save
+        self.results: dict = {}
+        self.sections: dict[str, dict] = {}
+
+    @contextlib.contextmanager
+    def section(self, name: str):
+        """Around one section's measurement: the results keys it adds are its own."""
+        began, before = time.monotonic(), set(self.results)
+        entry = {
+            "command": self.command,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "git_revision": git_revision(),  # its runs import the tree as it is when they start
+            "load_average_at_start": os.getloadavg(),
+        }
+        yield self.results
+        self.sections[name] = entry | {
+            "seconds": round(time.monotonic() - began),
+            "load_average_at_end": os.getloadavg(),
+            "keys": sorted(set(self.results) - before),
+        }
+        self.save(self)
+
+
+def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, record: Record) -> None:
+    """Run the chosen parts in order, one section each (profiler and sim share the sweep's)."""
     plan = RunPlan(workdir / "runs", args.preset, 3, 5)
     ms, p4_ms = _counts(args.ms, "--ms"), _counts(args.p4_ms, "--p4-ms")
     executor_ms = _counts(args.executor_ms, "--executor-ms")
-    results: dict = {}
     if "throughput" in parts:
-        results["throughput"] = _throughput(args, workdir, say)
-        save(results)
+        with record.section("throughput") as results:
+            results["throughput"] = _throughput(args, workdir, say)
     if SWEEP_PARTS & set(parts):
-        say("sweep: p=2, gpipe and 1f1b")
-        rows, skipped = sweep(plan, ("gpipe", "1f1b"), 2, ms, say)
-        results |= {"sweep": rows, "skipped": skipped}
-        if rows:  # every run may have failed (see skipped)
-            results |= {"profiler": profiler_overhead(rows), "sim": simulator_accuracy(rows)}
-        save(results)
+        with record.section("sweep") as results:
+            say("sweep: p=2, gpipe and 1f1b")
+            rows, skipped = sweep(plan, ("gpipe", "1f1b"), 2, ms, say)
+            results |= {"sweep": rows, "skipped": skipped}
+            if rows:  # every run may have failed (see skipped)
+                results |= {"profiler": profiler_overhead(rows), "sim": simulator_accuracy(rows)}
     if "seed" in parts:
-        say("seed: gpipe p=4 (4 single-threaded ranks on the usable cores)")
-        seed_rows = [row for row in results["sweep"] if row["schedule"] == "gpipe"]
-        seed_rows += sweep(plan, ("gpipe",), 4, p4_ms, say)[0]
-        results["seed"] = {"rows": seed_rows, "optimum_m": seed_optimum(seed_rows)}
-        save(results)
+        with record.section("seed") as results:
+            say("seed: gpipe p=4 (4 single-threaded ranks on the usable cores)")
+            seed_rows = [row for row in results["sweep"] if row["schedule"] == "gpipe"]
+            seed_rows += sweep(plan, ("gpipe",), 4, p4_ms, say)[0]
+            results["seed"] = {"rows": seed_rows, "optimum_m": seed_optimum(seed_rows)}
     if "bubble" in parts:
-        say(f"bubble: gpipe p=2 m=1, {args.bubble_runs} runs")
-        results["bubble"] = m1_bubble(plan, args.bubble_runs, say)
-        save(results)
+        with record.section("bubble") as results:
+            say(f"bubble: gpipe p=2 m=1, {args.bubble_runs} runs")
+            results["bubble"] = m1_bubble(plan, args.bubble_runs, say)
     if "executor" in parts:
-        say("executor: native vs torch, p=2, A B A B")
-        configs = tuple((schedule, m) for schedule in ("gpipe", "1f1b") for m in executor_ms)
-        results["executor"] = executor_overhead(plan, configs, args.pairs, say)
-        save(results)
+        with record.section("executor") as results:
+            say("executor: native vs torch, p=2, A B A B")
+            configs = tuple((schedule, m) for schedule in ("gpipe", "1f1b") for m in executor_ms)
+            results["executor"] = executor_overhead(plan, configs, args.pairs, say)
 
 
-def _writer(out: Path, document: dict, began: float) -> Callable[[dict, bool], None]:
-    """Writes results.json and RESULTS.md (each atomically) with the results so far."""
+def _previous(out: Path, say) -> tuple[dict, str]:
+    """The results.json and RESULTS.md that this run adds its sections to (empty where there are none; an
+    unreadable results.json is said and left out)."""
+    document: dict = {}
+    try:
+        document = json.loads((out / "results.json").read_text())
+    except FileNotFoundError:
+        pass
+    except ValueError as error:
+        say(f"warning: {out / 'results.json'} is not JSON ({error}); its results are not kept")
+    text = (out / "RESULTS.md").read_text() if (out / "RESULTS.md").exists() else ""
+    return (document if isinstance(document, dict) else {}), text
 
-    def write(results: dict, complete: bool) -> None:
+
+def merged(previous: dict, record: Record) -> tuple[dict, dict]:
+    """(results, provenance by section): the earlier document's with the sections this run finished
+    replaced, their results keys included."""
+    earlier = previous.get("measured_by", {})
+    replaced = {key for name in record.sections for key in earlier.get(name, {}).get("keys", [])}
+    finished = {key for entry in record.sections.values() for key in entry["keys"]}
+    results = {k: v for k, v in previous.get("results", {}).items() if k not in replaced | finished}
+    results |= {k: v for k, v in record.results.items() if k in finished}
+    return results, earlier | record.sections
+
+
+def _writer(
+    out: Path, document: dict, began: float, previous: tuple[dict, str]
+) -> Callable[[Record, bool], None]:
+    """Writes results.json and RESULTS.md (each atomically): the earlier ones with this run's sections so far."""
+    earlier, text = previous
+
+    def write(record: Record, complete: bool) -> None:
         out.mkdir(parents=True, exist_ok=True)
+        results, measured_by = merged(earlier, record)
         now = document | {
             "results": results,
+            "measured_by": measured_by,
             "complete": complete,
             "seconds": round(time.monotonic() - began),
             "load_average_at_end": os.getloadavg(),
         }
-        for name, text in (("results.json", json.dumps(now, indent=1) + "\n"), ("RESULTS.md", render(now))):
-            write_atomically(out / name, text.encode())
+        markdown = render(now, record.sections, text)
+        for name, data in (("results.json", json.dumps(now, indent=1) + "\n"), ("RESULTS.md", markdown)):
+            write_atomically(out / name, data.encode())
 
     return write
 
 
 def run(args: argparse.Namespace) -> int:
     parts = _parts(args.only)
-    for option, text in (("--ms", args.ms), ("--p4-ms", args.p4_ms), ("--executor-ms", args.executor_ms)):
+    for option, text in (
+        ("--ms", args.ms),
+        ("--p4-ms", args.p4_ms),
+        ("--executor-ms", args.executor_ms),
+    ):
         _counts(text, option)  # refuse bad counts before anything runs
     began = time.monotonic()
     say = _progress(began)
@@ -247,19 +310,14 @@ def run(args: argparse.Namespace) -> int:
         "git_revision": git_revision(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write = _writer(args.out, document, began)
-    latest: dict = {}
-
-    def save(results: dict) -> None:
-        latest.update(results)
-        write(latest, False)
-
+    write = _writer(args.out, document, began, _previous(args.out, say))
+    record = Record(document["command"], lambda finished: write(finished, False))
     try:
-        measure(args, parts, workdir, say, save)
+        measure(args, parts, workdir, say, record)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    write(latest, True)
+    write(record, True)
     say(f"wrote {args.out / 'RESULTS.md'} and {args.out / 'results.json'}")
     return 0
 

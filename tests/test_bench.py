@@ -95,6 +95,11 @@ def test_child_decodes_every_event_and_is_stopped_at_its_timeout(source, tmp_pat
 
 def test_bench_throughput_smoke(source, tmp_path):
     out = tmp_path / "out"
+    out.mkdir()  # an earlier run's bubble section, which this throughput-only run keeps
+    kept = "<!-- bench: bubble -->\n## 6. GPipe p=2 m=1\n<!-- /bench: bubble -->\n"
+    (out / "RESULTS.md").write_text("# Benchmarks\n\n" + kept)
+    earlier = {"results": {"bubble": {"runs": 6}}, "measured_by": {"bubble": {"keys": ["bubble"]}}}
+    (out / "results.json").write_text(json.dumps(earlier))
     code = main(
         [
             "--only",
@@ -114,6 +119,9 @@ def test_bench_throughput_smoke(source, tmp_path):
     assert code == 0
     document = json.loads((out / "results.json").read_text())
     assert document["complete"] is True and document["parts"] == ["throughput"]
+    assert document["results"]["bubble"] == {"runs": 6} and document["measured_by"]["throughput"]["keys"] == [
+        "throughput"
+    ]
     (size,) = document["results"]["throughput"]["sizes"]  # 0.005 and 0.05 MB are both one copy: one set
     assert document["results"]["throughput"]["growth"] is None
     assert size["tasks"]["analyze"]["status"] == size["tasks"]["decode"]["status"] == "ok"
@@ -121,6 +129,7 @@ def test_bench_throughput_smoke(source, tmp_path):
     assert size["ratios"]["ours_over_decode"]["median"] > 0
     text = (out / "RESULTS.md").read_text()
     assert "## 1. Analysis throughput" in text and "ours / typed decoding" in text
+    assert kept in text and text.index("## 1.") < text.index("## 6.")
 
 
 def test_bench_refuses_unknown_parts(tmp_path, capsys):
@@ -195,3 +204,47 @@ def test_bubble_section_says_which_runs_failed():
     from bench.report import _bubble
 
     assert "Failed: rank 1 exited 1" in "\n".join(_bubble({"runs": 1, "failed": ["rank 1 exited 1"]}))
+
+
+def test_a_partial_run_replaces_its_sections_and_keeps_the_others():
+    """results.json: the sections this run finished replace their earlier keys (a sweep without rows
+    drops the earlier profiler and sim figures too); RESULTS.md: other sections' blocks stay verbatim."""
+    from bench.report import render
+    from bench.suite import Record, merged
+
+    earlier = {
+        "results": {"sweep": [1], "skipped": [], "profiler": {"n": 1}, "sim": {"n": 1}, "bubble": {"b": 1}},
+        "measured_by": {
+            "sweep": {"keys": ["profiler", "sim", "skipped", "sweep"]},
+            "bubble": {"keys": ["bubble"]},
+        },
+    }
+    record = Record("python -m bench --only sim", lambda _: None)
+    record.results = {"sweep": [], "skipped": ["gpipe p=2 m=1: failed"], "predict": {"half done": True}}
+    entry = {"command": "now", "started": "today", "seconds": 1, "git_revision": "abc"}
+    record.sections = {"sweep": entry | {"keys": ["skipped", "sweep"]}}
+    results, measured_by = merged(earlier, record)
+    assert results == {"sweep": [], "skipped": ["gpipe p=2 m=1: failed"], "bubble": {"b": 1}}
+    assert (
+        measured_by["bubble"] == earlier["measured_by"]["bubble"] and measured_by["sweep"]["command"] == "now"
+    )
+
+    kept = "<!-- bench: bubble -->\n## 6. GPipe\n\nMeasured by `old`.\n<!-- /bench: bubble -->\n"
+    previous = "# Benchmarks\n\nold header\n\n" + kept + "<!-- bench: gone -->\nx\n<!-- /bench: gone -->\n"
+    document = {
+        "results": results,
+        "machine": {"cpu": "cpu", "cores_usable": 2, "memory_gib": 1, "platform": "linux", "python": "3"},
+        "versions": {},
+        "command": "now",
+        "started": "today",
+        "git_revision": "abc",
+    }
+    fresh = {"sweep": entry | {"load_average_at_start": (1.0,), "load_average_at_end": (2.0,)}}
+    text = render(document, fresh, previous)
+    assert kept in text and "old header" not in text and "bench: gone" not in text
+    assert (
+        "Skipped: gpipe p=2 m=1: failed" in text
+        and "Measured by `now`, started today, 1 s, at git abc" in text
+    )
+    assert text.index("## 3-4.") < text.index("## 6.")  # sections in their order, kept or fresh
+    assert render(document, {}, text) == text  # blocks carried again come out as they went in
