@@ -192,6 +192,78 @@ def _bubble(part: dict) -> list[str]:
     return lines + [f"Failed: {reason}" for reason in part["failed"]] + [""]
 
 
+def _target(check: dict) -> str:
+    return f"{'' if check['lower_is_better'] else '>= '}{check['target']}"
+
+
+def _inject(part: dict) -> list[str]:
+    rows, details = [], []
+    for case in part.values():
+        if "failed" in case:
+            rows.append(f"| {case['injection']} | failed: {case['failed']} | | |")
+            continue
+        rows += [
+            f"| {case['injection']}: {c['figure']}, {c['rule']} | {_figure(c['compared'])} | {_target(c)} "
+            f"| {c['verdict']} |"
+            for c in case["checks"]
+        ]
+        details += [
+            f"`{case['injection']}`, {case['preset']} preset, {case['schedule']} p={case['p']} m={case['m']}, "
+            f"{case['pairs']} pairs; injected a step: {_figure(case['injected_ms'], 1)} ms.",
+            "",
+            "| figure | baseline ms | delta ms | compared | target | verdict |",
+            "|---|---|---|---|---|---|",
+            *(
+                f"| {c['figure']} | {_figure(c['baseline_ms'], 1)} | {_figure(c['delta_ms'], 1)} | "
+                f"{_figure(c['compared'])} | {_target(c)} | {c['verdict']} |"
+                for c in case["checks"]
+            ),
+            "",
+        ]
+    return [
+        *_verdicts(rows),
+        "A pair is a run without the injection, then the same run with it; delta = with - without, per pair. "
+        "host:R:X sleeps X ms before each of rank R's forwards, m*X a step (injected); launch_overhead and "
+        "compute_parts (compute + small_gemm + slowdown) are rank R's, peer_bubble is rank R+1's bubble. "
+        "slow:S:K gives stage S K times its layers; injected: (K-1) x the stage's full-batch F+B in the "
+        "baseline's calibration; imbalance, small_gemm and slowdown are waterfall terms, compared in ms with "
+        "their noise bounds for a median of 3 pairs (bench/inject.py says how they were measured); a verdict "
+        "needs every pair on one side.",
+        "",
+        *details,
+    ]
+
+
+def _predict(part: dict) -> list[str]:
+    configs = part["configs"]
+    rows = [
+        f"| abs(predicted / measured - 1), {c['schedule']} m={c['m']} | {_figure(c['error'])} | "
+        f"{c['error']['target']} | {c['error']['verdict']} |"
+        for c in configs
+    ]
+    source = ", ".join(f"{s} {_figure(e)}" for s, e in part["source_simulated_error"].items())
+    return [
+        *_verdicts(rows),
+        f"Each of {part['repeats']} repeats: one run at m={part['source_m']} per schedule, "
+        "`python -m analysis predict RUN --ms ...` from it, then a run at each m; measured is that run's profiled "
+        "step (summary.json step_time_ms), compared with the prediction of its own repeat.",
+        "",
+        "| schedule | m | predicted ms | measured ms | abs(predicted / measured - 1) | verdict |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {c['schedule']} | {c['m']} | {_figure(c['predicted_ms'], 1)} | {_figure(c['measured_ms'], 1)} "
+            f"| {_figure(c['error'])} | {c['error']['verdict']} |"
+            for c in configs
+        ),
+        "",
+        f"The m={part['source_m']} runs' own simulated / measured - 1 (the waterfall's residual, which every "
+        f"prediction inherits): {source or 'none'}.",
+        "",
+        *(f"Failed: {reason}" for reason in part["failed"]),
+        "",
+    ]
+
+
 def _sweep(results: dict, _machine: dict) -> list[str]:
     return [
         *_sweep_verdicts(results),
@@ -236,6 +308,16 @@ SECTIONS: tuple[tuple[str, str, Callable[[dict, dict], list[str]]], ...] = (
         "bubble",
         "## 6. GPipe p=2 m=1: the measured bubble against the formula's 0.5",
         lambda r, _: _bubble(r["bubble"]),
+    ),
+    (
+        "inject",
+        "## 7. Injected delays: what the analysis recovers (p=2, CPU, A/B pairs)",
+        lambda r, _: _inject(r["inject"]),
+    ),
+    (
+        "predict",
+        "## 8. predict: one run's step model at other m against runs there (p=2, CPU)",
+        lambda r, _: _predict(r["predict"]),
     ),
 )
 BLOCK = re.compile(r"^<!-- bench: (?P<name>\w+) -->\n.*?^<!-- /bench: (?P=name) -->\n", re.S | re.M)
@@ -285,7 +367,7 @@ def render(document: dict, fresh: dict[str, dict], previous: str = "") -> str:
         "",
         "Reproduce: `make bench` (all parts), or some parts, e.g. "
         "`.venv/bin/python -m bench --only throughput --size-mb 50`, `--only sim,profiler --ms '1 2 4 8'`, "
-        "`--only executor --pairs 3`.",
+        "`--only executor --pairs 3`, `--only inject,predict`.",
         "",
     ]
     for name, heading, body in SECTIONS:

@@ -19,9 +19,11 @@ from analysis.errors import InputError
 from analysis.pipeline import analyze_run, read_run
 from analysis.schema import WATERFALL_TERMS
 from bench.stats import stats, verdict
+from runners.inject import parse_injections
 from runners.launch import LaunchError, launch
 from runners.request import RequestError, RunRequest, resolve
 
+P = 2  # ranks of the inject and predict parts' runs: one per core of a 2-core machine
 PROFILER_TARGET = 1.10  # profiled / unprofiled step time
 SIM_TARGET = 0.05  # |simulated / measured - 1| on every run
 EXECUTOR_TARGET = 1.0  # native / torch step time
@@ -36,9 +38,13 @@ class RunPlan:
     timed_steps: int  # unprofiled steps per run
 
 
-def request(plan: RunPlan, schedule: str, p: int, m: int, engine: str = "native"):
-    """The resolved CPU request (raises RequestError, e.g. for an engine not registered yet)."""
-    wanted = RunRequest(schedule, p, m, 1, engine, plan.preset, plan.steps, "cpu", plan.timed_steps)
+def request(plan: RunPlan, schedule: str, p: int, m: int, engine: str = "native", inject: str = ""):
+    """The resolved CPU request, with the delays an --inject text names (raises RequestError, e.g. for an
+    engine not registered yet)."""
+    injections = parse_injections(inject)
+    wanted = RunRequest(
+        schedule, p, m, 1, engine, plan.preset, plan.steps, "cpu", plan.timed_steps, injections=injections
+    )
     return resolve(wanted, lambda: 0)  # device cpu: the GPU count is never asked
 
 

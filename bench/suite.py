@@ -3,7 +3,8 @@
 Parts (--only picks some): throughput (ours vs HTA vs typed decoding on a generated trace set),
 executor (native vs torch engine), profiler (profiled / unprofiled step), sim (simulated vs measured
 step), seed (the seed's m sweep at p=2 and p=4), bubble (gpipe p=2 m=1 against the formula's 1/2,
-repeated). profiler, sim and seed read the same p=2 sweep.
+repeated), inject (injected delays against what the analysis recovers, A/B pairs), predict (one m=4
+run's predicted step at other m against runs there). profiler, sim and seed read the same p=2 sweep.
 A run of some parts replaces their sections of results.json and RESULTS.md and keeps the others'.
 Generated traces and runs live in a temporary directory that is deleted at the end (--keep keeps it).
 """
@@ -24,6 +25,8 @@ from pathlib import Path
 from analysis.cli import standalone
 from analysis.errors import InputError
 from analysis.files import write_atomically
+from bench.inject import inject_recovery
+from bench.predict import prediction_accuracy
 from bench.report import render
 from bench.runs import (
     RunPlan,
@@ -39,7 +42,7 @@ from bench.throughput import ThroughputPlan, throughput
 from runners.launch import launch
 from runners.rundir import REPO_ROOT, git_revision, host_facts
 
-PARTS = ("throughput", "executor", "profiler", "sim", "seed", "bubble")
+PARTS = ("throughput", "executor", "profiler", "sim", "seed", "bubble", "inject", "predict")
 SWEEP_PARTS = {"profiler", "sim", "seed"}
 PACKAGES = ("torch", "polars", "pyarrow", "msgspec", "HolisticTraceAnalysis")
 
@@ -70,8 +73,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor-ms", default="4 8", help="microbatch counts of the native vs torch runs")
     parser.add_argument("--p4-ms", default="1 2 4 8 16", help="microbatch counts of the seed's p=4 sweep")
     parser.add_argument("--bubble-runs", type=int, default=6, help="gpipe p=2 m=1 runs of the bubble part")
+    parser.add_argument("--inject-pairs", type=int, default=5, help="A/B pairs per case of the inject part")
+    parser.add_argument("--predict-ms", default="2 8 16", help="microbatch counts the predict part predicts")
     parser.add_argument(
-        "--preset", default="cpu", help="model preset of the runs (cpu, or tiny for a smoke run)"
+        "--predict-repeats", type=int, default=3, help="repeats of the predict part (each: m=4 and every m)"
+    )
+    parser.add_argument(
+        "--preset",
+        default="cpu",
+        help="model preset of the runs (cpu, or tiny for a smoke run; the inject part's cases name their own)",
     )
     parser.add_argument(
         "--out", type=Path, default=REPO_ROOT / "bench", help="where results.json and RESULTS.md go"
@@ -155,6 +165,9 @@ def _command(args: argparse.Namespace) -> str:
         "p4-ms": args.p4_ms,
         "executor-ms": args.executor_ms,
         "bubble-runs": args.bubble_runs,
+        "inject-pairs": args.inject_pairs,
+        "predict-ms": args.predict_ms,
+        "predict-repeats": args.predict_repeats,
         "preset": args.preset,
     }
     if args.source:
@@ -215,6 +228,7 @@ def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, reco
     plan = RunPlan(workdir / "runs", args.preset, 3, 5)
     ms, p4_ms = _counts(args.ms, "--ms"), _counts(args.p4_ms, "--p4-ms")
     executor_ms = _counts(args.executor_ms, "--executor-ms")
+    predict_ms = _counts(args.predict_ms, "--predict-ms")
     if "throughput" in parts:
         with record.section("throughput") as results:
             results["throughput"] = _throughput(args, workdir, say)
@@ -240,6 +254,16 @@ def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, reco
             say("executor: native vs torch, p=2, A B A B")
             configs = tuple((schedule, m) for schedule in ("gpipe", "1f1b") for m in executor_ms)
             results["executor"] = executor_overhead(plan, configs, args.pairs, say)
+    if "inject" in parts:
+        with record.section("inject") as results:
+            say(f"inject: host stall and slow stage, {args.inject_pairs} A/B pairs each")
+            results["inject"] = inject_recovery(plan, args.inject_pairs, say)
+    if "predict" in parts:
+        with record.section("predict") as results:
+            say(
+                f"predict: gpipe and 1f1b p=2, m=4 predicted at {args.predict_ms}, {args.predict_repeats} repeats"
+            )
+            results["predict"] = prediction_accuracy(plan, predict_ms, args.predict_repeats, say)
 
 
 def _previous(out: Path, say) -> tuple[dict, str]:
@@ -296,6 +320,7 @@ def run(args: argparse.Namespace) -> int:
         ("--ms", args.ms),
         ("--p4-ms", args.p4_ms),
         ("--executor-ms", args.executor_ms),
+        ("--predict-ms", args.predict_ms),
     ):
         _counts(text, option)  # refuse bad counts before anything runs
     began = time.monotonic()

@@ -206,6 +206,85 @@ def test_bubble_section_says_which_runs_failed():
     assert "Failed: rank 1 exited 1" in "\n".join(_bubble({"runs": 1, "failed": ["rank 1 exited 1"]}))
 
 
+def _rank(rank: int, launch_overhead: float, busy: float, bubble: float):
+    from analysis.schema import RankEntry
+
+    return RankEntry(
+        rank=rank,
+        stage_ids=[rank],
+        compute_ms=busy / 2,
+        small_gemm_ms=busy / 4,
+        slowdown_ms=busy / 4,
+        busy_ms=busy,
+        cpu_contention_ms=None,
+        bubble_ms=bubble,
+        p2p_wait_ms=0.0,
+        launch_overhead_ms=launch_overhead,
+        other_ms=0.0,
+        peak_activation_bytes=None,
+    )
+
+
+def test_host_recovery_compares_each_pair_with_the_stall_m_times():
+    """Pairs of (baseline, injected) summaries: deltas per pair, each against m x X = 80 ms."""
+    from conftest import summary_of
+
+    from bench.inject import HOST, recovery
+
+    def run(launch_overhead, busy, peer_bubble):
+        ranks = [_rank(0, launch_overhead, busy, 1.0), _rank(1, 1.0, 1.0, peer_bubble)]
+        return summary_of(ranks=ranks), {}
+
+    baseline = [run(2.0, 4.0, 1.0), run(3.0, 4.0, 2.0)]
+    injected = [run(82.0, 6.0, 81.0), run(95.0, 4.0, 30.0)]  # the second pair: 15 ms too much, peer 28 ms
+    result = recovery(HOST, baseline, injected)
+    assert result["injected_ms"]["median"] == 80.0 and result["pairs"] == 2
+    checks = {c["figure"]: c for c in result["checks"]}
+    lo = checks["launch_overhead"]
+    assert lo["delta_ms"]["min"] == 80.0 and lo["delta_ms"]["max"] == 92.0
+    assert lo["compared"]["max"] == pytest.approx(12 / 80) and lo["verdict"] == "meets"  # target 0.15
+    compute = checks["compute_parts"]  # compute + small_gemm + slowdown: 2 ms, then 0
+    assert (compute["compared"]["min"], compute["compared"]["max"]) == (0.0, 2 / 80)
+    peer = checks["peer_bubble"]
+    assert peer["compared"]["min"] == pytest.approx(28 / 80) and peer["compared"]["max"] == 1.0
+    assert peer["verdict"].startswith("inconclusive")  # >= 0.5 wanted: one pair below, one above
+
+
+def test_slow_recovery_reads_the_waterfall_and_the_baseline_calibration():
+    from conftest import summary_of
+
+    from analysis.schema import Waterfall
+    from bench.inject import SLOW, SLOW_TERMS_NOISE_MS, recovery
+
+    def run(imbalance, small_gemm, slowdown):
+        terms = dict(
+            ideal=80.0, formula_bubble=20.0, launch_overhead=5.0, p2p_wait=1.0, other=2.0, residual=0.0
+        )
+        waterfall = Waterfall(imbalance=imbalance, small_gemm=small_gemm, slowdown=slowdown, **terms)
+        return summary_of(waterfall_ms=waterfall), {"calibration": {"1": {"F_ms": 30.0, "B_ms": 50.0}}}
+
+    result = recovery(SLOW, [run(1.0, 10.0, 5.0)], [run(91.0, 10.0 + SLOW_TERMS_NOISE_MS + 1, 5.0)])
+    assert result["injected_ms"]["median"] == 3 * 80.0  # slow:1:4: three more times stage 1's F + B
+    verdicts = {c["figure"]: c["verdict"] for c in result["checks"]}
+    assert verdicts == {
+        "imbalance": "meets (one sample)",
+        "small_gemm": "misses (one sample)",
+        "slowdown": "meets (one sample)",
+    }
+
+
+def test_predict_accuracy_pairs_each_prediction_with_its_repeat():
+    from bench.predict import PREDICT_TARGET, accuracy
+
+    figure = accuracy("gpipe", 8, [105.0, 99.0, 120.0], [100.0, 110.0, 100.0])
+    assert figure["error"]["median"] == pytest.approx(0.1)  # 0.05, 0.1, 0.2: repeat by repeat
+    assert figure["error"]["min"] == pytest.approx(0.05) and figure["error"]["max"] == pytest.approx(0.2)
+    assert figure["error"]["target"] == PREDICT_TARGET and figure["error"]["verdict"].startswith(
+        "inconclusive"
+    )
+    assert accuracy("1f1b", 2, [101.0], [100.0])["error"]["verdict"] == "meets (one sample)"
+
+
 def test_a_partial_run_replaces_its_sections_and_keeps_the_others():
     """results.json: the sections this run finished replace their earlier keys (a sweep without rows
     drops the earlier profiler and sim figures too); RESULTS.md: other sections' blocks stay verbatim."""
@@ -248,3 +327,33 @@ def test_a_partial_run_replaces_its_sections_and_keeps_the_others():
     )
     assert text.index("## 3-4.") < text.index("## 6.")  # sections in their order, kept or fresh
     assert render(document, {}, text) == text  # blocks carried again come out as they went in
+
+
+@pytest.mark.slow
+def test_bench_predict_smoke(tmp_path):
+    """Tiny gpipe and 1f1b p=2 runs: m=4's prediction at m=2 against a run there, in its own section."""
+    out = tmp_path / "out"
+    argv = [
+        "--only",
+        "predict",
+        "--predict-ms",
+        "2",
+        "--predict-repeats",
+        "1",
+        "--preset",
+        "tiny",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    part = json.loads((out / "results.json").read_text())["results"]["predict"]
+    assert part["failed"] == [] and [(c["schedule"], c["m"]) for c in part["configs"]] == [
+        ("gpipe", 2),
+        ("1f1b", 2),
+    ]
+    for config in part["configs"]:
+        predicted, measured = config["predicted_ms"]["median"], config["measured_ms"]["median"]
+        assert config["error"]["median"] == pytest.approx(abs(predicted / measured - 1))
+    assert set(part["source_simulated_error"]) == {"gpipe", "1f1b"}
+    text = (out / "RESULTS.md").read_text()
+    assert "## 8. predict" in text and "abs(predicted / measured - 1), 1f1b m=2" in text
