@@ -1,0 +1,56 @@
+"""Delays injected on purpose into real 2-rank gloo runs (`python -m runners trace --inject`), against the
+same runs without them in alternating A/B pairs: the analysis must put each delay where it belongs.
+
+The cases, the figures read from each summary and the checks with their targets are bench/inject.py's
+(`python -m bench --only inject` runs more pairs and reports their ranges); here the median over the
+pairs of each check's figure must meet its target.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import trace_run
+
+from bench.inject import HOST, SLOW, Case, measured, recovery
+
+pytestmark = pytest.mark.slow
+
+
+def paired_runs(tmp_path, case: Case, pairs: int) -> dict:
+    """`pairs` A/B pairs, baseline first (alternating, so a drift of the machine's speed hits both)."""
+    baseline, injected = [], []
+    for _ in range(pairs):
+        baseline.append(measured(trace_run(tmp_path, *case.options(injected=False))))
+        injected.append(measured(trace_run(tmp_path, *case.options(injected=True))))
+    return recovery(case, baseline, injected)
+
+
+def missed(result: dict) -> list[str]:
+    """The checks whose median misses its target, each with its figures."""
+    return [
+        f"{c['figure']}: {c['rule']} median {c['compared']['median']:.3f} vs target {c['target']} "
+        f"(delta {c['delta_ms']['median']:.2f} ms, baseline {c['baseline_ms']['median']:.2f} ms)"
+        for c in result["checks"]
+        if not (
+            c["compared"]["median"] <= c["target"]
+            if c["lower_is_better"]
+            else c["compared"]["median"] >= c["target"]
+        )
+    ]
+
+
+def test_a_host_stall_is_launch_overhead_on_its_rank_and_bubble_on_the_next(tmp_path):
+    """host:R:X at m: rank R's launch_overhead grows by m*X (within 15%), its compute + small_gemm +
+    slowdown by less than 10% of m*X, and rank R+1 waits at least half of m*X more, as bubble."""
+    result = paired_runs(tmp_path, HOST, pairs=2)
+    assert result["injected_ms"]["median"] == HOST.m * HOST.injected.amount
+    assert not missed(result), json.dumps(result, indent=1)
+
+
+def test_a_slow_stage_is_imbalance_not_small_gemm_or_slowdown(tmp_path):
+    """slow:S:K (~250 ms more work a step): the waterfall's imbalance grows by more than its noise, small_gemm
+    and slowdown by no more than theirs (bench.inject says how each bound was measured)."""
+    result = paired_runs(tmp_path, SLOW, pairs=3)
+    assert not missed(result), json.dumps(result, indent=1)
