@@ -22,7 +22,10 @@ from analysis.traces import limits
 COMMANDS = {
     "analyze": ("analysis.cli.analyze", "analyse one run directory: cells, gaps, summary.json"),
     "merge": ("analysis.cli.merge", "write one Perfetto-loadable trace of all ranks"),
-    "predict": ("analysis.cli.predict", "predict one run's step time and bubble at other m: RUN/predict.json"),
+    "predict": (
+        "analysis.cli.predict",
+        "predict one run's step time and bubble at other m: RUN/predict.json",
+    ),
     "report": ("analysis.cli.report", "build reports/index.html from every run under traces/"),
 }
 
@@ -63,18 +66,24 @@ def standalone(
     return _run(parser.parse_args(argv))
 
 
-def _one_line(message, category, filename, lineno, file=None, line=None) -> None:
-    """A warning as the user's line, not Python's two (file:line and the source line that raised it)."""
-    print(f"warning: {printable(message)}", file=sys.stderr)
-
-
 def _run(args: argparse.Namespace) -> int:
+    """The command, its warnings as one line each once it has finished (a refused input prints its one
+    error line alone: the warnings on the way there were about input that is not used)."""
+    pending: list[str] = []
+
+    def one_line(message, category, filename, lineno, file=None, line=None) -> None:
+        """A warning as the user's line, not Python's two (file:line and the source line that raised it)."""
+        pending.append(f"warning: {printable(message)}")
+
     with warnings.catch_warnings():
         if not args.debug:
-            warnings.showwarning = _one_line
+            warnings.showwarning = one_line
         try:
             with limits.applied(limits.from_arguments(args)):
-                return args.run(args)
+                code = args.run(args)
+            for line in pending:
+                print(line, file=sys.stderr)
+            return code
         except InputError as error:
             if args.debug:
                 raise

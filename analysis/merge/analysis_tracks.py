@@ -9,11 +9,12 @@ minus the trace's origin).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import polars as pl
 
-from analysis.merge.tracks import RankTracks, thread_events
+from analysis.merge.tracks import Placed, batched, nesting_layers, thread_events
 from analysis.results import Analysis
 
 GAPS_TRACK = "analysis · gaps (bubble, p2p wait, launch overhead, other)"
@@ -45,13 +46,14 @@ class Placement:
 
 def analysis_tracks(
     analysis: Analysis,
-    tracks: dict[int, RankTracks],
+    tracks: dict[int, Placed],
     shift: dict[int, int],
     origin: int,
     steps: tuple[int, ...] | None,
     notes: list[str],
-) -> list[dict]:
-    """Every analysis track's thread names and slices; what is left out, and why, goes to `notes`."""
+) -> Iterator[list[dict]]:
+    """Every analysis track's thread names and slices, in batches; what is left out, and why, goes to
+    `notes` (as the first batch is made)."""
     applied = applied_offsets(analysis)
     delta = pl.DataFrame(
         {"rank": list(tracks), "delta_ns": [shift[r] - applied.get(r, 0) - origin for r in tracks]},
@@ -63,17 +65,28 @@ def analysis_tracks(
         SMALL_GEMM_TRACK: _small_gemm(analysis.cells, placement, notes),
         IDEAL_TRACK: _ideal(analysis, placement, notes),
     }
-    out = []
     for rank, track in tracks.items():
-        first = max((t for t, _ in track.threads), default=0) + 1
-        drawn = [
-            (tid, name, frame) for tid, (name, frame) in enumerate(named.items(), first) if frame is not None
-        ]
-        out.extend(thread_events(rank, [(tid, name) for tid, name, _ in drawn]))
-        out.extend(
-            event for tid, _, frame in drawn for event in _slices(frame.filter(pl.col("rank") == rank), tid)
-        )
-    return out
+        next_tid = max((t for t, _ in track.threads), default=0) + 1
+        threads, drawn = [], []
+        for name, frame in named.items():
+            if frame is None:
+                continue
+            layered = _layered(frame.filter(pl.col("rank") == rank))
+            for layer in range(layered["layer"].max() + 1 if layered.height else 1):
+                threads.append((next_tid + layer, name + (f" · overlap {layer}" if layer else "")))
+            drawn.append(layered.with_columns(tid=pl.col("layer") + next_tid))
+            next_tid += layered["layer"].max() + 1 if layered.height else 1
+        yield thread_events(rank, threads)
+        for frame in drawn:
+            yield from batched(frame, lambda chunk, _: _slices(chunk))
+
+
+def _layered(frame: pl.DataFrame) -> pl.DataFrame:
+    """A track's slices with the overlap layer each nests in (0 for all but slices that overlap without
+    nesting, which Perfetto would otherwise move silently): as the traces' own threads are laid out."""
+    ordered = frame.sort(["start_ns", "end_ns"], descending=[False, True])
+    keyed = ordered.select(pl.lit(0).alias("pid_key"), pl.lit(0).alias("tid_key"), "start_ns", "end_ns")
+    return ordered.with_columns(pl.Series("layer", nesting_layers(keyed), dtype=pl.Int64))
 
 
 def _small_gemm(cells: pl.DataFrame, placement: Placement, notes: list[str]) -> pl.DataFrame | None:
@@ -109,8 +122,8 @@ def _ideal(analysis: Analysis, placement: Placement, notes: list[str]) -> pl.Dat
     return placement.place(analysis.ideal).select("rank", "step", "start_ns", "end_ns", name=_ACTION)
 
 
-def _slices(frame: pl.DataFrame, tid: int) -> list[dict]:
-    """Chrome complete events on thread `tid` from rows (rank, name, start_ns, end_ns, step)."""
+def _slices(frame: pl.DataFrame) -> list[dict]:
+    """Chrome complete events from rows (rank, tid, name, start_ns, end_ns, step)."""
     return [
         {
             "ph": "X",
@@ -122,7 +135,7 @@ def _slices(frame: pl.DataFrame, tid: int) -> list[dict]:
             "dur": (end - start) / 1000,
             "args": {"step": step},
         }
-        for rank, name, start, end, step in frame.select(
-            "rank", "name", "start_ns", "end_ns", "step"
+        for rank, tid, name, start, end, step in frame.select(
+            "rank", "tid", "name", "start_ns", "end_ns", "step"
         ).iter_rows()
     ]

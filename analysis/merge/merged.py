@@ -27,7 +27,7 @@ import polars as pl
 from analysis.cells.labelled import step_spans
 from analysis.errors import InputError
 from analysis.merge.analysis_tracks import analysis_tracks, applied_offsets
-from analysis.merge.tracks import RankTracks, layout, p2p_flows, profiler_flows
+from analysis.merge.tracks import Placed, layout, p2p_flows, placed, profiler_flows
 from analysis.results import Analysis
 from analysis.timeline import clock
 from analysis.traces.load import RawTrace, load_run, read_trace
@@ -61,7 +61,7 @@ class _Plan:
     """Everything of the merged trace but its events: where each rank's events go and what is noted."""
 
     traces: dict[int, RawTrace]
-    tracks: dict[int, RankTracks]
+    frames: dict[int, pl.DataFrame]  # each rank's kept events
     shift: dict[int, int]
     origin: int
     analysis: Analysis | None
@@ -92,34 +92,34 @@ def _plan(
             [f.select("rank", "name", "cat", "ph", "start_ns", "end_ns") for f in frames.values()]
         )
         estimate = clock.estimate(list(traces), None, events)
-    tracks = {
-        rank: layout(_within_steps(frame, steps, notes), traces[rank].events_json, traces[rank].path)
-        for rank, frame in frames.items()
-    }
+    kept = {rank: _within_steps(frame, steps, notes) for rank, frame in frames.items()}
     shift = {rank: estimate.offset_ns(rank) if align and estimate is not None else 0 for rank in traces}
-    starts = [
-        first + shift[rank]
-        for rank, track in tracks.items()
-        for first in (track.slices["start_ns"].min(), track.instants["start_ns"].min())
-        if first is not None
-    ]
-    return _Plan(traces, tracks, shift, min(starts, default=0), analysis, cells, steps, estimate, notes)
+    drawn = pl.col("ph").is_in(["X", "i"])
+    starts = [frame.select(pl.col("start_ns").filter(drawn).min()).item() for frame in kept.values()]
+    origin = min((first + shift[rank] for rank, first in zip(kept, starts) if first is not None), default=0)
+    return _Plan(traces, kept, shift, origin, analysis, cells, steps, estimate, notes)
 
 
 def _batches(plan: _Plan) -> Iterator[list[dict]]:
-    """The merged trace's events, a list at a time (a rank's piece of events, its flows, ...)."""
+    """The merged trace's events, a list at a time (a rank's piece of events, its flows, ...). One rank
+    is laid out at a time, and only what the arrows and analysis tracks need of it is kept after."""
     next_id = 0
     origin, shift = plan.origin, plan.shift
-    for rank, track in plan.tracks.items():
+    done: dict[int, Placed] = {}
+    for rank, frame in plan.frames.items():
+        trace = plan.traces[rank]
+        track = layout(frame, trace.events_json, trace.path)
         stages = [] if plan.analysis is None else list(plan.analysis.schedule.stages_of(rank))
         yield track.metadata_events(rank, _process_name(rank, stages))
         yield from track.slice_events(rank, shift[rank] - origin)
         flows, next_id = profiler_flows(track, rank, shift[rank] - origin, next_id)
-        yield flows
+        yield from flows
+        done[rank] = placed(track)
+        del track, flows
     if plan.analysis is not None:
-        arrows, next_id = p2p_flows(clock.transfers(plan.cells), plan.tracks, shift, origin, next_id)
-        yield arrows
-        yield analysis_tracks(plan.analysis, plan.tracks, shift, origin, plan.steps, plan.notes)
+        arrows, next_id = p2p_flows(clock.transfers(plan.cells), done, shift, origin, next_id)
+        yield from arrows
+        yield from analysis_tracks(plan.analysis, done, shift, origin, plan.steps, plan.notes)
     else:
         plan.notes.append("no analysis of these traces: no transfer arrows or analysis tracks")
 

@@ -13,6 +13,7 @@ the merge never holds more than one piece's args, whatever the trace's size.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +45,35 @@ class _Args(msgspec.Struct, gc=False):
 
 
 _IDS = msgspec.json.Decoder(list[_Ids])
+BATCH_ROWS = 50_000  # merged events built at a time from a table (flows, analysis tracks)
 _ARGS = msgspec.json.Decoder(list[_Args])
 
 
-def _keys(raws: list[msgspec.Raw]) -> pl.Series:
-    """pids or tids as written, without JSON quotes: 59811, "stream 7" -> stream 7."""
-    return pl.Series([bytes(r) for r in raws], dtype=pl.Binary).cast(pl.String).str.strip_chars('"')
+# Track keys are integers: an id written as an integer (or as the text of one) is itself; any other id
+# ("Spans", "stream 7", none at all) gets a code from here up, which no integer id can take.
+_CODES = -(2**62)
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
+
+
+class _Keys:
+    """pids or tids as written, without JSON quotes (59811, "stream 7" -> stream 7), as integer keys; the
+    text of every key that is no integer, for thread names."""
+
+    def __init__(self) -> None:
+        self.texts: dict[int, str] = {}
+        self._codes: dict[str, int] = {}
+
+    def key(self, raw: msgspec.Raw) -> int:
+        text = bytes(raw).decode("utf-8", "replace").strip('"')
+        if _INTEGER.fullmatch(text) and int(text) > _CODES:
+            return int(text)
+        if text not in self._codes:
+            self._codes[text] = code = _CODES - len(self._codes)
+            self.texts[code] = text
+        return self._codes[text]
+
+    def text(self, key: int) -> str:
+        return self.texts.get(key, str(key))
 
 
 def _us(ns: int) -> float:
@@ -58,12 +82,19 @@ def _us(ns: int) -> float:
 
 @dataclass(frozen=True)
 class RankTracks:
-    slices: pl.DataFrame  # index, name, cat, pid_key, tid_key, start_ns, end_ns, tid (the new thread)
+    slices: pl.DataFrame  # index, pid_key, tid_key, start_ns, end_ns, tid (the new thread)
     flow_ends: pl.DataFrame  # index, ph, cat, flow_id, start_ns, pid_key, tid_key
-    instants: pl.DataFrame  # index, name, cat, tid, start_ns
+    instants: pl.DataFrame  # index, tid, start_ns
     threads: tuple[tuple[int, str], ...]  # (new tid, name), in display order
     path: Path  # the trace file, for messages
     events_json: msgspec.Raw  # the traceEvents text, where each event's args are read from
+    frame: pl.DataFrame  # the rank's kept events (analysis.traces.load), where names are read from
+
+    def named(self, rows: pl.DataFrame) -> pl.DataFrame:
+        """`rows` (with `index`) with each event's name and cat from the frame: the tracks keep neither,
+        so a rank's layout costs a few integer columns beside its frame."""
+        at = self.frame["index"].search_sorted(rows["index"], side="left")
+        return rows.with_columns(name=self.frame["name"].gather(at), cat=self.frame["cat"].gather(at))
 
     def metadata_events(self, rank: int, process_name: str) -> list[dict]:
         process = [
@@ -77,10 +108,8 @@ class RankTracks:
         piece of the trace's events text, each event with its args as written."""
         rows = pl.concat(
             [
-                self.slices.select("index", "name", "cat", "tid", "start_ns", "end_ns"),
-                self.instants.select(
-                    "index", "name", "cat", "tid", "start_ns", end_ns=pl.lit(None, pl.Int64)
-                ),
+                self.slices.select("index", "tid", "start_ns", "end_ns"),
+                self.instants.select("index", "tid", "start_ns", end_ns=pl.lit(None, pl.Int64)),
             ]
         ).sort("index")
         if rows.height == 0:
@@ -92,7 +121,9 @@ class RankTracks:
             ).to_list()
             if low == high:
                 continue
-            chunk = rows.slice(low, high - low)
+            chunk = self.named(rows.slice(low, high - low)).select(
+                "index", "name", "cat", "tid", "start_ns", "end_ns"
+            )
             yield [
                 {
                     "ph": "X",
@@ -137,53 +168,85 @@ def layout(frame: pl.DataFrame, events_json: msgspec.Raw, path: Path | None = No
     `events_json` is the trace's traceEvents array as written (analysis.traces.load.RawTrace.events_json).
     """
     path = Path(path or "trace")
-    named = frame.filter((pl.col("ph") == "M") & (pl.col("name") == "thread_name"))["index"].to_list()
-    wanted = set(named)
-    key_frames, names_args = [], {}
-    for offset, _, pieces in decoded_pieces(path, memoryview(events_json), _IDS):
-        key_frames.append(
-            pl.DataFrame(
-                {
-                    "index": pl.int_range(offset, offset + len(pieces), dtype=pl.Int64, eager=True),
-                    "pid_key": _keys([e.pid for e in pieces]),
-                    "tid_key": _keys([e.tid for e in pieces]),
-                }
-            )
-        )
-        if wanted:
-            names_args |= {i: pieces[i - offset].args for i in named if offset <= i < offset + len(pieces)}
-        del pieces  # before the next piece is decoded
-    keys = pl.concat(key_frames)
-    keyed = frame.drop("pid", "tid").join(keys, on="index", how="left")
+    thread_name = (pl.col("ph") == "M") & (pl.col("name") == "thread_name")
+    named = frame.select(pl.col("index").filter(thread_name))["index"].to_list()
+    # Ids the frame holds as integers are their own keys; the others are read as written.
+    odd = (
+        pl.col("pid").is_null()
+        | pl.col("tid").is_null()
+        | (pl.col("pid") <= _CODES)
+        | (pl.col("tid") <= _CODES)
+    )
+    rows = frame.select(odd.arg_true()).to_series()
+    odd_index = frame["index"].gather(rows).to_list()
+    keys, pid_codes, tid_codes, names_args = _Keys(), [], [], {}
+    if odd_index or named:
+        position, wanted = 0, set(named)
+        for offset, _, pieces in decoded_pieces(path, memoryview(events_json), _IDS):
+            end = offset + len(pieces)
+            while position < len(odd_index) and odd_index[position] < end:
+                event = pieces[odd_index[position] - offset]
+                pid_codes.append(keys.key(event.pid))
+                tid_codes.append(keys.key(event.tid))
+                position += 1
+            if wanted:
+                names_args |= {i: pieces[i - offset].args for i in named if offset <= i < end}
+            del pieces  # before the next piece is decoded
+    pid_key, tid_key = frame["pid"].clone(), frame["tid"].clone()
+    if odd_index:
+        pid_key.scatter(rows, pl.Series(pid_codes, dtype=pl.Int64))
+        tid_key.scatter(rows, pl.Series(tid_codes, dtype=pl.Int64))
+    keyed = frame.select("index", "ph", "name", "cat", "start_ns", "end_ns", "flow_id").with_columns(
+        pid_key=pid_key, tid_key=tid_key
+    )
+    del pid_key, tid_key
+    # Projections before filters: an eager filter copies every column, names included.
     device = (
-        keyed.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_TRACK_CATS))
+        keyed.lazy()
+        .filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_TRACK_CATS))
         .select("pid_key", "tid_key")
         .unique()
+        .collect()
     )
-    slices = keyed.filter(pl.col("ph") == "X").sort(
-        ["pid_key", "tid_key", "start_ns", "end_ns"], descending=[False, False, False, True]
+    slices = (  # sorted eagerly: a lazy sort reserves gigabytes of address space
+        keyed.lazy()
+        .filter(pl.col("ph") == "X")
+        .select("index", "pid_key", "tid_key", "start_ns", "end_ns")
+        .collect()
+        .sort(["pid_key", "tid_key", "start_ns", "end_ns"], descending=[False, False, False, True])
     )
-    slices = slices.with_columns(pl.Series("layer", _layers(slices), dtype=pl.Int64))
-    threads = _thread_table(slices, device, _thread_names(keyed, names_args))
+    slices = slices.with_columns(pl.Series("layer", nesting_layers(slices), dtype=pl.Int64))
+    threads = _thread_table(slices, device, _thread_names(keyed, names_args), keys)
     slices = slices.join(
         threads.select("pid_key", "tid_key", "layer", "tid"), on=["pid_key", "tid_key", "layer"]
-    )
+    ).select("index", "pid_key", "tid_key", "start_ns", "end_ns", "tid")
     base = threads.filter(pl.col("layer") == 0).select("pid_key", "tid_key", "tid")
-    instants = keyed.filter(pl.col("ph") == "i").join(base, on=["pid_key", "tid_key"])
-    flow_ends = keyed.filter(pl.col("ph").is_in(["s", "f"]) & pl.col("flow_id").is_not_null()).select(
-        "index", "ph", "cat", "flow_id", "start_ns", "pid_key", "tid_key"
+    instants = (
+        keyed.lazy()
+        .filter(pl.col("ph") == "i")
+        .select("index", "start_ns", "pid_key", "tid_key")
+        .join(base.lazy(), on=["pid_key", "tid_key"])
+        .select("index", "tid", "start_ns")
+        .collect()
+    )
+    flow_ends = (
+        keyed.lazy()
+        .filter(pl.col("ph").is_in(["s", "f"]) & pl.col("flow_id").is_not_null())
+        .select("index", "ph", "cat", "flow_id", "start_ns", "pid_key", "tid_key")
+        .collect()
     )
     return RankTracks(
-        slices=slices.select("index", "name", "cat", "pid_key", "tid_key", "start_ns", "end_ns", "tid"),
+        slices=slices,
         flow_ends=flow_ends,
-        instants=instants.select("index", "name", "cat", "tid", "start_ns"),
+        instants=instants,
         threads=tuple(threads.select("tid", "thread").iter_rows()),
         path=path,
         events_json=events_json,
+        frame=frame,
     )
 
 
-def _layers(slices: pl.DataFrame) -> list[int]:
+def nesting_layers(slices: pl.DataFrame) -> list[int]:
     """For slices sorted by track, start, longest first: the first overlap layer where each one nests.
 
     Sequential by nature (a stack of open slices per layer), so a plain loop over the columns.
@@ -207,31 +270,41 @@ def _layers(slices: pl.DataFrame) -> list[int]:
     return layers
 
 
-def _thread_names(keyed: pl.DataFrame, args: dict[int, msgspec.Raw]) -> dict[tuple[str, str], str]:
+def _thread_names(keyed: pl.DataFrame, args: dict[int, msgspec.Raw]) -> dict[tuple[int, int], str]:
     """(pid, tid) -> the name its thread_name metadata gives (args that are no object name nothing)."""
-    named = keyed.filter((pl.col("ph") == "M") & (pl.col("name") == "thread_name"))
+    thread_name = (pl.col("ph") == "M") & (pl.col("name") == "thread_name")
+    named = keyed.lazy().filter(thread_name).select("index", "pid_key", "tid_key").collect()
     names = {}
-    for index, pid, tid in named.select("index", "pid_key", "tid_key").iter_rows():
+    for index, pid, tid in named.iter_rows():
         decoded = msgspec.json.decode(args[index]) if index in args else None
         names[(pid, tid)] = str(decoded.get("name", ""))[:200] if isinstance(decoded, dict) else ""
     return names
 
 
-def _thread_table(slices: pl.DataFrame, device: pl.DataFrame, names: dict) -> pl.DataFrame:
-    """One row per (track, layer): CPU threads first, then GPU streams, each by its original ids."""
+def _thread_table(slices: pl.DataFrame, device: pl.DataFrame, names: dict, keys: _Keys) -> pl.DataFrame:
+    """One row per (track, layer): CPU threads first, then GPU streams, each by its original ids
+    (numbers in order, after the ids that are no number, by their text)."""
     tracks = (
         slices.select("pid_key", "tid_key", "layer")
         .unique()
         .join(device.with_columns(on_device=pl.lit(True)), on=["pid_key", "tid_key"], how="left")
         .with_columns(pl.col("on_device").fill_null(False))
     )
-    numeric = [pl.col(c).cast(pl.Int64, strict=False).alias(f"{c}_n") for c in ("pid_key", "tid_key")]
-    tracks = tracks.with_columns(numeric).sort(
-        "on_device", "pid_key_n", "pid_key", "tid_key_n", "tid_key", "layer"
+    order = []
+    for column in ("pid_key", "tid_key"):
+        texts = [keys.text(key) for key in tracks[column].to_list()]
+        order += [
+            pl.when(pl.col(column) > _CODES).then(pl.col(column)).alias(f"{column}_n"),
+            pl.Series(f"{column}_text", texts, dtype=pl.String),
+        ]
+    tracks = tracks.with_columns(order).sort(
+        "on_device", "pid_key_n", "pid_key_text", "tid_key_n", "tid_key_text", "layer"
     )
     labels = []
-    for pid, tid, layer, on_device in tracks.select("pid_key", "tid_key", "layer", "on_device").iter_rows():
-        original = names.get((pid, tid), "")
+    for pid_key, tid_key, pid, tid, layer, on_device in tracks.select(
+        "pid_key", "tid_key", "pid_key_text", "tid_key_text", "layer", "on_device"
+    ).iter_rows():
+        original = names.get((pid_key, tid_key), "")
         label = (
             f"GPU {pid} stream {tid.removeprefix('stream ')}" if on_device else original or f"thread {tid}"
         )
@@ -256,44 +329,73 @@ def _bind(ends: pl.DataFrame, slices: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def profiler_flows(tracks: RankTracks, rank: int, shift_ns: int, next_id: int) -> tuple[list[dict], int]:
-    """The trace's own flows (launch -> kernel, forward -> backward) with fresh ids; both ends bound or dropped."""
+def batched(frame: pl.DataFrame, events) -> Iterator[list[dict]]:
+    """`events(chunk, first_row)` over `frame` a slice of BATCH_ROWS rows at a time: a track of a million
+    events is written without its million dicts at once."""
+    for first in range(0, frame.height, BATCH_ROWS):
+        yield events(frame.slice(first, BATCH_ROWS), first)
+
+
+def profiler_flows(
+    tracks: RankTracks, rank: int, shift_ns: int, next_id: int
+) -> tuple[Iterator[list[dict]], int]:
+    """The trace's own flows (launch -> kernel, forward -> backward) with fresh ids; both ends bound or
+    dropped. The events in batches, and the next free id."""
     bound = _bind(tracks.flow_ends, tracks.slices)
     complete = bound.filter(
         (pl.len().over("cat", "flow_id") == 2) & (pl.col("ph").n_unique().over("cat", "flow_id") == 2)
     ).sort("cat", "flow_id", pl.col("ph").replace_strict({"s": 0, "f": 1}))
-    out = []
-    for number, (ph, cat, start, tid) in enumerate(
-        complete.select("ph", "cat", "start_ns", "tid").iter_rows()
-    ):
-        event = {
-            "ph": ph,
-            "id": next_id + number // 2,
-            "pid": rank,
-            "tid": tid,
-            "ts": _us(start + shift_ns),
-            "cat": cat or "flow",
-            "name": cat or "flow",
-        }
-        out.append(event | ({"bp": "e"} if ph == "f" else {}))
-    return out, next_id + complete.height // 2
+
+    def events(chunk: pl.DataFrame, first: int) -> list[dict]:
+        out = []
+        rows = chunk.select("ph", "cat", "start_ns", "tid").iter_rows()
+        for number, (ph, cat, start, tid) in enumerate(rows, first):
+            event = {
+                "ph": ph,
+                "id": next_id + number // 2,
+                "pid": rank,
+                "tid": tid,
+                "ts": _us(start + shift_ns),
+                "cat": cat or "flow",
+                "name": cat or "flow",
+            }
+            out.append(event | ({"bp": "e"} if ph == "f" else {}))
+        return out
+
+    return batched(complete, events), next_id + complete.height // 2
 
 
-def _transfer_slices(tracks: dict[int, RankTracks]) -> tuple[pl.DataFrame, pl.DataFrame]:
+_NCCL_KERNEL = (pl.col("cat").str.to_lowercase() == "kernel") & pl.col(
+    "name"
+).str.to_lowercase().str.contains("nccl")
+_TRANSFER_LABEL = pl.col("name").str.starts_with(LABEL_PREFIX) & pl.col("name").str.contains(_TRANSFER_KINDS)
+
+
+@dataclass(frozen=True)
+class Placed:
+    """What the merge keeps of a rank once its events are written: its threads (the analysis tracks
+    number theirs after them) and the slices a transfer arrow may end on."""
+
+    threads: tuple[tuple[int, str], ...]
+    transfers: pl.DataFrame  # index, pid_key, tid_key, start_ns, end_ns, tid, name, cat
+
+
+def placed(track: RankTracks) -> Placed:
+    candidates = track.frame.lazy().filter(_NCCL_KERNEL | _TRANSFER_LABEL).select("index").collect()
+    return Placed(track.threads, track.named(candidates.join(track.slices, on="index")))
+
+
+def _transfer_slices(placed: dict[int, Placed]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Where arrows can end: NCCL kernels by (rank, start_ns), and PP transfer labels by (rank, name,
     start_ns) with, on GPU, the device-side label of the same occurrence (it encloses the NCCL kernel)."""
-    kernel = (pl.col("cat").str.to_lowercase() == "kernel") & pl.col("name").str.to_lowercase().str.contains(
-        "nccl"
-    )
-    label = pl.col("name").str.starts_with(LABEL_PREFIX) & pl.col("name").str.contains(_TRANSFER_KINDS)
-    slices = pl.concat([t.slices.with_columns(rank=pl.lit(r, pl.Int64)) for r, t in tracks.items()])
+    slices = pl.concat([p.transfers.with_columns(rank=pl.lit(r, pl.Int64)) for r, p in placed.items()])
     kernels = (
-        slices.filter(kernel)
+        slices.filter(_NCCL_KERNEL)
         .unique(["rank", "start_ns"])
         .select("rank", "start_ns", k_tid="tid", k_start="start_ns", k_end="end_ns")
     )
     labels = (
-        slices.filter(label)
+        slices.filter(_TRANSFER_LABEL)
         .sort("start_ns")
         .with_columns(
             on_device=pl.col("cat") == "gpu_user_annotation",
@@ -337,42 +439,32 @@ def _ends(pairs: pl.DataFrame, side: str, kernels: pl.DataFrame, labels: pl.Data
 
 
 def p2p_flows(
-    pairs: pl.DataFrame, tracks: dict[int, RankTracks], shift: dict[int, int], origin: int, next_id: int
-) -> tuple[list[dict], int]:
+    pairs: pl.DataFrame, tracks: dict[int, Placed], shift: dict[int, int], origin: int, next_id: int
+) -> tuple[Iterator[list[dict]], int]:
     """One arrow per transfer (analysis.timeline.clock.transfers): from the send slice's start to the receive
-    slice's last nanosecond, so that aligned clocks show the data arriving after it was sent."""
+    slice's last nanosecond, so that aligned clocks show the data arriving after it was sent. The events
+    in batches, and the next free id."""
     pairs = pairs.filter(pl.col("src_rank").is_in(list(tracks)) & pl.col("dst_rank").is_in(list(tracks)))
     kernels, labels = _transfer_slices(tracks)
     placed = pl.concat(
         [pairs, _ends(pairs, "send", kernels, labels), _ends(pairs, "recv", kernels, labels)],
         how="horizontal",
     ).drop_nulls(["send_tid", "recv_tid"])
-    out = []
-    for number, row in enumerate(placed.iter_rows(named=True)):
-        src, dst = row["src_rank"], row["dst_rank"]
-        common = {
-            "id": next_id + number,
-            "cat": "p2p",
-            "name": f"{row['send_kind']} mb {row['microbatch']} → stage {row['recv_stage']}",
-        }
-        arrival = max(row["recv_start"], row["recv_end"] - 1)
-        out.append(
-            {
-                "ph": "s",
-                "pid": src,
-                "tid": row["send_tid"],
-                "ts": _us(row["send_start"] + shift[src] - origin),
+
+    def events(chunk: pl.DataFrame, first: int) -> list[dict]:
+        out = []
+        for number, row in enumerate(chunk.iter_rows(named=True), first):
+            src, dst = row["src_rank"], row["dst_rank"]
+            common = {
+                "id": next_id + number,
+                "cat": "p2p",
+                "name": f"{row['send_kind']} mb {row['microbatch']} → stage {row['recv_stage']}",
             }
-            | common
-        )
-        out.append(
-            {
-                "ph": "f",
-                "bp": "e",
-                "pid": dst,
-                "tid": row["recv_tid"],
-                "ts": _us(arrival + shift[dst] - origin),
-            }
-            | common
-        )
-    return out, next_id + placed.height
+            arrival = max(row["recv_start"], row["recv_end"] - 1)
+            send_ts = _us(row["send_start"] + shift[src] - origin)
+            out.append({"ph": "s", "pid": src, "tid": row["send_tid"], "ts": send_ts} | common)
+            recv_ts = _us(arrival + shift[dst] - origin)
+            out.append({"ph": "f", "bp": "e", "pid": dst, "tid": row["recv_tid"], "ts": recv_ts} | common)
+        return out
+
+    return batched(placed, events), next_id + placed.height

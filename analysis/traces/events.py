@@ -23,6 +23,7 @@ from analysis.traces.array_split import array_pieces
 from analysis.traces.times import exact_ns, missing_time, nanoseconds
 from analysis.traces.toplevel import NESTED_TOO_DEEPLY, shifted_offsets
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 PIECE_BYTES = 1 << 20  # ~40k Kineto events: their objects take ~25 MB while the piece is converted
 
 _EVENT_AT = re.compile(r" - at `\$\[(\d+)\](.*)`$")
@@ -196,11 +197,14 @@ def _arg_ids(args: list[kineto.Args]) -> tuple[pl.Series, pl.Series, pl.Series, 
 
 
 def _ids(values: list[Any]) -> pl.Series:
-    """Integers; anything else ("Spans" pseudo-pids, strings in free-form args) becomes null."""
+    """Integers; anything else ("Spans" pseudo-pids, strings in free-form args, numbers past 64 bits)
+    becomes null."""
     try:
         return pl.Series(values, dtype=pl.Int64)
-    except TypeError:  # filtering in Python is ~3x faster than polars' strict=False on a mixed list
-        return pl.Series([v if type(v) is int else None for v in values], dtype=pl.Int64)
+    except (TypeError, OverflowError):  # filtering in Python is ~3x faster than polars' strict=False
+        return pl.Series(
+            [v if type(v) is int and _INT64_MIN <= v <= _INT64_MAX else None for v in values], dtype=pl.Int64
+        )
 
 
 def _micros(values: list[int | float | None]) -> pl.Series:

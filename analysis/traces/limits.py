@@ -37,10 +37,10 @@ def _limit(default: int, flag: str, unit: str, help_text: str):
 
 @dataclass(frozen=True)
 class Limits:
-    file_mb: int = _limit(1024, "--max-file-mb", "MB", "decompressed MB of JSON per trace file")
-    run_mb: int = _limit(1024, "--max-run-mb", "MB", "decompressed MB of JSON of a run's files together")
-    events: int = _limit(8_000_000, "--max-events", "events", "events per trace file")
-    run_events: int = _limit(8_000_000, "--max-run-events", "events", "events of a run's files together")
+    file_mb: int = _limit(512, "--max-file-mb", "MB", "decompressed MB of JSON per trace file")
+    run_mb: int = _limit(512, "--max-run-mb", "MB", "decompressed MB of JSON of a run's files together")
+    events: int = _limit(4_000_000, "--max-events", "events", "events per trace file")
+    run_events: int = _limit(4_000_000, "--max-run-events", "events", "events of a run's files together")
     ranks: int = _limit(1024, "--max-ranks", "ranks", "ranks per run (files, world_size, rank numbers)")
     stages: int = _limit(256, "--max-stages", "stages", "pipeline stages (stage numbers in PP: labels)")
     microbatches: int = _limit(
