@@ -3,7 +3,7 @@
 
 SCHED  ?= gpipe        # gpipe | 1f1b | interleaved | zb   (ENGINE=torch adds zbv, dualpipev)
 M      ?= 8            # microbatches per step
-P      ?= 4            # pipeline ranks (one process each)
+P      ?=              # pipeline ranks, one process each; empty = 4 on CUDA, min(4, usable cores) on CPU
 V      ?= 1            # chunks per rank (interleaved)
 PRESET ?=              # model size: seed (GPU) | cpu; empty = seed on CUDA, cpu otherwise
 ENGINE ?= native       # native (runners/execute.py) | torch (torch.distributed.pipelining)
@@ -21,7 +21,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := .venv/bin/python
 comma := ,
 space := $(subst ,, )
-RUN_ARGS = --sched $(strip $(SCHED)) --p $(strip $(P)) --v $(strip $(V)) --engine $(strip $(ENGINE)) \
+RUN_ARGS = --sched $(strip $(SCHED)) $(if $(strip $(P)),--p $(strip $(P))) --v $(strip $(V)) --engine $(strip $(ENGINE)) \
            --steps $(strip $(STEPS)) --device $(strip $(DEVICE)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET))) \
            $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(strip $(ROWS_PER_MB))) \
            $(if $(strip $(INJECT)),--inject $(strip $(INJECT)))

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from runners.launch import LaunchError, launch
-from runners.request import RequestError, add_request_arguments, request_from, resolve
+from runners.request import SEED_P, RequestError, add_request_arguments, default_p, request_from, resolve
 
 GPU_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")  # NVIDIA, ROCm
 
@@ -29,7 +30,12 @@ def _gpus() -> int:
 
 def _add_arguments(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add_request_arguments(parser, microbatches=not sweep)
-    parser.add_argument("--p", type=int, required=True, help="pipeline ranks (one process each)")
+    parser.add_argument(
+        "--p",
+        type=int,
+        default=None,
+        help=f"pipeline ranks, one process each (default: {SEED_P} on CUDA, else min({SEED_P}, usable cores))",
+    )
     parser.add_argument("--traces", type=Path, default=Path("traces"), help="where run directories go")
     if sweep:
         parser.add_argument("--ms", required=True, help='microbatch counts, e.g. "1 2 4 8"')
@@ -39,8 +45,19 @@ def _step_ms(run_dir: Path) -> float:
     return json.loads((run_dir / "run.json").read_text())["step_time_unprofiled_ms"]
 
 
+def _p(args: argparse.Namespace) -> int:
+    """--p, else the default for this machine, said once."""
+    if args.p is not None:
+        return args.p
+    cores = len(os.sched_getaffinity(0))
+    p = default_p(args.device, _gpus, cores)
+    if p < SEED_P:
+        print(f"P={p}: one rank per usable core ({cores}); --p {SEED_P} (make: P={SEED_P}) runs the seed's 4")
+    return p
+
+
 def trace(args: argparse.Namespace) -> int:
-    resolved = resolve(request_from(args, args.p), _gpus)
+    resolved = resolve(request_from(args, _p(args)), _gpus)
     request = resolved.request
     print(
         f"running {request.schedule} p={request.p} m={request.m} v={request.v} preset={resolved.preset.name} "
@@ -65,7 +82,8 @@ def _microbatch_counts(text: str) -> list[int]:
 
 def sweep(args: argparse.Namespace) -> int:
     """One run per m; every request is validated before the first run starts."""
-    resolved = [resolve(request_from(args, args.p, m), _gpus) for m in _microbatch_counts(args.ms)]
+    p = _p(args)
+    resolved = [resolve(request_from(args, p, m), _gpus) for m in _microbatch_counts(args.ms)]
     began = time.monotonic()
     for done, run in enumerate(resolved, start=1):
         run_dir = launch(run, args.traces)

@@ -69,6 +69,17 @@ def choose_device(requested: str, p: int, gpus: int) -> str:
     )
 
 
+SEED_P = 4  # the seed experiment's pipeline: 4 stages
+
+
+def default_p(requested_device: str, count_gpus: Callable[[], int], cores: int) -> int:
+    """P when the user gave none: the seed's 4 on CUDA; on CPU at most one rank per usable core, so the
+    first run measures the schedule, not ranks taking turns for a core (P=4 is one option away)."""
+    if requested_device != "cpu" and count_gpus() > 0:
+        return SEED_P
+    return max(1, min(SEED_P, cores))
+
+
 def choose_preset(name: str | None, device: str) -> Preset:
     name = name or ("seed" if device == "cuda" else "cpu")
     if name not in PRESETS:

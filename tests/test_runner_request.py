@@ -11,7 +11,7 @@ import pytest
 
 from runners.engines import ENGINES
 from runners.presets import PRESETS, microbatch_rows, preset_problem
-from runners.request import RequestError, RunRequest, choose_device, resolve
+from runners.request import RequestError, RunRequest, choose_device, default_p, resolve
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -169,3 +169,13 @@ def test_sweep_validates_every_m_before_the_first_run(tmp_path):
     )
     assert result.returncode == 2 and "m=1 < p=2" in result.stderr
     assert not traces.exists()
+
+
+@pytest.mark.parametrize(
+    "device, gpus, cores, expected",
+    [("auto", 0, 2, 2), ("auto", 0, 16, 4), ("cpu", 8, 1, 1), ("auto", 4, 2, 4), ("cuda", 1, 2, 4)],
+)
+def test_p_defaults_to_one_rank_per_core_on_cpu_and_the_seeds_four_on_cuda(device, gpus, cores, expected):
+    asked = []
+    assert default_p(device, lambda: asked.append(1) or gpus, cores) == expected
+    assert asked == ([] if device == "cpu" else [1])  # --device cpu does not wait for torch to count GPUs
