@@ -8,7 +8,7 @@ own (runners.schedules: COMPUTE_KINDS, COMM_KINDS).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import msgspec
 
@@ -29,20 +29,37 @@ __all__ = [
 ]
 
 
+def _rule(default, meaning: str):
+    """A threshold with what it decides, for the report's table of them."""
+    return field(default=default, metadata={"meaning": meaning})
+
+
 @dataclass(frozen=True)
 class Rules:
-    """The classification thresholds (analysis.timeline.classify); echoed into summary.json `rules`."""
+    """The thresholds the analysis decides by (analysis.timeline.classify, analysis.caveats); echoed into
+    summary.json `rules`; the report lists them with their meanings."""
 
-    # Idle between two actions (CPU) or before a rank's first action (CPU, GPU) up to this long is
-    # launch_overhead (the host getting to it); longer, between actions it is `other` (optimizer,
-    # data loading), before the first action `bubble` (nothing to do yet).
-    host_gap_max_ns: int = 1_000_000
-    # device_idle only: a queued stretch between two kernels shorter than this is the device's own
-    # kernel-to-kernel delay (HTA's consecutive_kernel_delay, same default).
-    kernel_wait_max_ns: int = 30
-    # A run whose profiled or unprofiled step times spread, (max - min) / median, beyond this is flagged
-    # noisy (analysis.caveats); the benchmarks call a range this wide too wide to read alone.
-    noisy_spread_max: float = 0.25
+    host_gap_max_ns: int = _rule(
+        1_000_000,
+        "ns. Idle between two actions (CPU) or before a rank's first action (CPU, GPU) up to this long is "
+        "launch_overhead (the host getting to it); longer, between actions it is other (optimizer, data "
+        "loading), before the first action bubble (nothing to do yet)",
+    )
+    kernel_wait_max_ns: int = _rule(
+        30,
+        "ns. device_idle only: a queued stretch between two kernels shorter than this is the device's own "
+        "kernel-to-kernel delay (HTA's consecutive_kernel_delay, same default)",
+    )
+    noisy_spread_max: float = _rule(
+        0.25,
+        "fraction. A run whose profiled or unprofiled step times spread, (max - min) / median, beyond this "
+        "is flagged noisy; the benchmarks call a range this wide too wide to read alone",
+    )
+
+
+def rule_meanings() -> dict[str, str]:
+    """Each threshold's name -> what it decides, with its unit."""
+    return {f.name: f.metadata["meaning"] for f in fields(Rules)}
 
 
 # What an idle stretch of a rank's step is (gaps.parquet `class`; DESIGN.md section 4).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import asdict
+from pathlib import Path
 
 import polars as pl
 
@@ -28,7 +29,7 @@ from analysis.report.inflight import (
 )
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
-from analysis.schema import RANK_PARTS, Summary
+from analysis.schema import RANK_PARTS, Summary, rule_meanings
 
 CONFIG_FIELDS = (
     "schedule",
@@ -280,8 +281,11 @@ def in_flight_section(run: Run) -> tuple[str, Figure]:
     over_time = theory_in_flight(analysis.schedule, analysis.ideal, origin)
     columns = [
         Column("rank", "pipeline rank"),
-        Column("measured peak", "most microbatches whose forward had ended and freeing backward had not"),
-        Column("theory peak", "the schedule's own count (runners.schedules.in_flight)"),
+        Column(
+            "measured peak (microbatches)",
+            "most microbatches whose forward had ended and freeing backward had not",
+        ),
+        Column("theory peak (microbatches)", "the schedule's own count (runners.schedules.in_flight)"),
     ]
     figure = Figure(
         "in-flight",
@@ -296,17 +300,22 @@ def in_flight_section(run: Run) -> tuple[str, Figure]:
 
 def rules_html(summary: Summary) -> str:
     columns = [
-        Column("threshold", "name of the classification rule's parameter", text=True),
-        Column("value", "the value this analysis used", show=_plain, text=True),
+        Column("threshold", "name of the rule's parameter (summary.json rules)", text=True),
+        Column(
+            "value", "the value this analysis used, in the unit its meaning names", show=_plain, text=True
+        ),
+        Column("meaning", "what the threshold decides", text=True),
     ]
-    return table(columns, [[name, value] for name, value in asdict(summary.rules).items()])
+    meanings = rule_meanings()
+    return table(columns, [[name, value, meanings[name]] for name, value in asdict(summary.rules).items()])
 
 
-def merged_html(merged_href: str | None) -> str:
+def merged_html(merged_href: str | None, run_dir: Path) -> str:
     if merged_href is None:
         return (
-            "<p>No merged trace yet: <code>python -m analysis merge RUN_DIR</code> writes "
-            "<code>merged.json.gz</code>, all ranks in one Perfetto-loadable trace.</p>"
+            f"<p>No merged trace yet: <code>make merge RUN={html.escape(str(run_dir))}</code> (in the "
+            "project's folder; or its <code>.venv/bin/python -m analysis merge</code> with that folder) "
+            "writes <code>merged.json.gz</code>, all ranks in one Perfetto-loadable trace.</p>"
         )
     return (
         f'<p><a href="{html.escape(merged_href)}">merged.json.gz</a>: all ranks in one trace, with send-to-recv '
@@ -347,7 +356,7 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         "<h2>Thresholds used</h2>",
         rules_html(summary),
         "<h2>Merged trace</h2>",
-        merged_html(merged_href),
+        merged_html(merged_href, run.path),
         "<h2>Configuration</h2>",
         config_html(run),
     ]
