@@ -77,7 +77,13 @@ WHERE = st.floats(0, 1)
 
 # (kind, ...) edits; each applies to the file chosen by its first float
 EDITS = st.one_of(
-    st.tuples(st.just("nest"), WHERE, WHERE, st.integers(1, 3000), st.sampled_from(["args", "event", "top"])),
+    st.tuples(
+        st.just("nest"),
+        WHERE,
+        WHERE,
+        st.integers(1, 3000),
+        st.sampled_from(["args", "event", "top", "run.json"]),
+    ),
     st.tuples(
         st.just("label number"),
         WHERE,
@@ -161,7 +167,9 @@ class Run:
             which, depth, place = rest
             marker = NEST.format(len(self.nests))
             self.nests[marker] = depth
-            if place == "top" and isinstance(document, dict):
+            if place == "run.json":
+                self.config["extra"] = marker
+            elif place == "top" and isinstance(document, dict):
                 document["extra"] = marker
             elif place == "event":
                 _events(document).insert(int(which * len(_events(document))), marker)
@@ -219,7 +227,10 @@ class Run:
                 mode, at = self.gzip[name]
                 data, on_disk = _gzipped(data, mode, at), on_disk + ".gz"
             (directory / on_disk).write_bytes(data)
-        (directory / "run.json").write_text(json.dumps(self.config))
+        text = json.dumps(self.config)
+        for marker, depth in self.nests.items():
+            text = text.replace(json.dumps(marker), "[" * depth + "]" * depth)
+        (directory / "run.json").write_text(text)
 
 
 def _as_begin_end(document, share: float, drop_end: bool, drop_begin: bool) -> None:

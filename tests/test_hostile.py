@@ -509,6 +509,23 @@ def test_the_report_lists_runs_named_as_other_tools_write_them(tmp_path, capsys,
     assert list((tmp_path / "reports" / "runs").glob("run*.html"))
 
 
+def test_the_report_shows_a_hostile_run_json_as_an_input_error_row(tmp_path, capsys):
+    """The report read run.json with Python's json, whole: nesting was a RecursionError row, and a huge
+    (sparse) run.json would have been read into memory."""
+    traces = tmp_path / "traces"
+    nested, huge = good_run(traces / "nested"), good_run(traces / "huge")
+    (nested / "run.json").write_text('{"complete": true, "x": ' + deep(100_000) + "}")
+    with open(huge / "run.json", "wb") as file:
+        file.truncate(20 * 10**9)
+    code, err = cli(capsys, "report", "--traces", str(traces), "--out", str(tmp_path / "reports"))
+    assert code == 0, err
+    index = (tmp_path / "reports" / "index.html").read_text()
+    assert "InputError: " in index and "RecursionError" not in index
+    assert (
+        "JSON nested too deeply" in index and "is 20,000 MB, more than the 16 MB such a file may be" in index
+    )
+
+
 def test_limits_have_one_flag_each_and_defaults_that_fit_four_gigabytes():
     defaults = limits.Limits()
     assert defaults.file_mb <= 512 and defaults.run_mb <= 512 and defaults.run_events <= 4_000_000

@@ -81,5 +81,29 @@ def test_times_that_the_transfers_contradict_are_refused():
 
 def test_two_steps_during_one_step_of_the_reference_are_refused():
     second = rank(1, {5: (0, 50), 6: (50, 100)}, receiver(5, 0) + receiver(6, 50))
-    with pytest.raises(InputError, match="two of them ran during one step of rank 0"):
+    with pytest.raises(InputError, match="two of them ran during one step of the rank before it"):
         paired_steps([FIRST, second])
+
+
+def test_each_rank_is_paired_with_the_one_before_it(recwarn):
+    """Windows that start a stage later on each rank (a GPU pipeline's device windows at m=1): the last
+    rank overlaps rank 0's step by less than half, its neighbour's by most; the numbers stand."""
+    ranks = [
+        rank(
+            r,
+            {0: (30 * r, 100 + 30 * r), 1: (100 + 30 * r, 200 + 30 * r)},
+            receiver(0, 30 * r) + receiver(1, 100 + 30 * r),
+        )
+        for r in range(1, 4)
+    ]
+    assert paired_steps([FIRST, *ranks]) == [FIRST, *ranks] and not recwarn.list
+
+
+def test_a_rank_numbered_apart_between_two_that_agree_is_the_one_renumbered():
+    middle = rank(1, {4: (0, 100), 5: (100, 200)}, receiver(4, 0) + receiver(5, 100))
+    last = rank(2, {0: (0, 100), 1: (100, 200)}, receiver(0, 0) + receiver(1, 100))
+    with pytest.warns(
+        TraceWarning, match=r"^rank 1: ProfilerStep numbers disagree .*rank 1's #4 ran with rank 0's #0"
+    ):
+        _, renumbered, unchanged = paired_steps([FIRST, middle, last])
+    assert steps_of(renumbered) == [0, 1] and unchanged is last

@@ -6,15 +6,19 @@ message and the rest of the report is built.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from analysis.errors import InputError
 from analysis.pipeline import analysis_of
 from analysis.results import Analysis
 from analysis.schema import Summary
+from analysis.traces import limits
 from analysis.traces.load import looks_like_trace, trace_files
+from analysis.traces.source import read_text
+from analysis.traces.toplevel import NESTED_TOO_DEEPLY
 
 
 @dataclass(frozen=True)
@@ -61,10 +65,14 @@ def run_directories(traces: Path) -> list[Path]:
 
 
 def _read_json(path: Path) -> dict:
+    """run.json as a dict, read as the loader reads it: a bounded size (a huge or sparse file is refused
+    unread), invalid UTF-8 replaced, nesting past the decoder's limit an InputError."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError(path, f"not readable JSON ({error})") from error
+        data = msgspec.json.decode(read_text(path, limits.RUN_JSON_BYTES).data)
+    except RecursionError:
+        raise InputError(path, f"not readable JSON ({NESTED_TOO_DEEPLY})") from None
+    except msgspec.DecodeError as error:
+        raise InputError(path, f"not readable JSON ({error})") from None
     if not isinstance(data, dict):
         raise InputError(path, "expected a JSON object")
     return data

@@ -3,9 +3,10 @@ from the ProfilerStep numbers alone.
 
 Each rank numbers its own steps: a profiler started a step later on one rank (or a restarted job)
 makes its `ProfilerStep#N` another rank's `#N+1`, and pairing by number compares different steps
-without a sign of it. A pipeline step of every rank spans most of the same stretch of time (its ranks
-exchange activations and gradients within it, and loops end it together), so a rank's step is paired
-with the reference rank's (the lowest) step it overlaps most, by at least half the shorter of the two.
+without a sign of it. A pipeline step of neighbouring ranks spans most of the same stretch of time
+(they exchange activations and gradients within it, and loops end it together), so a rank's step is
+paired with the step of the rank before it (itself paired, back to rank 0) that it overlaps most, by
+at least half the shorter of the two.
 Clocks of different hosts may disagree by a fraction of a step, so the numbers stand wherever
 same-numbered steps overlap that much, and wherever time cannot tell (no step overlaps well: clocks
 apart by more than half a step). Where time pairs steps the numbers did not, and the pipeline's
@@ -97,51 +98,57 @@ def _violations(per_rank: list[RankCells]) -> int:
     return pairs.filter(pl.col("recv_end_ns") < pl.col("send_start_ns")).height
 
 
+def _mapped(mapping: dict[int, int]) -> pl.Expr:
+    """`step` numbered as `mapping` says; steps not in it get numbers no other rank has (they ran with
+    no step of the reference): negative, never a ProfilerStep number, so never common."""
+    return pl.col("step").replace_strict(mapping, default=-1 - pl.col("step"), return_dtype=pl.Int64)
+
+
 def _renumbered(cells: RankCells, mapping: dict[int, int]) -> RankCells:
-    """The rank's tables with its steps numbered as `mapping` says; steps not in it get numbers no
-    other rank has (they ran with no step of the reference)."""
-    unpaired = -1 - pl.col("step")  # negative: never a ProfilerStep number, so never common
-
-    def moved(frame: pl.DataFrame) -> pl.DataFrame:
-        step = pl.col("step").replace_strict(mapping, default=unpaired, return_dtype=pl.Int64)
-        return frame.with_columns(step=step)
-
-    return cells.map(moved)
+    """The rank's tables with its steps numbered as `mapping` says."""
+    return cells.map(lambda frame: frame.with_columns(step=_mapped(mapping)))
 
 
 def paired_steps(per_rank: list[RankCells]) -> list[RankCells]:
-    """Every rank's steps numbered as the reference rank's steps they ran with (analysis.pipeline keeps
-    the steps all ranks then share); unchanged when the numbers already pair them."""
+    """Every rank's steps numbered as rank 0's steps they ran with (analysis.pipeline keeps the steps all
+    ranks then share); unchanged when the numbers already pair them. Each rank is paired with the rank
+    before it (already numbered as rank 0's): neighbours in a pipeline start their steps a stage apart,
+    so their steps overlap most, where rank 0's and the last rank's may overlap by half or less."""
     if len(per_rank) < 2:
         return per_rank
-    spans = [_spans(r) for r in per_rank]
-    reference = spans[0]
-    changes = {index: _renumbering(spans[index], reference) for index in range(1, len(per_rank))}
-    changes = {index: mapping for index, mapping in changes.items() if mapping is not None}
+    first = int(per_rank[0].cells["rank"][0])
+    reference, out, changes = _spans(per_rank[0]), [per_rank[0]], {}
+    for index in range(1, len(per_rank)):
+        spans = _spans(per_rank[index])
+        mapping = _renumbering(spans, reference)
+        rank = int(per_rank[index].cells["rank"][0])
+        if mapping == {}:
+            raise InputError(
+                None,
+                f"rank {rank}'s steps cannot be paired with rank {first}'s: two of them ran during one step "
+                "of the rank before it, and the ProfilerStep numbers disagree with the times",
+            )
+        if mapping is None:
+            out.append(per_rank[index])
+            reference = spans
+            continue
+        changes[rank] = mapping
+        out.append(_renumbered(per_rank[index], mapping))
+        reference = spans.with_columns(step=_mapped(mapping))
     if not changes:
         return per_rank
-    ranks = {index: int(per_rank[index].cells["rank"][0]) for index in changes}
-    first = int(per_rank[0].cells["rank"][0])
-    conflicting = [ranks[i] for i, mapping in changes.items() if not mapping]
-    if conflicting:
+    if _violations(out) > _violations(per_rank):
         raise InputError(
             None,
-            f"rank {conflicting[0]}'s steps cannot be paired with rank {first}'s: two of them ran during one "
-            f"step of rank {first}, and the ProfilerStep numbers disagree with the times",
-        )
-    renumbered = [_renumbered(r, changes[i]) if i in changes else r for i, r in enumerate(per_rank)]
-    if _violations(renumbered) > _violations(per_rank):
-        raise InputError(
-            None,
-            f"which steps ran together cannot be told: rank {ranks[next(iter(changes))]}'s ProfilerStep "
-            f"numbers pair it with rank {first}'s steps at other times, and pairing by time makes receives "
-            "end before their sends began",
+            f"which steps ran together cannot be told: rank {next(iter(changes))}'s ProfilerStep numbers "
+            f"pair it with rank {first}'s steps at other times, and pairing by time makes receives end "
+            "before their sends began",
         )
     examples = []
-    for index, mapping in changes.items():
+    for rank, mapping in changes.items():
         step, partner = next(iter(sorted(mapping.items())))
-        examples.append(f"rank {ranks[index]}'s #{step} ran with rank {first}'s #{partner}")
-    shown = ", ".join(str(ranks[i]) for i in changes)
+        examples.append(f"rank {rank}'s #{step} ran with rank {first}'s #{partner}")
+    shown = ", ".join(str(rank) for rank in changes)
     warnings.warn(
         f"rank{'s' if len(changes) > 1 else ''} {shown}: ProfilerStep numbers disagree with rank {first}'s "
         f"for the steps that ran together ({'; '.join(examples[:3])}); paired by time and numbered as "
@@ -149,4 +156,4 @@ def paired_steps(per_rank: list[RankCells]) -> list[RankCells]:
         TraceWarning,
         stacklevel=3,
     )
-    return renumbered
+    return out
