@@ -142,6 +142,25 @@ def test_schedule_hint_that_disagrees_with_the_order_is_an_input_error(tmp_path,
     assert "--schedule gpipe disagrees with the traces' order (it matches 1f1b)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "hint, name, p, v",
+    [("Interleaved1F1B", "interleaved", 2, 2), ("ScheduleGPipe", "gpipe", 2, 1), ("1F1B", "1f1b", 2, 1)],
+)
+def test_torchtitans_schedule_names_are_hints_too(tmp_path, hint, name, p, v):
+    write_run(tmp_path, build(name, p, 4, v), steps=1)
+    (tmp_path / "run.json").unlink()
+    assert analyze_run(read_run(tmp_path), schedule=hint).summary.schedule == name
+
+
+def test_a_torch_order_no_generator_builds_is_a_hint_for_custom_and_a_typo_names_the_known(tmp_path, capsys):
+    write_run(tmp_path, build("gpipe", 2, 4), steps=1)
+    (tmp_path / "run.json").unlink()
+    assert analyze_run(read_run(tmp_path), schedule="LoopedBFS").summary.schedule == "gpipe"
+    assert main(["analyze", str(tmp_path), "--schedule", "Interleaved1F1", "--m", "4"]) == 2
+    error = capsys.readouterr().err
+    assert "is no schedule name; known: gpipe, 1f1b" in error and "ZBVZeroBubble" in error
+
+
 def test_a_crash_while_writing_leaves_the_previous_analysis_untouched(tmp_path, monkeypatch):
     run = gpipe_m1_run(tmp_path / "run")
     assert main(["analyze", str(run)]) == 0

@@ -20,6 +20,7 @@ import polars as pl
 
 from analysis.errors import InputError
 from analysis.traces.load import TraceWarning
+from runners.engines.torch_classes import TORCH_CLASSES
 from runners.schedules import (
     COMPUTE_KINDS,
     SCHEDULES,
@@ -106,11 +107,33 @@ def _runnable(schedule: Schedule, path: Path) -> Schedule:
     return schedule
 
 
+# torch.distributed.pipelining's (and so torchtitan's) schedule names that no generator here builds: as a
+# hint each says only "the order is the traces' own" (it is analysed as custom, with its nearest name).
+TORCH_ONLY_ORDERS = ("LoopedBFS",)
+
+
+def hinted_name(hint: str, path: Path) -> str | None:
+    """A --schedule hint as a generator's name: ours, or torch's (torchtitan's) class name with or without
+    its Schedule prefix, in any case (Interleaved1F1B, ZBVZeroBubble, ...); None for a torch order no
+    generator builds; InputError naming the accepted ones for any other."""
+    names = {name: name for name in SCHEDULES} | {
+        torch_class.removeprefix("Schedule").lower(): name for name, torch_class in TORCH_CLASSES.items()
+    }
+    wanted = hint.lower().removeprefix("schedule")
+    if wanted in names:
+        return names[wanted]
+    if wanted in {name.lower() for name in TORCH_ONLY_ORDERS}:
+        return None
+    known = [*SCHEDULES, *(c.removeprefix("Schedule") for c in TORCH_CLASSES.values()), *TORCH_ONLY_ORDERS]
+    raise InputError(path, f"--schedule {hint!r:.40} is no schedule name; known: {', '.join(known)}")
+
+
 def infer(
     cells: pl.DataFrame, p: int, path: Path, schedule: str | None = None, m: int | None = None
 ) -> tuple[Schedule, str | None]:
     """The schedule the traces ran, and the nearest named one when it is custom; `schedule`/`m` are hints
-    that must agree with them."""
+    that must agree with them (`schedule` in any spelling `hinted_name` takes)."""
+    schedule = None if schedule is None else hinted_name(schedule, path)
     compute = cells.filter(pl.col("kind").is_in(COMPUTE_KINDS))
     if compute.height == 0:
         raise InputError(path, f"no {LABEL_PREFIX}<action> labels in any trace; cannot tell the schedule")
