@@ -37,7 +37,7 @@ from analysis.timeline.classify import classify, split_waits
 from analysis.timeline.clock import ClockEstimate, on_one_clock
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
-from analysis.traces.load import RunTraces, TraceWarning, load_run
+from analysis.traces.load import RunTraces, TraceWarning, load_run, run_in
 from analysis.traces.memory import Memory, run_memory
 from analysis.traces.runqueue import SAMPLE_SCHEMA, run_samples
 from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
@@ -73,7 +73,7 @@ def run_input(run: RunTraces) -> RunInput:
 
 def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None) -> Analysis:
     """Analyse one run directory and write its analysis/ beside the traces (the `analyze` command's work)."""
-    run_dir = Path(run_dir).resolve()
+    run_dir = run_in(Path(run_dir)).resolve()
     analysis = analyze_run(read_run(run_dir), schedule=schedule, m=m)
     results.write(run_dir, analysis)
     return analysis
@@ -81,7 +81,9 @@ def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None
 
 def analysis_of(run_dir: Path) -> Analysis:
     """RUN/analysis/ as `analyze` wrote it; where it is missing, unreadable or from another version of the
-    analysis, the run is analysed (and its analysis/ written) first, the last two with a warning."""
+    analysis, the run is analysed (and its analysis/ written) first, the last two with a warning. A folder
+    of runs stands for its latest (analysis.traces.load.run_in)."""
+    run_dir = run_in(Path(run_dir))
     if not results.exists(run_dir):
         return analyze_dir(run_dir)
     try:

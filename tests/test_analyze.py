@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import polars as pl
@@ -10,6 +11,7 @@ from test_cells import cpu_action, gpipe_m1_run, trace, write_trace
 
 from analysis.cli import main
 from analysis.pipeline import analyze_run, read_run
+from analysis.report import build_report
 from runners.schedules import build
 from synthetic.generate import write_run
 
@@ -97,7 +99,12 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         "class",
     ]
     printed = capsys.readouterr().out
-    assert "formula 0.500" in printed and "busy-time 0.600" in printed and "seed unknown" in printed and "residual" in printed
+    assert (
+        "formula 0.500" in printed
+        and "busy-time 0.600" in printed
+        and "seed unknown" in printed
+        and "residual" in printed
+    )
 
 
 def test_rerun_replaces_the_previous_analysis(tmp_path):
@@ -174,3 +181,23 @@ def test_a_crash_while_writing_leaves_the_previous_analysis_untouched(tmp_path, 
         main(["analyze", str(run)])
     assert (run / "analysis" / "summary.json").read_text() == before
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []  # staging removed
+
+
+def test_torchtitans_profile_trace_folder_is_a_folder_of_runs_whose_latest_is_the_default(tmp_path, capsys):
+    """profile_trace/iteration_N/rank{r}_trace.json, no run.json: each iteration is a run; `analyze` and
+    `merge` on the folder take the highest iteration and say so; `report` lists every iteration."""
+    folder = tmp_path / "profile_trace"
+    for iteration, m in ((10, 2), (20, 4)):
+        source = tmp_path / f"made{iteration}"
+        write_run(source, build("1f1b", 2, m), steps=1)
+        (folder / f"iteration_{iteration}").mkdir(parents=True)
+        for rank in (0, 1):
+            plain = gzip.decompress((source / f"rank{rank}.json.gz").read_bytes())
+            (folder / f"iteration_{iteration}" / f"rank{rank}_trace.json").write_bytes(plain)
+    assert main(["analyze", str(folder)]) == 0
+    captured = capsys.readouterr()
+    assert "1f1b p=2 m=4" in captured.out and "analysing the latest, iteration_20" in captured.err
+    assert (folder / "iteration_20" / "analysis" / "summary.json").is_file()
+    assert main(["merge", str(folder)]) == 0 and (folder / "iteration_20" / "merged.json.gz").is_file()
+    index = build_report(folder, tmp_path / "reports").read_text()
+    assert "iteration_10.html" in index and "iteration_20.html" in index

@@ -19,7 +19,7 @@ from analysis.merge.merged import kept_ranks, read_ranks, write_merged
 from analysis.pipeline import analyze_run, run_input
 from analysis.results import Analysis
 from analysis.traces import limits
-from analysis.traces.load import RunTraces, TraceWarning, load_run
+from analysis.traces.load import RunTraces, TraceWarning, load_run, run_in
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     steps = _selection(args.steps, "--steps", "steps")
     ranks = _selection(args.ranks, "--ranks", "ranks")
-    source: Path = args.source
+    source: Path = run_in(args.source)
     analysis, without = None, None
     if source.is_dir():
         loaded = load_run(source.resolve())

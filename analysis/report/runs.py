@@ -16,7 +16,7 @@ from analysis.pipeline import analysis_of
 from analysis.results import Analysis
 from analysis.schema import Summary
 from analysis.traces import limits
-from analysis.traces.load import looks_like_trace, trace_files
+from analysis.traces.load import is_run_directory
 from analysis.traces.source import read_text
 from analysis.traces.toplevel import NESTED_TOO_DEEPLY
 
@@ -37,18 +37,6 @@ class Run:
     def merged_trace(self) -> Path | None:
         merged = self.path / "merged.json.gz"
         return merged if merged.is_file() else None
-
-
-def is_run_directory(path: Path) -> bool:
-    """A directory holding run.json or a file named like a rank trace, as the loader reads them
-    (analysis.traces.load.looks_like_trace: rank0.json.gz, torchtitan's rank0_trace.json, the TensorBoard
-    handler's HOST_PID.MILLIS.pt.trace.json.gz); the `latest` link is not a run of its own."""
-    if not path.is_dir() or path.is_symlink():
-        return False
-    try:
-        return (path / "run.json").is_file() or any(looks_like_trace(file.name) for file in trace_files(path))
-    except OSError:  # unreadable: listed, so its row says why
-        return True
 
 
 def run_directories(traces: Path) -> list[Path]:

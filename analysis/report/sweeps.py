@@ -48,11 +48,16 @@ def run_row(run_id: str, summary: Summary, config: dict | None = None) -> dict:
     }
 
 
+def _engine() -> pl.Expr:
+    """The engine for a label; traces from elsewhere name none (a null would make the label null)."""
+    return pl.col("engine").fill_null("unknown engine")
+
+
 def runs_frame(rows: list[dict]) -> pl.DataFrame:
     """All analysed runs, newest first, with the family and schedule labels the charts group by."""
     frame = pl.DataFrame(rows, schema=RUN_COLUMNS)
     return frame.with_columns(
-        family=pl.format("{} p={} v={} ({}, {})", "schedule", "p", "v", "engine", "device"),
+        family=pl.format("{} p={} v={} ({}, {})", "schedule", "p", "v", _engine(), "device"),
         schedule_label=pl.when(pl.col("v") > 1)
         .then(pl.format("{} v={}", "schedule", "v"))
         .otherwise("schedule"),
@@ -151,7 +156,7 @@ def predicted_steps(analysis: Analysis, config: dict, ms: list[int]) -> pl.DataF
 
 def schedule_comparison(runs: pl.DataFrame) -> pl.DataFrame:
     """Waterfall terms per schedule, for every (p, m, engine, device) measured with several schedules."""
-    labelled = runs.with_columns(setting=pl.format("p={} m={} ({}, {})", "p", "m", "engine", "device"))
+    labelled = runs.with_columns(setting=pl.format("p={} m={} ({}, {})", "p", "m", _engine(), "device"))
     chosen = median_runs(labelled, ["setting", "schedule_label"])
     shared = chosen.filter(pl.col("schedule_label").n_unique().over("setting") >= 2)
     terms = _terms_long(shared, ["setting", "schedule_label", "run_id"])

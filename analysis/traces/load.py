@@ -372,6 +372,42 @@ def load_run(directory: str | Path) -> RunTraces:
     return RunTraces(directory, tuple(by_rank), config)
 
 
+def is_run_directory(path: Path) -> bool:
+    """A directory holding run.json or a file named like a rank trace (looks_like_trace: rank0.json.gz,
+    torchtitan's rank0_trace.json, the TensorBoard handler's HOST_PID.MILLIS.pt.trace.json.gz); a
+    symbolic link (our `latest`) is not a run of its own."""
+    if not path.is_dir() or path.is_symlink():
+        return False
+    try:
+        return (path / "run.json").is_file() or any(looks_like_trace(file.name) for file in trace_files(path))
+    except OSError:  # unreadable: a run whose reading will say why
+        return True
+
+
+def run_in(path: Path) -> Path:
+    """`path` when it is a run directory; else, for a folder of runs (torchtitan's profile_trace/ with an
+    iteration_N folder per profiled iteration, or our traces/), its latest run, said in a warning: the
+    highest iteration number, else the newest."""
+    path = Path(path)
+    if not path.is_dir() or is_run_directory(path):
+        return path
+    runs = [child for child in path.iterdir() if is_run_directory(child)]
+    if not runs:
+        return path  # the loader says what is missing
+
+    def latest(child: Path) -> tuple[int, int]:
+        number = re.fullmatch(r"iteration_(\d+)", child.name)
+        return (int(number.group(1)) if number else -1, child.stat().st_mtime_ns)
+
+    chosen = max(runs, key=latest)
+    warnings.warn(
+        f"{path}: a folder of {len(runs)} runs; analysing the latest, {chosen.name}",
+        TraceWarning,
+        stacklevel=2,
+    )
+    return chosen
+
+
 def trace_files(directory: Path) -> list[Path]:
     """JSON files directly in `directory` that may be Chrome traces: *.json / *.json.gz except our own
     run files (which are rank traces is settled by reading them: load_run)."""
