@@ -322,3 +322,12 @@ def test_a_run_analysed_by_another_version_is_analysed_again(tmp_path):
         index = build_report(traces, tmp_path / "reports").read_text()
     assert 'class="error"' not in index and (tmp_path / "reports" / "runs" / "old.html").is_file()
     assert "waterfall_ms" in json.loads((run / "analysis" / "summary.json").read_text())
+
+
+def test_an_interrupted_run_is_an_error_row_not_missing(tmp_path):
+    traces = tmp_path / "traces"
+    write_contract_run(traces, "finished", m=2)
+    (traces / "interrupted").mkdir()
+    (traces / "interrupted" / "torchrun.log").write_text("KeyboardInterrupt\n")  # killed before run.json
+    index = build_report(traces, tmp_path / "reports").read_text()
+    assert re.search(r'<tr class="error">.*interrupted.*incomplete run.*</tr>', index)

@@ -373,13 +373,15 @@ def load_run(directory: str | Path) -> RunTraces:
 
 
 def is_run_directory(path: Path) -> bool:
-    """A directory holding run.json or a file named like a rank trace (looks_like_trace: rank0.json.gz,
+    """A directory holding run.json, our launcher's log (a run that failed or was interrupted before
+    run.json: reading it says so) or a file named like a rank trace (looks_like_trace: rank0.json.gz,
     torchtitan's rank0_trace.json, the TensorBoard handler's HOST_PID.MILLIS.pt.trace.json.gz); a
     symbolic link (our `latest`) is not a run of its own."""
     if not path.is_dir() or path.is_symlink():
         return False
     try:
-        return (path / "run.json").is_file() or any(looks_like_trace(file.name) for file in trace_files(path))
+        ours = (path / "run.json").is_file() or (path / RUNNER_LOG).is_file()
+        return ours or any(looks_like_trace(file.name) for file in trace_files(path))
     except OSError:  # unreadable: a run whose reading will say why
         return True
 
