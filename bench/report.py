@@ -259,8 +259,7 @@ def _predict(part: dict) -> list[str]:
         f"The m={part['source_m']} runs' own simulated / measured - 1 (the waterfall's residual, which every "
         f"prediction inherits): {source or 'none'}.",
         "",
-        *(f"Failed: {reason}" for reason in part["failed"]),
-        "",
+        *([*(f"Failed: {reason}" for reason in part["failed"]), ""] if part["failed"] else []),
     ]
 
 
