@@ -10,6 +10,7 @@ user would; docs/ERRORS.md lists each class with its test here.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import gzip
 import json
 import zlib
@@ -22,6 +23,8 @@ from analysis.errors import InputError, printable
 from analysis.merge.perfetto_check import problems
 from analysis.traces import limits
 from analysis.traces.load import read_trace
+from runners.schedules import build
+from synthetic.generate import write_run
 
 COMMANDS = ["analyze", "merge"]
 
@@ -308,13 +311,20 @@ def renumber_steps(trace: dict, by: int) -> None:
             e["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + by}"
 
 
-def test_steps_numbered_apart_are_paired_by_time_and_said_in_one_warning(tmp_path, capsys):
+def shaped_run(directory: Path, shape: str) -> Path:
+    write_run(directory, build("1f1b", 2, 4), steps=2, run_id=directory.name, shape=shape)
+    (directory / "truth.json").unlink()
+    return directory
+
+
+@pytest.mark.parametrize("shape", ["cpu", "gpu"])
+def test_steps_numbered_apart_are_paired_by_time_and_said_in_one_warning(tmp_path, capsys, shape):
     """Rank 1's profiler started a step later: its #0 ran with rank 0's #1. Pairing by number compared
     different steps (exit 0, a shorter step); paired by time, the figures are the untouched run's."""
-    truth_run = good_run(tmp_path / "truth")
+    truth_run = shaped_run(tmp_path / "truth", shape)
     assert cli(capsys, "analyze", str(truth_run))[0] == 0
     truth = summary(truth_run)
-    run = good_run(tmp_path / "run")
+    run = shaped_run(tmp_path / "run", shape)
     rewrite(run, lambda t: renumber_steps(t, 1), rank=1)
     code, err = cli(capsys, "analyze", str(run))
     assert code == 0
@@ -391,6 +401,25 @@ def test_invalid_utf8_is_replaced_counted_and_the_merge_stays_json(tmp_path, cap
     assert any(e.get("args") == {"note": "\ufffd\ufffd ok"} for e in events)
     assert any(e.get("name") == "mm\ufffd(" for e in events)
     assert summary(run)["steps_analyzed"] == 2
+
+
+def test_ranks_years_apart_merge_with_exact_times(tmp_path, capsys):
+    """Found by test_fuzz_commands: rank 0's baseTimeNanoseconds 53 years before rank 1's (no analysis,
+    no collective to align them) put rank 1's times past 2**43 us, where a double rounds to a quarter
+    microsecond and slices stopped nesting; such times are written as exact decimals."""
+    run = tmp_path / "run"
+    write_run(run, build("1f1b", 2, 2), steps=2, p2p_latency_us=20.3, launch_gap_us=5.1)
+    rewrite(run, lambda t: t.update(baseTimeNanoseconds=9_007_199_254_740_992))
+    (run / "run.json").unlink()
+    code, err = cli(capsys, "merge", str(run), "--no-align")
+    assert code == 0, err
+    text = gzip.decompress((run / "merged.json.gz").read_bytes()).decode()
+    trace = json.loads(text, parse_float=decimal.Decimal)
+    assert problems(trace) == []
+    late = [e for e in trace["traceEvents"] if e.get("pid") == 1 and e.get("ph") == "X"]
+    assert late and all(
+        e["ts"] > 2**43 and e["ts"] == e["ts"].quantize(decimal.Decimal("0.001")) for e in late
+    )
 
 
 # 6. Valid input the format allows.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from analysis.merge.tracks import Placed, batched, nesting_layers, thread_events
+from analysis.merge.tracks import Placed, batched, micros, nesting_layers, thread_events
 from analysis.results import Analysis
 
 GAPS_TRACK = "analysis · gaps (bubble, p2p wait, launch overhead, other)"
@@ -51,6 +51,7 @@ def analysis_tracks(
     origin: int,
     steps: tuple[int, ...] | None,
     notes: list[str],
+    us=micros,
 ) -> Iterator[list[dict]]:
     """Every analysis track's thread names and slices, in batches; what is left out, and why, goes to
     `notes` (as the first batch is made)."""
@@ -78,7 +79,7 @@ def analysis_tracks(
             next_tid += layered["layer"].max() + 1 if layered.height else 1
         yield thread_events(rank, threads)
         for frame in drawn:
-            yield from batched(frame, lambda chunk, _: _slices(chunk))
+            yield from batched(frame, lambda chunk, _: _slices(chunk, us))
 
 
 def _layered(frame: pl.DataFrame) -> pl.DataFrame:
@@ -122,7 +123,7 @@ def _ideal(analysis: Analysis, placement: Placement, notes: list[str]) -> pl.Dat
     return placement.place(analysis.ideal).select("rank", "step", "start_ns", "end_ns", name=_ACTION)
 
 
-def _slices(frame: pl.DataFrame) -> list[dict]:
+def _slices(frame: pl.DataFrame, us) -> list[dict]:
     """Chrome complete events from rows (rank, tid, name, start_ns, end_ns, step)."""
     return [
         {
@@ -131,8 +132,8 @@ def _slices(frame: pl.DataFrame) -> list[dict]:
             "cat": "analysis",
             "pid": rank,
             "tid": tid,
-            "ts": start / 1000,
-            "dur": (end - start) / 1000,
+            "ts": us(start),
+            "dur": us(end - start),
             "args": {"step": step},
         }
         for rank, tid, name, start, end, step in frame.select(

@@ -27,10 +27,11 @@ import polars as pl
 from analysis.cells.labelled import step_spans
 from analysis.errors import InputError
 from analysis.merge.analysis_tracks import analysis_tracks, applied_offsets
-from analysis.merge.tracks import Placed, layout, p2p_flows, placed, profiler_flows
+from analysis.merge.tracks import Placed, exact_micros, layout, micros, p2p_flows, placed, profiler_flows
 from analysis.results import Analysis
 from analysis.timeline import clock
 from analysis.traces.load import RawTrace, load_run, read_trace
+from analysis.traces.times import WHOLE_NS_LIMIT_US
 
 BROWSER_LIMIT_BYTES = 1 << 30  # Perfetto's UI struggles to open JSON traces past about this size
 _ENCODER = msgspec.json.Encoder()
@@ -69,6 +70,7 @@ class _Plan:
     steps: tuple[int, ...] | None
     estimate: clock.ClockEstimate | None
     notes: list[str]
+    us: object = micros  # how times are written (exact_micros where a double would round them)
 
     def meta(self, events: int) -> dict:
         return {
@@ -95,9 +97,17 @@ def _plan(
     kept = {rank: _within_steps(frame, steps, notes) for rank, frame in frames.items()}
     shift = {rank: estimate.offset_ns(rank) if align and estimate is not None else 0 for rank in traces}
     drawn = pl.col("ph").is_in(["X", "i"])
-    starts = [frame.select(pl.col("start_ns").filter(drawn).min()).item() for frame in kept.values()]
-    origin = min((first + shift[rank] for rank, first in zip(kept, starts) if first is not None), default=0)
-    return _Plan(traces, kept, shift, origin, analysis, cells, steps, estimate, notes)
+    bounds = {
+        rank: frame.select(pl.col("start_ns").filter(drawn).min(), pl.col("end_ns").filter(drawn).max()).row(
+            0
+        )
+        for rank, frame in kept.items()
+    }
+    known = [(first + shift[r], last + shift[r]) for r, (first, last) in bounds.items() if first is not None]
+    origin = min((first for first, _ in known), default=0)
+    reach_us = max((last - origin for _, last in known), default=0) / 1000
+    us = exact_micros if reach_us >= WHOLE_NS_LIMIT_US else micros
+    return _Plan(traces, kept, shift, origin, analysis, cells, steps, estimate, notes, us)
 
 
 def _batches(plan: _Plan) -> Iterator[list[dict]]:
@@ -111,15 +121,15 @@ def _batches(plan: _Plan) -> Iterator[list[dict]]:
         track = layout(frame, trace.events_json, trace.path)
         stages = [] if plan.analysis is None else list(plan.analysis.schedule.stages_of(rank))
         yield track.metadata_events(rank, _process_name(rank, stages))
-        yield from track.slice_events(rank, shift[rank] - origin)
-        flows, next_id = profiler_flows(track, rank, shift[rank] - origin, next_id)
+        yield from track.slice_events(rank, shift[rank] - origin, plan.us)
+        flows, next_id = profiler_flows(track, rank, shift[rank] - origin, next_id, plan.us)
         yield from flows
         done[rank] = placed(track)
         del track, flows
     if plan.analysis is not None:
-        arrows, next_id = p2p_flows(clock.transfers(plan.cells), done, shift, origin, next_id)
+        arrows, next_id = p2p_flows(clock.transfers(plan.cells), done, shift, origin, next_id, plan.us)
         yield from arrows
-        yield from analysis_tracks(plan.analysis, done, shift, origin, plan.steps, plan.notes)
+        yield from analysis_tracks(plan.analysis, done, shift, origin, plan.steps, plan.notes, plan.us)
     else:
         plan.notes.append("no analysis of these traces: no transfer arrows or analysis tracks")
 

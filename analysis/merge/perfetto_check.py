@@ -9,10 +9,12 @@ one of those before a reader is misled by it. `problems(trace)` returns one line
 from __future__ import annotations
 
 from collections import Counter
+from decimal import ROUND_HALF_EVEN, Decimal
 
 import polars as pl
 
 _FLOW_PHASES = ("s", "t", "f")
+_WHOLE_NS_LIMIT_US = 2.0**43
 
 
 def problems(trace: dict) -> list[str]:
@@ -23,7 +25,11 @@ def problems(trace: dict) -> list[str]:
 
 
 def _ns(microseconds) -> int:
-    return round(float(microseconds) * 1000)
+    """Integer ns from Chrome's microseconds: a float where it names every ns, else the exact decimal
+    (load the trace with parse_float=Decimal to check a merge whose times pass 2**43 us)."""
+    if isinstance(microseconds, float) and abs(microseconds) < _WHOLE_NS_LIMIT_US:
+        return round(microseconds * 1000)
+    return int((Decimal(str(microseconds)) * 1000).to_integral_value(ROUND_HALF_EVEN))
 
 
 def _slices(events: list[dict]) -> pl.DataFrame:

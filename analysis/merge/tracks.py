@@ -76,8 +76,16 @@ class _Keys:
         return self.texts.get(key, str(key))
 
 
-def _us(ns: int) -> float:
+def micros(ns: int) -> float:
+    """Chrome's microseconds from integer ns: a double, exact to the ns below WHOLE_NS_LIMIT_US."""
     return ns / 1000
+
+
+def exact_micros(ns: int) -> msgspec.Raw:
+    """The same number written as its exact decimal text, for traces whose times pass 2**43 us (ranks
+    whose clocks are days or years apart): a double there would move slices by a quarter microsecond."""
+    whole, part = divmod(abs(ns), 1000)
+    return msgspec.Raw(f"{'-' if ns < 0 else ''}{whole}.{part:03d}".encode())
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,7 @@ class RankTracks:
         ]
         return process + thread_events(rank, self.threads)
 
-    def slice_events(self, rank: int, shift_ns: int) -> Iterator[list[dict]]:
+    def slice_events(self, rank: int, shift_ns: int, us=micros) -> Iterator[list[dict]]:
         """The rank's slices ("X") and instants ("i") on their new threads, in file order: one list per
         piece of the trace's events text, each event with its args as written."""
         rows = pl.concat(
@@ -131,8 +139,8 @@ class RankTracks:
                     "cat": cat or "",
                     "pid": rank,
                     "tid": tid,
-                    "ts": _us(start + shift_ns),
-                    "dur": _us(end - start),
+                    "ts": us(start + shift_ns),
+                    "dur": us(end - start),
                     "args": pieces[index - offset].args,
                 }
                 if end is not None
@@ -143,7 +151,7 @@ class RankTracks:
                     "cat": cat or "",
                     "pid": rank,
                     "tid": tid,
-                    "ts": _us(start + shift_ns),
+                    "ts": us(start + shift_ns),
                     "args": pieces[index - offset].args,
                 }
                 for index, name, cat, tid, start, end in zip(*(chunk[c].to_list() for c in chunk.columns))
@@ -337,7 +345,7 @@ def batched(frame: pl.DataFrame, events) -> Iterator[list[dict]]:
 
 
 def profiler_flows(
-    tracks: RankTracks, rank: int, shift_ns: int, next_id: int
+    tracks: RankTracks, rank: int, shift_ns: int, next_id: int, us=micros
 ) -> tuple[Iterator[list[dict]], int]:
     """The trace's own flows (launch -> kernel, forward -> backward) with fresh ids; both ends bound or
     dropped. The events in batches, and the next free id."""
@@ -355,7 +363,7 @@ def profiler_flows(
                 "id": next_id + number // 2,
                 "pid": rank,
                 "tid": tid,
-                "ts": _us(start + shift_ns),
+                "ts": us(start + shift_ns),
                 "cat": cat or "flow",
                 "name": cat or "flow",
             }
@@ -439,7 +447,12 @@ def _ends(pairs: pl.DataFrame, side: str, kernels: pl.DataFrame, labels: pl.Data
 
 
 def p2p_flows(
-    pairs: pl.DataFrame, tracks: dict[int, Placed], shift: dict[int, int], origin: int, next_id: int
+    pairs: pl.DataFrame,
+    tracks: dict[int, Placed],
+    shift: dict[int, int],
+    origin: int,
+    next_id: int,
+    us=micros,
 ) -> tuple[Iterator[list[dict]], int]:
     """One arrow per transfer (analysis.timeline.clock.transfers): from the send slice's start to the receive
     slice's last nanosecond, so that aligned clocks show the data arriving after it was sent. The events
@@ -461,9 +474,9 @@ def p2p_flows(
                 "name": f"{row['send_kind']} mb {row['microbatch']} → stage {row['recv_stage']}",
             }
             arrival = max(row["recv_start"], row["recv_end"] - 1)
-            send_ts = _us(row["send_start"] + shift[src] - origin)
+            send_ts = us(row["send_start"] + shift[src] - origin)
             out.append({"ph": "s", "pid": src, "tid": row["send_tid"], "ts": send_ts} | common)
-            recv_ts = _us(arrival + shift[dst] - origin)
+            recv_ts = us(arrival + shift[dst] - origin)
             out.append({"ph": "f", "bp": "e", "pid": dst, "tid": row["recv_tid"], "ts": recv_ts} | common)
         return out
 
