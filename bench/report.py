@@ -7,6 +7,8 @@ were (bench.suite merges results.json the same way).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import re
 from collections.abc import Callable
 
@@ -105,7 +107,8 @@ def _sweep_verdicts(results: dict) -> list[str]:
 
 def _throughput(part: dict) -> list[str]:
     lines = [
-        f"Source run replicated: `{part['source']}`. Times are the work inside a fresh process after its "
+        # the run's name only: its folder is the benchmark's scratch space, gone when it ends
+        f"Source run replicated: `{Path(part['source']).name}`. Times are the work inside a fresh process after its "
         f"imports (wall = the whole process); "
         f"peak RSS is the process's own high-water mark, 'with workers' the sampled peak of the RSS summed "
         f"over it and its pool workers (HTA parses ranks in a pool). "
