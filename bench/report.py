@@ -7,10 +7,9 @@ were (bench.suite merges results.json the same way).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 from analysis.schema import WATERFALL_TERMS
 from bench.stats import Stats
