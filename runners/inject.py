@@ -7,7 +7,9 @@
   R (host time inside an action is not work), about m x X a step.
 - `slow:S:K`: stage S holds K times its layers (K a whole number >= 1), so it does K times the matrix
   work, forward and backward, in the steps and in its calibration alike: real compute that scales,
-  which the analysis should find as stage imbalance, not as slowdown.
+  which the analysis should find as stage imbalance, not as slowdown. K times the layers is also K
+  times the host's dispatch between their ops, which on CPU is launch_overhead (+5 to +37 ms at K=4 on
+  the cpu preset), and K times the stage's small-GEMM loss.
 
 Checked in the launcher before any process starts (one line per problem) and recorded in run.json as
 `injections`, a list of {"kind": "host", "rank": R, "ms": X} and {"kind": "slow", "stage": S,
