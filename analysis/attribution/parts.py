@@ -84,22 +84,15 @@ def with_contention(cells: pl.DataFrame, samples: pl.DataFrame) -> pl.DataFrame:
     points = samples.sort("t_ns")
     indexed = cells.with_row_index("row")
     compute = indexed.filter(pl.col("kind").is_in(COMPUTE_KINDS))
-    first = compute.sort("start_ns").join_asof(
-        points.rename({"t_ns": "first_t", "run_delay_ns": "first"}),
-        left_on="start_ns",
-        right_on="first_t",
-        by="rank",
-        strategy="forward",
-        check_sortedness=False,
-    )
-    both = first.sort("end_ns").join_asof(
-        points.rename({"t_ns": "last_t", "run_delay_ns": "last"}),
-        left_on="end_ns",
-        right_on="last_t",
-        by="rank",
-        strategy="backward",
-        check_sortedness=False,
-    )
+
+    def sample(frame: pl.DataFrame, at: str, name: str, strategy: str) -> pl.DataFrame:
+        """Each row with the rank's sample nearest `at` on the `strategy` side: `name`_t and `name`."""
+        named = points.rename({"t_ns": f"{name}_t", "run_delay_ns": name})
+        return frame.sort(at).join_asof(
+            named, left_on=at, right_on=f"{name}_t", by="rank", strategy=strategy, check_sortedness=False
+        )
+
+    both = sample(sample(compute, "start_ns", "first", "forward"), "end_ns", "last", "backward")
     inside = (pl.col("first_t") <= pl.col("last_t")) & (pl.col("last_t") <= pl.col("end_ns"))
     occupied = pl.col("end_ns") - pl.col("start_ns") - pl.col("blocked_ns")
     share = pl.when(occupied > 0).then((pl.col("busy_ns") / occupied).clip(0.0, 1.0)).otherwise(0.0)

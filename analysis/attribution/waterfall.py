@@ -27,19 +27,12 @@ import polars as pl
 from analysis.attribution.model import StepModel, fit
 from analysis.attribution.reference import Reference
 from analysis.attribution.replay import measure, replay
+from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
 from analysis.schema import Waterfall
 from runners.schedules import COMPUTE_KINDS, Schedule, Timeline
 
 NS_PER_MS = 1e6
-IDEAL_SCHEMA = {
-    "rank": pl.Int64,
-    "step": pl.Int64,
-    "stage": pl.Int64,
-    "kind": pl.Utf8,
-    "microbatch": pl.Int64,
-    "start_ns": pl.Int64,
-    "end_ns": pl.Int64,
-}
+IDEAL_SCHEMA = {name: CELL_SCHEMA[name] for name in (*CELL_KEY, "start_ns", "end_ns")}
 
 
 @dataclass(frozen=True)
