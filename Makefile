@@ -27,7 +27,7 @@ RUN_ARGS = --sched $(strip $(SCHED)) $(if $(strip $(P)),--p $(strip $(P))) --v $
            $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(strip $(ROWS_PER_MB))) \
            $(if $(strip $(INJECT)),--inject $(strip $(INJECT)))
 
-.PHONY: setup setup-dev trace sweep analyze merge predict report bench lint test fuzz browser clean
+.PHONY: setup setup-dev trace sweep analyze merge predict hta report bench lint test fuzz browser clean
 .DEFAULT_GOAL := trace
 
 # The runtime (what `make trace` needs) first; the test, lint and benchmark tools on top, only for the
@@ -40,6 +40,10 @@ RUN_ARGS = --sched $(strip $(SCHED)) $(if $(strip $(P)),--p $(strip $(P))) --v $
 
 .venv/.installed-dev: .venv/.installed
 	.venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+.venv/.installed-hta: .venv/.installed
+	.venv/bin/pip install -q --disable-pip-version-check -e '.[hta]'
 	touch $@
 
 setup: .venv/.installed
@@ -63,6 +67,9 @@ merge: setup
 
 predict: setup
 	$(PY) -m analysis predict $(RUN) --ms $(subst $(space),$(comma),$(strip $(MS)))
+
+hta: .venv/.installed-hta
+	$(PY) -m analysis hta $(RUN)
 
 report: setup
 	$(PY) -m analysis report --traces $(TRACES)

@@ -27,6 +27,7 @@ COMMANDS = {
         "predict one run's step time and bubble at other m: RUN/predict.json",
     ),
     "report": ("analysis.cli.report", "build reports/index.html from every run under traces/"),
+    "hta": ("analysis.cli.hta", "Holistic Trace Analysis's figures beside ours: RUN/hta.json"),
 }
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.report import charts
+from analysis.report import charts, hta_section
 from analysis.report.frames import (
     coarsen,
     ideal_frame,
@@ -353,6 +353,7 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         "<h2>Activation memory</h2>",
         in_flight_html,
         memory.html() if memory else "<p>This run recorded no activation bytes.</p>",
+        hta_section.section_html(run),
         "<h2>Thresholds used</h2>",
         rules_html(summary),
         "<h2>Merged trace</h2>",
