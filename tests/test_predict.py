@@ -4,6 +4,7 @@ hand-computed single-rank step."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import polars as pl
 import pytest
@@ -79,3 +80,11 @@ def test_the_sweep_page_draws_the_prediction_from_its_middle_run(tmp_path):
     for m, step_ms, best in predicted.iter_rows():
         assert step_ms == pytest.approx(truth[m].truth[0].step_ns / 1e6, abs=1e-3)
         assert best == (m == 2)  # fixed microbatch work: fewer microbatches, a shorter step
+
+
+def test_predict_json_beside_the_traces_is_no_trace_to_the_loader(tmp_path):
+    write_run(tmp_path, build("gpipe", 2, 4), **WORK)
+    assert main(["predict", str(tmp_path), "--ms", "2"]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "not a trace" would be a warning
+        read_run(tmp_path)

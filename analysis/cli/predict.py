@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -18,12 +16,11 @@ import msgspec
 
 from analysis.attribution.predict import Prediction, predict_each
 from analysis.errors import InputError
+from analysis.files import write_atomically
 from analysis.pipeline import analysis_of
 from analysis.schema import Summary
-from analysis.traces.load import TraceWarning, read_run_config
+from analysis.traces.load import PREDICT_FILE, TraceWarning, read_run_config
 from runners.presets import CALIBRATED_MS
-
-PREDICT_FILE = "predict.json"
 
 
 def _counts(text: str) -> list[int]:
@@ -64,10 +61,9 @@ def predictions(run_dir: Path, ms: list[int]) -> tuple[Summary, list[Prediction]
 def write(run_dir: Path, found: list[Prediction]) -> Path:
     """RUN/predict.json, written whole or not at all."""
     target = Path(run_dir) / PREDICT_FILE
-    text = msgspec.json.format(msgspec.json.encode([dataclasses.asdict(p) for p in found])) + b"\n"
-    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{PREDICT_FILE}.", delete=False) as staging:
-        staging.write(text)
-    os.replace(staging.name, target)
+    write_atomically(
+        target, msgspec.json.format(msgspec.json.encode([dataclasses.asdict(p) for p in found])) + b"\n"
+    )
     return target
 
 

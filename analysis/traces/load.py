@@ -50,7 +50,8 @@ _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 RUNNER_LOG = "torchrun.log"
 # JSON files of a run directory that are not rank traces: ours and the synthetic generator's.
 HTA_FILE = "hta.json"  # Holistic Trace Analysis's figures (analysis.hta_view)
-RUN_FILES = frozenset({"run.json", "truth.json", "merged.json.gz", "merged.json", HTA_FILE})
+PREDICT_FILE = "predict.json"  # the step predicted at other m (python -m analysis predict)
+RUN_FILES = frozenset({"run.json", "truth.json", "merged.json.gz", "merged.json", HTA_FILE, PREDICT_FILE})
 _EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
 _NOT_BLANK = re.compile(rb"[^ \t\r\n]")
 _RAW = msgspec.json.Decoder(msgspec.Raw)
