@@ -22,8 +22,7 @@ from analysis.errors import InputError, LimitExceeded
 from analysis.traces import limits
 
 GZIP_MAGIC = b"\x1f\x8b"
-_READ_BYTES = 1 << 20  # compressed bytes per read
-_INFLATE_BYTES = 1 << 26  # decompressed bytes per step: the most a step holds twice
+_READ_BYTES = 1 << 26  # compressed bytes per read
 _UTF8_CHUNK = 1 << 24  # bytes validated per step (its str lives only for that step)
 _REPLACEMENT = "\ufffd"
 
@@ -91,9 +90,14 @@ def _read_stream(path: Path, file, head: bytes, limit: int, limit_name: str | No
     raise LimitExceeded(path, _too_big(None, limit_name, limit))
 
 
-def _gunzip(path: Path, file, head: bytes, limit: int, limit_name: str | None) -> bytearray:
-    out = bytearray()
-    pending = head
+def _gunzip(path: Path, file, head: bytes, limit: int, limit_name: str | None) -> bytes:
+    """The decompressed text of every member, stopped as soon as it passes `limit`. Each step inflates
+    what one read gave as far as the limit allows, so a file read in one piece (the common case) is
+    inflated in one call into one buffer, as gzip.decompress would, and no step holds more than the
+    limit."""
+    chunks: list[bytes] = []
+    size = 0
+    pending = head  # (its two bytes give no output: the first read's whole inflates into one chunk)
     inflate = zlib.decompressobj(zlib.MAX_WBITS | 16)
     try:
         while True:
@@ -101,15 +105,18 @@ def _gunzip(path: Path, file, head: bytes, limit: int, limit_name: str | None) -
                 pending = file.read(_READ_BYTES)
                 if not pending:
                     break
-            out += inflate.decompress(pending, min(limit + 1 - len(out), _INFLATE_BYTES))
-            if len(out) > limit:
+            out = inflate.decompress(pending, limit + 1 - size)
+            if out:
+                chunks.append(out)
+                size += len(out)
+            if size > limit:
                 raise LimitExceeded(path, _too_big(None, limit_name, limit))
             if not inflate.eof:
                 pending = inflate.unconsumed_tail
                 continue
             pending = _next_member(path, file, inflate.unused_data)
             if pending is None:
-                return out
+                return b"".join(chunks)  # one chunk: that buffer itself, no copy
             inflate = zlib.decompressobj(zlib.MAX_WBITS | 16)
     except zlib.error as error:
         raise InputError(path, f"gzip data corrupted: {error}") from None
