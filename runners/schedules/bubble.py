@@ -15,12 +15,13 @@ from .simulate import simulate
 UNIT_TIMES = {Kind.F: 1.0, Kind.B: 2.0, Kind.I: 1.0, Kind.W: 1.0}
 
 
-def _unit(_rank: int, action: Action) -> float:
+def unit_time(_rank: int, action: Action) -> float:
+    """An action's length in the replay at unit times (communication takes none)."""
     return UNIT_TIMES.get(action.kind, 0.0)
 
 
 def formula_bubble(schedule: Schedule) -> float:
     """The idle fraction of the step the schedule's order alone implies (0 for one rank)."""
-    timeline = simulate(schedule, duration=_unit)
+    timeline = simulate(schedule, duration=unit_time)
     busy = sum(timeline.busy(rank) for rank in range(schedule.p))
     return 1 - busy / (schedule.p * timeline.makespan) if timeline.makespan else 0.0
