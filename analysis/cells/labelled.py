@@ -164,20 +164,34 @@ def _assign_steps(spans: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     return joined.filter(pl.col("start_ns") < pl.col("step_end")).drop("step_start", "step_end")
 
 
-def _events_in_labels(events: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
-    """Host events that start inside a label on the same thread (PP labels never overlap there)."""
+def _events_in_labels(
+    events: pl.DataFrame, labels: pl.DataFrame, across_threads: bool = False
+) -> pl.DataFrame:
+    """Host events that start inside a label on the same thread (PP labels never overlap there). With
+    `across_threads`, an event of a thread that holds no label belongs to the label open at that moment
+    on its rank: on CUDA autograd's engine thread launches a backward's kernels while the B label waits
+    on the main thread."""
     keyed = labels.select("rank", "tid", *CELL_KEY[1:], label_start="start_ns", label_end="end_ns")
-    return (
-        events.sort("start_ns")
-        .join_asof(
-            keyed.sort("label_start"),
-            left_on="start_ns",
-            right_on="label_start",
-            by=["rank", "tid"],
-            check_sortedness=False,
+
+    def inside(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+        return (
+            frame.sort("start_ns")
+            .join_asof(
+                keyed.sort("label_start"),
+                left_on="start_ns",
+                right_on="label_start",
+                by=by,
+                check_sortedness=False,
+                suffix="_label",
+            )
+            .filter(pl.col("start_ns") < pl.col("label_end"))
         )
-        .filter(pl.col("start_ns") < pl.col("label_end"))
-    )
+
+    same_thread = inside(events, ["rank", "tid"])
+    if not across_threads:
+        return same_thread
+    unlabelled = events.join(labels.select("rank", "tid").unique(), on=["rank", "tid"], how="anti")
+    return pl.concat([same_thread, inside(unlabelled, ["rank"]).drop("tid_label")])
 
 
 def union(spans: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
@@ -246,7 +260,7 @@ def _device_cells(
     receives. A send's kernel runs on the NCCL stream while the compute stream goes on: the rank does not
     wait for it (the hop is counted once, on the receiver)."""
     launched = device.drop_nulls("launch_ns").rename({"start_ns": "k_start", "end_ns": "k_end"})
-    owned = _events_in_labels(launched.with_columns(start_ns="launch_ns"), labels)
+    owned = _events_in_labels(launched.with_columns(start_ns="launch_ns"), labels, across_threads=True)
     spans = owned.group_by(CELL_KEY).agg(pl.col("k_start").min(), pl.col("k_end").max())
     cells = (
         labels.join(spans, on=CELL_KEY, how="left")
