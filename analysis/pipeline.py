@@ -30,6 +30,7 @@ from analysis.caveats import flags, noise
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
 from analysis.cells.inferred import cells_of
 from analysis.cells.labelled import RankCells, is_gpu
+from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError
 from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Rules, Summary
@@ -60,7 +61,9 @@ def read_run(path: Path) -> RunInput:
 
 
 def run_input(run: RunTraces) -> RunInput:
-    """What the analysis reads of loaded traces: their frames, memory events and run-queue samples."""
+    """What the analysis reads of loaded traces: their frames, memory events and run-queue samples; one
+    process's trace of P ranks on one GPU is read as P ranks (analysis.cells.virtual_ranks)."""
+    run = virtual_ranks(run)
     return RunInput(
         run.path,
         {t.rank: t.frame for t in run.traces},

@@ -5,7 +5,8 @@ run directory; `cli`). `generate` replays a schedule with chosen durations, p2p 
 small-GEMM and slowdown factors and clock offsets and writes CPU- or GPU-shaped Kineto traces with the
 per-rank truth (`truth`: what the injected time is made of, and the calibration the run.json carries);
 `shapes` holds the Kineto event shapes (labelled and unlabelled), `batched` the replay of
-batch_isend_irecv's coalesced SEND and RECV, `orders` orders no generator writes.
+batch_isend_irecv's coalesced SEND and RECV, `orders` orders no generator writes, `single_gpu` one
+process's trace of P ranks as streams of one GPU.
 """
 
 from synthetic.generate import OptionError, Synthetic, check_options, synthesize, write_run

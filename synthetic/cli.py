@@ -9,6 +9,7 @@ from pathlib import Path
 from analysis.cli import standalone
 from analysis.errors import InputError
 from runners.schedules import SCHEDULES, ScheduleError, build
+from runners.schedules.single_gpu import SINGLE_GPU
 from synthetic.generate import OptionError, write_run
 from synthetic.truth import DEFAULT_US
 
@@ -19,7 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--p", type=int, default=4, help="pipeline ranks")
     parser.add_argument("--m", type=int, default=8, help="microbatches per step")
     parser.add_argument("--v", type=int, default=1, help="chunks per rank (interleaved)")
-    parser.add_argument("--shape", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument(
+        "--shape",
+        choices=("cpu", "gpu", SINGLE_GPU),
+        default="cpu",
+        help=f"{SINGLE_GPU}: P ranks in one process",
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--f-us", type=float, default=DEFAULT_US["F"], help="forward time per microbatch")
     parser.add_argument("--b-us", type=float, default=DEFAULT_US["B"], help="backward time per microbatch")

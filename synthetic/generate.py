@@ -24,6 +24,9 @@ the compute after comes on top); that wait is bubble until both partners were re
 begun the SEND this RECV takes, and the receiver of this SEND had reached its RECV: both moments are
 the start of a kernel of theirs) and p2p_wait after. An unpaired RECV keeps the rule above. So a hop
 a batched sender waits for is p2p_wait on the sender as well as on its receiver.
+
+shape="single_gpu" writes the same replay as one process of P ranks on one GPU (synthetic.single_gpu):
+one trace file, a compute and a copy stream per rank, the truth per virtual rank unchanged.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ from analysis.files import write_atomically
 from analysis.traces.kineto import STEP_PREFIX
 from runners.schedules import Action, Kind, Schedule, lower, simulate
 from runners.schedules.dependencies import matching_send
+from runners.schedules.single_gpu import PROCESSES, SINGLE_GPU
 from synthetic import batched as batching
-from synthetic import shapes
+from synthetic import shapes, single_gpu
 from synthetic.truth import (
     DEFAULT_US,
     ROWS_PER_MICROBATCH,
@@ -67,6 +71,11 @@ class OptionError(ValueError):
 
 def check_options(schedule: Schedule, shape: str, labels: bool, batched: bool) -> None:
     """OptionError unless the run can be written with these labels and p2p batching."""
+    if shape == SINGLE_GPU and (batched or not labels):
+        raise OptionError(
+            f"shape {SINGLE_GPU} is written labelled, without batching: one process's stages are told apart "
+            "by their PP labels, and its p2p is copies, not NCCL"
+        )
     if batched and (labels or shape != "gpu"):
         raise OptionError(
             "batched p2p is written GPU-shaped and unlabelled only (shape='gpu', labels=False): "
@@ -143,11 +152,45 @@ def synthesize(
         raise OptionError(
             "host_in_labels draws the launch gaps inside CPU labels: shape cpu, with labels only"
         )
+    if shape == SINGLE_GPU:
+        if gap or any(offsets.values()):
+            raise OptionError(
+                f"shape {SINGLE_GPU}: one process has one clock and one host thread for every rank, so "
+                "no clock offsets and no launch gaps"
+            )
+        return Synthetic(
+            {0: _single_gpu_document(lowered, cells, latency, step_ns, steps, run_id)}, truth, cells
+        )
     style = _Style(shape, labels, pairs, lowered.m, host_in_labels)
     traces = {
         r: _document(lowered, r, drawn[r], step_ns, steps, style, offsets.get(r, 0), run_id) for r in cells
     }
     return Synthetic(traces, truth, cells)
+
+
+def _single_gpu_document(
+    schedule: Schedule, cells, latency: int, step_ns: int, steps: int, run_id: str
+) -> dict[str, Any]:
+    """The one trace of a single_gpu run (synthetic.single_gpu)."""
+    shifts = [ORIGIN_NS + step * step_ns for step in range(steps)]
+    try:
+        events = single_gpu.events(schedule, cells, latency, step_ns, shifts, STEP_HEAD_NS)
+    except single_gpu.HostBehindError as error:
+        raise OptionError(str(error)) from None
+    return _header(0, 1, True, run_id) | {"traceEvents": events}
+
+
+def _header(rank: int, world_size: int, on_gpu: bool, run_id: str) -> dict[str, Any]:
+    """Everything of a rank's trace document but its events."""
+    gpu = [{"id": rank, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": gpu if on_gpu else [],
+        "distributedInfo": {"backend": "nccl" if on_gpu else "gloo", "rank": rank, "world_size": world_size},
+        "run_id": run_id,
+        "baseTimeNanoseconds": BASE_TIME_NS,
+        "traceName": f"synthetic rank{rank}",
+    }
 
 
 class _Style(NamedTuple):
@@ -224,20 +267,7 @@ def _document(
                     else shapes.cpu_cell_unlabelled(cell, pid, style.sequence(step, cell.action))
                 )
             ]
-    gpu = [{"id": device, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
-    return {
-        "schemaVersion": 1,
-        "deviceProperties": gpu if shape == "gpu" else [],
-        "distributedInfo": {
-            "backend": "nccl" if shape == "gpu" else "gloo",
-            "rank": rank,
-            "world_size": schedule.p,
-        },
-        "run_id": run_id,
-        "baseTimeNanoseconds": BASE_TIME_NS,
-        "traceName": f"synthetic rank{rank}",
-        "traceEvents": events,
-    }
+    return _header(rank, schedule.p, shape == "gpu", run_id) | {"traceEvents": events}
 
 
 def _units(cells: list[shapes.Cell], pairs: Mapping[Action, Action]) -> list[tuple[shapes.Cell, ...]]:
@@ -303,6 +333,7 @@ def write_run(directory: str | Path, schedule: Schedule, **options: Any) -> Synt
     truth = [asdict(t) for t in result.truth.values()]
     write_atomically(directory / "truth.json", json.dumps(truth, indent=1).encode())
     shape = options.get("shape", "cpu")
+    on_gpu = shape in ("gpu", SINGLE_GPU)
     work = Work(
         options.get("durations_us", DEFAULT_US), options.get("small_gemm", 1.0), options.get("slowdown", 1.0)
     )
@@ -314,8 +345,9 @@ def write_run(directory: str | Path, schedule: Schedule, **options: Any) -> Synt
         "v": schedule.v,
         "engine": "synthetic",
         "preset": None,
-        "device": "cuda" if shape == "gpu" else "cpu",
-        "backend": "nccl" if shape == "gpu" else "gloo",
+        "device": "cuda" if on_gpu else "cpu",
+        "backend": "nccl" if on_gpu else "gloo",
+        "mode": SINGLE_GPU if shape == SINGLE_GPU else PROCESSES,
         "dtype": "float32",
         "run_id": options.get("run_id", "synthetic"),
         "dims": dims(schedule),

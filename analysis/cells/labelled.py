@@ -256,11 +256,14 @@ def device_events(frame: pl.DataFrame) -> pl.DataFrame:
 def _device_cells(
     labels: pl.DataFrame, device: pl.DataFrame
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """Cell span = its kernels' span (host span where it launched none); waits = the NCCL kernels of its
+    """Cell span = its kernels' span (host span where it launched none); waits = the device work of its
     receives. A send's kernel runs on the NCCL stream while the compute stream goes on: the rank does not
-    wait for it (the hop is counted once, on the receiver)."""
+    wait for it (the hop is counted once, on the receiver). Whatever a SEND or RECV launches is the
+    transfer, an NCCL kernel or (P ranks on one GPU: analysis.cells.virtual_ranks) a copy and the wait
+    for it."""
     launched = device.drop_nulls("launch_ns").rename({"start_ns": "k_start", "end_ns": "k_end"})
     owned = _events_in_labels(launched.with_columns(start_ns="launch_ns"), labels, across_threads=True)
+    owned = owned.with_columns(is_p2p=pl.col("is_p2p") | ~pl.col("kind").is_in(COMPUTE_KINDS))
     spans = owned.group_by(CELL_KEY).agg(pl.col("k_start").min(), pl.col("k_end").max())
     cells = (
         labels.join(spans, on=CELL_KEY, how="left")

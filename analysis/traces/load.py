@@ -44,6 +44,7 @@ from analysis.traces.events import event_frame, json_problem, where
 from analysis.traces.labels import check_label_numbers
 from analysis.traces.source import read_text
 from analysis.traces.toplevel import NESTED_TOO_DEEPLY, Malformed, members, refuse_repeated
+from runners.schedules.single_gpu import SINGLE_GPU
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 # runners.launch writes it before any worker starts: a directory holding it is one of our runs.
@@ -366,7 +367,8 @@ def load_run(directory: str | Path) -> RunTraces:
         traces = [_with_rank(traces[0], 0)]
     _check_same_run(directory, traces)
     by_rank = _one_per_rank(directory, traces)
-    if config is not None and config.get("p") not in (None, len(by_rank)):
+    one_process = config is not None and config.get("mode") == SINGLE_GPU  # P ranks in one trace
+    if config is not None and not one_process and config.get("p") not in (None, len(by_rank)):
         raise InputError(
             directory / "run.json",
             f"says p={config['p']!r:.40} but the directory has {len(by_rank)} rank traces",

@@ -1,0 +1,179 @@
+"""One process's trace of P ranks on one GPU (mode single_gpu) read as P ranks (analysis.cells.virtual_ranks):
+synthetic single_gpu runs, one file with a compute and a copy stream per rank, recover each virtual
+rank's injected parts as the multi-GPU runs do (tests/test_analyze_synthetic.py), and the split keeps
+every other run as it is."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import polars as pl
+import pytest
+
+from analysis.cells.virtual_ranks import RECEIVE, split, virtual_ranks
+from analysis.errors import InputError
+from analysis.pipeline import analyze_run, read_run
+from analysis.schema import RANK_PARTS
+from analysis.traces.load import load_run
+from runners.schedules import build
+from runners.schedules.single_gpu import SINGLE_GPU
+from runners.schedules.trace_names import CUDA_PEAK_COUNTER, STASH_COUNTER
+from synthetic import OptionError, write_run
+from synthetic.single_gpu import PID
+
+CASES = [
+    ("gpipe", 4, 8, 1),
+    ("gpipe", 4, 1, 1),
+    ("1f1b", 4, 8, 1),
+    ("interleaved", 2, 4, 2),
+    ("zb", 3, 6, 1),
+    ("zbv", 3, 6, 2),
+]
+INJECTED = dict(
+    durations_us={"F": 1000, "B": 2000, "I": 1000, "W": 1000},
+    p2p_latency_us=50,
+    small_gemm=1.1,
+    slowdown=1.25,
+    steps=3,
+)
+PARTS = ("compute", "small_gemm", "slowdown", "bubble", "p2p_wait", "launch_overhead")  # RankTruth's
+
+
+def close(got_ms: float, want_ns: int) -> bool:
+    return abs(got_ms * 1e6 - want_ns) <= max(1_000, 0.02 * abs(want_ns))
+
+
+@pytest.mark.parametrize("name,p,m,v", CASES)
+def test_one_process_of_p_streams_is_analysed_as_p_ranks_with_their_parts(tmp_path, name, p, m, v):
+    made = write_run(tmp_path, build(name, p, m, v), shape=SINGLE_GPU, **INJECTED)
+    assert sorted(path.name for path in tmp_path.glob("rank*")) == ["rank0.json.gz"]
+    summary = analyze_run(read_run(tmp_path)).summary
+    assert (summary.p, summary.schedule, summary.device) == (p, name, "cuda")
+    assert summary.step_time_ms * 1e6 == pytest.approx(made.truth[0].step_ns, abs=1)
+    assert [rank.rank for rank in summary.ranks] == list(range(p))
+    for rank in summary.ranks:
+        truth = made.truth[rank.rank]
+        misses = {
+            part: (rank.part_ms(part), getattr(truth, f"{part}_ns") / 1e6)
+            for part in PARTS
+            if not close(rank.part_ms(part), getattr(truth, f"{part}_ns"))
+        }
+        assert not misses, (rank.rank, misses)
+        assert rank.other_ms == pytest.approx(0, abs=1e-6)
+        assert sum(rank.part_ms(part) for part in RANK_PARTS) == pytest.approx(summary.step_time_ms, abs=1e-9)
+    assert sum(rank.p2p_wait_ms for rank in summary.ranks) > 0  # the hops were seen, once each
+    assert summary.waterfall_ms.residual == pytest.approx(0, abs=1e-3)
+
+
+def test_the_backward_is_launched_from_autograd_s_thread_and_still_is_its_labels(tmp_path):
+    """On CUDA autograd's engine thread launches a B's kernels while its label waits on the main thread;
+    the synthetic trace does so, and the B cells span their kernels (else the order could not run)."""
+    write_run(tmp_path, build("gpipe", 2, 2), shape=SINGLE_GPU, **INJECTED)
+    events = json.loads(gzip.decompress((tmp_path / "rank0.json.gz").read_bytes()))["traceEvents"]
+    launch_threads = {e["tid"] for e in events if e.get("name") == "cudaLaunchKernel"}
+    assert launch_threads == {PID, PID + 1}
+    cells = analyze_run(read_run(tmp_path)).cells
+    backward = cells.filter(pl.col("kind") == "B")
+    assert (
+        backward.height == 2 * 2 * 3
+        and (backward["end_ns"] - backward["start_ns"]).min() == 2_000_000 * 1.1 * 1.25
+    )
+
+
+def test_the_split_gives_each_rank_its_own_work_and_every_rank_the_shared_events(tmp_path):
+    write_run(tmp_path, build("1f1b", 2, 4), shape=SINGLE_GPU, **INJECTED)
+    run = load_run(tmp_path)
+    (trace,) = run.traces
+    frames = split(trace.frame, trace.path)
+    assert sorted(frames) == [0, 1]
+    kernels = [frame.filter(pl.col("cat") == "kernel") for frame in frames.values()]
+    assert sum(k.height for k in kernels) == trace.frame.filter(pl.col("cat") == "kernel").height
+    assert (
+        all(k["stream"].n_unique() == 1 for k in kernels)
+        and kernels[0]["stream"][0] != kernels[1]["stream"][0]
+    )
+    for rank, frame in frames.items():
+        assert frame["rank"].unique().to_list() == [rank]
+        labels = frame.filter(pl.col("name").str.starts_with("PP:") & (pl.col("cat") == "user_annotation"))
+        assert labels["name"].str.slice(3, 1).unique().to_list() == [str(rank)]  # its stage only
+        assert frame.filter(pl.col("name").str.starts_with("ProfilerStep")).height == 3  # every rank's
+        derived = frame.filter(pl.col("index").is_null())
+        # one receive and its runtime row per RECV: 4 microbatches x 3 steps, forward or backward
+        assert derived.height == 2 * 4 * 3 and (derived["correlation"] < 0).all()
+        assert derived.filter(pl.col("cat") == "gpu_memcpy")["name"].unique().to_list() == [RECEIVE]
+
+
+@pytest.mark.parametrize("shape", ["gpu", "cpu"])
+def test_runs_of_one_process_per_rank_are_left_as_they_are(tmp_path, shape):
+    write_run(tmp_path, build("gpipe", 2, 2), shape=shape, **INJECTED)
+    run = load_run(tmp_path)
+    assert virtual_ranks(run) is run
+
+
+def test_one_stage_per_process_is_not_split(tmp_path):
+    """A P=1 run (or anyone's single-process trace) computes on one stream: one rank, as it is."""
+    write_run(tmp_path, build("interleaved", 1, 2, 2), shape="gpu", **INJECTED)
+    run = load_run(tmp_path)
+    assert virtual_ranks(run) is run
+
+
+def test_run_json_saying_single_gpu_without_the_layout_is_refused(tmp_path):
+    write_run(tmp_path, build("gpipe", 2, 2), shape="gpu", **INJECTED)
+    config = json.loads((tmp_path / "run.json").read_text())
+    (tmp_path / "run.json").write_text(json.dumps(config | {"mode": SINGLE_GPU}))
+    with pytest.raises(InputError, match="says mode single_gpu"):
+        read_run(tmp_path)
+
+
+def test_run_json_p_must_match_the_ranks_the_trace_holds(tmp_path):
+    write_run(tmp_path, build("gpipe", 2, 2), shape=SINGLE_GPU, **INJECTED)
+    config = json.loads((tmp_path / "run.json").read_text())
+    (tmp_path / "run.json").write_text(json.dumps(config | {"p": 3}))
+    with pytest.raises(InputError, match="p=3 but its trace holds 2 ranks"):
+        read_run(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "options,words",
+    [
+        ({"launch_gap_us": 20}, "launch gaps"),
+        ({"clock_offset_ns": {1: 5_000}}, "clock offsets"),
+        ({"labels": False}, "labelled"),
+        ({"durations_us": {"F": 1, "B": 2}}, "before the host issued it"),
+    ],
+)
+def test_what_one_process_cannot_show_is_refused_by_the_generator(tmp_path, options, words):
+    with pytest.raises(OptionError, match=words):
+        write_run(tmp_path, build("gpipe", 2, 4), shape=SINGLE_GPU, **{**INJECTED, **options})
+
+
+def test_each_virtual_rank_keeps_the_stash_samples_taken_in_its_labels(tmp_path):
+    """The engine samples what a rank holds for backward inside that rank's actions; the allocator's step
+    peak (outside every action) is the whole GPU's, every rank's, and the stash is preferred."""
+    write_run(tmp_path, build("gpipe", 2, 2), shape=SINGLE_GPU, **INJECTED)
+    path = tmp_path / "rank0.json.gz"
+    document = json.loads(gzip.decompress(path.read_bytes()))
+    events = document["traceEvents"]
+    steps = {e["name"]: e for e in events if e.get("name", "").startswith("ProfilerStep")}
+    step_1 = steps["ProfilerStep#1"]
+    counters = []
+    for rank in (0, 1):
+        forward = next(
+            e
+            for e in events
+            if e.get("name") == f"PP:{rank}F0" and e["cat"] == "user_annotation" and e["ts"] > step_1["ts"]
+        )
+        counters.append(
+            {"ph": "C", "name": STASH_COUNTER, "pid": PID, "tid": PID, "ts": forward["ts"] + 0.5}
+            | {"args": {"microbatches": 1, "activation_bytes": 1000 * (rank + 1)}}
+        )
+    counters.append(
+        {"ph": "C", "name": CUDA_PEAK_COUNTER, "pid": PID, "tid": PID, "ts": step_1["ts"] + 1}
+        | {"args": {"peak_bytes_above_step_start": 10**9}}
+    )
+    path.write_bytes(gzip.compress(json.dumps(document | {"traceEvents": events + counters}).encode()))
+    memory = read_run(tmp_path).memory
+    assert memory.peak_bytes(1) == {0: 1000, 1: 2000}
+    cuda = memory.peaks.filter(pl.col("source") == "cuda_peak")
+    assert sorted(cuda["rank"].to_list()) == [0, 1] and set(cuda["peak_bytes"].to_list()) == {10**9}
