@@ -14,7 +14,16 @@ import time
 from pathlib import Path
 
 from runners.launch import LaunchError, launch
-from runners.request import SEED_P, RequestError, add_request_arguments, default_p, request_from, resolve
+from runners.request import (
+    SEED_P,
+    RequestError,
+    Resolved,
+    add_request_arguments,
+    default_p,
+    mode_line,
+    request_from,
+    resolve,
+)
 
 GPU_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")  # NVIDIA, ROCm
 
@@ -56,6 +65,13 @@ def _p(args: argparse.Namespace) -> int:
     return p
 
 
+def _say_mode(resolved: Resolved) -> None:
+    """One line where the run is not one process per rank (single_gpu), before it starts."""
+    line = mode_line(resolved)
+    if line:
+        print(line, flush=True)
+
+
 def trace(args: argparse.Namespace) -> int:
     resolved = resolve(request_from(args, _p(args)), _gpus)
     request = resolved.request
@@ -64,6 +80,7 @@ def trace(args: argparse.Namespace) -> int:
         f"on {resolved.device} ({resolved.backend}) ...",
         flush=True,
     )
+    _say_mode(resolved)
     run_dir = launch(resolved, args.traces)
     latest = args.traces / "latest"
     print(f"traces: {run_dir} (step {_step_ms(run_dir):.1f} ms unprofiled); {latest} points at it")
@@ -84,6 +101,7 @@ def sweep(args: argparse.Namespace) -> int:
     """One run per m; every request is validated before the first run starts."""
     p = _p(args)
     resolved = [resolve(request_from(args, p, m), _gpus) for m in _microbatch_counts(args.ms)]
+    _say_mode(resolved[0])
     began = time.monotonic()
     for done, run in enumerate(resolved, start=1):
         run_dir = launch(run, args.traces)

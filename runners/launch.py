@@ -1,8 +1,9 @@
 """Start one run: a fresh run directory, the workers under the real torchrun, then traces/latest.
 
 torchrun's --standalone rendezvous binds port 0, so the OS picks a free port and two runs at once do
-not clash. Worker output goes to <run>/torchrun.log; on failure the directory stays without
-"complete": true and the caller gets one line pointing at the log.
+not clash; a single_gpu run is one worker holding all P ranks as streams (--virtual-ranks P). Worker
+output goes to <run>/torchrun.log; on failure the directory stays without "complete": true and the
+caller gets one line pointing at the log.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from runners.inject import as_text
 from runners.request import Resolved
 from runners.rundir import create_run_dir, is_complete, point_latest, run_id
+from runners.schedules.single_gpu import SINGLE_GPU
 
 SHUTDOWN_S = 30  # how long torchrun gets to stop its workers after Ctrl-C
 
@@ -25,16 +27,18 @@ class LaunchError(RuntimeError):
 
 def torchrun_command(resolved: Resolved, run_dir: Path) -> list[str]:
     request = resolved.request
+    one_process = resolved.mode == SINGLE_GPU
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
-        f"--nproc_per_node={request.p}",
+        f"--nproc_per_node={1 if one_process else request.p}",
         "-m",
         "runners.worker",
         "--run-dir",
         str(run_dir),
+        *(["--virtual-ranks", str(request.p)] if one_process else []),
         "--sched",
         request.schedule,
         "--microbatches",

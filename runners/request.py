@@ -2,8 +2,10 @@
 
 Every problem is one line (RequestError); the CLI prints it and exits 2. Device choice: CUDA with NCCL
 when there are at least P GPUs, CPU with gloo when there are none. With some GPUs but fewer than P the
-request is refused rather than silently moved to CPU: NCCL cannot put two ranks on one GPU, and a CPU
-run on a GPU machine would measure something else than the user asked for (--device cpu says so).
+run is not moved to CPU (that would measure something else than the user asked for; --device cpu says
+so) and NCCL cannot put two ranks on one GPU: the P ranks run as streams of one process on one GPU
+instead (mode single_gpu, runners.engines.single_gpu). A worker of a multi-node job, one process per
+local rank, still needs a GPU per local rank.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from runners.engines.torch_classes import TORCH_CLASSES, TORCH_ONLY
 from runners.inject import SYNTAX, Injection, InjectionError, injection_problem, parse_injections
 from runners.presets import PRESETS, Preset, preset_problem
 from runners.schedules import V_SHAPED, ScheduleError, build
+from runners.schedules.single_gpu import PROCESSES, SINGLE_GPU
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -51,21 +54,35 @@ class Resolved:
     device: str  # cpu | cuda
     backend: str  # gloo | nccl
     preset: Preset
+    mode: str = PROCESSES  # PROCESSES: one process (and GPU) per rank; SINGLE_GPU: P streams of one GPU
 
 
-def choose_device(requested: str, p: int, gpus: int) -> str:
+def choose_device(requested: str, p: int, gpus: int, ranks_per_node: int | None = None) -> str:
+    """cpu or cuda for p ranks on a node with `gpus` GPUs. ranks_per_node: a worker of a job that runs
+    one process per local rank (it needs a GPU each); None: the launcher, free to run all P ranks in
+    one process on one GPU."""
     if requested not in DEVICES:
         raise RequestError(f"unknown device {requested!r}; choose one of {', '.join(DEVICES)}")
     if requested == "cpu" or (requested == "auto" and gpus == 0):
         return "cpu"
-    if gpus >= p:
+    needed = ranks_per_node or p
+    if gpus >= needed or (gpus and ranks_per_node is None):
         return "cuda"
-    have = "no GPU" if gpus == 0 else f"{gpus} GPU{'s' if gpus > 1 else ''}"
     if gpus == 0:
-        raise RequestError(f"--device cuda needs {p} GPUs but this machine has {have}")
+        raise RequestError("--device cuda needs a GPU but this machine has no GPU")
     raise RequestError(
-        f"P={p} ranks need {p} GPUs (one NCCL rank per GPU) but this machine has {have}; "
-        f"use P<={gpus} or --device cpu"
+        f"{needed} ranks on this node need {needed} GPUs (one NCCL rank per GPU) but it has {gpus}; "
+        f"use {gpus} per node or --device cpu"
+    )
+
+
+def mode_line(resolved: Resolved) -> str | None:
+    """What the launcher says of a single_gpu run before it starts; None for one process per rank."""
+    if resolved.mode != SINGLE_GPU:
+        return None
+    return (
+        f"mode {SINGLE_GPU}: P={resolved.request.p} ranks as CUDA streams of one process on one GPU "
+        "(copies between them); the stages share its SMs and memory bandwidth (run.json: mode, streams)"
     )
 
 
@@ -119,14 +136,20 @@ def resolve(
     if problem:
         raise RequestError(problem)
     gpus = 0 if request.device == "cpu" else count_gpus()
-    device = choose_device(request.device, ranks_per_node or request.p, gpus)
+    device = choose_device(request.device, request.p, gpus, ranks_per_node)
+    mode = SINGLE_GPU if device == "cuda" and gpus < request.p and ranks_per_node is None else PROCESSES
+    if mode == SINGLE_GPU and request.engine != "native":
+        raise RequestError(
+            f"P={request.p} ranks on {gpus} GPU(s) run as streams of one process, which only "
+            f"--engine native does; engine {request.engine!r} needs a GPU per rank"
+        )
     preset = choose_preset(request.preset, device)
     if request.rows_per_microbatch is not None:
         preset = replace(preset, rows=request.rows_per_microbatch * request.m)
     problem = preset_problem(preset, request.m, request.v)
     if problem:
         raise RequestError(problem)
-    return Resolved(request, device, "nccl" if device == "cuda" else "gloo", preset)
+    return Resolved(request, device, "nccl" if device == "cuda" else "gloo", preset, mode)
 
 
 def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = True) -> None:

@@ -5,7 +5,9 @@ torchrun yourself (`torchrun --nnodes=2 --nproc_per_node=4 --rdzv-endpoint=HOST:
 --run-dir traces/RUN ...`, RUN on a shared file system). Each rank times unprofiled steps, calibrating
 its stages between them at every microbatch size of runners.presets.calibration_rows (under a profiler
 session with the profiled steps' settings: CALIBRATION_PROFILED), then profiles a few steps into
-rank{r}.json.gz; rank 0 writes run.json last, once every rank has exported its trace.
+rank{r}.json.gz; rank 0 writes run.json last, once every rank has exported its trace. With
+`--virtual-ranks P` (the launcher's single_gpu mode) this one process runs all P ranks as streams of
+its GPU (runners.engines.single_gpu) and calibrates every stage itself.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from runners.engines import ENGINES
+from runners.engines import ENGINES, single_gpu
 from runners.engines.protocol import RankSetup
 from runners.inject import layer_factors
 from runners.measure import at_rows, calibration, calibration_by_rows, calibration_samples, pooled, timed_step
@@ -34,6 +36,7 @@ from runners.request import RequestError, Resolved, add_request_arguments, reque
 from runners.rundir import git_revision, host_facts, write_run_json
 from runners.runqueue import RunQueueMeter
 from runners.schedules import Schedule, build, lower
+from runners.schedules.single_gpu import SINGLE_GPU
 from runners.stash import StashMeter
 
 PROFILER_WAIT, PROFILER_WARMUP = 1, 1
@@ -74,6 +77,7 @@ def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, thre
     """run.json's description of the run (timings are added by the caller)."""
     request, preset = resolved.request, resolved.preset
     host = host_facts() | ({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {})
+    streams = {"streams": single_gpu.stream_facts()} if resolved.mode == SINGLE_GPU else {}
     return {
         "schedule": request.schedule,
         "p": request.p,
@@ -91,6 +95,8 @@ def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, thre
         "dtype": preset.dtype,
         "device": resolved.device,
         "backend": resolved.backend,
+        "mode": resolved.mode,
+        **streams,
         "threads_per_rank": threads,
         "nodes": dist.get_world_size() // int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
         "profiler": {
@@ -117,13 +123,13 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
         else torch.device("cpu")
     )
     schedule = lower(build(request.schedule, request.p, request.m, request.v))
-    stages = build_stages(
-        preset, schedule.stages_of(rank), request.v, device, layer_factors(request.injections)
-    )
+    one_gpu = resolved.mode == SINGLE_GPU
+    stage_ids = tuple(range(schedule.n_stages)) if one_gpu else schedule.stages_of(rank)
+    stages = build_stages(preset, stage_ids, request.v, device, layer_factors(request.injections))
     batch = stage_input(preset, device)
     optimizer = torch.optim.SGD([p for stage in stages.values() for p in stage.parameters()], lr=1e-4)
     meter, run_queue = StashMeter(), RunQueueMeter()
-    build_step = ENGINES[request.engine].step_builder()
+    build_step = single_gpu.build_step if one_gpu else ENGINES[request.engine].step_builder()
     setup = RankSetup(resolved, schedule, rank, stages, batch, optimizer, meter, run_queue)
     step = ended_together(build_step(setup))
     on_cuda = device.type == "cuda"
@@ -182,11 +188,22 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runners.worker", description=__doc__)
     parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument(
+        "--virtual-ranks", type=int, default=None, help="run P ranks as streams of this one process's GPU"
+    )
     add_request_arguments(parser)
     args = parser.parse_args(argv)
     world, local_world = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
     try:
-        resolved = resolve(request_from(args, world), torch.cuda.device_count, local_world)
+        if args.virtual_ranks is None:
+            resolved = resolve(request_from(args, world), torch.cuda.device_count, local_world)
+        else:
+            resolved = resolve(request_from(args, args.virtual_ranks), torch.cuda.device_count)
+            if resolved.mode != SINGLE_GPU or world != 1:
+                raise RequestError(
+                    f"--virtual-ranks runs P ranks in one process on one GPU; here mode {resolved.mode} "
+                    f"with {world} process(es)"
+                )
     except RequestError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

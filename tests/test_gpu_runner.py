@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import trace_run
+from conftest import REPO, trace_command, trace_run
 
 pytestmark = [
     pytest.mark.gpu,
@@ -46,3 +48,27 @@ def test_two_ranks_exchange_over_nccl(tmp_path):
     trace = events(run / "rank1.json.gz")
     assert any(e["name"] == "PP:1RECV_F3" for e in trace if e.get("cat") == "user_annotation")
     assert any("nccl" in e["name"].lower() for e in trace if e.get("cat") == "kernel")
+
+
+def test_two_ranks_on_one_gpu_run_as_streams_of_one_process_and_analyse_as_two_ranks(tmp_path):
+    options = "--sched 1f1b --p 2 --m 4 --preset tiny --device cuda --steps 2".split()
+    result = subprocess.run(
+        trace_command(tmp_path, *options),
+        cwd=REPO,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "mode single_gpu" in result.stdout
+    run = (tmp_path / "latest").resolve()
+    config = json.loads((run / "run.json").read_text())
+    assert config["mode"] == "single_gpu" and "green_contexts_in_torch" in config["streams"]
+    assert [path.name for path in run.glob("rank*")] == ["rank0.json.gz"]
+    trace = events(run / "rank0.json.gz")
+    assert len({e["args"]["stream"] for e in trace if e.get("cat") == "kernel"}) >= 2  # a stream per rank
+    assert any(e.get("cat") == "gpu_memcpy" for e in trace)  # the hops
+    pipeline = pytest.importorskip("analysis.pipeline")
+    summary = pipeline.analyze_run(pipeline.read_run(run)).summary
+    assert summary.p == 2 and all(rank.busy_ms > 0 for rank in summary.ranks)

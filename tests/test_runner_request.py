@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from runners.engines import ENGINES
+from runners.launch import torchrun_command
 from runners.presets import PRESETS, microbatch_rows, preset_problem
-from runners.request import RequestError, RunRequest, choose_device, default_p, resolve
+from runners.request import RequestError, RunRequest, choose_device, default_p, mode_line, resolve
+from runners.schedules.single_gpu import PROCESSES, SINGLE_GPU
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,9 +35,8 @@ def gpus(count: int):
         (RunRequest("gpipe", 2, 4, v=2), no_gpus, "v=2"),
         (RunRequest("interleaved", 4, 6, v=2), no_gpus, "multiple of p"),
         (RunRequest("wavefront", 2, 4), no_gpus, "unknown schedule"),
-        (RunRequest("gpipe", 4, 8, device="cuda"), gpus(1), "P=4 ranks need 4 GPUs"),
         (RunRequest("gpipe", 4, 8, device="cuda"), no_gpus, "no GPU"),
-        (RunRequest("gpipe", 4, 8), gpus(2), "P=4 ranks need 4 GPUs"),
+        (RunRequest("gpipe", 4, 8, engine="torch"), gpus(1), "only --engine native"),
         (RunRequest("gpipe", 2, 8, engine="megatron"), no_gpus, "unknown engine"),
         (RunRequest("gpipe", 2, 8, preset="huge"), no_gpus, "unknown preset"),
         (RunRequest("interleaved", 2, 8, v=4, preset="seed", device="cpu"), no_gpus, "v=4 must divide"),
@@ -77,7 +78,35 @@ def test_default_preset_follows_the_device():
 
 def test_multi_node_job_needs_a_gpu_per_local_rank_only():
     resolved = resolve(RunRequest("gpipe", 8, 8), gpus(4), ranks_per_node=4)
-    assert (resolved.device, resolved.backend) == ("cuda", "nccl")
+    assert (resolved.device, resolved.backend, resolved.mode) == ("cuda", "nccl", PROCESSES)
+    with pytest.raises(RequestError, match="4 ranks on this node need 4 GPUs"):
+        resolve(RunRequest("gpipe", 8, 8), gpus(1), ranks_per_node=4)
+
+
+@pytest.mark.parametrize("requested", ["auto", "cuda"])
+@pytest.mark.parametrize("count", [1, 3])
+def test_fewer_gpus_than_ranks_run_the_ranks_as_streams_of_one_gpu(requested, count):
+    resolved = resolve(RunRequest("gpipe", 4, 8, device=requested), gpus(count))
+    assert (resolved.device, resolved.backend, resolved.mode, resolved.preset.name) == (
+        "cuda",
+        "nccl",
+        SINGLE_GPU,
+        "seed",
+    )
+    line = mode_line(resolved)
+    assert "P=4 ranks as CUDA streams of one process on one GPU" in line and "\n" not in line
+
+
+def test_as_many_gpus_as_ranks_run_one_process_per_rank_and_say_nothing_of_it():
+    resolved = resolve(RunRequest("gpipe", 4, 8), gpus(4))
+    assert resolved.mode == PROCESSES and mode_line(resolved) is None
+
+
+def test_a_single_gpu_run_is_one_torchrun_worker_holding_every_rank(tmp_path):
+    command = torchrun_command(resolve(RunRequest("1f1b", 4, 8), gpus(1)), tmp_path)
+    assert "--nproc_per_node=1" in command
+    assert command[command.index("--virtual-ranks") + 1] == "4"
+    assert "--virtual-ranks" not in torchrun_command(resolve(RunRequest("1f1b", 4, 8), gpus(4)), tmp_path)
 
 
 @pytest.mark.parametrize("rows,m", [(512, 1), (512, 8), (512, 32), (64, 7), (10, 10)])
