@@ -8,7 +8,7 @@ V      ?= 1            # chunks per rank (interleaved)
 PRESET ?=              # model size: seed (GPU) | cpu; empty = seed on CUDA, cpu otherwise
 ENGINE ?= native       # native (runners/execute.py) | torch (torch.distributed.pipelining)
 STEPS  ?= 3            # profiled steps per run
-DEVICE ?= auto         # auto (CUDA when >= P GPUs, else CPU) | cpu | cuda
+DEVICE ?= auto         # auto (CUDA when there is a GPU; fewer than P: P streams on one) | cpu | cuda
 ROWS_PER_MB ?=         # fix the rows per microbatch (batch = M x this); empty = the preset's batch
 INJECT ?=              # delays injected on purpose, e.g. host:0:20,slow:1:2 (runners/inject.py)
 MS     ?= 1 2 4 8 16 32  # the m values of `make sweep` and `make predict`
