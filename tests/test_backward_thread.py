@@ -1,6 +1,6 @@
 """On CUDA autograd's engine thread, not the thread that called backward, launches a backward's kernels
-(pytorch/pytorch#144778: record_function does not see them), while the B label waits on the main
-thread. A labelled GPU trace written so is read with each B spanning its kernels."""
+(a record_function around the call does not see them), while the B label waits on the main thread. A
+labelled GPU trace written so is read with each B spanning its kernels."""
 
 from __future__ import annotations
 
