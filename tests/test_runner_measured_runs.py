@@ -136,12 +136,21 @@ def test_a_host_stall_lengthens_every_forward_on_its_rank(plain, injected):
     assert run_json(injected)["calibration"]["0"]["F_ms"] < STALL_MS / 2
 
 
-def test_a_slowed_stage_is_slower_in_its_calibration_too(plain, injected):
-    """slow:1:3 is stage 1's own work: its isolated calibration grows with it (imbalance, not slowdown)."""
-    base, slowed = (run_json(run)["calibration_by_rows"]["1"] for run in (plain, injected))
-    for rows in ("512", "128"):
-        work = [times[rows]["F_ms"] + times[rows]["B_ms"] for times in (base, slowed)]
-        assert work[1] > 1.8 * work[0], (rows, work)
+def test_a_slowed_stage_is_slower_in_its_calibration_too(tmp_path):
+    """slow:1:3 is stage 1's own work: its isolated calibration grows with it (imbalance, not slowdown).
+    On the cpu preset, where a stage's layers outweigh what K does not multiply (the loss, autograd's
+    start, the profiler's cost per pass): on the tiny preset those are most of a 1 ms pass, and stage 1
+    came out 1.5 to 1.7 times stage 0 on a loaded machine. Both stages are timed in the same window, so
+    the machine's speed cancels. Measured at every size: 0.97 to 1.35 without the injection, 2.2 to 3.7
+    with it (with two CPU burners on two cores too); the bound is halfway from 1 to K."""
+    options = f"--sched gpipe --p 2 --m {M} --preset cpu --device cpu --steps 1 --timed-steps 1"
+    run = trace_run(tmp_path, *options.split(), "--inject", f"slow:1:{FACTOR}")
+    work = {
+        stage: {rows: t["F_ms"] + t["B_ms"] for rows, t in by_rows.items()}
+        for stage, by_rows in run_json(run)["calibration_by_rows"].items()
+    }
+    for rows in work["0"]:
+        assert work["1"][rows] > (1 + FACTOR) / 2 * work["0"][rows], (rows, work)
 
 
 def test_the_torch_engine_stalls_inside_its_forwards_and_has_no_run_queue_counter(tmp_path):
