@@ -1,4 +1,4 @@
-"""Fuzz every command (analyze, merge, report) through the CLI with the hostile classes of input: nesting
+"""Fuzz every command (analyze, merge, report, predict) through the CLI with the hostile classes of input: nesting
 past the decoder's recursion limit, numbers past 64 bits and past the limits (in labels, times, ids,
 distributedInfo), control and bidi characters in names and file names, B/E duration pairs (some never
 ended, some never begun), duplicated top-level keys, invalid UTF-8 bytes, multi-member, padded, trailing
@@ -34,7 +34,7 @@ from analysis.errors import printable
 from analysis.merge.perfetto_check import problems
 from runners.schedules import build
 from synthetic.generate import synthesize
-from synthetic.truth import Work, calibration
+from synthetic.truth import ROWS_PER_MICROBATCH, Work, calibration, calibration_by_rows, dims
 
 EXAMPLES = max(10, int(os.environ.get("FUZZ_EXAMPLES", "40")) // 10)
 FUZZ = settings(
@@ -49,6 +49,7 @@ NEST = "__nest_{}__"
 
 def _seed(shape: str) -> tuple[dict[str, dict], dict]:
     schedule = build("1f1b", 2, 2)
+    work = Work({"F": 1000.0, "B": 2000.0})
     made = synthesize(schedule, steps=2, shape=shape, p2p_latency_us=20, launch_gap_us=5, run_id=shape)
     config = {
         "schedule": "1f1b",
@@ -56,7 +57,10 @@ def _seed(shape: str) -> tuple[dict[str, dict], dict]:
         "m": 2,
         "v": 1,
         "device": "cuda" if shape == "gpu" else "cpu",
-        "calibration": calibration(schedule, Work({"F": 1000.0, "B": 2000.0})),
+        "calibration": calibration(schedule, work),
+        "calibration_by_rows": calibration_by_rows(schedule, work),
+        "rows_per_microbatch": ROWS_PER_MICROBATCH,
+        "dims": dims(schedule),
         "complete": True,
     }
     return {f"rank{rank}.json": trace for rank, trace in made.traces.items()}, config
@@ -353,6 +357,25 @@ def test_fuzz_report(tmp_path, tmp_path_factory, seed, edits):
         assert reasons and reasons <= set(INPUT_ERRORS), (reasons, index[-3000:])
 
 
+COUNTS = st.lists(st.integers(1, 64), min_size=1, max_size=4)
+MS = COUNTS | st.lists(st.integers(1, 64) | HUGE.filter(lambda n: n > 0), min_size=1, max_size=4)
+
+
+@FUZZ
+@given(seed=st.sampled_from(SEEDS), edits=st.lists(EDITS, max_size=4), ms=MS)
+def test_fuzz_predict(tmp_path, seed, edits, ms):
+    directory = tmp_path / "run"
+    _mutated(seed, edits).write(directory)
+    code, err = _run("predict", str(directory), "--ms", ",".join(map(str, ms)))
+    _one_line_each(code, err)
+    predicted = directory / "predict.json"
+    if code == 0:
+        found = json.loads(predicted.read_text())
+        assert found and all(math.isfinite(p["step_time_ms"]) and p["step_time_ms"] > 0 for p in found)
+    else:
+        assert not predicted.exists()
+
+
 def test_every_seed_analyses_merges_and_reports(tmp_path):
     for number, seed in enumerate(SEEDS):
         directory = tmp_path / "traces" / f"seed{number}"
@@ -361,5 +384,7 @@ def test_every_seed_analyses_merges_and_reports(tmp_path):
         _closes(directory)
         code, err = _run("merge", str(directory))
         assert code == 0 and "error" not in err and "warning" not in err
+        code, err = _run("predict", str(directory), "--ms", "2,4")
+        assert code == 0 and err == "", err
     code, err = _run("report", "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "reports"))
     assert code == 0 and len(list((tmp_path / "reports" / "runs").glob("seed*.html"))) == 2

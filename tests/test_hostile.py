@@ -143,6 +143,18 @@ def test_a_huge_step_range_is_refused_before_it_is_listed(tmp_path, capsys):
     assert cli(capsys, "merge", str(run), "--steps", "0-99999")[0] == 0  # within it: merged
 
 
+def test_predicting_past_the_microbatch_limit_is_refused_before_any_replay(tmp_path, capsys):
+    """predict replays each m: --ms 1000000000 filled 24 GB before the machine killed it."""
+    run = good_run(tmp_path / "run")
+    code, err = cli(capsys, "predict", str(run), "--ms", "2,1000000000")
+    assert code == 2 and one_error_line(err) == (
+        "error: --ms: m=1,000,000,000 is past the limit of 10,000 microbatches "
+        "(raise it with --max-microbatches)\n"
+    )
+    assert not (run / "predict.json").exists()
+    assert cli(capsys, "predict", str(run), "--ms", "2,100", "--max-microbatches", "100")[0] == 0
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_events_and_run_totals_past_their_limits_are_refused_naming_the_flag(tmp_path, capsys, command):
     run = good_run(tmp_path / "run")

@@ -15,10 +15,11 @@ from pathlib import Path
 import msgspec
 
 from analysis.attribution.predict import Prediction, predict_each
-from analysis.errors import InputError
+from analysis.errors import InputError, LimitExceeded
 from analysis.files import write_atomically
 from analysis.pipeline import analysis_of
 from analysis.schema import Summary
+from analysis.traces import limits
 from analysis.traces.load import PREDICT_FILE, TraceWarning, read_run_config
 from runners.presets import CALIBRATED_MS
 
@@ -46,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def predictions(run_dir: Path, ms: list[int]) -> tuple[Summary, list[Prediction]]:
     """The run's summary and its step predicted at each of `ms`."""
     path = Path(run_dir) / "run.json"
+    if ms[-1] > limits.current().microbatches:  # each m is replayed: m=10**9 would fill the machine
+        raise LimitExceeded("--ms", f"m={ms[-1]:,} is past {limits.current().describe('microbatches')}")
     config = read_run_config(path)
     if config is None:
         raise InputError(path, "predict needs run.json with the runner's calibration")
