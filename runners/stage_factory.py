@@ -9,6 +9,12 @@ module's attribute of that name, (width,) where it has none (a transformer's is 
 Rows are samples: microbatches split them. The last stage's output goes into the seed's loss (the mean
 of its squares), and every stage trains its parameters with the run's SGD.
 
+Why one shape for every boundary: it is the built-in stack's contract ((rows, width) throughout), so the
+native executor sizes its receive buffers and the calibration its output gradients from the stage-0
+microbatch, as they did; and the module, which knows its shape, says it, so the factory keeps one
+argument. A model whose boundaries differ (token ids into an embedding on stage 0, logits out of the
+last) does not fit: that needs a shape per boundary.
+
 Checked before any process starts, and again by each worker (checked_sample_shape): the module
 imports, the factory exists, and on the meta device (no memory, no compute) every stage builds, has
 parameters, and maps a microbatch of its sample_shape to one of the same shape and dtype that
