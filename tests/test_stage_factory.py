@@ -15,14 +15,19 @@ from torch import nn
 
 from analysis.report.run_page import config_html
 from analysis.report.runs import Run
+from runners.engines import single_gpu
+from runners.engines.protocol import RankSetup
 from runners.examples.transformer_block import SEQUENCE, Block
 from runners.execute import StepContext, run_step
 from runners.launch import torchrun_command
 from runners.model import loss_of, split_microbatches, stage_input
 from runners.presets import Preset
 from runners.request import RequestError, Resolved, RunRequest, resolve
+from runners.runqueue import RunQueueMeter
 from runners.schedules import build, lower
+from runners.schedules.single_gpu import SINGLE_GPU
 from runners.stage_factory import ModuleStage, StageInfo, checked_sample_shape, rank_stages
+from runners.stash import StashMeter
 
 EXAMPLE = "runners.examples.transformer_block:stage"
 HERE = "test_stage_factory"  # this module, importable in the test process: its factories below
@@ -169,6 +174,23 @@ def test_one_native_step_of_the_example_equals_full_batch_sgd():
     for s in (0, 1):
         for got, want in zip(stages[s].parameters(), reference[s].parameters()):
             assert not torch.equal(got, want)  # the step moved the weights
+            torch.testing.assert_close(got, want - LR * want.grad)
+
+
+def test_one_single_gpu_step_of_the_example_equals_full_batch_sgd():
+    """P=2 ranks as streams of one process (torch.cpu's stand-ins here): the same step as plain autograd."""
+    run = Resolved(RunRequest("1f1b", 2, 4, model=EXAMPLE), "cpu", "gloo", PRESET, SINGLE_GPU)
+    schedule = lower(build("1f1b", 2, 4))
+    batch = stage_input(PRESET, torch.device("cpu"), checked_sample_shape(run))
+    stages = rank_stages(run, (0, 1), 2, torch.device("cpu"))
+    reference = rank_stages(run, (0, 1), 2, torch.device("cpu"))
+    loss_of(reference[1](reference[0](batch)), 1).backward()
+    optimizer = torch.optim.SGD([p for s in stages.values() for p in s.parameters()], lr=LR)
+    single_gpu.build_step(
+        RankSetup(run, schedule, 0, stages, batch, optimizer, StashMeter(), RunQueueMeter())
+    )()
+    for s in (0, 1):
+        for got, want in zip(stages[s].parameters(), reference[s].parameters()):
             torch.testing.assert_close(got, want - LR * want.grad)
 
 
