@@ -11,6 +11,7 @@ STEPS  ?= 3            # profiled steps per run
 DEVICE ?= auto         # auto (CUDA when there is a GPU; fewer than P: P streams on one) | cpu | cuda
 ROWS_PER_MB ?=         # fix the rows per microbatch (batch = M x this); empty = the preset's batch
 INJECT ?=              # delays injected on purpose, e.g. host:0:20,slow:1:2 (runners/inject.py)
+MODEL  ?=              # your stages: package.module:factory (runners/stage_factory.py); empty = the preset's
 MS     ?= 1 2 4 8 16 32  # the m values of `make sweep` and `make predict`
 RUN    ?= traces/latest
 TRACES ?= traces        # the folder of run directories `make report` reads
@@ -25,7 +26,7 @@ space := $(subst ,, )
 RUN_ARGS = --sched $(strip $(SCHED)) $(if $(strip $(P)),--p $(strip $(P))) --v $(strip $(V)) --engine $(strip $(ENGINE)) \
            --steps $(strip $(STEPS)) --device $(strip $(DEVICE)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET))) \
            $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(strip $(ROWS_PER_MB))) \
-           $(if $(strip $(INJECT)),--inject $(strip $(INJECT)))
+           $(if $(strip $(INJECT)),--inject $(strip $(INJECT))) $(if $(strip $(MODEL)),--model $(strip $(MODEL)))
 
 .PHONY: setup setup-dev trace sweep analyze merge predict hta report bench lint test fuzz browser clean
 .DEFAULT_GOAL := trace

@@ -65,6 +65,15 @@ def _p(args: argparse.Namespace) -> int:
     return p
 
 
+def _check_model(resolved: Resolved) -> None:
+    """--model's stages, built and run on the meta device before any process starts (runners/
+    stage_factory.py); it imports torch, so only a run with --model waits for that."""
+    if resolved.request.model is not None:
+        from runners.stage_factory import checked_sample_shape
+
+        checked_sample_shape(resolved)
+
+
 def _say_mode(resolved: Resolved) -> None:
     """One line where the run is not one process per rank (single_gpu), before it starts."""
     line = mode_line(resolved)
@@ -74,10 +83,12 @@ def _say_mode(resolved: Resolved) -> None:
 
 def trace(args: argparse.Namespace) -> int:
     resolved = resolve(request_from(args, _p(args)), _gpus)
+    _check_model(resolved)
     request = resolved.request
+    model = f" model={request.model}" if request.model else ""
     print(
-        f"running {request.schedule} p={request.p} m={request.m} v={request.v} preset={resolved.preset.name} "
-        f"on {resolved.device} ({resolved.backend}) ...",
+        f"running {request.schedule} p={request.p} m={request.m} v={request.v} preset={resolved.preset.name}"
+        f"{model} on {resolved.device} ({resolved.backend}) ...",
         flush=True,
     )
     _say_mode(resolved)
@@ -101,6 +112,8 @@ def sweep(args: argparse.Namespace) -> int:
     """One run per m; every request is validated before the first run starts."""
     p = _p(args)
     resolved = [resolve(request_from(args, p, m), _gpus) for m in _microbatch_counts(args.ms)]
+    for run in resolved:
+        _check_model(run)
     _say_mode(resolved[0])
     began = time.monotonic()
     for done, run in enumerate(resolved, start=1):

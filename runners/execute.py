@@ -45,8 +45,9 @@ class StepContext:
     rank_of: Callable[[int], int]
     stages: dict[int, Stage]
     links: Links | None  # None when the pipeline has one rank
-    first_inputs: tuple[torch.Tensor, ...]  # stage 0's input, one piece per microbatch
-    width: int
+    # stage 0's input, one piece per microbatch; every activation and gradient between stages has the
+    # shape of its microbatch's piece (a stage's output has its input's shape)
+    first_inputs: tuple[torch.Tensor, ...]
     host_stall_s: float = 0.0  # slept at the start of every F, inside its span (an injected host stall)
 
     @property
@@ -165,8 +166,7 @@ def backward_weight(ctx: StepContext, state: StepState, action: Action) -> None:
 
 
 def _receive(ctx: StepContext, action: Action, src_stage: int, is_gradient: bool) -> torch.Tensor:
-    like = ctx.first_inputs[action.microbatch]  # same rows, dtype and device as the message
-    buffer = torch.empty(like.shape[0], ctx.width, dtype=like.dtype, device=like.device)
+    buffer = torch.empty_like(ctx.first_inputs[action.microbatch])  # the message's shape, dtype, device
     tag = message_tag(src_stage, is_gradient, action.microbatch, ctx.n_stages)
     return ctx.links.recv(buffer, ctx.rank_of(src_stage), tag, is_gradient)
 

@@ -9,7 +9,8 @@
   work, forward and backward, in the steps and in its calibration alike: real compute that scales,
   which the analysis should find as stage imbalance, not as slowdown. K times the layers is also K
   times the host's dispatch between their ops, which on CPU is launch_overhead (+5 to +37 ms at K=4 on
-  the cpu preset), and K times the stage's small-GEMM loss.
+  the cpu preset), and K times the stage's small-GEMM loss. With --model the stage is K of the
+  factory's modules in a row (runners/stage_factory.py).
 
 Checked in the launcher before any process starts (one line per problem) and recorded in run.json as
 `injections`, a list of {"kind": "host", "rank": R, "ms": X} and {"kind": "slow", "stage": S,

@@ -58,6 +58,7 @@ def torchrun_command(resolved: Resolved, run_dir: Path) -> list[str]:
         *(["--rows-per-mb", str(request.rows_per_microbatch)] if request.rows_per_microbatch else []),
         *([] if request.profile_memory else ["--no-profile-memory"]),
         *(["--inject", as_text(request.injections)] if request.injections else []),
+        *(["--model", request.model] if request.model else []),
     ]
 
 

@@ -60,7 +60,7 @@ def microbatch_passes(
     forward, then reset (untimed: the state the executor's backward finds), then backward. m scales the
     last stage's loss as the executor's does; accumulate: the weight gradients exist already."""
     x = rows.detach() if is_first else rows.detach().clone().requires_grad_()
-    output_grad = None if is_last else torch.randn_like(rows)  # a stage maps D -> D
+    output_grad = None if is_last else torch.randn_like(rows)  # a stage keeps its input's shape
     held: list[torch.Tensor] = []
     parameters = list(stage.parameters())
 

@@ -11,6 +11,8 @@ from torch import nn
 
 from runners.presets import Preset, microbatch_rows
 
+STAGE_SEED = 1337  # stage s's weights come from torch.manual_seed(STAGE_SEED + s), whatever rank holds it
+
 
 class Stage(nn.Module):
     """One pipeline stage (a chunk, with interleaving): `layers` x (Linear(D, D, bias=False), GELU)."""
@@ -47,16 +49,19 @@ def build_stages(
     layers = preset.layers_per_rank // v
     stages = {}
     for stage_id in stage_ids:
-        torch.manual_seed(1337 + stage_id)
+        torch.manual_seed(STAGE_SEED + stage_id)
         count = layers * (layer_factors or {}).get(stage_id, 1)
         stages[stage_id] = Stage(preset.width, count).to(device=device, dtype=getattr(torch, preset.dtype))
     return stages
 
 
-def stage_input(preset: Preset, device: torch.device, seed: int = 0) -> torch.Tensor:
-    """The batch that enters stage 0 (fixed per run, so every step does identical work)."""
+def stage_input(
+    preset: Preset, device: torch.device, sample_shape: tuple[int, ...] | None = None, seed: int = 0
+) -> torch.Tensor:
+    """The batch that enters stage 0 (fixed per run, so every step does identical work): preset.rows
+    samples of sample_shape each, (width,) unless a custom model says otherwise (runners/stage_factory.py)."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    batch = torch.randn(preset.rows, preset.width, generator=generator)
+    batch = torch.randn(preset.rows, *(sample_shape or (preset.width,)), generator=generator)
     return batch.to(device=device, dtype=getattr(torch, preset.dtype))
 
 

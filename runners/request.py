@@ -11,6 +11,7 @@ local rank, still needs a GPU per local rank.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -22,6 +23,7 @@ from runners.schedules import V_SHAPED, ScheduleError, build
 from runners.schedules.single_gpu import PROCESSES, SINGLE_GPU
 
 DEVICES = ("auto", "cpu", "cuda")
+ENTRY_POINT = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")  # package.module:factory
 
 
 class RequestError(ValueError):
@@ -44,6 +46,8 @@ class RunRequest:
     rows_per_microbatch: int | None = None
     profile_memory: bool = True  # torch.profiler's allocator events ([memory]) in the traces
     injections: tuple[Injection, ...] = ()  # delays injected on purpose (runners/inject.py)
+    # package.module:factory building each stage (runners/stage_factory.py); None: the preset's Linear+GELU
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -129,10 +133,12 @@ def resolve(
     if request.schedule in V_SHAPED and request.v == 1:
         request = replace(request, v=2)  # a V always holds 2 stages per rank; v=1 is the option's default
     try:
-        n_stages = build(request.schedule, request.p, request.m, request.v).n_stages
+        schedule = build(request.schedule, request.p, request.m, request.v)
     except ScheduleError as error:
         raise RequestError(str(error).splitlines()[0]) from None
-    problem = injection_problem(request.injections, request.p, n_stages)
+    problem = injection_problem(request.injections, request.p, schedule.n_stages) or model_problem(
+        request, schedule.split_backward
+    )
     if problem:
         raise RequestError(problem)
     gpus = 0 if request.device == "cpu" else count_gpus()
@@ -146,10 +152,26 @@ def resolve(
     preset = choose_preset(request.preset, device)
     if request.rows_per_microbatch is not None:
         preset = replace(preset, rows=request.rows_per_microbatch * request.m)
-    problem = preset_problem(preset, request.m, request.v)
+    # a custom model's stages do not split the preset's layers over chunks, so any v suits it
+    problem = preset_problem(preset, request.m, request.v if request.model is None else 1)
     if problem:
         raise RequestError(problem)
     return Resolved(request, device, "nccl" if device == "cuda" else "gloo", preset, mode)
+
+
+def model_problem(request: RunRequest, split_backward: bool) -> str | None:
+    """Why --model cannot run this request (torch-free: the factory itself is checked by
+    runners.stage_factory.checked_sample_shape), or None when it can."""
+    if request.model is None:
+        return None
+    if not ENTRY_POINT.fullmatch(request.model):
+        return f"--model {request.model!r}: write package.module:factory (a function of an importable module)"
+    if split_backward and request.engine == "native":
+        return (
+            f"--model: {request.schedule} splits each backward into I and W, which the native executor does "
+            "from the Linear+GELU stack's own taps only; --engine torch splits any module's backward"
+        )
+    return None
 
 
 def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = True) -> None:
@@ -201,7 +223,13 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
         "--inject",
         default=None,
         help=f"delays injected on purpose ({SYNTAX}): host:R:X sleeps X ms before each forward on rank R, "
-        "slow:S:K gives stage S K times its layers",
+        "slow:S:K gives stage S K times its layers (--model: K of its modules in a row)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="package.module:factory building each stage (default: the preset's Linear+GELU stack); "
+        "e.g. runners.examples.transformer_block:stage",
     )
 
 
@@ -224,4 +252,5 @@ def request_from(args: argparse.Namespace, p: int, m: int | None = None) -> RunR
         args.rows_per_microbatch,
         args.profile_memory,
         injections,
+        args.model,
     )

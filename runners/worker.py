@@ -28,7 +28,7 @@ from runners.engines import ENGINES, single_gpu
 from runners.engines.protocol import RankSetup
 from runners.inject import layer_factors
 from runners.measure import at_rows, calibration, calibration_by_rows, calibration_samples, pooled, timed_step
-from runners.model import build_stages, stage_input
+from runners.model import stage_input
 from runners.p2p import PEER_TIMEOUT
 from runners.presets import calibration_rows, microbatch_rows
 from runners.profile import profile_steps, session
@@ -37,6 +37,7 @@ from runners.rundir import git_revision, host_facts, write_run_json
 from runners.runqueue import RunQueueMeter
 from runners.schedules import Schedule, build, lower
 from runners.schedules.single_gpu import SINGLE_GPU
+from runners.stage_factory import checked_sample_shape, rank_stages
 from runners.stash import StashMeter
 
 PROFILER_WAIT, PROFILER_WARMUP = 1, 1
@@ -73,9 +74,13 @@ def versions(device: torch.device) -> dict:
     }
 
 
-def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, threads: int) -> dict:
+def run_facts(
+    resolved: Resolved, schedule: Schedule, sample_shape: tuple[int, ...], device: torch.device, threads: int
+) -> dict:
     """run.json's description of the run (timings are added by the caller)."""
     request, preset = resolved.request, resolved.preset
+    # the built-in stack's depth; a custom model's stages are its factory's
+    layers = {"layers_per_stage": preset.layers_per_rank // request.v} if request.model is None else {}
     host = host_facts() | ({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {})
     streams = {"streams": single_gpu.stream_facts()} if resolved.mode == SINGLE_GPU else {}
     return {
@@ -86,9 +91,11 @@ def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, thre
         "n_stages": schedule.n_stages,
         "engine": request.engine,
         "preset": preset.name,
+        "model": request.model,
         "dims": {
             "width": preset.width,
-            "layers_per_stage": preset.layers_per_rank // request.v,
+            **layers,
+            "sample_shape": list(sample_shape),
             "rows": preset.rows,
             "microbatch_rows": microbatch_rows(preset.rows, request.m),
         },
@@ -114,7 +121,7 @@ def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, thre
     }
 
 
-def run_rank(resolved: Resolved, run_dir: Path) -> None:
+def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path) -> None:
     """Everything one rank does once the process group is up."""
     request, preset, rank = resolved.request, resolved.preset, dist.get_rank()
     device = (
@@ -125,8 +132,8 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
     schedule = lower(build(request.schedule, request.p, request.m, request.v))
     one_gpu = resolved.mode == SINGLE_GPU
     stage_ids = tuple(range(schedule.n_stages)) if one_gpu else schedule.stages_of(rank)
-    stages = build_stages(preset, stage_ids, request.v, device, layer_factors(request.injections))
-    batch = stage_input(preset, device)
+    stages = rank_stages(resolved, stage_ids, schedule.n_stages, device, layer_factors(request.injections))
+    batch = stage_input(preset, device, sample_shape)
     optimizer = torch.optim.SGD([p for stage in stages.values() for p in stage.parameters()], lr=1e-4)
     meter, run_queue = StashMeter(), RunQueueMeter()
     build_step = single_gpu.build_step if one_gpu else ENGINES[request.engine].step_builder()
@@ -166,7 +173,7 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
     dist.barrier()  # every rank's trace is on disk before run.json says complete
     phases["profiled_steps"] = time.monotonic() - began
     if rank == 0:
-        facts = run_facts(resolved, schedule, device, torch.get_num_threads())
+        facts = run_facts(resolved, schedule, sample_shape, device, torch.get_num_threads())
         samples_ms = pooled(rounds)
         whole_batch = at_rows(samples_ms, preset.rows)
         write_run_json(
@@ -204,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"--virtual-ranks runs P ranks in one process on one GPU; here mode {resolved.mode} "
                     f"with {world} process(es)"
                 )
+        sample_shape = checked_sample_shape(resolved)
     except RequestError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -215,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args.run_dir.mkdir(parents=True, exist_ok=True)
     dist.init_process_group(resolved.backend, timeout=PEER_TIMEOUT, device_id=device_id)
     try:
-        run_rank(resolved, args.run_dir)
+        run_rank(resolved, sample_shape, args.run_dir)
     finally:
         dist.destroy_process_group()
     return 0

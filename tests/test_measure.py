@@ -118,9 +118,7 @@ def test_calibration_does_exactly_the_executors_forward_and_backward(m):
     schedule = lower(build("interleaved", 1, m, 3))
     stages = build_stages(EXEC_PRESET, schedule.stages_of(0), 3, torch.device("cpu"))
     batch = stage_input(EXEC_PRESET, torch.device("cpu"))
-    ctx = StepContext(
-        0, schedule.n_stages, schedule.rank_of, stages, None, split_microbatches(batch, m), EXEC_PRESET.width
-    )
+    ctx = StepContext(0, schedule.n_stages, schedule.rank_of, stages, None, split_microbatches(batch, m))
     optimizer = torch.optim.SGD([p for s in stages.values() for p in s.parameters()], lr=0.1)
     rows = batch.shape[0] // m
     with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as profiler:

@@ -58,7 +58,6 @@ def executed(
         stages,
         links,
         split_microbatches(stage_input(PRESET, torch.device("cpu")), m),
-        PRESET.width,
         host_stall_s,
     )
     optimizer = torch.optim.SGD([p for s in stages.values() for p in s.parameters()], lr=LR)
@@ -194,7 +193,6 @@ def _two_rank_worker(rank: int, store: str, out: str) -> None:
             stages,
             links,
             split_microbatches(stage_input(PRESET, torch.device("cpu")), m),
-            PRESET.width,
         )
         optimizer = torch.optim.SGD([p for s in stages.values() for p in s.parameters()], lr=LR)
         run_step(ctx, schedule.orders[rank], optimizer)

@@ -39,6 +39,7 @@ CONFIG_FIELDS = (
     "m",
     "v",
     "preset",
+    "model",  # --model's entry point; null (not shown) for the preset's Linear+GELU stack
     "dims",
     "dtype",
     "backend",

@@ -24,7 +24,6 @@ def build_step(setup: RankSetup) -> Callable[[], None]:
         setup.stages,
         links,
         split_microbatches(setup.batch, request.m),
-        setup.resolved.preset.width,
         host_stall_ms(request.injections, setup.rank) / 1e3,
     )
     order = setup.schedule.orders[setup.rank]

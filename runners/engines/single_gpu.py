@@ -171,7 +171,6 @@ def build_step(setup: RankSetup) -> Callable[[], None]:
             setup.stages,
             None,
             first_inputs,
-            setup.resolved.preset.width,
             host_stall_ms(request.injections, rank) / 1e3,
         )
         for rank in range(schedule.p)

@@ -1,0 +1,1 @@
+"""Stage factories for `--model` (runners/stage_factory.py), beyond the built-in Linear+GELU stack."""
