@@ -87,8 +87,8 @@ def trace(args: argparse.Namespace) -> int:
     request = resolved.request
     model = f" model={request.model}" if request.model else ""
     print(
-        f"running {request.schedule} p={request.p} m={request.m} v={request.v} preset={resolved.preset.name}"
-        f"{model} on {resolved.device} ({resolved.backend}) ...",
+        f"running {request.schedule} p={request.p}{f' dp={request.dp}' if request.dp > 1 else ''} m={request.m} "
+        f"v={request.v} preset={resolved.preset.name}{model} on {resolved.device} ({resolved.backend}) ...",
         flush=True,
     )
     _say_mode(resolved)
