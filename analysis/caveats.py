@@ -1,7 +1,7 @@
 """What a reader of one run's numbers must know before comparing them: its flags and a note for each.
 
-- `contended`: a CPU run with more rank threads than cores takes turns, and the wait for a core is
-  measured as slower compute and longer bubbles (the cpu_contention figure says how much).
+- `contended`: a CPU run with more rank threads (all its pipelines' ranks) than cores takes turns, and
+  the wait for a core is measured as slower compute and longer bubbles (cpu_contention says how much).
 - `noisy`: its profiled or its unprofiled step times spread, (max - min) / median, beyond
   `Rules.noisy_spread_max`: one step of it says little, and two such runs may differ by that much.
 Runs on GPUs, and traces without run.json, are not judged on what they did not record.
@@ -37,15 +37,16 @@ def noise(profiled_ms: list[float], config: dict) -> Noise:
 def flags(config: dict, found: Noise, rules: Rules) -> tuple[list[str], list[str]]:
     """The run's flags and one note per flag."""
     raised, notes = [], []
-    p, threads, nodes = config.get("p"), config.get("threads_per_rank"), config.get("nodes") or 1
+    ranks = config.get("world_size", config.get("p"))  # P x DP: every pipeline's ranks share the cores
+    threads, nodes = config.get("threads_per_rank"), config.get("nodes") or 1
     cores = (config.get("host") or {}).get("cpu_count")
-    counted = all(isinstance(n, int) for n in (p, threads, cores, nodes))
-    if config.get("device") == "cpu" and counted and p * threads > cores * nodes:
+    counted = all(isinstance(n, int) for n in (ranks, threads, cores, nodes))
+    if config.get("device") == "cpu" and counted and ranks * threads > cores * nodes:
         raised.append("contended")
         notes.append(
-            f"{p} ranks x {threads} thread(s) on {cores * nodes} cores: ranks take turns, so slowdown and the "
-            f"bubble include waiting for a core (cpu_contention); use P <= {cores * nodes} to compare with the "
-            "formula"
+            f"{ranks} ranks x {threads} thread(s) on {cores * nodes} cores: ranks take turns, so slowdown and "
+            f"the bubble include waiting for a core (cpu_contention); use P x DP <= {cores * nodes} to compare "
+            "with the formula"
         )
     spreads = {"profiled": found.profiled_spread, "unprofiled": found.unprofiled_spread}
     wide = {name: s for name, s in spreads.items() if s is not None and s > rules.noisy_spread_max}

@@ -24,6 +24,10 @@ STEADY = Noise(profiled_spread=0.0, unprofiled_spread=None, profiler_cost=None)
         ),
         ({"device": "cpu", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}, "nodes": 2}, None),
         ({"device": "cpu", "p": 2, "threads_per_rank": 1, "host": {"cpu_count": 2}}, None),
+        (  # P=2 x DP=2: the two pipelines' ranks share the cores
+            {"device": "cpu", "p": 2, "world_size": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}},
+            "4 ranks x 1 thread(s) on 2 cores",
+        ),
         ({"device": "cuda", "p": 4, "threads_per_rank": 1, "host": {"cpu_count": 2}}, None),
         ({"device": "cpu", "p": 4}, None),  # someone else's run.json: no facts, no claim
         ({}, None),
