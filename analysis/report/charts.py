@@ -29,6 +29,7 @@ _COLOURS = {
     "slowdown": "#ff9da6",
     "launch_overhead": "#9d755d",
     "p2p_wait": "#b279a2",
+    "dp_sync": "#54a24b",
     "other": "#e0e0e0",
     "residual": "#eeca3b",
     "measured": "#333333",

@@ -55,6 +55,8 @@ PART_MEANINGS = {
     "interference, profiler cost, noise; may be negative; — = no isolated calibration)",
     "bubble": "idle because the producer had not produced yet: schedule geometry plus delays from upstream",
     "p2p_wait": "idle after the peer had already sent: transfer and latency",
+    "dp_sync": "idle in data-parallel collectives (the gradient sync) that compute did not hide; of it, "
+    "dp_skew is the wait for a slower replica",
     "launch_overhead": "device idle while the host had not yet issued the next work (CPU: host time inside "
     "and between actions)",
     "other": "work outside the schedule that the trace shows (the optimizer step, data loading), and the "

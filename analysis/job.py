@@ -1,0 +1,159 @@
+"""A job of one or more pipelines (PP x DP): each pipeline analysed as a run of its own, then joined.
+
+The pipelines come from analysis.pipelines; each one's ranks are renumbered 0..p-1 (their stage order)
+and analysed by analysis.pipeline.analyze_run, with the DP collectives of its ranks and their start
+skews across the DP groups (analysis.timeline.dp_sync), and the results are mapped back to global
+ranks. The job's summary is the slowest pipeline's, with every rank's entry, `dp`, `pipelines` and
+the `straggler` (analysis.schema.Summary). A pipeline's step time is its median step less the time its
+ranks waited for slower replicas (the longest such rank's): the gradient sync makes every pipeline's
+step as long as the slowest's, and this is what tells them apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import msgspec
+import polars as pl
+
+from analysis.errors import InputError
+from analysis.pipeline import RunInput, analyze_run
+from analysis.pipelines import find_pipelines
+from analysis.results import Analysis
+from analysis.schema import PipelineEntry, Rules, Straggler
+from analysis.timeline.clock import ClockEstimate
+from analysis.timeline.dp_sync import collectives, with_skew
+from analysis.traces.memory import Memory
+
+
+def analyze_job(
+    run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
+) -> Analysis:
+    """Every pipeline of the run analysed, joined into one Analysis on global ranks."""
+    pipelines = find_pipelines(len(run.frames), run.run_json, run.groups, {}, run.path)
+    said = 1 if run.run_json is None else run.run_json.get("dp", 1)
+    if run.run_json is not None and len(pipelines) != said:
+        raise InputError(run.path / "run.json", f"says dp={said!r:.20} but lists {len(pipelines)} pipelines")
+    instances = _instances(run, pipelines) if len(pipelines) > 1 else None
+    analyses = [
+        analyze_run(_pipeline_input(run, ranks, instances), schedule, m, rules) for ranks in pipelines
+    ]
+    return _joined(analyses, pipelines)
+
+
+def _instances(run: RunInput, pipelines: list[list[int]]) -> pl.DataFrame:
+    """Every rank's DP collectives with their start skews; stage s's DP group is every pipeline's s-th rank."""
+    found = pl.concat([collectives(run.frames[rank]) for rank in sorted(run.frames)])
+    return with_skew(found, [list(group) for group in zip(*pipelines)])
+
+
+def _local(frame: pl.DataFrame | None, ranks: list[int]) -> pl.DataFrame | None:
+    """The rows of `ranks`, renumbered to their index in it (the pipeline's local rank)."""
+    if frame is None:
+        return None
+    local = {rank: index for index, rank in enumerate(ranks)}
+    renumbered = pl.col("rank").replace_strict(local, return_dtype=pl.Int64)
+    return frame.filter(pl.col("rank").is_in(ranks)).with_columns(renumbered)
+
+
+def _global(frame: pl.DataFrame | None, ranks: list[int]) -> pl.DataFrame | None:
+    if frame is None:
+        return None
+    return frame.with_columns(pl.col("rank").replace_strict(dict(enumerate(ranks)), return_dtype=pl.Int64))
+
+
+def _pipeline_input(run: RunInput, ranks: list[int], instances: pl.DataFrame | None) -> RunInput:
+    memory = run.memory
+    if memory is not None:
+        memory = Memory(_local(memory.stash, ranks), _local(memory.peaks, ranks))
+    return RunInput(
+        run.path,
+        {
+            local: run.frames[rank].with_columns(rank=pl.lit(local, pl.Int64))
+            for local, rank in enumerate(ranks)
+        },
+        {local: run.sources[rank] for local, rank in enumerate(ranks) if rank in run.sources},
+        run.run_json,
+        memory,
+        _local(run.run_queue, ranks),
+        {local: run.groups.get(rank, ()) for local, rank in enumerate(ranks)},
+        _local(instances, ranks),
+    )
+
+
+def _entry(analysis: Analysis, ranks: list[int]) -> PipelineEntry:
+    summary = analysis.summary
+    alone = max(summary.step_time_ms - entry.dp_skew_ms for entry in summary.ranks)
+    return PipelineEntry(ranks=ranks, step_time_ms=alone, bubble_measured=summary.bubble_measured)
+
+
+def _joined(analyses: list[Analysis], pipelines: list[list[int]]) -> Analysis:
+    entries = [_entry(analysis, ranks) for analysis, ranks in zip(analyses, pipelines)]
+    times = [entry.step_time_ms for entry in entries]
+    slowest = times.index(max(times))
+    straggler = None
+    if len(entries) > 1:
+        fastest = min(times)
+        straggler = Straggler(
+            pipeline=slowest, slower_ms=times[slowest] - fastest, slower_fraction=times[slowest] / fastest - 1
+        )
+    rank_entries = sorted(
+        (
+            msgspec.structs.replace(entry, rank=pipeline[entry.rank], pipeline=j)
+            for j, (analysis, pipeline) in enumerate(zip(analyses, pipelines))
+            for entry in analysis.summary.ranks
+        ),
+        key=lambda entry: entry.rank,
+    )
+    chosen = analyses[slowest]
+    summary = msgspec.structs.replace(
+        chosen.summary,
+        ranks=rank_entries,
+        dp=len(pipelines),
+        pipelines=entries,
+        straggler=straggler,
+        clock=_clock([a.summary.clock for a in analyses], pipelines, slowest),
+        inferred_cells=sum(a.summary.inferred_cells for a in analyses),
+    )
+
+    def every(table: str) -> pl.DataFrame:
+        return pl.concat([_global(getattr(a, table), ranks) for a, ranks in zip(analyses, pipelines)])
+
+    memories = [(a.memory, ranks) for a, ranks in zip(analyses, pipelines) if a.memory is not None]
+    memory = None
+    if memories:
+        memory = Memory(
+            pl.concat([_global(m.stash, r) for m, r in memories]),
+            pl.concat([_global(m.peaks, r) for m, r in memories]),
+        )
+    return replace(
+        chosen,
+        summary=summary,
+        cells=every("cells").sort("rank", "start_ns"),
+        gaps=every("gaps").sort("rank", "start_ns"),
+        parts=every("parts").sort("step", "rank"),
+        ideal=every("ideal"),
+        memory=memory,
+    )
+
+
+def _clock(
+    clocks: list[ClockEstimate | None], pipelines: list[list[int]], slowest: int
+) -> ClockEstimate | None:
+    """Each pipeline's offsets on global ranks (each pipeline's own reference: across pipelines the
+    ranks are taken to share a clock); None when no pipeline needed any."""
+    if all(clock is None for clock in clocks):
+        return None
+    known = [(clock, ranks) for clock, ranks in zip(clocks, pipelines) if clock is not None]
+    reference = clocks[slowest] or known[0][0]
+    reference_ranks = pipelines[slowest] if clocks[slowest] is not None else known[0][1]
+    return replace(
+        reference,
+        reference_rank=reference_ranks[reference.reference_rank],
+        ranks=tuple(replace(r, rank=ranks[r.rank]) for clock, ranks in known for r in clock.ranks),
+        transfers=sum(clock.transfers for clock, _ in known),
+        collectives=sum(clock.collectives for clock, _ in known),
+        inconsistent_pairs=tuple(
+            (ranks[a], ranks[b]) for clock, ranks in known for a, b in clock.inconsistent_pairs
+        ),
+    )
