@@ -1,0 +1,93 @@
+"""PP x DP: a synthetic job with a known slow pipeline and a known exposed gradient sync, recovered exactly
+(synthetic.data_parallel): which pipeline is slower and by how much, dp_sync and its dp_skew per rank, and
+every part of every rank; with run.json and from the traces' process groups alone."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from analysis.job import analyze_job
+from analysis.pipeline import read_run
+from analysis.schema import RANK_PARTS
+from analysis.timeline.dp_sync import cut
+from runners.schedules import build
+from synthetic.data_parallel import write_job
+from synthetic.generate import write_run
+
+SLOW, FACTOR, SYNC_US = 1, 1.5, 300
+
+
+def job(directory, shape: str, run_json: bool = True):
+    written = write_job(
+        directory,
+        build("1f1b", 2, 4),
+        2,
+        run_json=run_json,
+        slow_pipeline=SLOW,
+        slow_factor=FACTOR,
+        sync_us=SYNC_US,
+        shape=shape,
+        durations_us={"F": 1000, "B": 2000},
+        p2p_latency_us=50,
+        launch_gap_us=10,
+    )
+    return written, analyze_job(read_run(directory)).summary
+
+
+def alone_ms(truth, ranks) -> float:
+    """A pipeline's step less its ranks' wait for the slower replica (the longest such rank's), in truth."""
+    return max(truth[r].step_ns - truth[r].dp_skew_ns for r in ranks) / 1e6
+
+
+@pytest.mark.parametrize("shape", ["cpu", "gpu"])
+def test_the_slow_pipeline_and_the_exposed_sync_are_recovered(tmp_path, shape):
+    written, summary = job(tmp_path, shape)
+    assert summary.dp == 2 and [p.ranks for p in summary.pipelines] == written.pipelines == [[0, 2], [1, 3]]
+    fast = alone_ms(written.truth, written.pipelines[0])
+    slow = alone_ms(written.truth, written.pipelines[SLOW])
+    assert summary.straggler.pipeline == SLOW
+    assert summary.straggler.slower_ms == pytest.approx(slow - fast, abs=1e-6)
+    assert [p.step_time_ms for p in summary.pipelines] == pytest.approx([fast, slow], abs=1e-6)
+    assert summary.step_time_ms == pytest.approx(written.truth[0].step_ns / 1e6, abs=1e-6)
+    for entry in summary.ranks:
+        truth = written.truth[entry.rank]
+        assert entry.pipeline == entry.rank % 2
+        assert entry.dp_sync_ms == pytest.approx(truth.dp_sync_ns / 1e6, abs=1e-6)
+        assert entry.dp_skew_ms == pytest.approx(truth.dp_skew_ns / 1e6, abs=1e-6)
+        assert (entry.dp_skew_ms > 0) == (entry.pipeline != SLOW)
+        for part, ns in truth.parts_ns().items():
+            assert entry.part_ms(part) == pytest.approx(ns / 1e6, abs=1e-6), (entry.rank, part)
+        assert sum(entry.part_ms(part) for part in RANK_PARTS) == pytest.approx(
+            summary.step_time_ms, abs=1e-9
+        )
+
+
+def test_the_pipelines_are_found_from_the_traces_alone(tmp_path):
+    written, summary = job(tmp_path, "cpu", run_json=False)
+    assert [p.ranks for p in summary.pipelines] == written.pipelines
+    assert summary.straggler.pipeline == SLOW
+    for entry in summary.ranks:
+        assert entry.dp_sync_ms == pytest.approx(written.truth[entry.rank].dp_sync_ns / 1e6, abs=1e-6)
+        assert entry.dp_skew_ms == pytest.approx(written.truth[entry.rank].dp_skew_ns / 1e6, abs=1e-6)
+
+
+def test_one_pipeline_has_no_dp_sync(tmp_path):
+    write_run(tmp_path, build("1f1b", 2, 4))
+    one = analyze_job(read_run(tmp_path)).summary
+    assert one.dp == 1 and one.straggler is None and [p.ranks for p in one.pipelines] == [[0, 1]]
+    assert all(entry.dp_sync_ms == 0 and entry.dp_skew_ms == 0 for entry in one.ranks)
+
+
+def test_gaps_are_cut_at_the_union_of_the_intervals():
+    gaps = pl.DataFrame(
+        {"rank": [0, 0], "step": [0, 0], "start_ns": [0, 100], "end_ns": [50, 200], "class": ["a", "b"]}
+    )
+    intervals = pl.DataFrame({"rank": [0, 0, 1], "start_ns": [40, 120, 0], "end_ns": [130, 150, 500]})
+    pieces = cut(gaps, intervals)
+    assert pieces.select("start_ns", "end_ns", "class", "inside").rows() == [
+        (0, 40, "a", False),
+        (40, 50, "a", True),
+        (100, 150, "b", True),
+        (150, 200, "b", False),
+    ]
