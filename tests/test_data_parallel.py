@@ -4,9 +4,13 @@ every part of every rank; with run.json and from the traces' process groups alon
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import polars as pl
 import pytest
 
+from analysis.cli import main
 from analysis.job import analyze_job
 from analysis.pipeline import read_run
 from analysis.schema import RANK_PARTS
@@ -91,3 +95,23 @@ def test_gaps_are_cut_at_the_union_of_the_intervals():
         (100, 150, "b", True),
         (150, 200, "b", False),
     ]
+
+
+def test_the_merged_trace_shows_ranks_by_pipeline_then_stage_and_arrows_within_pipelines(tmp_path):
+    job(tmp_path, "cpu")
+    assert main(["merge", str(tmp_path)]) == 0
+    events = json.loads(gzip.decompress((tmp_path / "merged.json.gz").read_bytes()))["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    index = {e["pid"]: e["args"]["sort_index"] for e in events if e.get("name") == "process_sort_index"}
+    order = sorted(names, key=index.get)
+    assert [names[pid] for pid in order] == [
+        "pipeline 0 · rank 0 · stage 0",
+        "pipeline 0 · rank 2 · stage 1",
+        "pipeline 1 · rank 1 · stage 0",
+        "pipeline 1 · rank 3 · stage 1",
+    ]
+    ends = {}
+    for event in events:
+        if event.get("ph") in ("s", "f"):
+            ends.setdefault(event["id"], set()).add(event["pid"] % 2)  # rank % 2 is the pipeline
+    assert ends and all(len(pipelines) == 1 for pipelines in ends.values())
