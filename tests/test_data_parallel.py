@@ -12,7 +12,8 @@ import pytest
 
 from analysis.cli import main
 from analysis.job import analyze_job
-from analysis.pipeline import read_run
+from analysis.pipeline import analyze_dir, read_run
+from analysis.report import build_report
 from analysis.schema import RANK_PARTS
 from analysis.timeline.dp_sync import cut
 from runners.schedules import build
@@ -115,3 +116,17 @@ def test_the_merged_trace_shows_ranks_by_pipeline_then_stage_and_arrows_within_p
         if event.get("ph") in ("s", "f"):
             ends.setdefault(event["id"], set()).add(event["pid"] % 2)  # rank % 2 is the pipeline
     assert ends and all(len(pipelines) == 1 for pipelines in ends.values())
+
+
+def test_the_report_shows_the_job_and_each_pipeline(tmp_path):
+    job(tmp_path / "traces" / "job", "gpu")
+    analyze_dir(tmp_path / "traces" / "job")
+    index = build_report(tmp_path / "traces", tmp_path / "reports").read_text()
+    assert (
+        index.index("runs/job.html")
+        < index.index("pipeline 0: ranks 0, 2")
+        < index.index("pipeline 1: ranks 1, 3 (straggler)")
+    )
+    charts = (tmp_path / "reports" / "runs" / "job.charts.js").read_text()
+    first, second = charts.index("measured, pipeline 0 (ranks 0, 2)"), charts.index("measured, pipeline 1")
+    assert first < second < charts.index("ideal timeline, pipeline 1")

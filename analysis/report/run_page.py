@@ -181,10 +181,31 @@ def timeline_figure(run: Run) -> Figure:
         f"stream rather than read from PP: labels. {IDEAL_CAPTION} Hover a cell for its action, microbatch and "
         f"duration.{binned}"
     )
-    ideal = coarsen(ideal_frame(analysis.ideal, origin))
-    return Figure(
-        "timeline", charts.timelines(shown_measured, ideal, ranks, "ideal timeline"), caption, "canvas"
+    ideal = ideal_frame(analysis.ideal, origin)
+    summary = run.summary
+    if summary.dp == 1:
+        return Figure(
+            "timeline",
+            charts.timelines([("measured", shown_measured)], coarsen(ideal), ranks, "ideal timeline"),
+            caption,
+            "canvas",
+        )
+    slowest = summary.pipelines[summary.straggler.pipeline].ranks
+    per_pipeline = [
+        (
+            f"measured, pipeline {j} (ranks {', '.join(map(str, line.ranks))})",
+            pl.col("rank").is_in(line.ranks),
+        )
+        for j, line in enumerate(summary.pipelines)
+    ]
+    measured_plots = [(title, coarsen(measured.filter(inside))) for title, inside in per_pipeline]
+    ideal = coarsen(ideal.filter(pl.col("rank").is_in(slowest)))
+    caption += (
+        f" The job's {len(per_pipeline)} pipelines are drawn one above another on one time axis (the ranks "
+        "taken to share a clock); the ideal timeline is the slowest pipeline's."
     )
+    title = f"ideal timeline, pipeline {summary.straggler.pipeline}"
+    return Figure("timeline", charts.timelines(measured_plots, ideal, len(slowest), title), caption, "canvas")
 
 
 def waterfall_figure(summary: Summary) -> Figure:
