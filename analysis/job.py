@@ -3,10 +3,11 @@
 The pipelines come from analysis.pipelines; each one's ranks are renumbered 0..p-1 (their stage order)
 and analysed by analysis.pipeline.analyze_run, with the DP collectives of its ranks and their start
 skews across the DP groups (analysis.timeline.dp_sync), and the results are mapped back to global
-ranks. The job's summary is the slowest pipeline's, with every rank's entry, `dp`, `pipelines` and
-the `straggler` (analysis.schema.Summary). A pipeline's step time is its median step less the time its
-ranks waited for slower replicas (the longest such rank's): the gradient sync makes every pipeline's
-step as long as the slowest's, and this is what tells them apart.
+ranks. The job's summary is the slowest pipeline's, with every rank's entry (each of its pipeline's
+median step, closing on that pipeline's step_time_ms), `dp`, `pipelines` and the `straggler`
+(analysis.schema.Summary). The slowest is the one whose step alone (its step less the time its ranks
+waited for slower replicas, the longest such rank's) is longest: the gradient sync makes every
+pipeline's step as long as the slowest's, and this is what tells them apart.
 """
 
 from __future__ import annotations
@@ -84,12 +85,18 @@ def _pipeline_input(run: RunInput, ranks: list[int], instances: pl.DataFrame | N
 def _entry(analysis: Analysis, ranks: list[int]) -> PipelineEntry:
     summary = analysis.summary
     alone = max(summary.step_time_ms - entry.dp_skew_ms for entry in summary.ranks)
-    return PipelineEntry(ranks=ranks, step_time_ms=alone, bubble_measured=summary.bubble_measured)
+    return PipelineEntry(
+        ranks=ranks,
+        median_step=summary.median_step,
+        step_time_ms=summary.step_time_ms,
+        step_time_alone_ms=alone,
+        bubble_measured=summary.bubble_measured,
+    )
 
 
 def _joined(analyses: list[Analysis], pipelines: list[list[int]]) -> Analysis:
     entries = [_entry(analysis, ranks) for analysis, ranks in zip(analyses, pipelines)]
-    times = [entry.step_time_ms for entry in entries]
+    times = [entry.step_time_alone_ms for entry in entries]
     slowest = times.index(max(times))
     straggler = None
     if len(entries) > 1:

@@ -139,9 +139,11 @@ class PipelineEntry(msgspec.Struct, kw_only=True):
     """One pipeline of the job: its ranks and its own figures (analysis.job)."""
 
     ranks: list[int]  # global ranks, in stage order
-    # its median step less the time its ranks waited for slower replicas (the longest such rank's): the
-    # step it would take alone, which tells the straggler where the sync makes every step equal
-    step_time_ms: float
+    median_step: int  # its step of median length: its ranks' entries are that step's
+    step_time_ms: float  # that step's time: its ranks' parts sum to it
+    # its step less the time its ranks waited for slower replicas (the longest such rank's): the step it
+    # would take alone, which tells the straggler where the gradient sync makes every step as long
+    step_time_alone_ms: float
     bubble_measured: float
 
 
@@ -149,8 +151,8 @@ class Straggler(msgspec.Struct, kw_only=True):
     """The spread between pipelines: the slowest against the fastest."""
 
     pipeline: int  # index into Summary.pipelines
-    slower_ms: float  # its step_time_ms less the fastest's
-    slower_fraction: float  # slower_ms / the fastest's step_time_ms
+    slower_ms: float  # its step_time_alone_ms less the fastest's
+    slower_fraction: float  # slower_ms / the fastest's step_time_alone_ms
 
 
 class Summary(msgspec.Struct, kw_only=True):

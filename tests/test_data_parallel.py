@@ -53,7 +53,8 @@ def test_the_slow_pipeline_and_the_exposed_sync_are_recovered(tmp_path, shape):
     slow = alone_ms(written.truth, written.pipelines[SLOW])
     assert summary.straggler.pipeline == SLOW
     assert summary.straggler.slower_ms == pytest.approx(slow - fast, abs=1e-6)
-    assert [p.step_time_ms for p in summary.pipelines] == pytest.approx([fast, slow], abs=1e-6)
+    assert [p.step_time_alone_ms for p in summary.pipelines] == pytest.approx([fast, slow], abs=1e-6)
+    assert [p.step_time_ms for p in summary.pipelines] == pytest.approx([summary.step_time_ms] * 2, abs=1e-9)
     assert summary.step_time_ms == pytest.approx(written.truth[0].step_ns / 1e6, abs=1e-6)
     for entry in summary.ranks:
         truth = written.truth[entry.rank]
@@ -124,8 +125,9 @@ def test_the_report_shows_the_job_and_each_pipeline(tmp_path):
     index = build_report(tmp_path / "traces", tmp_path / "reports").read_text()
     assert (
         index.index("runs/job.html")
-        < index.index("pipeline 0: ranks 0, 2")
-        < index.index("pipeline 1: ranks 1, 3 (straggler)")
+        < index.index("pipeline 0: ranks 0, 2, alone")
+        < index.index("pipeline 1: ranks 1, 3, alone")
+        < index.index("(straggler, +")
     )
     charts = (tmp_path / "reports" / "runs" / "job.charts.js").read_text()
     first, second = charts.index("measured, pipeline 0 (ranks 0, 2)"), charts.index("measured, pipeline 1")

@@ -23,8 +23,8 @@ RUN_COLUMNS = [
     Column("v", "chunks (stages) per rank"),
     Column(
         "step, profiled (ms)",
-        "measured step time: median over the analysed profiled steps (a job's: its slowest pipeline's; a "
-        "pipeline's row: its step less its ranks' wait for slower replicas)",
+        "measured step time: median over the analysed profiled steps (a job of several pipelines: its "
+        "slowest pipeline's, the one whose step alone, less its ranks' wait for slower replicas, is longest)",
         show=number(3),
     ),
     Column(
@@ -102,12 +102,15 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
 
 
 def _pipeline_rows(s: Summary) -> list[list]:
-    """Below a job's row (the slowest pipeline's figures), one row per pipeline: its step alone (less its
-    wait for slower replicas) and its busy-time bubble."""
+    """Below a job's row (the slowest pipeline's figures), one row per pipeline: its step, its step alone
+    (less its ranks' wait for slower replicas) and its busy-time bubble."""
     rows = []
     for j, line in enumerate(s.pipelines):
         late = s.straggler is not None and s.straggler.pipeline == j
-        name = f"· pipeline {j}: ranks {', '.join(map(str, line.ranks))}{' (straggler)' if late else ''}"
+        name = (
+            f"· pipeline {j}: ranks {', '.join(map(str, line.ranks))}, alone {line.step_time_alone_ms:.3f} ms"
+            f"{f' (straggler, +{s.straggler.slower_ms:.3f} ms)' if late else ''}"
+        )
         rows.append(
             [Markup(html.escape(name)), *[None] * 3, _text(s.p), None, None, line.step_time_ms, None]
             + [line.bubble_measured, None, None, None]
