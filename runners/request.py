@@ -7,7 +7,7 @@ so) and NCCL cannot put two ranks on one GPU: the P ranks run as streams of one 
 instead (mode single_gpu, runners.engines.single_gpu). A worker of a multi-node job, one process per
 local rank, still needs a GPU per local rank. With DP > 1 pipelines (runners/mesh.py) the run has
 P x DP ranks: on CUDA each needs its own GPU, since the single-GPU mode holds one pipeline; on CPU more
-ranks than cores run anyway (the analysis flags the contention).
+ranks than cores run anyway (they take turns for a core, as P > cores does).
 """
 
 from __future__ import annotations
