@@ -4,6 +4,8 @@
 SCHED  ?= gpipe        # gpipe | 1f1b | interleaved | zb   (ENGINE=torch adds zbv, dualpipev)
 M      ?= 8            # microbatches per step
 P      ?=              # pipeline ranks, one process each; empty = 4 on CUDA, min(4, usable cores) on CPU
+DP     ?= 1            # pipelines (data-parallel replicas): P x DP ranks in all
+DP_OVERLAP ?= 0        # 1: all-reduce each gradient bucket during the last backward (DDP's way); 0: after it
 V      ?= 1            # chunks per rank (interleaved)
 PRESET ?=              # model size: seed (GPU) | cpu; empty = seed on CUDA, cpu otherwise
 ENGINE ?= native       # native (runners/execute.py) | torch (torch.distributed.pipelining)
@@ -25,7 +27,8 @@ space := $(subst ,, )
 RUN_ARGS = --sched $(strip $(SCHED)) $(if $(strip $(P)),--p $(strip $(P))) --v $(strip $(V)) --engine $(strip $(ENGINE)) \
            --steps $(strip $(STEPS)) --device $(strip $(DEVICE)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET))) \
            $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(strip $(ROWS_PER_MB))) \
-           $(if $(strip $(INJECT)),--inject $(strip $(INJECT)))
+           $(if $(strip $(INJECT)),--inject $(strip $(INJECT))) --dp $(strip $(DP)) \
+           $(if $(filter 1,$(strip $(DP_OVERLAP))),--dp-overlap)
 
 .PHONY: setup setup-dev trace sweep analyze merge predict hta report bench lint test fuzz browser clean
 .DEFAULT_GOAL := trace

@@ -76,7 +76,8 @@ def trace(args: argparse.Namespace) -> int:
     resolved = resolve(request_from(args, _p(args)), _gpus)
     request = resolved.request
     print(
-        f"running {request.schedule} p={request.p} m={request.m} v={request.v} preset={resolved.preset.name} "
+        f"running {request.schedule} p={request.p}{f' dp={request.dp}' if request.dp > 1 else ''} m={request.m} "
+        f"v={request.v} preset={resolved.preset.name} "
         f"on {resolved.device} ({resolved.backend}) ...",
         flush=True,
     )

@@ -12,8 +12,9 @@ same rank a tensor goes straight into inputs (output_grads) instead of to_send.
 
 An F's and a B's compute are forward_work and backward_work, which the calibration (runners/measure.py)
 times too, so both do the same work: the loss inside the last stage's F, no input gradient for stage 0.
-After the last action the step waits for its sends in a WAIT_SENDS span, then takes the optimizer step
-in its own span. A run-queue meter (runners/runqueue.py) is sampled at the start and end of every
+After the last action the step waits for its sends in a WAIT_SENDS span, averages the gradients over
+the DP group where there are several pipelines (runners/grad_sync.py), then takes the optimizer step in
+its own span. A run-queue meter (runners/runqueue.py) is sampled at the start and end of every
 action, inside its span; an injected host stall (runners/inject.py) sleeps at the start of every F.
 """
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import record_function
 
+from runners.grad_sync import GradSync, during_step
 from runners.model import Stage, loss_of
 from runners.p2p import Links, PendingSend, message_tag
 from runners.runqueue import RunQueueMeter
@@ -48,6 +50,7 @@ class StepContext:
     first_inputs: tuple[torch.Tensor, ...]  # stage 0's input, one piece per microbatch
     width: int
     host_stall_s: float = 0.0  # slept at the start of every F, inside its span (an injected host stall)
+    grad_sync: GradSync | None = None  # DP > 1: the gradients' all-reduce over the replicas of these stages
 
     @property
     def m(self) -> int:
@@ -162,6 +165,8 @@ def backward_weight(ctx: StepContext, state: StepState, action: Action) -> None:
     for linear, layer_input, grad in state.weight_work.pop((action.stage, action.microbatch)):
         weight_grad = grad.flatten(0, -2).T @ layer_input.flatten(0, -2)
         linear.weight.grad = weight_grad if linear.weight.grad is None else linear.weight.grad + weight_grad
+        if ctx.grad_sync is not None:  # written outside autograd: no hook saw it
+            ctx.grad_sync.accumulated(linear.weight)
 
 
 def _receive(ctx: StepContext, action: Action, src_stage: int, is_gradient: bool) -> torch.Tensor:
@@ -226,18 +231,19 @@ def run_step(
     """Execute one rank's order for one step, complete its sends, then take the SGD step."""
     state = StepState()
     sample_run_queue = run_queue.sample if run_queue is not None and run_queue.available else None
-    for action in order:
-        with record_function(label(action)):
-            if sample_run_queue:
-                sample_run_queue()
-            HANDLERS[action.kind](ctx, state, action)
-            if meter is not None and action.kind in STASHING:
-                meter.sample({"forwards": state.forwards, "weight_work": state.weight_work})
-            if sample_run_queue:
-                sample_run_queue()
-    with record_function(WAIT_SENDS):  # outside the optimizer's span: the sends belong to the schedule
-        for send in state.pending:
-            send.wait()
+    with during_step(ctx.grad_sync):
+        for action in order:
+            with record_function(label(action)):
+                if sample_run_queue:
+                    sample_run_queue()
+                HANDLERS[action.kind](ctx, state, action)
+                if meter is not None and action.kind in STASHING:
+                    meter.sample({"forwards": state.forwards, "weight_work": state.weight_work})
+                if sample_run_queue:
+                    sample_run_queue()
+        with record_function(WAIT_SENDS):  # outside the optimizer's span: the sends belong to the schedule
+            for send in state.pending:
+                send.wait()
     with record_function(OPTIMIZER_STEP):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -4,7 +4,8 @@
 
 - `host:R:X`: rank R sleeps X ms before each forward, inside the F's span before its ops: a host stall
   that the isolated calibration does not see: the analysis should find it as launch_overhead on rank
-  R (host time inside an action is not work), about m x X a step.
+  R (host time inside an action is not work), about m x X a step. R is the global rank: with DP > 1
+  it slows one pipeline's rank alone (runners/mesh.py).
 - `slow:S:K`: stage S holds K times its layers (K a whole number >= 1), so it does K times the matrix
   work, forward and backward, in the steps and in its calibration alike: real compute that scales,
   which the analysis should find as stage imbalance, not as slowdown. K times the layers is also K
@@ -82,12 +83,15 @@ def parse_injections(text: str | None) -> tuple[Injection, ...]:
     return found
 
 
-def injection_problem(injections: tuple[Injection, ...], p: int, n_stages: int) -> str | None:
-    """Why these injections do not fit a run of p ranks and n_stages stages, or None when they do."""
+def injection_problem(injections: tuple[Injection, ...], p: int, n_stages: int, dp: int = 1) -> str | None:
+    """Why these injections do not fit a run of dp pipelines of p ranks and n_stages stages, or None when
+    they do. A host stall names a global rank (runners/mesh.py), so it can slow one pipeline alone."""
+    world, shape = p * dp, f"p={p}" + (f" x DP={dp}" if dp > 1 else "")
     for injection in injections:
-        if injection.kind == "host" and injection.target >= p:
+        if injection.kind == "host" and injection.target >= world:
             return (
-                f"injection {injection}: rank {injection.target} does not exist with p={p} (ranks 0..{p - 1})"
+                f"injection {injection}: rank {injection.target} does not exist with {shape} "
+                f"(ranks 0..{world - 1})"
             )
         if injection.kind == "slow" and injection.target >= n_stages:
             return (

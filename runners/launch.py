@@ -33,7 +33,7 @@ def torchrun_command(resolved: Resolved, run_dir: Path) -> list[str]:
         "-m",
         "torch.distributed.run",
         "--standalone",
-        f"--nproc_per_node={1 if one_process else request.p}",
+        f"--nproc_per_node={1 if one_process else request.p * request.dp}",
         "-m",
         "runners.worker",
         "--run-dir",
@@ -58,6 +58,8 @@ def torchrun_command(resolved: Resolved, run_dir: Path) -> list[str]:
         *(["--rows-per-mb", str(request.rows_per_microbatch)] if request.rows_per_microbatch else []),
         *([] if request.profile_memory else ["--no-profile-memory"]),
         *(["--inject", as_text(request.injections)] if request.injections else []),
+        *(["--dp", str(request.dp)] if request.dp > 1 else []),
+        *(["--dp-overlap"] if request.dp_overlap else []),
     ]
 
 
@@ -77,7 +79,9 @@ def _wait(process: subprocess.Popen) -> int:
 def launch(resolved: Resolved, traces: Path) -> Path:
     """Run the request; return the complete run directory, now also traces/latest."""
     request = resolved.request
-    run_dir = create_run_dir(traces.resolve(), run_id(request.schedule, request.p, request.m, request.v))
+    run_dir = create_run_dir(
+        traces.resolve(), run_id(request.schedule, request.p, request.m, request.v, request.dp)
+    )
     log = run_dir / "torchrun.log"
     with log.open("w") as output:
         process = subprocess.Popen(torchrun_command(resolved, run_dir), stdout=output, stderr=output)

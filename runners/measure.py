@@ -17,7 +17,8 @@ pays the profiler's per-op cost as the profiled cells do. It is sampled between 
 before the profiled ones, so it sees the machine as the steps did: where its speed drifts (a shared VM),
 a calibration taken in one burst before the first step or after the profiled ones times a different
 machine from the one the steps ran on, and the whole-batch cells of an m=1 run, which should match it,
-do not.
+do not. With DP > 1 pipelines only the first pipeline's ranks calibrate (its replicas hold the same
+stages), so run.json's calibration stays one entry per stage and costs what one pipeline's does.
 """
 
 from __future__ import annotations
@@ -113,12 +114,14 @@ def calibration_samples(
     repeats: int = 1,
     warmup: bool = True,
     session: Session | None = None,
+    ranks: tuple[int, ...] | None = None,
 ) -> RowSamples:
     """Every stage's F and B samples at every microbatch size (default: the whole batch only), measured
-    rank after rank, each rank's turn inside `session`, gathered on every rank."""
+    rank after rank (`ranks`, global; default every rank), each rank's turn inside `session`, gathered
+    on every rank (collective: every rank calls it)."""
     row_counts = row_counts or (batch.shape[0],)
     mine: RowSamples = {}
-    for rank in range(dist.get_world_size()):
+    for rank in range(dist.get_world_size()) if ranks is None else ranks:
         if rank == dist.get_rank():
             with (session or contextlib.nullcontext)():
                 mine = {

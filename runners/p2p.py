@@ -5,7 +5,8 @@ all p2p ops between two ranks of one group on one stream, so a send queued befor
 would wait forever for a peer whose matching recv sits behind its own send (large messages do not fit
 NCCL's buffers). With one channel per direction and message kind, each stream carries messages in one
 direction in the order both sides execute them, so no batching is needed to avoid that deadlock.
-Gloo matches by tag, so every message also carries a tag naming it.
+Gloo matches by tag, so every message also carries a tag naming it. With several pipelines (DP > 1,
+runners/mesh.py) each pipeline has its own four groups, under the same names.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from runners.mesh import Mesh
 
 # A peer that died or hung fails the run within minutes instead of gloo's default 30 (a step takes seconds).
 PEER_TIMEOUT = timedelta(minutes=5)
@@ -33,32 +36,38 @@ class PendingSend:
 
 @dataclass(frozen=True)
 class Links:
-    """This rank's p2p channels: groups[(is_gradient, to_higher_rank)]."""
+    """This rank's p2p channels within its pipeline: groups[(is_gradient, to_higher_rank)]. Peers are
+    named by stage rank (their place in the pipeline); ranks maps them to global ranks."""
 
     groups: dict[tuple[bool, bool], dist.ProcessGroup]
+    ranks: tuple[int, ...]  # the pipeline's global ranks, in stage order
+    stage_rank: int  # this rank's place in it
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int, is_gradient: bool) -> PendingSend:
-        group = self.groups[(is_gradient, dst > dist.get_rank())]
-        return PendingSend(dist.isend(tensor, dst=dst, group=group, tag=tag), tensor)
+        group = self.groups[(is_gradient, dst > self.stage_rank)]
+        return PendingSend(dist.isend(tensor, dst=self.ranks[dst], group=group, tag=tag), tensor)
 
     def recv(self, buffer: torch.Tensor, src: int, tag: int, is_gradient: bool) -> torch.Tensor:
         """Receive into buffer and block until it has arrived (the wait is the caller's RECV span)."""
-        group = self.groups[(is_gradient, dist.get_rank() > src)]
-        dist.irecv(buffer, src=src, group=group, tag=tag).wait()
+        group = self.groups[(is_gradient, self.stage_rank > src)]
+        dist.irecv(buffer, src=self.ranks[src], group=group, tag=tag).wait()
         return buffer
 
 
-def open_links(backend: str, timeout: timedelta) -> Links:
-    """Create the four channel groups; every rank must call this at the same point (collective)."""
-    world = list(range(dist.get_world_size()))
+def open_links(backend: str, timeout: timedelta, mesh: Mesh | None = None) -> Links:
+    """Create every pipeline's four channel groups and keep this rank's; every rank must call this at
+    the same point (collective: each rank creates every group, in the same order). mesh: the world's
+    layout (default: one pipeline of every rank)."""
+    mesh = mesh or Mesh(dist.get_world_size())
+    stage_rank, replica = mesh.coordinates(dist.get_rank())
     groups = {}
     for is_gradient in (False, True):
         for upward in (True, False):
             name = f"pp_{'gradient' if is_gradient else 'activation'}_{'up' if upward else 'down'}"
-            groups[(is_gradient, upward)] = dist.new_group(
-                world, timeout=timeout, backend=backend, group_desc=name
+            groups[(is_gradient, upward)], _ = dist.new_subgroups_by_enumeration(
+                mesh.pipelines(), timeout=timeout, backend=backend, group_desc=name
             )
-    return Links(groups)
+    return Links(groups, mesh.pipeline(replica), stage_rank)
 
 
 def message_tag(sending_stage: int, is_gradient: bool, microbatch: int, n_stages: int) -> int:

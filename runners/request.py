@@ -5,7 +5,9 @@ when there are at least P GPUs, CPU with gloo when there are none. With some GPU
 run is not moved to CPU (that would measure something else than the user asked for; --device cpu says
 so) and NCCL cannot put two ranks on one GPU: the P ranks run as streams of one process on one GPU
 instead (mode single_gpu, runners.engines.single_gpu). A worker of a multi-node job, one process per
-local rank, still needs a GPU per local rank.
+local rank, still needs a GPU per local rank. With DP > 1 pipelines (runners/mesh.py) the run has
+P x DP ranks: on CUDA each needs its own GPU, since the single-GPU mode holds one pipeline; on CPU more
+ranks than cores run anyway (they take turns for a core, as P > cores does).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from runners.engines import ENGINES
-from runners.engines.torch_classes import TORCH_CLASSES, TORCH_ONLY
+from runners.engines.torch_classes import SPLIT_BACKWARD, TORCH_CLASSES, TORCH_ONLY
 from runners.inject import SYNTAX, Injection, InjectionError, injection_problem, parse_injections
+from runners.mesh import Mesh, dp_problem
 from runners.presets import PRESETS, Preset, preset_problem
 from runners.schedules import V_SHAPED, ScheduleError, build
 from runners.schedules.single_gpu import PROCESSES, SINGLE_GPU
@@ -44,6 +47,12 @@ class RunRequest:
     rows_per_microbatch: int | None = None
     profile_memory: bool = True  # torch.profiler's allocator events ([memory]) in the traces
     injections: tuple[Injection, ...] = ()  # delays injected on purpose (runners/inject.py)
+    dp: int = 1  # pipelines (data-parallel replicas); the world is p x dp ranks (runners/mesh.py)
+    dp_overlap: bool = False  # all-reduce each gradient bucket in the last backward (runners/grad_sync.py)
+
+    @property
+    def mesh(self) -> Mesh:
+        return Mesh(self.p, self.dp)
 
 
 @dataclass(frozen=True)
@@ -132,12 +141,22 @@ def resolve(
         n_stages = build(request.schedule, request.p, request.m, request.v).n_stages
     except ScheduleError as error:
         raise RequestError(str(error).splitlines()[0]) from None
-    problem = injection_problem(request.injections, request.p, n_stages)
+    problem = (
+        dp_problem(request.dp)
+        or overlap_problem(request)
+        or injection_problem(request.injections, request.p, n_stages, request.dp)
+    )
     if problem:
         raise RequestError(problem)
+    world = request.p * request.dp
     gpus = 0 if request.device == "cpu" else count_gpus()
-    device = choose_device(request.device, request.p, gpus, ranks_per_node)
-    mode = SINGLE_GPU if device == "cuda" and gpus < request.p and ranks_per_node is None else PROCESSES
+    device = choose_device(request.device, world, gpus, ranks_per_node)
+    mode = SINGLE_GPU if device == "cuda" and gpus < world and ranks_per_node is None else PROCESSES
+    if mode == SINGLE_GPU and request.dp > 1:
+        raise RequestError(
+            f"P={request.p} x DP={request.dp} = {world} ranks need {world} GPUs (one NCCL rank per GPU) but "
+            f"this machine has {gpus}; the single-GPU mode holds one pipeline only (DP=1)"
+        )
     if mode == SINGLE_GPU and request.engine != "native":
         raise RequestError(
             f"P={request.p} ranks on {gpus} GPU(s) run as streams of one process, which only "
@@ -150,6 +169,20 @@ def resolve(
     if problem:
         raise RequestError(problem)
     return Resolved(request, device, "nccl" if device == "cuda" else "gloo", preset, mode)
+
+
+def overlap_problem(request: RunRequest) -> str | None:
+    """Why --dp-overlap cannot apply to this request, or None when it can (or is not asked for)."""
+    if not request.dp_overlap:
+        return None
+    if request.dp == 1:
+        return "--dp-overlap overlaps the gradient all-reduce between pipelines, and DP=1 has none"
+    if request.engine == "torch" and request.schedule in SPLIT_BACKWARD:
+        return (
+            f"--dp-overlap needs autograd to accumulate every weight gradient, and torch's "
+            f"{TORCH_CLASSES[request.schedule]} assigns them itself; run {request.schedule} without it"
+        )
+    return None
 
 
 def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = True) -> None:
@@ -203,6 +236,15 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
         help=f"delays injected on purpose ({SYNTAX}): host:R:X sleeps X ms before each forward on rank R, "
         "slow:S:K gives stage S K times its layers",
     )
+    parser.add_argument(
+        "--dp", type=int, default=1, help="pipelines (data-parallel replicas): P x DP ranks in all"
+    )
+    parser.add_argument(
+        "--dp-overlap",
+        action="store_true",
+        help="launch each gradient bucket's all-reduce in the last backward, as DDP does "
+        "(default: all buckets after it)",
+    )
 
 
 def request_from(args: argparse.Namespace, p: int, m: int | None = None) -> RunRequest:
@@ -224,4 +266,6 @@ def request_from(args: argparse.Namespace, p: int, m: int | None = None) -> RunR
         args.rows_per_microbatch,
         args.profile_memory,
         injections,
+        args.dp,
+        args.dp_overlap,
     )

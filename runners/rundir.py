@@ -18,10 +18,11 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_id(schedule: str, p: int, m: int, v: int) -> str:
+def run_id(schedule: str, p: int, m: int, v: int, dp: int = 1) -> str:
     """Sortable by time, readable, and unique even for two runs started in the same second."""
     chunks = f"-v{v}" if v > 1 else ""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{schedule}-p{p}-m{m}{chunks}-{secrets.token_hex(3)}"
+    replicas = f"-dp{dp}" if dp > 1 else ""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{schedule}-p{p}{replicas}-m{m}{chunks}-{secrets.token_hex(3)}"
 
 
 def create_run_dir(traces: Path, run: str) -> Path:

@@ -1,5 +1,10 @@
 """One pipeline rank: `torchrun ... -m runners.worker --run-dir DIR --sched gpipe --m 8 ...`.
 
+With `--dp D` the world is D pipelines of WORLD_SIZE / D ranks (runners/mesh.py): each rank finds its
+stage rank and pipeline from its global rank, feeds its pipeline its own batch (a data-parallel shard:
+seeded by the pipeline), and averages its gradients over its DP group before each optimizer step
+(runners/grad_sync.py).
+
 The launcher (`python -m runners trace`) starts it on one node; for several nodes start it with
 torchrun yourself (`torchrun --nnodes=2 --nproc_per_node=4 --rdzv-endpoint=HOST:PORT -m runners.worker
 --run-dir traces/RUN ...`, RUN on a shared file system). Each rank times unprofiled steps, calibrating
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import os
 import statistics
 import sys
@@ -26,8 +32,10 @@ import torch.distributed as dist
 
 from runners.engines import ENGINES, single_gpu
 from runners.engines.protocol import RankSetup
+from runners.grad_sync import open_grad_sync
 from runners.inject import layer_factors
 from runners.measure import at_rows, calibration, calibration_by_rows, calibration_samples, pooled, timed_step
+from runners.mesh import world_problem
 from runners.model import build_stages, stage_input
 from runners.p2p import PEER_TIMEOUT
 from runners.presets import calibration_rows, microbatch_rows
@@ -97,6 +105,8 @@ def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, thre
         "backend": resolved.backend,
         "mode": resolved.mode,
         **streams,
+        **request.mesh.facts(),
+        "dp_overlap": request.dp_overlap,
         "threads_per_rank": threads,
         "nodes": dist.get_world_size() // int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
         "profiler": {
@@ -114,6 +124,19 @@ def run_facts(resolved: Resolved, schedule: Schedule, device: torch.device, thre
     }
 
 
+def parameter_digests(stages: dict) -> list[str]:
+    """Per global rank, a digest of its parameters' bytes (collective): the replicas of a stage agree
+    exactly when their gradients were synced, since each pipeline trains on its own batch."""
+    flat = torch.cat(
+        [p.detach().flatten() for _, stage in sorted(stages.items()) for p in stage.parameters()]
+    )
+    digests: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(
+        digests, hashlib.sha256(flat.cpu().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+    )
+    return digests
+
+
 def run_rank(resolved: Resolved, run_dir: Path) -> None:
     """Everything one rank does once the process group is up."""
     request, preset, rank = resolved.request, resolved.preset, dist.get_rank()
@@ -124,13 +147,17 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
     )
     schedule = lower(build(request.schedule, request.p, request.m, request.v))
     one_gpu = resolved.mode == SINGLE_GPU
-    stage_ids = tuple(range(schedule.n_stages)) if one_gpu else schedule.stages_of(rank)
+    stage_rank, replica = request.mesh.coordinates(rank)
+    stage_ids = tuple(range(schedule.n_stages)) if one_gpu else schedule.stages_of(stage_rank)
     stages = build_stages(preset, stage_ids, request.v, device, layer_factors(request.injections))
-    batch = stage_input(preset, device)
+    batch = stage_input(preset, device, seed=replica)
     optimizer = torch.optim.SGD([p for stage in stages.values() for p in stage.parameters()], lr=1e-4)
     meter, run_queue = StashMeter(), RunQueueMeter()
     build_step = single_gpu.build_step if one_gpu else ENGINES[request.engine].step_builder()
-    setup = RankSetup(resolved, schedule, rank, stages, batch, optimizer, meter, run_queue)
+    grad_sync = open_grad_sync(request.mesh, resolved.backend, stages, request.m, request.dp_overlap)
+    setup = RankSetup(
+        resolved, schedule, stage_rank, stages, batch, optimizer, meter, run_queue, replica, grad_sync
+    )
     step = ended_together(build_step(setup))
     on_cuda = device.type == "cuda"
     row_counts = calibration_rows(preset.rows, request.m)
@@ -146,7 +173,13 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
         calibrating = time.monotonic()
         rounds.append(
             calibration_samples(
-                stages, batch, schedule.n_stages, row_counts, warmup=index == 0, session=calibration_session
+                stages,
+                batch,
+                schedule.n_stages,
+                row_counts,
+                warmup=index == 0,
+                session=calibration_session,
+                ranks=request.mesh.pipeline(0),
             )
         )
         phases["timed_steps"] += calibrating - began
@@ -165,6 +198,7 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
     )
     dist.barrier()  # every rank's trace is on disk before run.json says complete
     phases["profiled_steps"] = time.monotonic() - began
+    replicas = {"parameter_digests": parameter_digests(stages)} if request.dp > 1 else {}
     if rank == 0:
         facts = run_facts(resolved, schedule, device, torch.get_num_threads())
         samples_ms = pooled(rounds)
@@ -181,6 +215,7 @@ def run_rank(resolved: Resolved, run_dir: Path) -> None:
                 "step_time_unprofiled_ms": statistics.median(step_ms),
                 "step_times_unprofiled_ms": step_ms,
                 "phases_s": {name: round(seconds, 3) for name, seconds in phases.items()},
+                **replicas,
             },
         )
 
@@ -196,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     world, local_world = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
     try:
         if args.virtual_ranks is None:
-            resolved = resolve(request_from(args, world), torch.cuda.device_count, local_world)
+            problem = world_problem(world, args.dp)
+            if problem:
+                raise RequestError(problem)
+            resolved = resolve(request_from(args, world // args.dp), torch.cuda.device_count, local_world)
         else:
             resolved = resolve(request_from(args, args.virtual_ranks), torch.cuda.device_count)
             if resolved.mode != SINGLE_GPU or world != 1:

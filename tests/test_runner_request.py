@@ -42,6 +42,15 @@ def gpus(count: int):
         (RunRequest("interleaved", 2, 8, v=4, preset="seed", device="cpu"), no_gpus, "v=4 must divide"),
         (RunRequest("gpipe", 2, 65, preset="tiny"), no_gpus, "m=65"),
         (RunRequest("gpipe", 2, 8, steps=0), no_gpus, "at least 1"),
+        (RunRequest("gpipe", 2, 8, dp=0), no_gpus, "DP=0"),
+        (RunRequest("gpipe", 2, 8, dp_overlap=True), no_gpus, "DP=1 has none"),
+        (
+            RunRequest("zb", 2, 8, engine="torch", dp=2, dp_overlap=True),
+            no_gpus,
+            "ScheduleInterleavedZeroBubble",
+        ),
+        (RunRequest("gpipe", 2, 8, dp=2), gpus(2), "4 ranks need 4 GPUs"),
+        (RunRequest("gpipe", 2, 8, dp=2, device="cuda"), gpus(3), "single-GPU mode holds one pipeline"),
     ],
 )
 def test_bad_requests_are_refused_in_one_line(request_, count_gpus, words):
@@ -102,6 +111,17 @@ def test_as_many_gpus_as_ranks_run_one_process_per_rank_and_say_nothing_of_it():
     assert resolved.mode == PROCESSES and mode_line(resolved) is None
 
 
+def test_dp_pipelines_run_p_x_dp_workers_on_cpu_or_on_a_gpu_each():
+    """More ranks than cores is allowed on CPU (the ranks take turns; the analysis flags it)."""
+    on_cpu = resolve(RunRequest("1f1b", 2, 4, dp=4, dp_overlap=True), no_gpus)
+    command = torchrun_command(on_cpu, Path("run"))
+    assert "--nproc_per_node=8" in command and command[command.index("--dp") + 1] == "4"
+    assert "--dp-overlap" in command
+    on_gpus = resolve(RunRequest("1f1b", 2, 4, dp=2), gpus(4))
+    assert (on_gpus.device, on_gpus.mode) == ("cuda", PROCESSES)
+    assert "--dp" not in torchrun_command(resolve(RunRequest("1f1b", 2, 4), no_gpus), Path("run"))
+
+
 def test_a_single_gpu_run_is_one_torchrun_worker_holding_every_rank(tmp_path):
     command = torchrun_command(resolve(RunRequest("1f1b", 4, 8), gpus(1)), tmp_path)
     assert "--nproc_per_node=1" in command
@@ -133,6 +153,7 @@ def test_what_the_launcher_imports_needs_no_torch():
     modules = [
         "runners.request",
         "runners.inject",
+        "runners.mesh",
         "runners.presets",
         "runners.engines",
         "runners.engines.torch_classes",

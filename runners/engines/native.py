@@ -13,10 +13,10 @@ from runners.p2p import PEER_TIMEOUT, open_links
 
 
 def build_step(setup: RankSetup) -> Callable[[], None]:
-    """run_step over this rank's order, with p2p channels to its peers (none when p is 1), any host stall
-    injected on this rank, and the stash and run-queue meters."""
+    """run_step over this rank's order, with p2p channels to its pipeline's peers (none when p is 1), any
+    host stall injected on this rank, the DP sync, and the stash and run-queue meters."""
     request = setup.resolved.request
-    links = open_links(setup.resolved.backend, PEER_TIMEOUT) if request.p > 1 else None
+    links = open_links(setup.resolved.backend, PEER_TIMEOUT, request.mesh) if request.p > 1 else None
     ctx = StepContext(
         setup.rank,
         setup.schedule.n_stages,
@@ -25,7 +25,8 @@ def build_step(setup: RankSetup) -> Callable[[], None]:
         links,
         split_microbatches(setup.batch, request.m),
         setup.resolved.preset.width,
-        host_stall_ms(request.injections, setup.rank) / 1e3,
+        host_stall_ms(request.injections, setup.global_rank) / 1e3,
+        setup.grad_sync,
     )
     order = setup.schedule.orders[setup.rank]
     return partial(run_step, ctx, order, setup.optimizer, setup.meter, setup.run_queue)

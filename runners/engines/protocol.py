@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runners.grad_sync import GradSync
 from runners.model import Stage
 from runners.request import Resolved
 from runners.runqueue import RunQueueMeter
@@ -20,12 +21,18 @@ class RankSetup:
 
     resolved: Resolved
     schedule: Schedule  # lowered
-    rank: int
+    rank: int  # the stage rank: this rank's place in its pipeline (the global rank when DP = 1)
     stages: dict[int, Stage]  # stage index -> module, this rank's only
     batch: torch.Tensor  # the whole batch that enters stage 0
     optimizer: torch.optim.Optimizer
     meter: StashMeter  # the native executor samples its stash here; other engines leave it empty
     run_queue: RunQueueMeter  # the native executor samples it around every action; torch's cannot
+    replica: int = 0  # which pipeline (runners/mesh.py)
+    grad_sync: GradSync | None = None  # DP > 1: what averages the gradients over the replicas
+
+    @property
+    def global_rank(self) -> int:
+        return self.resolved.request.mesh.global_rank(self.rank, self.replica)
 
 
 # Called once per rank, collectively (an engine may create process groups); the step function it

@@ -18,3 +18,6 @@ TORCH_CLASSES = {
 }
 MULTI_STAGE = frozenset({"interleaved", "zb", "zbv", "dualpipev"})  # classes taking a list of stages
 TORCH_ONLY = frozenset({"zbv", "dualpipev"})  # schedule names only the torch engine runs
+# Classes that compute weight gradients outside autograd (torch's stage_backward_weight assigns .grad),
+# so no post-accumulate-grad hook sees them final: the DP sync cannot overlap their last backward.
+SPLIT_BACKWARD = frozenset({"zb", "zbv", "dualpipev"})

@@ -3,8 +3,9 @@
 Every executed action runs inside `record_function(label(action))`, torch.distributed.pipelining's
 compact form with a `PP:` prefix (`PP:0F3`, `PP:1RECV_B0`; the stage is the global stage; `PP:` names
 only actions). After its last action the native executor waits for its pending sends in a span of their
-own, then takes the optimizer step in another. The runner adds Chrome counter tracks ("ph": "C") on the
-profiler's clock; the comments name their args.
+own, then takes the optimizer step in another; with DP > 1 pipelines both engines average the
+gradients over the DP group in DP_GRAD_SYNC just before the optimizer step. The runner adds Chrome
+counter tracks ("ph": "C") on the profiler's clock; the comments name their args.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from .actions import Action
 LABEL_PREFIX = "PP:"
 WAIT_SENDS = "PP wait for sends"  # the native executor completing the step's isends, after its last action
 OPTIMIZER_STEP = "optimizer_step"  # the SGD step and zero_grad, after the schedule (both engines)
+# DP > 1: the gradient buckets' all-reduces over the DP group ("dp"), one span a step after the schedule;
+# it holds every bucket's launch and wait, or only the waits where they were launched in the backward
+# (run.json dp_overlap). Not needed to find the sync: the collectives themselves are the data.
+DP_GRAD_SYNC = "DP:grad_sync"
 STASH_COUNTER = "PP stash"  # args: microbatches, activation_bytes (what the executor holds for backward)
 CUDA_PEAK_COUNTER = "PP cuda step peak"  # args: peak_bytes_above_step_start (the allocator's, per step)
 # args: run_delay_ns, the executing thread's cumulative ns runnable but waiting for a CPU
