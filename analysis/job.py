@@ -3,11 +3,12 @@
 The pipelines come from analysis.pipelines; each one's ranks are renumbered 0..p-1 (their stage order)
 and analysed by analysis.pipeline.analyze_run, with the DP collectives of its ranks and their start
 skews across the DP groups (analysis.timeline.dp_sync), and the results are mapped back to global
-ranks. The job's summary is the slowest pipeline's, with every rank's entry (each of its pipeline's
-median step, closing on that pipeline's step_time_ms), `dp`, `pipelines` and the `straggler`
-(analysis.schema.Summary). The slowest is the one whose step alone (its step less the time its ranks
-waited for slower replicas, the longest such rank's) is longest: the gradient sync makes every
-pipeline's step as long as the slowest's, and this is what tells them apart.
+ranks. The job's summary is the slowest pipeline's, with every rank's entry (closing on its pipeline's
+step_time_ms), `dp`, `pipelines` and the `straggler` (analysis.schema.Summary). Every pipeline reports
+the job's step of median length (a pipeline is analysed again where its own median is another step),
+so the ranks of all of them are compared in one step. The slowest is the one whose step alone (its
+step less the time its ranks waited for slower replicas, the longest such rank's) is longest: the
+gradient sync makes every pipeline's step as long as the slowest's, and this is what tells them apart.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import replace
 import msgspec
 import polars as pl
 
+from analysis.attribution.parts import median_step
 from analysis.errors import InputError
 from analysis.pipeline import RunInput, analyze_run
 from analysis.pipelines import find_pipelines
@@ -36,10 +38,21 @@ def analyze_job(
     if run.run_json is not None and len(pipelines) != said:
         raise InputError(run.path / "run.json", f"says dp={said!r:.20} but lists {len(pipelines)} pipelines")
     instances = _instances(run, pipelines) if len(pipelines) > 1 else None
+    inputs = [_pipeline_input(run, ranks, instances) for ranks in pipelines]
+    analyses = [analyze_run(one, schedule, m, rules) for one in inputs]
+    step = _job_step(analyses)
     analyses = [
-        analyze_run(_pipeline_input(run, ranks, instances), schedule, m, rules) for ranks in pipelines
+        a if a.summary.median_step == step else analyze_run(one, schedule, m, rules, step)
+        for a, one in zip(analyses, inputs)
     ]
     return _joined(analyses, pipelines)
+
+
+def _job_step(analyses: list[Analysis]) -> int:
+    """The job's step of median length (the lower median), a step being as long as its longest pipeline's
+    (the gradient sync binds them): every pipeline reports it, so their ranks are compared in one step."""
+    steps = pl.concat([a.parts.select("step", "step_ms") for a in analyses])
+    return median_step(steps.group_by("step").agg(step_ns=pl.col("step_ms").max()))
 
 
 def _instances(run: RunInput, pipelines: list[list[int]]) -> pl.DataFrame:

@@ -145,8 +145,14 @@ def _warn_overlaps(cells: pl.DataFrame, sources: dict[int, Path]) -> None:
 
 
 def analyze_run(
-    run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
+    run: RunInput,
+    schedule: str | None = None,
+    m: int | None = None,
+    rules: Rules = Rules(),
+    step: int | None = None,
 ) -> Analysis:
+    """The run's analysis; its summary is the step of median length's, or `step`'s where it is one of
+    the analysed steps (a job's pipelines report one step: analysis.job)."""
     per_rank = [cells_of(run.frames[r], run.sources.get(r)) for r in sorted(run.frames)]
     if any(r.cells.height == 0 for r in per_rank):
         empty = next(
@@ -180,7 +186,8 @@ def analyze_run(
     samples = pl.DataFrame(schema=SAMPLE_SCHEMA) if run.run_queue is None else run.run_queue
     cells = with_contention(cell_parts(cells, ref), _on_clock(samples, clock, ("t_ns",)))
     parts = rank_parts(cells, gaps, spans, skews)
-    step = median_step(parts)
+    if step is None or step not in parts["step"]:
+        step = median_step(parts)
     chosen = parts.filter(pl.col("step") == step)
     step_ns = float(chosen["step_ns"][0])
     this = pl.col("step") == step
