@@ -33,7 +33,7 @@ def analyze_job(
     run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
 ) -> Analysis:
     """Every pipeline of the run analysed, joined into one Analysis on global ranks."""
-    pipelines = find_pipelines(len(run.frames), run.run_json, run.groups, {}, run.path)
+    pipelines = find_pipelines(len(run.frames), run.run_json, run.groups, run.peers, run.path)
     said = 1 if run.run_json is None else run.run_json.get("dp", 1)
     if run.run_json is not None and len(pipelines) != said:
         raise InputError(run.path / "run.json", f"says dp={said!r:.20} but lists {len(pipelines)} pipelines")
@@ -90,8 +90,8 @@ def _pipeline_input(run: RunInput, ranks: list[int], instances: pl.DataFrame | N
         run.run_json,
         memory,
         _local(run.run_queue, ranks),
-        {local: run.groups.get(rank, ()) for local, rank in enumerate(ranks)},
-        _local(instances, ranks),
+        groups={local: run.groups.get(rank, ()) for local, rank in enumerate(ranks)},
+        collectives=_local(instances, ranks),
     )
 
 

@@ -32,7 +32,7 @@ from analysis.cells.inferred import cells_of
 from analysis.cells.labelled import RankCells, is_gpu
 from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError
-from analysis.pipelines import Group, groups_of
+from analysis.pipelines import Group, groups_of, is_dp_group, is_pipeline_group
 from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Rules, Summary
 from analysis.timeline.classify import classify, split_waits
@@ -42,6 +42,7 @@ from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
 from analysis.traces.load import RunTraces, TraceWarning, load_run, run_in
 from analysis.traces.memory import Memory, run_memory
+from analysis.traces.peers import p2p_peers
 from analysis.traces.runqueue import SAMPLE_SCHEMA, run_samples
 from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
 from runners.schedules.trace_names import LABEL_PREFIX
@@ -56,6 +57,9 @@ class RunInput:
     memory: Memory | None = None  # activation memory from the traces' memory events (analysis.traces.memory)
     run_queue: pl.DataFrame | None = None  # the executor's run-queue samples (analysis.traces.runqueue)
     groups: dict[int, tuple[Group, ...]] = field(default_factory=dict)  # rank -> its process groups
+    peers: dict[int, set[int]] = field(
+        default_factory=dict
+    )  # rank -> its p2p peers, where groups say nothing
     # the DP collectives of a pipeline's ranks with their start skews (analysis.timeline.dp_sync.with_skew);
     # None at dp = 1
     collectives: pl.DataFrame | None = None
@@ -70,6 +74,9 @@ def run_input(run: RunTraces) -> RunInput:
     """What the analysis reads of loaded traces: their frames, memory events and run-queue samples; one
     process's trace of P ranks on one GPU is read as P ranks (analysis.cells.virtual_ranks)."""
     run = virtual_ranks(run)
+    groups = {t.rank: groups_of(t.header.get("distributedInfo")) for t in run.traces}
+    told = any(is_pipeline_group(g.name) or is_dp_group(g.name) for found in groups.values() for g in found)
+    told |= run.config is not None and "pipelines" in run.config
     return RunInput(
         run.path,
         {t.rank: t.frame for t in run.traces},
@@ -77,7 +84,8 @@ def run_input(run: RunTraces) -> RunInput:
         run.config,
         run_memory(run),
         run_samples(run),
-        {t.rank: groups_of(t.header.get("distributedInfo")) for t in run.traces},
+        groups,
+        {} if told or len(run.traces) == 1 else {t.rank: p2p_peers(t) for t in run.traces},
     )
 
 

@@ -56,6 +56,11 @@ def is_pipeline_group(name: str) -> bool:
     return _dimension(name) == "pp" or name.startswith("pp_")
 
 
+def is_dp_group(name: str) -> bool:
+    """Our runner's DP groups (`dp`) and a mesh's dp dimension (`mesh_dp`)."""
+    return _dimension(name) == "dp"
+
+
 def find_pipelines(
     world: int,
     run_json: Mapping[str, Any] | None,
@@ -70,7 +75,7 @@ def find_pipelines(
         return _checked(world, run_json["pipelines"], (where or Path(".")) / "run.json", "its pipelines")
     everyone = {group for rank_groups in groups.values() for group in rank_groups}
     in_pp = {g.ranks for g in everyone if is_pipeline_group(g.name)}
-    in_dp = {g.ranks for g in everyone if _dimension(g.name) == "dp"}
+    in_dp = {g.ranks for g in everyone if is_dp_group(g.name)}
     if in_pp:
         return _checked(world, [sorted(ranks) for ranks in in_pp], where, "the pp process groups")
     if in_dp:

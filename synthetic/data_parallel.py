@@ -49,10 +49,13 @@ def synthesize_job(
     sync_us: float = 0.0,
     shape: str = "cpu",
     steps: int = 3,
+    process_groups: bool = True,
     **options: Any,
 ) -> Job:
     """dp replicas of `schedule`, replica `slow_pipeline`'s compute x `slow_factor`; `options` as
-    synthetic.generate.synthesize's (no clock offsets: the replicas share a clock)."""
+    synthetic.generate.synthesize's (no clock offsets: the replicas share a clock). Without
+    `process_groups` the traces record none: only the p2p peers of unlabelled GPU traces (their
+    record_param_comms, global ranks) say which ranks form a pipeline."""
     if shape not in ("cpu", "gpu") or options.get("clock_offset_ns"):
         raise OptionError("a PP x DP job is written cpu- or gpu-shaped, on one clock")
     lowered = schedule if schedule.lowered else lower(schedule)
@@ -73,9 +76,11 @@ def synthesize_job(
             rank = pipelines[j][s]
             sync = (ends[j][s], sync_end[s])
             document = run.traces[s]
-            events = document["traceEvents"] + _sync_events(document, s, sync, step_ns, steps, shape)
+            events = [_global_peers(e, pipelines[j]) for e in document["traceEvents"]]
+            events += _sync_events(document, s, sync, step_ns, steps, shape)
             info = {**document["distributedInfo"], "rank": rank, "world_size": p * dp}
-            traces[rank] = document | {"traceEvents": events, "distributedInfo": info | _groups(pipelines)}
+            info |= _groups(pipelines) if process_groups else {}
+            traces[rank] = document | {"traceEvents": events, "distributedInfo": info}
             told = run.truth[s]
             exposed = sync[1] - sync[0]
             truth[rank] = replace(
@@ -104,6 +109,15 @@ def _sync_events(
             events.append(shapes.span("c10d::allreduce_", "cpu_op", pid, pid, start, start + CALL_NS))
             events.append(shapes.span("gloo:all_reduce", "user_annotation", pid, gloo, start, end))
     return events
+
+
+def _global_peers(event: dict[str, Any], ranks: list[int]) -> dict[str, Any]:
+    """A replica's event with its p2p peers (local ranks, as synthetic.shapes writes them) made global."""
+    args = event.get("args")
+    if event.get("name") != "record_param_comms" or not args:
+        return event
+    peers = {key: ranks[args[key]] for key in ("Src Rank", "Dst Rank") if key in args}
+    return event | {"args": args | peers}
 
 
 def _groups(pipelines: list[list[int]]) -> dict[str, Any]:

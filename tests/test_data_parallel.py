@@ -23,12 +23,13 @@ from synthetic.generate import write_run
 SLOW, FACTOR, SYNC_US = 1, 1.5, 300
 
 
-def job(directory, shape: str, run_json: bool = True):
+def job(directory, shape: str, run_json: bool = True, **options):
     written = write_job(
         directory,
         build("1f1b", 2, 4),
         2,
         run_json=run_json,
+        **options,
         slow_pipeline=SLOW,
         slow_factor=FACTOR,
         sync_us=SYNC_US,
@@ -69,8 +70,13 @@ def test_the_slow_pipeline_and_the_exposed_sync_are_recovered(tmp_path, shape):
         )
 
 
-def test_the_pipelines_are_found_from_the_traces_alone(tmp_path):
-    written, summary = job(tmp_path, "cpu", run_json=False)
+@pytest.mark.parametrize(
+    ("shape", "options"),
+    [("cpu", {}), ("gpu", {"labels": False, "process_groups": False})],
+    ids=["process-groups", "p2p-peers"],
+)
+def test_the_pipelines_are_found_from_the_traces_alone(tmp_path, shape, options):
+    written, summary = job(tmp_path, shape, run_json=False, **options)
     assert [p.ranks for p in summary.pipelines] == written.pipelines
     assert summary.straggler.pipeline == SLOW
     for entry in summary.ranks:

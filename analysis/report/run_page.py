@@ -229,9 +229,10 @@ def waterfall_figure(summary: Summary) -> Figure:
 
 
 def parts_html(summary: Summary) -> str:
-    """Per-rank table: each rank's parts sum to the step time (the closure column shows it)."""
+    """Per-rank table: each rank's parts sum to its pipeline's step time (the closure column shows it)."""
     columns = [
-        Column("rank", "pipeline rank (one process)"),
+        Column("rank", "global rank (one process)"),
+        Column("pipeline", "the pipeline (data-parallel replica) the rank belongs to"),
         Column("stages", "global stage indices on this rank", show=_plain, text=True),
     ]
     columns += [Column(f"{part} (ms)", PART_MEANINGS[part], show=number(3)) for part in RANK_PARTS]
@@ -244,6 +245,12 @@ def parts_html(summary: Summary) -> str:
             "on their busy share; it lengthens busy time, mostly seen as slowdown (— = no run-queue counter)",
             show=number(3),
         ),
+        Column(
+            "dp_skew (ms)",
+            "of dp_sync: the wait for a slower replica (each collective's latest start in the DP group less "
+            "this rank's, at most its time)",
+            show=number(3),
+        ),
         Column("peak activations (MiB)", "largest live activation memory held for backward", show=number(2)),
     ]
     rows = []
@@ -253,11 +260,13 @@ def parts_html(summary: Summary) -> str:
         rows.append(
             [
                 entry.rank,
+                entry.pipeline,
                 entry.stage_ids,
                 *parts,
                 sum(x or 0.0 for x in parts),
                 entry.busy_ms,
                 entry.cpu_contention_ms,
+                entry.dp_skew_ms,
                 None if peak is None else peak / 2**20,
             ]
         )
