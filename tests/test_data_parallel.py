@@ -138,3 +138,29 @@ def test_the_report_shows_the_job_and_each_pipeline(tmp_path):
     charts = (tmp_path / "reports" / "runs" / "job.charts.js").read_text()
     first, second = charts.index("measured, pipeline 0 (ranks 0, 2)"), charts.index("measured, pipeline 1")
     assert first < second < charts.index("ideal timeline, pipeline 1")
+
+
+def edited_run_json(directory, **changes) -> None:
+    path = directory / "run.json"
+    config = json.loads(path.read_text()) | changes
+    path.write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"dp": 3}, "run.json: says p=2, dp=3 but the directory has 4 rank traces"),
+        ({"pipelines": [[0, 1, 2, 3]]}, "run.json: says dp=2 but lists 1 pipelines"),
+        ({"pipelines": [[0, 2], [1, 2]]}, "run.json: its pipelines do not hold each of the 4 traced ranks"),
+        ({"pipelines": None}, "says dp=2 but not which ranks form each pipeline"),
+    ],
+    ids=["ranks", "dp-vs-pipelines", "pipelines-vs-ranks", "no-pipelines"],
+)
+def test_a_job_that_does_not_say_its_pipelines_consistently_is_refused_in_one_line(
+    tmp_path, capsys, changes, problem
+):
+    write_job(tmp_path, build("1f1b", 2, 4), 2, process_groups=False)
+    edited_run_json(tmp_path, **changes)
+    assert main(["analyze", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert problem in error and len(error.splitlines()) == 1
