@@ -76,7 +76,8 @@ def run_input(run: RunTraces) -> RunInput:
     run = virtual_ranks(run)
     groups = {t.rank: groups_of(t.header.get("distributedInfo")) for t in run.traces}
     told = any(is_pipeline_group(g.name) or is_dp_group(g.name) for found in groups.values() for g in found)
-    told |= run.config is not None and "pipelines" in run.config
+    if run.config is not None:  # run.json's pipelines say it, and so does its dp of 1 (1 when absent)
+        told |= "pipelines" in run.config or run.config.get("dp", 1) == 1
     return RunInput(
         run.path,
         {t.rank: t.frame for t in run.traces},
