@@ -45,7 +45,20 @@ def analyze_job(
         a if a.summary.median_step == step else analyze_run(one, schedule, m, rules, step)
         for a, one in zip(analyses, inputs)
     ]
-    return _joined(analyses, pipelines)
+    return _joined(analyses, pipelines, _unsynced(run, instances))
+
+
+def _unsynced(run: RunInput, instances: pl.DataFrame | None) -> list[str]:
+    """A note for ranks of a job of several pipelines where no DP collective was found."""
+    if instances is None:
+        return []
+    missing = sorted(set(run.frames) - set(instances["rank"].unique().to_list()))
+    if not missing:
+        return []
+    return [
+        f"rank(s) {', '.join(map(str, missing))}: no data-parallel collective found (c10d::allreduce_ and "
+        "its gloo run, or NCCL AllReduce/ReduceScatter/AllGather kernels), so their dp_sync is 0"
+    ]
 
 
 def _job_step(analyses: list[Analysis]) -> int:
@@ -107,7 +120,7 @@ def _entry(analysis: Analysis, ranks: list[int]) -> PipelineEntry:
     )
 
 
-def _joined(analyses: list[Analysis], pipelines: list[list[int]]) -> Analysis:
+def _joined(analyses: list[Analysis], pipelines: list[list[int]], notes: list[str]) -> Analysis:
     entries = [_entry(analysis, ranks) for analysis, ranks in zip(analyses, pipelines)]
     times = [entry.step_time_alone_ms for entry in entries]
     slowest = times.index(max(times))
@@ -134,6 +147,7 @@ def _joined(analyses: list[Analysis], pipelines: list[list[int]]) -> Analysis:
         straggler=straggler,
         clock=_clock([a.summary.clock for a in analyses], pipelines, slowest),
         inferred_cells=sum(a.summary.inferred_cells for a in analyses),
+        notes=chosen.summary.notes + notes,
     )
 
     def every(table: str) -> pl.DataFrame:

@@ -164,3 +164,15 @@ def test_a_job_that_does_not_say_its_pipelines_consistently_is_refused_in_one_li
     assert main(["analyze", str(tmp_path)]) == 2
     error = capsys.readouterr().err.strip()
     assert problem in error and len(error.splitlines()) == 1
+
+
+def test_a_rank_without_dp_collectives_is_noted_and_has_no_dp_sync(tmp_path):
+    write_job(tmp_path, build("1f1b", 2, 4), 2, sync_us=SYNC_US)
+    path = tmp_path / "rank1.json.gz"
+    document = json.loads(gzip.decompress(path.read_bytes()))
+    collective = {"c10d::allreduce_", "gloo:all_reduce"}
+    document["traceEvents"] = [e for e in document["traceEvents"] if e.get("name") not in collective]
+    path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    summary = analyze_job(read_run(tmp_path)).summary
+    assert summary.rank_entry(1).dp_sync_ms == 0 and summary.rank_entry(0).dp_sync_ms > 0
+    assert any(note.startswith("rank(s) 1: no data-parallel collective found") for note in summary.notes)
