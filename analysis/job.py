@@ -21,7 +21,7 @@ import polars as pl
 from analysis.attribution.parts import median_step
 from analysis.errors import InputError
 from analysis.pipeline import RunInput, analyze_run
-from analysis.pipelines import find_pipelines
+from analysis.pipelines import find_pipelines, to_global, to_local
 from analysis.results import Analysis
 from analysis.schema import PipelineEntry, Rules, Straggler
 from analysis.timeline.clock import ClockEstimate
@@ -74,25 +74,10 @@ def _instances(run: RunInput, pipelines: list[list[int]]) -> pl.DataFrame:
     return with_skew(found, [list(group) for group in zip(*pipelines)])
 
 
-def _local(frame: pl.DataFrame | None, ranks: list[int]) -> pl.DataFrame | None:
-    """The rows of `ranks`, renumbered to their index in it (the pipeline's local rank)."""
-    if frame is None:
-        return None
-    local = {rank: index for index, rank in enumerate(ranks)}
-    renumbered = pl.col("rank").replace_strict(local, return_dtype=pl.Int64)
-    return frame.filter(pl.col("rank").is_in(ranks)).with_columns(renumbered)
-
-
-def _global(frame: pl.DataFrame | None, ranks: list[int]) -> pl.DataFrame | None:
-    if frame is None:
-        return None
-    return frame.with_columns(pl.col("rank").replace_strict(dict(enumerate(ranks)), return_dtype=pl.Int64))
-
-
 def _pipeline_input(run: RunInput, ranks: list[int], instances: pl.DataFrame | None) -> RunInput:
     memory = run.memory
     if memory is not None:
-        memory = Memory(_local(memory.stash, ranks), _local(memory.peaks, ranks))
+        memory = Memory(to_local(memory.stash, ranks), to_local(memory.peaks, ranks))
     return RunInput(
         run.path,
         {
@@ -102,9 +87,9 @@ def _pipeline_input(run: RunInput, ranks: list[int], instances: pl.DataFrame | N
         {local: run.sources[rank] for local, rank in enumerate(ranks) if rank in run.sources},
         run.run_json,
         memory,
-        _local(run.run_queue, ranks),
+        to_local(run.run_queue, ranks),
         groups={local: run.groups.get(rank, ()) for local, rank in enumerate(ranks)},
-        collectives=_local(instances, ranks),
+        collectives=to_local(instances, ranks),
     )
 
 
@@ -151,14 +136,14 @@ def _joined(analyses: list[Analysis], pipelines: list[list[int]], notes: list[st
     )
 
     def every(table: str) -> pl.DataFrame:
-        return pl.concat([_global(getattr(a, table), ranks) for a, ranks in zip(analyses, pipelines)])
+        return pl.concat([to_global(getattr(a, table), ranks) for a, ranks in zip(analyses, pipelines)])
 
     memories = [(a.memory, ranks) for a, ranks in zip(analyses, pipelines) if a.memory is not None]
     memory = None
     if memories:
         memory = Memory(
-            pl.concat([_global(m.stash, r) for m, r in memories]),
-            pl.concat([_global(m.peaks, r) for m, r in memories]),
+            pl.concat([to_global(m.stash, r) for m, r in memories]),
+            pl.concat([to_global(m.peaks, r) for m, r in memories]),
         )
     return replace(
         chosen,

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from analysis.errors import InputError
 
 _MESH_PREFIX = "mesh_"  # torch's DeviceMesh names a dimension's groups mesh_<dim name>
@@ -133,3 +135,19 @@ def _checked(world: int, pipelines: Any, where: Path | None, source: str) -> lis
             where, f"{source}: pipelines of different depths {sorted({len(r) for r in pipelines})}"
         )
     return sorted(pipelines, key=lambda ranks: ranks[0])
+
+
+def to_local(frame: pl.DataFrame | None, ranks: list[int]) -> pl.DataFrame | None:
+    """The rows of a pipeline's `ranks` (global, in stage order), renumbered to their local rank."""
+    if frame is None:
+        return None
+    local = {rank: index for index, rank in enumerate(ranks)}
+    renumbered = pl.col("rank").replace_strict(local, return_dtype=pl.Int64)
+    return frame.filter(pl.col("rank").is_in(ranks)).with_columns(renumbered)
+
+
+def to_global(frame: pl.DataFrame | None, ranks: list[int]) -> pl.DataFrame | None:
+    """A pipeline's rows on local ranks renumbered to its global `ranks`."""
+    if frame is None:
+        return None
+    return frame.with_columns(pl.col("rank").replace_strict(dict(enumerate(ranks)), return_dtype=pl.Int64))

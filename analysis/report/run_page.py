@@ -4,11 +4,12 @@ memory, thresholds and the merged Perfetto trace."""
 from __future__ import annotations
 
 import html
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import polars as pl
 
+from analysis.pipelines import to_local
 from analysis.report import charts, hta_section
 from analysis.report.frames import (
     coarsen,
@@ -29,7 +30,9 @@ from analysis.report.inflight import (
 )
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
+from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Summary, rule_meanings
+from analysis.traces.memory import Memory
 
 CONFIG_FIELDS = (
     "schedule",
@@ -291,24 +294,42 @@ def memory_figure(summary: Summary) -> Figure | None:
     return Figure("memory", charts.memory_per_rank(frame), caption)
 
 
-def _measured_in_flight(run: Run, step: int, origin: int) -> tuple[pl.DataFrame, str]:
+def _measured_in_flight(analysis: Analysis, step: int, origin: int) -> tuple[pl.DataFrame, str]:
     """The executor's own stash counter where the run recorded one, else the count from the cells."""
-    memory = run.analysis.memory
+    memory = analysis.memory
     if memory is not None and not memory.stash.filter(pl.col("step") == step).is_empty():
         return stash_in_flight(
             memory.stash, step
         ), "the executor's stash counter (microbatches it held for backward)"
     return (
-        measured_in_flight(run.analysis.cells, step, origin),
+        measured_in_flight(analysis.cells, step, origin),
         "the cells (+1 at a forward's end, -1 at its freeing backward's)",
     )
 
 
+def _slowest_pipeline(run: Run) -> tuple[Analysis, str]:
+    """The run's analysis, or in a job of several pipelines the slowest one's on its local ranks (the
+    schedule's own), with a note saying which."""
+    summary, analysis = run.summary, run.analysis
+    if summary.straggler is None:
+        return analysis, ""
+    ranks = summary.pipelines[summary.straggler.pipeline].ranks
+    memory = analysis.memory
+    if memory is not None:
+        memory = Memory(to_local(memory.stash, ranks), to_local(memory.peaks, ranks))
+    local = {table: to_local(getattr(analysis, table), ranks) for table in ("cells", "gaps", "ideal")}
+    note = (
+        f" The slowest pipeline, {summary.straggler.pipeline}: its ranks {', '.join(map(str, ranks))} as "
+        "pipeline ranks 0..p-1."
+    )
+    return replace(analysis, memory=memory, **local), note
+
+
 def in_flight_section(run: Run) -> tuple[str, Figure]:
     """Measured in-flight microbatches over the step against the schedule's count on the ideal timeline."""
-    analysis, step = run.analysis, run.summary.median_step
+    (analysis, which), step = _slowest_pipeline(run), run.summary.median_step
     origin = step_origin(analysis.cells, analysis.gaps, step)
-    measured, source = _measured_in_flight(run, step, origin)
+    measured, source = _measured_in_flight(analysis, step, origin)
     peaks = peaks_frame(measured, theory_peaks(analysis.schedule))
     over_time = theory_in_flight(analysis.schedule, analysis.ideal, origin)
     columns = [
@@ -325,7 +346,7 @@ def in_flight_section(run: Run) -> tuple[str, Figure]:
         f"Step {step}: microbatches in flight per rank (activations held for backward), measured from "
         f"{source}; below, the schedule's own count (runners.schedules.in_flight) over the ideal timeline "
         "of the same schedule; dashed: the schedule's peak (GPipe: m on every stage; 1F1B: p - s on "
-        "stage s).",
+        f"stage s).{which}",
     )
     return table(columns, [list(row) for row in peaks.iter_rows()]) + figure.html(), figure
 
