@@ -10,6 +10,7 @@ import json
 import polars as pl
 import pytest
 
+from analysis import results
 from analysis.cli import main
 from analysis.job import analyze_job
 from analysis.pipeline import analyze_dir, read_run
@@ -176,3 +177,19 @@ def test_a_rank_without_dp_collectives_is_noted_and_has_no_dp_sync(tmp_path):
     summary = analyze_job(read_run(tmp_path)).summary
     assert summary.rank_entry(1).dp_sync_ms == 0 and summary.rank_entry(0).dp_sync_ms > 0
     assert any(note.startswith("rank(s) 1: no data-parallel collective found") for note in summary.notes)
+
+
+def test_a_summary_written_before_pp_x_dp_reads_with_one_pipelines_defaults(tmp_path):
+    write_run(tmp_path, build("1f1b", 2, 4))
+    analyze_dir(tmp_path)
+    path = tmp_path / "analysis" / "summary.json"
+    old = json.loads(path.read_text())
+    for key in ("dp", "pipelines", "straggler"):
+        del old[key]
+    for entry in old["ranks"]:
+        for key in ("pipeline", "dp_sync_ms", "dp_skew_ms"):
+            del entry[key]
+    path.write_text(json.dumps(old))
+    summary = results.read(tmp_path).summary
+    assert summary.dp == 1 and summary.pipelines == [] and summary.straggler is None
+    assert all(e.pipeline == 0 and e.dp_sync_ms == 0 and e.dp_skew_ms == 0 for e in summary.ranks)
