@@ -9,7 +9,7 @@ happened and its parts close exactly).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -32,14 +32,17 @@ from analysis.cells.inferred import cells_of
 from analysis.cells.labelled import RankCells, is_gpu
 from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError
+from analysis.pipelines import Group, groups_of, is_dp_group, is_pipeline_group
 from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Rules, Summary
 from analysis.timeline.classify import classify, split_waits
 from analysis.timeline.clock import ClockEstimate, on_one_clock
+from analysis.timeline.dp_sync import skew_ns, with_dp_sync
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
 from analysis.traces.load import RunTraces, TraceWarning, load_run, run_in
 from analysis.traces.memory import Memory, run_memory
+from analysis.traces.peers import p2p_peers
 from analysis.traces.runqueue import SAMPLE_SCHEMA, run_samples
 from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
 from runners.schedules.trace_names import LABEL_PREFIX
@@ -53,6 +56,13 @@ class RunInput:
     run_json: dict | None
     memory: Memory | None = None  # activation memory from the traces' memory events (analysis.traces.memory)
     run_queue: pl.DataFrame | None = None  # the executor's run-queue samples (analysis.traces.runqueue)
+    groups: dict[int, tuple[Group, ...]] = field(default_factory=dict)  # rank -> its process groups
+    peers: dict[int, set[int]] = field(
+        default_factory=dict
+    )  # rank -> its p2p peers, where groups say nothing
+    # the DP collectives of a pipeline's ranks with their start skews (analysis.timeline.dp_sync.with_skew);
+    # None at dp = 1
+    collectives: pl.DataFrame | None = None
 
 
 def read_run(path: Path) -> RunInput:
@@ -64,6 +74,10 @@ def run_input(run: RunTraces) -> RunInput:
     """What the analysis reads of loaded traces: their frames, memory events and run-queue samples; one
     process's trace of P ranks on one GPU is read as P ranks (analysis.cells.virtual_ranks)."""
     run = virtual_ranks(run)
+    groups = {t.rank: groups_of(t.header.get("distributedInfo")) for t in run.traces}
+    told = any(is_pipeline_group(g.name) or is_dp_group(g.name) for found in groups.values() for g in found)
+    if run.config is not None:  # run.json's pipelines say it, and so does its dp of 1 (1 when absent)
+        told |= "pipelines" in run.config or run.config.get("dp", 1) == 1
     return RunInput(
         run.path,
         {t.rank: t.frame for t in run.traces},
@@ -71,13 +85,17 @@ def run_input(run: RunTraces) -> RunInput:
         run.config,
         run_memory(run),
         run_samples(run),
+        groups,
+        {} if told or len(run.traces) == 1 else {t.rank: p2p_peers(t) for t in run.traces},
     )
 
 
 def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None) -> Analysis:
     """Analyse one run directory and write its analysis/ beside the traces (the `analyze` command's work)."""
     run_dir = run_in(Path(run_dir)).resolve()
-    analysis = analyze_run(read_run(run_dir), schedule=schedule, m=m)
+    from analysis.job import analyze_job  # it wraps analyze_run: imported at the call, not in a cycle
+
+    analysis = analyze_job(read_run(run_dir), schedule=schedule, m=m)
     results.write(run_dir, analysis)
     return analysis
 
@@ -136,8 +154,14 @@ def _warn_overlaps(cells: pl.DataFrame, sources: dict[int, Path]) -> None:
 
 
 def analyze_run(
-    run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
+    run: RunInput,
+    schedule: str | None = None,
+    m: int | None = None,
+    rules: Rules = Rules(),
+    step: int | None = None,
 ) -> Analysis:
+    """The run's analysis; its summary is the step of median length's, or `step`'s where it is one of
+    the analysed steps (a job's pipelines report one step: analysis.job)."""
     per_rank = [cells_of(run.frames[r], run.sources.get(r)) for r in sorted(run.frames)]
     if any(r.cells.height == 0 for r in per_rank):
         empty = next(
@@ -159,13 +183,20 @@ def analyze_run(
     on_gpu = any(is_gpu(frame) for frame in run.frames.values())
     gaps = pl.concat([classify(timeline(r, split), rules, on_gpu) for r in per_rank])
     spans = pl.concat([windows(r) for r in per_rank])
+    skews = None
+    if run.collectives is not None:
+        synced = _on_clock(run.collectives, clock, ("start_ns", "end_ns", "skew_end_ns"))
+        gaps = with_dp_sync(gaps, synced)
+        skews = skew_ns(gaps, synced)
     shape, nearest = _schedule(run, cells, schedule, m)
     check_causality(shape, cells, run.sources)
     cells = with_busy(cells, gaps, spans)
     ref = reference(cells, run.run_json, shape.m)
-    cells = with_contention(cell_parts(cells, ref), _on_clock(run.run_queue, clock))
-    parts = rank_parts(cells, gaps, spans)
-    step = median_step(parts)
+    samples = pl.DataFrame(schema=SAMPLE_SCHEMA) if run.run_queue is None else run.run_queue
+    cells = with_contention(cell_parts(cells, ref), _on_clock(samples, clock, ("t_ns",)))
+    parts = rank_parts(cells, gaps, spans, skews)
+    if step is None or step not in parts["step"]:
+        step = median_step(parts)
     chosen = parts.filter(pl.col("step") == step)
     step_ns = float(chosen["step_ns"][0])
     this = pl.col("step") == step
@@ -222,15 +253,16 @@ def _seed_bubble(chosen: pl.DataFrame, p: int, step_ns: float) -> float | None:
     return 1 - (chosen["compute"].sum() + chosen["small_gemm"].sum()) / (p * step_ns)
 
 
-def _on_clock(samples: pl.DataFrame | None, clock: ClockEstimate | None) -> pl.DataFrame:
-    """Run-queue samples shifted as their rank's cells were (analysis.timeline.clock)."""
-    if samples is None:
-        return pl.DataFrame(schema=SAMPLE_SCHEMA)
+def _on_clock(frame: pl.DataFrame, clock: ClockEstimate | None, times: tuple[str, ...]) -> pl.DataFrame:
+    """Per-rank times (run-queue samples, collectives) shifted as their rank's cells were
+    (analysis.timeline.clock)."""
     if clock is None:
-        return samples
+        return frame
     offsets = pl.DataFrame(
         {"rank": [r.rank for r in clock.ranks], "offset": [r.offset_ns for r in clock.ranks]},
         schema={"rank": pl.Int64, "offset": pl.Int64},
     )
-    shifted = samples.join(offsets, on="rank", how="left")
-    return shifted.select("rank", pl.col("t_ns") + pl.col("offset").fill_null(0), "run_delay_ns")
+    shifted = frame.join(offsets, on="rank", how="left").with_columns(
+        pl.col(times) + pl.col("offset").fill_null(0)
+    )
+    return shifted.select(frame.columns)

@@ -1,7 +1,8 @@
 """A run's analysis/ directory: its one writer (`write`, called by `analyze`) and its one reader (`read`,
 for the merge, the report and the benchmarks), so every page and track shows what summary.json holds.
 
-    summary.json          Summary (analysis.schema), the median step's figures
+    summary.json          Summary (analysis.schema), the median step's figures (a job of several
+                          pipelines: its slowest pipeline's, with every rank and pipeline; analysis.job)
     schedule.json         the executed schedule: name, p, m, v, placement and each rank's order of actions
     cells.parquet         rank, step, stage, kind, microbatch, start_ns, end_ns, blocked_ns, inferred,
                           busy_ns, compute_ns, small_gemm_ns, slowdown_ns, cpu_contention_ns
@@ -15,7 +16,9 @@ for the merge, the report and the benchmarks), so every page and track shows wha
     memory.parquet, memory_peaks.parquet
                           where the traces carry memory events (analysis.traces.memory)
 
-Times in the tables are on the analysis's clock: each rank's own plus its offset in `summary.clock`.
+Times in the tables are on the analysis's clock: each rank's own plus its offset in `summary.clock`;
+ranks are global. A summary written before the PP x DP keys (dp, pipelines, straggler, a rank's
+pipeline, dp_sync_ms, dp_skew_ms) reads with their one-pipeline defaults.
 The directory is written into a fresh temporary sibling and renamed into place, so a crash leaves the
 previous analysis whole; `analyze` replaces it entirely, so nothing else keeps files there.
 """

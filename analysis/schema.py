@@ -17,6 +17,8 @@ from runners.schedules import COMM_KINDS, COMPUTE_KINDS
 
 __all__ = [
     "Parts",
+    "PipelineEntry",
+    "Straggler",
     "COMM_KINDS",
     "COMPUTE_KINDS",
     "GAP_CLASSES",
@@ -63,7 +65,7 @@ def rule_meanings() -> dict[str, str]:
 
 
 # What an idle stretch of a rank's step is (gaps.parquet `class`; DESIGN.md section 4).
-GAP_CLASSES = ("bubble", "p2p_wait", "launch_overhead", "other")
+GAP_CLASSES = ("bubble", "p2p_wait", "dp_sync", "launch_overhead", "other")
 
 
 class Parts(msgspec.Struct, kw_only=True):
@@ -76,6 +78,9 @@ class Parts(msgspec.Struct, kw_only=True):
     slowdown_ms: float | None  # busy time beyond the isolated work: what running in the pipeline adds
     bubble_ms: float
     p2p_wait_ms: float
+    dp_sync_ms: float = (
+        0.0  # in data-parallel collectives, compute idle (analysis.timeline.dp_sync); 0 at dp=1
+    )
     launch_overhead_ms: float
     other_ms: float
 
@@ -91,6 +96,8 @@ class RankEntry(Parts, kw_only=True):
     stage_ids: list[int]  # global stages on this rank, from the schedule's placement
     busy_ms: float  # time work ran: compute + small_gemm + slowdown (not a part of its own)
     cpu_contention_ms: float | None  # of slowdown: runnable but not running (CPU, Linux); None unmeasured
+    pipeline: int = 0  # the index of its pipeline in Summary.pipelines
+    dp_skew_ms: float = 0.0  # of dp_sync: waiting for a slower replica (the collectives' start skew)
     peak_activation_bytes: int | None  # None: the traces have no memory events (unknown, not 0)
 
     def part_ms(self, part: str) -> float | None:
@@ -128,6 +135,26 @@ class Noise(msgspec.Struct, kw_only=True):
     profiler_cost: float | None  # profiled median step / unprofiled median step
 
 
+class PipelineEntry(msgspec.Struct, kw_only=True):
+    """One pipeline of the job: its ranks and its own figures (analysis.job)."""
+
+    ranks: list[int]  # global ranks, in stage order
+    median_step: int  # its step of median length: its ranks' entries are that step's
+    step_time_ms: float  # that step's time: its ranks' parts sum to it
+    # its step less the time its ranks waited for slower replicas (the longest such rank's): the step it
+    # would take alone, which tells the straggler where the gradient sync makes every step as long
+    step_time_alone_ms: float
+    bubble_measured: float
+
+
+class Straggler(msgspec.Struct, kw_only=True):
+    """The spread between pipelines: the slowest against the fastest."""
+
+    pipeline: int  # index into Summary.pipelines
+    slower_ms: float  # its step_time_alone_ms less the fastest's
+    slower_fraction: float  # slower_ms / the fastest's step_time_alone_ms
+
+
 class Summary(msgspec.Struct, kw_only=True):
     """summary.json: DESIGN.md section 3's keys, plus what the later stages need to show them."""
 
@@ -157,6 +184,11 @@ class Summary(msgspec.Struct, kw_only=True):
     noise: Noise
     flags: list[str]  # "contended", "noisy" (analysis.caveats), each with a note
     notes: list[str]  # caveats a reader of the numbers must know (e.g. more rank threads than cores)
+
+    # the job (PP x DP): the figures above are the slowest pipeline's; defaults read older summaries
+    dp: int = 1
+    pipelines: list[PipelineEntry] = []
+    straggler: Straggler | None = None  # None with one pipeline
 
     def rank_entry(self, rank: int) -> RankEntry:
         return next(entry for entry in self.ranks if entry.rank == rank)

@@ -18,11 +18,12 @@ from pathlib import Path
 
 
 def analyze(directory: Path, schedule: str | None, m: int | None) -> tuple[float, int]:
-    from analysis.pipeline import analyze_run, read_run
+    from analysis.job import analyze_job
+    from analysis.pipeline import read_run
     from analysis.results import write
 
     began = time.perf_counter()
-    result = analyze_run(read_run(directory), schedule=schedule, m=m)
+    result = analyze_job(read_run(directory), schedule=schedule, m=m)
     write(directory, result)
     return began, result.cells.height
 

@@ -291,6 +291,32 @@ def _seed(results: dict, machine: dict) -> list[str]:
     ]
 
 
+def _dp(jobs: list[dict]) -> list[str]:
+    lines = [
+        "Each job: `synthetic.data_parallel` (1f1b, one replica's compute x 1.2, a 0.5 ms all-reduce after "
+        "each rank's last action), then `python -m bench.child analyze DIR` (read, analyse every pipeline, "
+        "write analysis/) in fresh processes; work is the analysis after the imports, peak RSS the process's "
+        "own. Recovered: the straggler found, and the largest error of any rank's dp_sync or dp_skew.",
+        "",
+        "| ranks (p x dp) | m | shape | trace MB (gzip) | work s | wall s | peak RSS MiB | straggler found | "
+        "dp_sync max error ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for job in jobs:
+        if "work_s" not in job:
+            lines.append(
+                f"| {job['p'] * job['dp']} ({job['p']} x {job['dp']}) | {job['m']} | {job['shape']} | "
+                f"failed: {job['runs'][0]['detail']} |"
+            )
+            continue
+        lines.append(
+            f"| {job['p'] * job['dp']} ({job['p']} x {job['dp']}) | {job['m']} | {job['shape']} | "
+            f"{job['trace_mb']:.1f} | {_figure(job['work_s'], 2)} | {_figure(job['wall_s'], 2)} | "
+            f"{_figure(job['peak_rss_mb'], 0)} | {job['straggler_found']} | {job['dp_sync_max_error_ms']:.2g} |"
+        )
+    return [*lines, ""]
+
+
 # (results key, heading, body from the results and the machine), in the order RESULTS.md shows them
 SECTIONS: tuple[tuple[str, str, Callable[[dict, dict], list[str]]], ...] = (
     (
@@ -319,6 +345,11 @@ SECTIONS: tuple[tuple[str, str, Callable[[dict, dict], list[str]]], ...] = (
         "predict",
         "## 8. predict: one run's step model at other m against runs there (p=2, CPU)",
         lambda r, _: _predict(r["predict"]),
+    ),
+    (
+        "dp",
+        "## 9. A PP x DP job at scale: a synthetic job's analysis, time and peak RSS",
+        lambda r, _: _dp(r["dp"]),
     ),
 )
 BLOCK = re.compile(r"^<!-- bench: (?P<name>\w+) -->\n.*?^<!-- /bench: (?P=name) -->\n", re.S | re.M)

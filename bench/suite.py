@@ -4,7 +4,8 @@ Parts (--only picks some): throughput (ours vs HTA vs typed decoding on a genera
 executor (native vs torch engine), profiler (profiled / unprofiled step), sim (simulated vs measured
 step), seed (the seed's m sweep at p=2 and p=4), bubble (gpipe p=2 m=1 against the formula's 1/2,
 repeated), inject (injected delays against what the analysis recovers, A/B pairs), predict (one m=4
-run's predicted step at other m against runs there). profiler, sim and seed read the same p=2 sweep.
+run's predicted step at other m against runs there), dp (a synthetic PP x DP job of --dp-mesh ranks
+analysed, CPU- and GPU-shaped: time, peak RSS, recovery). profiler, sim and seed read the same p=2 sweep.
 A run of some parts replaces their sections of results.json and RESULTS.md and keeps the others'.
 Generated traces and runs live in a temporary directory that is deleted at the end (--keep keeps it).
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 from analysis.cli import standalone
 from analysis.errors import InputError
 from analysis.files import write_atomically
+from bench.dp_scale import dp_scale
 from bench.inject import inject_recovery
 from bench.predict import prediction_accuracy
 from bench.report import render
@@ -42,7 +44,7 @@ from bench.throughput import ThroughputPlan, throughput
 from runners.launch import launch
 from runners.rundir import REPO_ROOT, git_revision, host_facts
 
-PARTS = ("throughput", "executor", "profiler", "sim", "seed", "bubble", "inject", "predict")
+PARTS = ("throughput", "executor", "profiler", "sim", "seed", "bubble", "inject", "predict", "dp")
 SWEEP_PARTS = {"profiler", "sim", "seed"}
 PACKAGES = ("torch", "polars", "pyarrow", "msgspec", "HolisticTraceAnalysis")
 
@@ -75,6 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bubble-runs", type=int, default=6, help="gpipe p=2 m=1 runs of the bubble part")
     parser.add_argument("--inject-pairs", type=int, default=5, help="A/B pairs per case of the inject part")
     parser.add_argument("--predict-ms", default="2 8 16", help="microbatch counts the predict part predicts")
+    parser.add_argument(
+        "--dp-mesh",
+        type=int,
+        nargs=2,
+        default=(8, 8),
+        metavar=("P", "DP"),
+        help="the dp part's synthetic job",
+    )
+    parser.add_argument("--dp-m", type=int, default=16, help="microbatches per step of the dp part's job")
     parser.add_argument(
         "--predict-repeats", type=int, default=3, help="repeats of the predict part (each: m=4 and every m)"
     )
@@ -264,6 +275,13 @@ def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, reco
                 f"predict: gpipe and 1f1b p=2, m=4 predicted at {args.predict_ms}, {args.predict_repeats} repeats"
             )
             results["predict"] = prediction_accuracy(plan, predict_ms, args.predict_repeats, say)
+    if "dp" in parts:
+        with record.section("dp") as results:
+            p, dp = args.dp_mesh
+            results["dp"] = [
+                dp_scale(workdir, p, dp, args.dp_m, shape, args.repeats, REPO_ROOT, say)
+                for shape in ("cpu", "gpu")
+            ]
 
 
 def _previous(out: Path, say) -> tuple[dict, str]:

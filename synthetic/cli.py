@@ -10,6 +10,7 @@ from analysis.cli import standalone
 from analysis.errors import InputError
 from runners.schedules import SCHEDULES, ScheduleError, build
 from runners.schedules.single_gpu import SINGLE_GPU
+from synthetic.data_parallel import write_job
 from synthetic.generate import OptionError, write_run
 from synthetic.truth import DEFAULT_US
 
@@ -45,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batched", action="store_true", help="GPU, with --no-labels: a SEND and the RECV after it batched"
     )
+    parser.add_argument("--dp", type=int, default=1, help="pipelines (data-parallel replicas): P x DP ranks")
+    parser.add_argument("--slow-pipeline", type=int, default=0, help="with --dp: the slower replica")
+    parser.add_argument("--slow-factor", type=float, default=1.0, help="with --dp: its compute x this")
+    parser.add_argument("--sync-us", type=float, default=0.0, help="with --dp: the all-reduce's transfer")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,27 +65,35 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(None, str(error)) from None
     durations = {"F": args.f_us, "B": args.b_us, "I": args.b_us / 2, "W": args.b_us / 2}
     offsets = {r: round(ms * 1e6) for r, ms in enumerate(args.clock_offset_ms)}
-    try:
-        result = write_run(
-            args.out,
-            schedule,
-            durations_us=durations,
-            p2p_latency_us=args.p2p_latency_us,
-            launch_gap_us=args.launch_gap_us,
-            small_gemm=args.small_gemm,
-            slowdown=args.slowdown,
-            clock_offset_ns=offsets,
-            steps=args.steps,
-            shape=args.shape,
-            run_id=args.out.name,
-            labels=args.labels,
-            batched=args.batched,
+    options = {
+        "durations_us": durations,
+        "p2p_latency_us": args.p2p_latency_us,
+        "launch_gap_us": args.launch_gap_us,
+        "small_gemm": args.small_gemm,
+        "slowdown": args.slowdown,
+        "clock_offset_ns": offsets,
+        "steps": args.steps,
+        "shape": args.shape,
+        "run_id": args.out.name,
+        "labels": args.labels,
+        "batched": args.batched,
+    }
+    if args.dp < 1 or not 0 <= args.slow_pipeline < args.dp or args.slow_factor <= 0 or args.sync_us < 0:
+        raise InputError(
+            None, "--dp must be >= 1, --slow-pipeline one of its replicas, --slow-factor positive"
         )
+    job = {"slow_pipeline": args.slow_pipeline, "slow_factor": args.slow_factor, "sync_us": args.sync_us}
+    try:
+        if args.dp == 1:
+            result = write_run(args.out, schedule, **options)
+        else:
+            result = write_job(args.out, schedule, args.dp, **options, **job)
     except OptionError as error:
         raise InputError(None, str(error)) from None
     step_ms = next(iter(result.truth.values())).step_ns / 1e6
     print(
-        f"wrote {args.out}: {args.schedule} p={args.p} m={args.m} v={args.v} {args.shape}, step {step_ms:.3f} ms"
+        f"wrote {args.out}: {args.schedule} p={args.p} m={args.m} v={args.v} dp={args.dp} {args.shape}, "
+        f"step {step_ms:.3f} ms"
     )
     return 0
 

@@ -25,6 +25,9 @@ begun the SEND this RECV takes, and the receiver of this SEND had reached its RE
 the start of a kernel of theirs) and p2p_wait after. An unpaired RECV keeps the rule above. So a hop
 a batched sender waits for is p2p_wait on the sender as well as on its receiver.
 
+step_ns, when longer than the replay, is the step's length: every rank idles after its last action
+until then (synthetic.data_parallel puts the gradient sync there).
+
 shape="single_gpu" writes the same replay as one process of P ranks on one GPU (synthetic.single_gpu):
 one trace file, a compute and a copy stream per rank, the truth per virtual rank unchanged.
 """
@@ -119,6 +122,7 @@ def synthesize(
     labels: bool = True,
     batched: bool = False,
     host_in_labels: bool = False,
+    step_ns: int | None = None,
 ) -> Synthetic:
     check_options(schedule, shape, labels, batched)
     lowered = schedule if schedule.lowered else lower(schedule)
@@ -140,10 +144,10 @@ def synthesize(
             rows = batching.replay(lowered, duration, latency, launch_gap, pairs)
         except batching.BatchedError as error:
             raise OptionError(str(error)) from None
-        step_ns = max(end for *_, end in rows)
+        step_ns = max(max(end for *_, end in rows), step_ns or 0)
     else:
         timeline = simulate(lowered, duration=duration, latency=lambda *_: latency, gap=launch_gap)
-        rows, step_ns = timeline.rows, round(timeline.makespan)
+        rows, step_ns = timeline.rows, max(round(timeline.makespan), step_ns or 0)
     cells = _cells(lowered, rows, gap)
     truth = {r: rank_truth(r, step_ns, cells, work, lowered.m, gap, pairs) for r in cells}
     offsets = clock_offset_ns or {}
@@ -332,12 +336,21 @@ def write_run(directory: str | Path, schedule: Schedule, **options: Any) -> Synt
         write_atomically(directory / f"rank{rank}.json.gz", gzip.compress(json.dumps(document).encode(), 6))
     truth = [asdict(t) for t in result.truth.values()]
     write_atomically(directory / "truth.json", json.dumps(truth, indent=1).encode())
+    config = run_config(schedule, result.truth, options)
+    write_atomically(directory / "run.json", json.dumps(config, indent=1).encode())
+    return result
+
+
+def run_config(
+    schedule: Schedule, truth: Mapping[int, RankTruth], options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """run.json of a synthetic run written with `options` (synthesize's)."""
     shape = options.get("shape", "cpu")
     on_gpu = shape in ("gpu", SINGLE_GPU)
     work = Work(
         options.get("durations_us", DEFAULT_US), options.get("small_gemm", 1.0), options.get("slowdown", 1.0)
     )
-    step_ms = next(iter(result.truth.values())).step_ns / 1e6
+    step_ms = next(iter(truth.values())).step_ns / 1e6
     config = {
         "schedule": schedule.name,
         "p": schedule.p,
@@ -358,5 +371,4 @@ def write_run(directory: str | Path, schedule: Schedule, **options: Any) -> Synt
         "step_times_unprofiled_ms": [step_ms] * 3,
         "complete": True,
     }
-    write_atomically(directory / "run.json", json.dumps(config, indent=1).encode())
-    return result
+    return config

@@ -39,13 +39,15 @@ class RankTruth:
     launch_overhead_ns: int
     p2p_wait_ns: int
     bubble_ns: int
+    dp_sync_ns: int = 0  # in the gradient sync, idle (synthetic.data_parallel)
+    dp_skew_ns: int = 0  # of dp_sync: waiting for a slower replica (a sub-part, not a part)
 
     def parts_ns(self) -> dict[str, int]:
-        """The parts by name (compute, small_gemm, slowdown, launch_overhead, p2p_wait, bubble)."""
+        """The parts by name (compute, small_gemm, slowdown, launch_overhead, p2p_wait, bubble, dp_sync)."""
         return {
             name.removesuffix("_ns"): getattr(self, name)
             for name in self.__dataclass_fields__
-            if name.endswith("_ns") and name != "step_ns"
+            if name.endswith("_ns") and name not in ("step_ns", "dp_skew_ns")
         }
 
 

@@ -31,6 +31,8 @@ SUMMARY_KEYS = {
     "waterfall_ms",
     "ranks",
     "rules",
+    "dp",
+    "pipelines",
 }
 PART_KEYS = (  # the rank-entry keys that sum to the step time, in order
     "compute_ms",
@@ -38,10 +40,20 @@ PART_KEYS = (  # the rank-entry keys that sum to the step time, in order
     "slowdown_ms",
     "bubble_ms",
     "p2p_wait_ms",
+    "dp_sync_ms",
     "launch_overhead_ms",
     "other_ms",
 )
-RANK_KEYS = {*PART_KEYS, "rank", "stage_ids", "busy_ms", "cpu_contention_ms", "peak_activation_bytes"}
+RANK_KEYS = {
+    *PART_KEYS,
+    "rank",
+    "pipeline",
+    "stage_ids",
+    "busy_ms",
+    "cpu_contention_ms",
+    "dp_skew_ms",
+    "peak_activation_bytes",
+}
 
 
 def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
@@ -69,6 +81,7 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         "step_time_unprofiled_ms",
         "noise",
         "flags",
+        "straggler",
     }
     assert summary["parts"] == list(PART_KEYS)
     assert all(set(rank) == RANK_KEYS for rank in summary["ranks"])

@@ -25,6 +25,7 @@ from analysis.schema import GAP_CLASSES, RANK_PARTS, RankEntry
 from runners.schedules import COMPUTE_KINDS, Schedule
 
 NS_PER_MS = 1e6
+SUB_PARTS = ("cpu_contention", "dp_skew")  # of slowdown, of dp_sync
 
 
 def _idle_before(times: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
@@ -106,9 +107,12 @@ def with_contention(cells: pl.DataFrame, samples: pl.DataFrame) -> pl.DataFrame:
     return indexed.join(delay, on="row", how="left").sort("row").drop("row")
 
 
-def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+def rank_parts(
+    cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame, skews: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """Per (rank, step): step_ns, busy and the RANK_PARTS in ns, summing to step_ns (small_gemm and
-    slowdown null where unknown). `cells` carry cell_parts' columns."""
+    slowdown null where unknown), and the sub-parts cpu_contention and dp_skew (`skews`: rank, step,
+    dp_skew; analysis.timeline.dp_sync). `cells` carry cell_parts' columns."""
     window = windows.select("rank", "step", window_ns=pl.col("end_ns") - pl.col("start_ns")).with_columns(
         step_ns=pl.col("window_ns").max().over("step")
     )
@@ -133,15 +137,24 @@ def rank_parts(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -
         window.join(idle, on=["rank", "step"], how="left")
         .fill_null(0)
         .join(work, on=["rank", "step"], how="left")
+        .join(_skews(skews), on=["rank", "step"], how="left")
         .with_columns(
-            busy=busy.cast(pl.Float64), other=pl.col("other") + pl.col("step_ns") - pl.col("window_ns")
+            busy=busy.cast(pl.Float64),
+            other=pl.col("other") + pl.col("step_ns") - pl.col("window_ns"),
+            dp_skew=pl.col("dp_skew").fill_null(0).cast(pl.Float64),
         )
         .with_columns(
             compute=pl.when(pl.col("small_gemm").is_not_null()).then("full").otherwise("busy"),
             slowdown=pl.col("busy") - pl.col("full") - pl.col("small_gemm"),
         )
     )
-    return parts.select("rank", "step", "step_ns", "busy", "cpu_contention", *RANK_PARTS).sort("step", "rank")
+    return parts.select("rank", "step", "step_ns", "busy", *SUB_PARTS, *RANK_PARTS).sort("step", "rank")
+
+
+def _skews(skews: pl.DataFrame | None) -> pl.DataFrame:
+    if skews is None:
+        return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "dp_skew": pl.Float64})
+    return skews.select("rank", "step", pl.col("dp_skew").cast(pl.Float64))
 
 
 def median_step(parts: pl.DataFrame) -> int:
@@ -160,6 +173,7 @@ def rank_entries(parts: pl.DataFrame, schedule: Schedule, peaks: dict[int, int])
             peak_activation_bytes=peaks.get(row["rank"]),
             busy_ms=row["busy"] / NS_PER_MS,
             cpu_contention_ms=None if row["cpu_contention"] is None else row["cpu_contention"] / NS_PER_MS,
+            dp_skew_ms=row["dp_skew"] / NS_PER_MS,
             **{f"{part}_ms": None if row[part] is None else row[part] / NS_PER_MS for part in RANK_PARTS},
         )
         for row in parts.sort("rank").iter_rows(named=True)
@@ -168,11 +182,11 @@ def rank_entries(parts: pl.DataFrame, schedule: Schedule, peaks: dict[int, int])
 
 def in_ms(parts: pl.DataFrame) -> pl.DataFrame:
     """ranks.parquet: every analysed step's parts per rank, in ms (step_ms, <part>_ms)."""
-    return parts.with_columns(pl.col("step_ns", "busy", "cpu_contention", *RANK_PARTS) / NS_PER_MS).rename(
+    return parts.with_columns(pl.col("step_ns", "busy", *SUB_PARTS, *RANK_PARTS) / NS_PER_MS).rename(
         {
             "step_ns": "step_ms",
             "busy": "busy_ms",
-            "cpu_contention": "cpu_contention_ms",
+            **{part: f"{part}_ms" for part in SUB_PARTS},
             **{part: f"{part}_ms" for part in RANK_PARTS},
         }
     )

@@ -39,8 +39,15 @@ def table(summary: Summary) -> str:
         f"model prediction {summary.simulated_step_time_ms:.3f} ms",
         f"  bubble         formula {summary.bubble_formula:.3f}   busy-time {summary.bubble_measured:.3f}   "
         f"seed {'unknown' if summary.bubble_seed is None else f'{summary.bubble_seed:.3f}'}",
-        "  waterfall",
     ]
+    if summary.straggler is not None:
+        late = summary.straggler
+        lines.append(
+            f"  {len(summary.pipelines)} pipelines (dp={summary.dp}), the figures the slowest's: pipeline "
+            f"{late.pipeline} {late.slower_ms:.3f} ms ({late.slower_fraction:.1%}) slower than the fastest; "
+            f"dp_sync up to {max(r.dp_sync_ms for r in summary.ranks):.3f} ms a rank"
+        )
+    lines.append("  waterfall")
     for term in WATERFALL_TERMS:
         value = getattr(summary.waterfall_ms, term)
         shown = "   unknown (no calibration)" if value is None else f"{value:10.3f} ms  {value / step:6.1%}"

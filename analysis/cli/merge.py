@@ -15,8 +15,9 @@ from pathlib import Path
 
 from analysis import results
 from analysis.errors import InputError, LimitExceeded, printable
+from analysis.job import analyze_job
 from analysis.merge.merged import kept_ranks, read_ranks, write_merged
-from analysis.pipeline import analyze_run, run_input
+from analysis.pipeline import run_input
 from analysis.results import Analysis
 from analysis.traces import limits
 from analysis.traces.load import RunTraces, TraceWarning, load_run, run_in
@@ -73,7 +74,7 @@ def _analysis(run_dir: Path, loaded: RunTraces) -> tuple[Analysis | None, InputE
         except InputError as error:
             warnings.warn(f"{error}; analysed again", TraceWarning, stacklevel=2)
     try:
-        analysis = analyze_run(run_input(loaded))
+        analysis = analyze_job(run_input(loaded))
     except InputError as error:
         return None, error
     results.write(run_dir, analysis)

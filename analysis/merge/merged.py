@@ -1,6 +1,7 @@
 """One Perfetto-loadable trace of every rank, on one aligned clock.
 
-Each rank becomes one process (pid = rank, named `rank r · stage s, s'`), its CPU threads and GPU
+Each rank becomes one process (pid = rank, named `rank r · stage s, s'`, after `pipeline j · ` in a
+job of several, shown sorted by pipeline, then stage), its CPU threads and GPU
 streams become that process's threads, so OS pids and GPU device indices of different ranks or hosts
 cannot collide. Flow ids are renumbered densely across the file, so a profiler's launch arrows stay in
 their rank, and each pipeline transfer gets an arrow from the sender's SEND (GPU: its NCCL kernel) to
@@ -116,18 +117,20 @@ def _batches(plan: _Plan) -> Iterator[list[dict]]:
     next_id = 0
     origin, shift = plan.origin, plan.shift
     done: dict[int, Placed] = {}
+    places = _places(plan.analysis)
     for rank, frame in plan.frames.items():
         trace = plan.traces[rank]
         track = layout(frame, trace.events_json, trace.path)
-        stages = [] if plan.analysis is None else list(plan.analysis.schedule.stages_of(rank))
-        yield track.metadata_events(rank, _process_name(rank, stages))
+        place = places.get(rank)
+        yield track.metadata_events(rank, _process_name(rank, place), rank if place is None else place.order)
         yield from track.slice_events(rank, shift[rank] - origin, plan.us)
         flows, next_id = profiler_flows(track, rank, shift[rank] - origin, next_id, plan.us)
         yield from flows
         done[rank] = placed(track)
         del track, flows
     if plan.analysis is not None:
-        arrows, next_id = p2p_flows(clock.transfers(plan.cells), done, shift, origin, next_id, plan.us)
+        pairs = _within_pipelines(clock.transfers(plan.cells), places)
+        arrows, next_id = p2p_flows(pairs, done, shift, origin, next_id, plan.us)
         yield from arrows
         yield from analysis_tracks(plan.analysis, done, shift, origin, plan.steps, plan.notes, plan.us)
     else:
@@ -257,10 +260,50 @@ def _within_steps(frame: pl.DataFrame, steps: tuple[int, ...] | None, notes: lis
     return frame.filter(inside | (frame["ph"] == "M"))
 
 
-def _process_name(rank: int, stages: list[int]) -> str:
-    if not stages:
+@dataclass(frozen=True)
+class _Place:
+    """Where a rank sits in the job: its pipeline (None with one), its stages, its place in the order
+    processes are shown in (by pipeline, then stage)."""
+
+    pipeline: int | None
+    stages: list[int]
+    order: int
+
+
+def _places(analysis: Analysis | None) -> dict[int, _Place]:
+    if analysis is None:
+        return {}
+    summary = analysis.summary
+    depth = len(summary.ranks) // max(len(summary.pipelines), 1)
+    where = {rank: (j, s) for j, line in enumerate(summary.pipelines) for s, rank in enumerate(line.ranks)}
+    return {
+        entry.rank: _Place(
+            entry.pipeline if summary.dp > 1 else None,
+            entry.stage_ids,
+            where[entry.rank][0] * depth + where[entry.rank][1] if entry.rank in where else entry.rank,
+        )
+        for entry in summary.ranks
+    }
+
+
+def _within_pipelines(pairs: pl.DataFrame, places: dict[int, _Place]) -> pl.DataFrame:
+    """Transfers between ranks of one pipeline (stage numbers repeat in every pipeline)."""
+    pipeline = {rank: place.pipeline or 0 for rank, place in places.items()}
+    if len(set(pipeline.values())) <= 1:
+        return pairs
+    of = {"default": -1, "return_dtype": pl.Int64}
+    same = pl.col("src_rank").replace_strict(pipeline, **of) == pl.col("dst_rank").replace_strict(
+        pipeline, **of
+    )
+    return pairs.filter(same)
+
+
+def _process_name(rank: int, place: _Place | None) -> str:
+    if place is None or not place.stages:
         return f"rank {rank}"
-    return f"rank {rank} · stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))}"
+    stages = place.stages
+    named = f"rank {rank} · stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))}"
+    return named if place.pipeline is None else f"pipeline {place.pipeline} · {named}"
 
 
 def _shown(values: tuple[int, ...] | list[int]) -> str:

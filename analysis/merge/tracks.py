@@ -104,10 +104,16 @@ class RankTracks:
         at = self.frame["index"].search_sorted(rows["index"], side="left")
         return rows.with_columns(name=self.frame["name"].gather(at), cat=self.frame["cat"].gather(at))
 
-    def metadata_events(self, rank: int, process_name: str) -> list[dict]:
+    def metadata_events(self, rank: int, process_name: str, sort_index: int) -> list[dict]:
         process = [
             {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": process_name}},
-            {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": rank,
+                "tid": 0,
+                "args": {"sort_index": sort_index},
+            },
         ]
         return process + thread_events(rank, self.threads)
 

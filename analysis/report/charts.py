@@ -29,6 +29,7 @@ _COLOURS = {
     "slowdown": "#ff9da6",
     "launch_overhead": "#9d755d",
     "p2p_wait": "#b279a2",
+    "dp_sync": "#54a24b",
     "other": "#e0e0e0",
     "residual": "#eeca3b",
     "measured": "#333333",
@@ -97,9 +98,15 @@ def timeline(frame: pl.DataFrame, title: str, ranks: int, name: str = "timeline"
     return Plot(chart, {name: frame})
 
 
-def timelines(measured: pl.DataFrame, ideal: pl.DataFrame | None, ranks: int, ideal_title: str) -> Plot:
-    """The measured timeline directly above the simulated ideal one, on one shared time axis."""
-    plots = [timeline(measured, "measured", ranks, "measured")]
+def timelines(
+    measured: list[tuple[str, pl.DataFrame]], ideal: pl.DataFrame | None, ranks: int, ideal_title: str
+) -> Plot:
+    """The measured timelines (one per pipeline: title, frame), one above another, then the simulated
+    ideal one, on one shared time axis."""
+    plots = [
+        timeline(frame, title, frame["rank"].n_unique(), "measured" if len(measured) == 1 else f"measured{i}")
+        for i, (title, frame) in enumerate(measured)
+    ]
     if ideal is not None:
         plots.append(timeline(ideal, ideal_title, ranks, "ideal"))
     chart = alt.vconcat(*[p.chart for p in plots]).resolve_scale(x="shared")

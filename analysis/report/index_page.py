@@ -10,6 +10,7 @@ from analysis.report import charts, sweeps
 from analysis.report.frames import largest_deviation
 from analysis.report.pages import Column, Figure, Markup, link, number, table
 from analysis.report.runs import Run
+from analysis.schema import Summary
 from runners.presets import CALIBRATED_MS
 
 RUN_COLUMNS = [
@@ -21,7 +22,10 @@ RUN_COLUMNS = [
     Column("m", "microbatches per step"),
     Column("v", "chunks (stages) per rank"),
     Column(
-        "step, profiled (ms)", "measured step time: median over the analysed profiled steps", show=number(3)
+        "step, profiled (ms)",
+        "measured step time: median over the analysed profiled steps (a job of several pipelines: its "
+        "slowest pipeline's, the one whose step alone, less its ranks' wait for slower replicas, is longest)",
+        show=number(3),
     ),
     Column(
         "bubble formula",
@@ -91,7 +95,27 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
             ]
         )
         classes.append("flagged" if s.flags else "")
+        if s.dp > 1:
+            rows += _pipeline_rows(s)
+            classes += ["pipeline"] * len(s.pipelines)
     return table(RUN_COLUMNS, rows, classes)
+
+
+def _pipeline_rows(s: Summary) -> list[list]:
+    """Below a job's row (the slowest pipeline's figures), one row per pipeline: its step, its step alone
+    (less its ranks' wait for slower replicas) and its busy-time bubble."""
+    rows = []
+    for j, line in enumerate(s.pipelines):
+        late = s.straggler is not None and s.straggler.pipeline == j
+        name = (
+            f"· pipeline {j}: ranks {', '.join(map(str, line.ranks))}, alone {line.step_time_alone_ms:.3f} ms"
+            f"{f' (straggler, +{s.straggler.slower_ms:.3f} ms)' if late else ''}"
+        )
+        rows.append(
+            [Markup(html.escape(name)), *[None] * 3, _text(s.p), None, None, line.step_time_ms, None]
+            + [line.bubble_measured, None, None, None]
+        )
+    return rows
 
 
 def _text(value) -> str:

@@ -4,11 +4,12 @@ memory, thresholds and the merged Perfetto trace."""
 from __future__ import annotations
 
 import html
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import polars as pl
 
+from analysis.pipelines import to_local
 from analysis.report import charts, hta_section
 from analysis.report.frames import (
     coarsen,
@@ -29,7 +30,9 @@ from analysis.report.inflight import (
 )
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
+from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Summary, rule_meanings
+from analysis.traces.memory import Memory
 
 CONFIG_FIELDS = (
     "schedule",
@@ -56,6 +59,8 @@ PART_MEANINGS = {
     "interference, profiler cost, noise; may be negative; — = no isolated calibration)",
     "bubble": "idle because the producer had not produced yet: schedule geometry plus delays from upstream",
     "p2p_wait": "idle after the peer had already sent: transfer and latency",
+    "dp_sync": "idle in data-parallel collectives (the gradient sync) that compute did not hide; of it, "
+    "dp_skew is the wait for a slower replica",
     "launch_overhead": "device idle while the host had not yet issued the next work (CPU: host time inside "
     "and between actions)",
     "other": "work outside the schedule that the trace shows (the optimizer step, data loading), and the "
@@ -180,10 +185,31 @@ def timeline_figure(run: Run) -> Figure:
         f"stream rather than read from PP: labels. {IDEAL_CAPTION} Hover a cell for its action, microbatch and "
         f"duration.{binned}"
     )
-    ideal = coarsen(ideal_frame(analysis.ideal, origin))
-    return Figure(
-        "timeline", charts.timelines(shown_measured, ideal, ranks, "ideal timeline"), caption, "canvas"
+    ideal = ideal_frame(analysis.ideal, origin)
+    summary = run.summary
+    if summary.dp == 1:
+        return Figure(
+            "timeline",
+            charts.timelines([("measured", shown_measured)], coarsen(ideal), ranks, "ideal timeline"),
+            caption,
+            "canvas",
+        )
+    slowest = summary.pipelines[summary.straggler.pipeline].ranks
+    per_pipeline = [
+        (
+            f"measured, pipeline {j} (ranks {', '.join(map(str, line.ranks))})",
+            pl.col("rank").is_in(line.ranks),
+        )
+        for j, line in enumerate(summary.pipelines)
+    ]
+    measured_plots = [(title, coarsen(measured.filter(inside))) for title, inside in per_pipeline]
+    ideal = coarsen(ideal.filter(pl.col("rank").is_in(slowest)))
+    caption += (
+        f" The job's {len(per_pipeline)} pipelines are drawn one above another on one time axis (the ranks "
+        "taken to share a clock); the ideal timeline is the slowest pipeline's."
     )
+    title = f"ideal timeline, pipeline {summary.straggler.pipeline}"
+    return Figure("timeline", charts.timelines(measured_plots, ideal, len(slowest), title), caption, "canvas")
 
 
 def waterfall_figure(summary: Summary) -> Figure:
@@ -207,9 +233,10 @@ def waterfall_figure(summary: Summary) -> Figure:
 
 
 def parts_html(summary: Summary) -> str:
-    """Per-rank table: each rank's parts sum to the step time (the closure column shows it)."""
+    """Per-rank table: each rank's parts sum to its pipeline's step time (the closure column shows it)."""
     columns = [
-        Column("rank", "pipeline rank (one process)"),
+        Column("rank", "global rank (one process)"),
+        Column("pipeline", "the pipeline (data-parallel replica) the rank belongs to"),
         Column("stages", "global stage indices on this rank", show=_plain, text=True),
     ]
     columns += [Column(f"{part} (ms)", PART_MEANINGS[part], show=number(3)) for part in RANK_PARTS]
@@ -222,6 +249,12 @@ def parts_html(summary: Summary) -> str:
             "on their busy share; it lengthens busy time, mostly seen as slowdown (— = no run-queue counter)",
             show=number(3),
         ),
+        Column(
+            "dp_skew (ms)",
+            "of dp_sync: the wait for a slower replica (each collective's latest start in the DP group less "
+            "this rank's, at most its time)",
+            show=number(3),
+        ),
         Column("peak activations (MiB)", "largest live activation memory held for backward", show=number(2)),
     ]
     rows = []
@@ -231,11 +264,13 @@ def parts_html(summary: Summary) -> str:
         rows.append(
             [
                 entry.rank,
+                entry.pipeline,
                 entry.stage_ids,
                 *parts,
                 sum(x or 0.0 for x in parts),
                 entry.busy_ms,
                 entry.cpu_contention_ms,
+                entry.dp_skew_ms,
                 None if peak is None else peak / 2**20,
             ]
         )
@@ -260,24 +295,42 @@ def memory_figure(summary: Summary) -> Figure | None:
     return Figure("memory", charts.memory_per_rank(frame), caption)
 
 
-def _measured_in_flight(run: Run, step: int, origin: int) -> tuple[pl.DataFrame, str]:
+def _measured_in_flight(analysis: Analysis, step: int, origin: int) -> tuple[pl.DataFrame, str]:
     """The executor's own stash counter where the run recorded one, else the count from the cells."""
-    memory = run.analysis.memory
+    memory = analysis.memory
     if memory is not None and not memory.stash.filter(pl.col("step") == step).is_empty():
         return stash_in_flight(
             memory.stash, step
         ), "the executor's stash counter (microbatches it held for backward)"
     return (
-        measured_in_flight(run.analysis.cells, step, origin),
+        measured_in_flight(analysis.cells, step, origin),
         "the cells (+1 at a forward's end, -1 at its freeing backward's)",
     )
 
 
+def _slowest_pipeline(run: Run) -> tuple[Analysis, str]:
+    """The run's analysis, or in a job of several pipelines the slowest one's on its local ranks (the
+    schedule's own), with a note saying which."""
+    summary, analysis = run.summary, run.analysis
+    if summary.straggler is None:
+        return analysis, ""
+    ranks = summary.pipelines[summary.straggler.pipeline].ranks
+    memory = analysis.memory
+    if memory is not None:
+        memory = Memory(to_local(memory.stash, ranks), to_local(memory.peaks, ranks))
+    local = {table: to_local(getattr(analysis, table), ranks) for table in ("cells", "gaps", "ideal")}
+    note = (
+        f" The slowest pipeline, {summary.straggler.pipeline}: its ranks {', '.join(map(str, ranks))} as "
+        "pipeline ranks 0..p-1."
+    )
+    return replace(analysis, memory=memory, **local), note
+
+
 def in_flight_section(run: Run) -> tuple[str, Figure]:
     """Measured in-flight microbatches over the step against the schedule's count on the ideal timeline."""
-    analysis, step = run.analysis, run.summary.median_step
+    (analysis, which), step = _slowest_pipeline(run), run.summary.median_step
     origin = step_origin(analysis.cells, analysis.gaps, step)
-    measured, source = _measured_in_flight(run, step, origin)
+    measured, source = _measured_in_flight(analysis, step, origin)
     peaks = peaks_frame(measured, theory_peaks(analysis.schedule))
     over_time = theory_in_flight(analysis.schedule, analysis.ideal, origin)
     columns = [
@@ -294,7 +347,7 @@ def in_flight_section(run: Run) -> tuple[str, Figure]:
         f"Step {step}: microbatches in flight per rank (activations held for backward), measured from "
         f"{source}; below, the schedule's own count (runners.schedules.in_flight) over the ideal timeline "
         "of the same schedule; dashed: the schedule's peak (GPipe: m on every stage; 1F1B: p - s on "
-        "stage s).",
+        f"stage s).{which}",
     )
     return table(columns, [list(row) for row in peaks.iter_rows()]) + figure.html(), figure
 

@@ -368,12 +368,19 @@ def load_run(directory: str | Path) -> RunTraces:
     _check_same_run(directory, traces)
     by_rank = _one_per_rank(directory, traces)
     one_process = config is not None and config.get("mode") == SINGLE_GPU  # P ranks in one trace
-    if config is not None and not one_process and config.get("p") not in (None, len(by_rank)):
+    if config is not None and not one_process and _ranks_said(config) not in (None, len(by_rank)):
+        dp = f", dp={config['dp']!r:.20}" if "dp" in config else ""
         raise InputError(
             directory / "run.json",
-            f"says p={config['p']!r:.40} but the directory has {len(by_rank)} rank traces",
+            f"says p={config['p']!r:.40}{dp} but the directory has {len(by_rank)} rank traces",
         )
     return RunTraces(directory, tuple(by_rank), config)
+
+
+def _ranks_said(config: dict[str, Any]) -> Any:
+    """The number of ranks run.json says the job has: p ranks per pipeline x dp pipelines (1 unsaid)."""
+    p, dp = config.get("p"), config.get("dp", 1)
+    return p * dp if type(p) is int and type(dp) is int else p
 
 
 def is_run_directory(path: Path) -> bool:

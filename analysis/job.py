@@ -1,0 +1,178 @@
+"""A job of one or more pipelines (PP x DP): each pipeline analysed as a run of its own, then joined.
+
+The pipelines come from analysis.pipelines; each one's ranks are renumbered 0..p-1 (their stage order)
+and analysed by analysis.pipeline.analyze_run, with the DP collectives of its ranks and their start
+skews across the DP groups (analysis.timeline.dp_sync), and the results are mapped back to global
+ranks. The job's summary is the slowest pipeline's, with every rank's entry (closing on its pipeline's
+step_time_ms), `dp`, `pipelines` and the `straggler` (analysis.schema.Summary). Every pipeline reports
+the job's step of median length (a pipeline is analysed again where its own median is another step),
+so the ranks of all of them are compared in one step. The slowest is the one whose step alone (its
+step less the time its ranks waited for slower replicas, the longest such rank's) is longest: the
+gradient sync makes every pipeline's step as long as the slowest's, and this is what tells them apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import msgspec
+import polars as pl
+
+from analysis.attribution.parts import median_step
+from analysis.errors import InputError
+from analysis.pipeline import RunInput, analyze_run
+from analysis.pipelines import find_pipelines, to_global, to_local
+from analysis.results import Analysis
+from analysis.schema import PipelineEntry, Rules, Straggler
+from analysis.timeline.clock import ClockEstimate
+from analysis.timeline.dp_sync import collectives, with_skew
+from analysis.traces.memory import Memory
+
+
+def analyze_job(
+    run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
+) -> Analysis:
+    """Every pipeline of the run analysed, joined into one Analysis on global ranks."""
+    pipelines = find_pipelines(len(run.frames), run.run_json, run.groups, run.peers, run.path)
+    said = 1 if run.run_json is None else run.run_json.get("dp", 1)
+    if run.run_json is not None and len(pipelines) != said:
+        raise InputError(run.path / "run.json", f"says dp={said!r:.20} but lists {len(pipelines)} pipelines")
+    instances = _instances(run, pipelines) if len(pipelines) > 1 else None
+    inputs = [_pipeline_input(run, ranks, instances) for ranks in pipelines]
+    analyses = [analyze_run(one, schedule, m, rules) for one in inputs]
+    step = _job_step(analyses)
+    analyses = [
+        a if a.summary.median_step == step else analyze_run(one, schedule, m, rules, step)
+        for a, one in zip(analyses, inputs)
+    ]
+    return _joined(analyses, pipelines, _unsynced(run, instances))
+
+
+def _unsynced(run: RunInput, instances: pl.DataFrame | None) -> list[str]:
+    """A note for ranks of a job of several pipelines where no DP collective was found."""
+    if instances is None:
+        return []
+    missing = sorted(set(run.frames) - set(instances["rank"].unique().to_list()))
+    if not missing:
+        return []
+    return [
+        f"rank(s) {', '.join(map(str, missing))}: no data-parallel collective found (c10d::allreduce_ and "
+        "its gloo run, or NCCL AllReduce/ReduceScatter/AllGather kernels), so their dp_sync is 0"
+    ]
+
+
+def _job_step(analyses: list[Analysis]) -> int:
+    """The job's step of median length (the lower median), a step being as long as its longest pipeline's
+    (the gradient sync binds them): every pipeline reports it, so their ranks are compared in one step."""
+    steps = pl.concat([a.parts.select("step", "step_ms") for a in analyses])
+    return median_step(steps.group_by("step").agg(step_ns=pl.col("step_ms").max()))
+
+
+def _instances(run: RunInput, pipelines: list[list[int]]) -> pl.DataFrame:
+    """Every rank's DP collectives with their start skews; stage s's DP group is every pipeline's s-th rank."""
+    found = pl.concat([collectives(run.frames[rank]) for rank in sorted(run.frames)])
+    return with_skew(found, [list(group) for group in zip(*pipelines)])
+
+
+def _pipeline_input(run: RunInput, ranks: list[int], instances: pl.DataFrame | None) -> RunInput:
+    memory = run.memory
+    if memory is not None:
+        memory = Memory(to_local(memory.stash, ranks), to_local(memory.peaks, ranks))
+    return RunInput(
+        run.path,
+        {
+            local: run.frames[rank].with_columns(rank=pl.lit(local, pl.Int64))
+            for local, rank in enumerate(ranks)
+        },
+        {local: run.sources[rank] for local, rank in enumerate(ranks) if rank in run.sources},
+        run.run_json,
+        memory,
+        to_local(run.run_queue, ranks),
+        groups={local: run.groups.get(rank, ()) for local, rank in enumerate(ranks)},
+        collectives=to_local(instances, ranks),
+    )
+
+
+def _entry(analysis: Analysis, ranks: list[int]) -> PipelineEntry:
+    summary = analysis.summary
+    alone = max(summary.step_time_ms - entry.dp_skew_ms for entry in summary.ranks)
+    return PipelineEntry(
+        ranks=ranks,
+        median_step=summary.median_step,
+        step_time_ms=summary.step_time_ms,
+        step_time_alone_ms=alone,
+        bubble_measured=summary.bubble_measured,
+    )
+
+
+def _joined(analyses: list[Analysis], pipelines: list[list[int]], notes: list[str]) -> Analysis:
+    entries = [_entry(analysis, ranks) for analysis, ranks in zip(analyses, pipelines)]
+    times = [entry.step_time_alone_ms for entry in entries]
+    slowest = times.index(max(times))
+    straggler = None
+    if len(entries) > 1:
+        fastest = min(times)
+        straggler = Straggler(
+            pipeline=slowest, slower_ms=times[slowest] - fastest, slower_fraction=times[slowest] / fastest - 1
+        )
+    rank_entries = sorted(
+        (
+            msgspec.structs.replace(entry, rank=pipeline[entry.rank], pipeline=j)
+            for j, (analysis, pipeline) in enumerate(zip(analyses, pipelines))
+            for entry in analysis.summary.ranks
+        ),
+        key=lambda entry: entry.rank,
+    )
+    chosen = analyses[slowest]
+    summary = msgspec.structs.replace(
+        chosen.summary,
+        ranks=rank_entries,
+        dp=len(pipelines),
+        pipelines=entries,
+        straggler=straggler,
+        clock=_clock([a.summary.clock for a in analyses], pipelines, slowest),
+        inferred_cells=sum(a.summary.inferred_cells for a in analyses),
+        notes=chosen.summary.notes + notes,
+    )
+
+    def every(table: str) -> pl.DataFrame:
+        return pl.concat([to_global(getattr(a, table), ranks) for a, ranks in zip(analyses, pipelines)])
+
+    memories = [(a.memory, ranks) for a, ranks in zip(analyses, pipelines) if a.memory is not None]
+    memory = None
+    if memories:
+        memory = Memory(
+            pl.concat([to_global(m.stash, r) for m, r in memories]),
+            pl.concat([to_global(m.peaks, r) for m, r in memories]),
+        )
+    return replace(
+        chosen,
+        summary=summary,
+        cells=every("cells").sort("rank", "start_ns"),
+        gaps=every("gaps").sort("rank", "start_ns"),
+        parts=every("parts").sort("step", "rank"),
+        ideal=every("ideal"),
+        memory=memory,
+    )
+
+
+def _clock(
+    clocks: list[ClockEstimate | None], pipelines: list[list[int]], slowest: int
+) -> ClockEstimate | None:
+    """Each pipeline's offsets on global ranks (each pipeline's own reference: across pipelines the
+    ranks are taken to share a clock); None when no pipeline needed any."""
+    if all(clock is None for clock in clocks):
+        return None
+    known = [(clock, ranks) for clock, ranks in zip(clocks, pipelines) if clock is not None]
+    reference = clocks[slowest] or known[0][0]
+    reference_ranks = pipelines[slowest] if clocks[slowest] is not None else known[0][1]
+    return replace(
+        reference,
+        reference_rank=reference_ranks[reference.reference_rank],
+        ranks=tuple(replace(r, rank=ranks[r.rank]) for clock, ranks in known for r in clock.ranks),
+        transfers=sum(clock.transfers for clock, _ in known),
+        collectives=sum(clock.collectives for clock, _ in known),
+        inconsistent_pairs=tuple(
+            (ranks[a], ranks[b]) for clock, ranks in known for a, b in clock.inconsistent_pairs
+        ),
+    )

@@ -1,0 +1,195 @@
+"""PP x DP: a synthetic job with a known slow pipeline and a known exposed gradient sync, recovered exactly
+(synthetic.data_parallel): which pipeline is slower and by how much, dp_sync and its dp_skew per rank, and
+every part of every rank; with run.json and from the traces' process groups alone."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import polars as pl
+import pytest
+
+from analysis import results
+from analysis.cli import main
+from analysis.job import analyze_job
+from analysis.pipeline import analyze_dir, read_run
+from analysis.report import build_report
+from analysis.schema import RANK_PARTS
+from analysis.timeline.dp_sync import cut
+from runners.schedules import build
+from synthetic.data_parallel import write_job
+from synthetic.generate import write_run
+
+SLOW, FACTOR, SYNC_US = 1, 1.5, 300
+
+
+def job(directory, shape: str, run_json: bool = True, **options):
+    written = write_job(
+        directory,
+        build("1f1b", 2, 4),
+        2,
+        run_json=run_json,
+        **options,
+        slow_pipeline=SLOW,
+        slow_factor=FACTOR,
+        sync_us=SYNC_US,
+        shape=shape,
+        durations_us={"F": 1000, "B": 2000},
+        p2p_latency_us=50,
+        launch_gap_us=10,
+    )
+    return written, analyze_job(read_run(directory)).summary
+
+
+def alone_ms(truth, ranks) -> float:
+    """A pipeline's step less its ranks' wait for the slower replica (the longest such rank's), in truth."""
+    return max(truth[r].step_ns - truth[r].dp_skew_ns for r in ranks) / 1e6
+
+
+@pytest.mark.parametrize("shape", ["cpu", "gpu"])
+def test_the_slow_pipeline_and_the_exposed_sync_are_recovered(tmp_path, shape):
+    written, summary = job(tmp_path, shape)
+    assert summary.dp == 2 and [p.ranks for p in summary.pipelines] == written.pipelines == [[0, 2], [1, 3]]
+    fast = alone_ms(written.truth, written.pipelines[0])
+    slow = alone_ms(written.truth, written.pipelines[SLOW])
+    assert summary.straggler.pipeline == SLOW
+    assert summary.straggler.slower_ms == pytest.approx(slow - fast, abs=1e-6)
+    assert [p.step_time_alone_ms for p in summary.pipelines] == pytest.approx([fast, slow], abs=1e-6)
+    assert [p.step_time_ms for p in summary.pipelines] == pytest.approx([summary.step_time_ms] * 2, abs=1e-9)
+    assert summary.step_time_ms == pytest.approx(written.truth[0].step_ns / 1e6, abs=1e-6)
+    for entry in summary.ranks:
+        truth = written.truth[entry.rank]
+        assert entry.pipeline == entry.rank % 2
+        assert entry.dp_sync_ms == pytest.approx(truth.dp_sync_ns / 1e6, abs=1e-6)
+        assert entry.dp_skew_ms == pytest.approx(truth.dp_skew_ns / 1e6, abs=1e-6)
+        assert (entry.dp_skew_ms > 0) == (entry.pipeline != SLOW)
+        for part, ns in truth.parts_ns().items():
+            assert entry.part_ms(part) == pytest.approx(ns / 1e6, abs=1e-6), (entry.rank, part)
+        assert sum(entry.part_ms(part) for part in RANK_PARTS) == pytest.approx(
+            summary.step_time_ms, abs=1e-9
+        )
+
+
+@pytest.mark.parametrize(
+    ("shape", "options"),
+    [("cpu", {}), ("gpu", {"labels": False, "process_groups": False})],
+    ids=["process-groups", "p2p-peers"],
+)
+def test_the_pipelines_are_found_from_the_traces_alone(tmp_path, shape, options):
+    written, summary = job(tmp_path, shape, run_json=False, **options)
+    assert [p.ranks for p in summary.pipelines] == written.pipelines
+    assert summary.straggler.pipeline == SLOW
+    for entry in summary.ranks:
+        assert entry.dp_sync_ms == pytest.approx(written.truth[entry.rank].dp_sync_ns / 1e6, abs=1e-6)
+        assert entry.dp_skew_ms == pytest.approx(written.truth[entry.rank].dp_skew_ns / 1e6, abs=1e-6)
+
+
+def test_one_pipeline_has_no_dp_sync(tmp_path):
+    write_run(tmp_path, build("1f1b", 2, 4))
+    one = analyze_job(read_run(tmp_path)).summary
+    assert one.dp == 1 and one.straggler is None and [p.ranks for p in one.pipelines] == [[0, 1]]
+    assert all(entry.dp_sync_ms == 0 and entry.dp_skew_ms == 0 for entry in one.ranks)
+
+
+def test_gaps_are_cut_at_the_union_of_the_intervals():
+    gaps = pl.DataFrame(
+        {"rank": [0, 0], "step": [0, 0], "start_ns": [0, 100], "end_ns": [50, 200], "class": ["a", "b"]}
+    )
+    intervals = pl.DataFrame({"rank": [0, 0, 1], "start_ns": [40, 120, 0], "end_ns": [130, 150, 500]})
+    pieces = cut(gaps, intervals)
+    assert pieces.select("start_ns", "end_ns", "class", "inside").rows() == [
+        (0, 40, "a", False),
+        (40, 50, "a", True),
+        (100, 150, "b", True),
+        (150, 200, "b", False),
+    ]
+
+
+def test_the_merged_trace_shows_ranks_by_pipeline_then_stage_and_arrows_within_pipelines(tmp_path):
+    job(tmp_path, "cpu")
+    assert main(["merge", str(tmp_path)]) == 0
+    events = json.loads(gzip.decompress((tmp_path / "merged.json.gz").read_bytes()))["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    index = {e["pid"]: e["args"]["sort_index"] for e in events if e.get("name") == "process_sort_index"}
+    order = sorted(names, key=index.get)
+    assert [names[pid] for pid in order] == [
+        "pipeline 0 · rank 0 · stage 0",
+        "pipeline 0 · rank 2 · stage 1",
+        "pipeline 1 · rank 1 · stage 0",
+        "pipeline 1 · rank 3 · stage 1",
+    ]
+    ends = {}
+    for event in events:
+        if event.get("ph") in ("s", "f"):
+            ends.setdefault(event["id"], set()).add(event["pid"] % 2)  # rank % 2 is the pipeline
+    assert ends and all(len(pipelines) == 1 for pipelines in ends.values())
+
+
+def test_the_report_shows_the_job_and_each_pipeline(tmp_path):
+    job(tmp_path / "traces" / "job", "gpu")
+    analyze_dir(tmp_path / "traces" / "job")
+    index = build_report(tmp_path / "traces", tmp_path / "reports").read_text()
+    assert (
+        index.index("runs/job.html")
+        < index.index("pipeline 0: ranks 0, 2, alone")
+        < index.index("pipeline 1: ranks 1, 3, alone")
+        < index.index("(straggler, +")
+    )
+    charts = (tmp_path / "reports" / "runs" / "job.charts.js").read_text()
+    first, second = charts.index("measured, pipeline 0 (ranks 0, 2)"), charts.index("measured, pipeline 1")
+    assert first < second < charts.index("ideal timeline, pipeline 1")
+
+
+def edited_run_json(directory, **changes) -> None:
+    path = directory / "run.json"
+    config = json.loads(path.read_text()) | changes
+    path.write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"dp": 3}, "run.json: says p=2, dp=3 but the directory has 4 rank traces"),
+        ({"pipelines": [[0, 1, 2, 3]]}, "run.json: says dp=2 but lists 1 pipelines"),
+        ({"pipelines": [[0, 2], [1, 2]]}, "run.json: its pipelines do not hold each of the 4 traced ranks"),
+        ({"pipelines": None}, "says dp=2 but not which ranks form each pipeline"),
+    ],
+    ids=["ranks", "dp-vs-pipelines", "pipelines-vs-ranks", "no-pipelines"],
+)
+def test_a_job_that_does_not_say_its_pipelines_consistently_is_refused_in_one_line(
+    tmp_path, capsys, changes, problem
+):
+    write_job(tmp_path, build("1f1b", 2, 4), 2, process_groups=False)
+    edited_run_json(tmp_path, **changes)
+    assert main(["analyze", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert problem in error and len(error.splitlines()) == 1
+
+
+def test_a_rank_without_dp_collectives_is_noted_and_has_no_dp_sync(tmp_path):
+    write_job(tmp_path, build("1f1b", 2, 4), 2, sync_us=SYNC_US)
+    path = tmp_path / "rank1.json.gz"
+    document = json.loads(gzip.decompress(path.read_bytes()))
+    collective = {"c10d::allreduce_", "gloo:all_reduce"}
+    document["traceEvents"] = [e for e in document["traceEvents"] if e.get("name") not in collective]
+    path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    summary = analyze_job(read_run(tmp_path)).summary
+    assert summary.rank_entry(1).dp_sync_ms == 0 and summary.rank_entry(0).dp_sync_ms > 0
+    assert any(note.startswith("rank(s) 1: no data-parallel collective found") for note in summary.notes)
+
+
+def test_a_summary_written_before_pp_x_dp_reads_with_one_pipelines_defaults(tmp_path):
+    write_run(tmp_path, build("1f1b", 2, 4))
+    analyze_dir(tmp_path)
+    path = tmp_path / "analysis" / "summary.json"
+    old = json.loads(path.read_text())
+    for key in ("dp", "pipelines", "straggler"):
+        del old[key]
+    for entry in old["ranks"]:
+        for key in ("pipeline", "dp_sync_ms", "dp_skew_ms"):
+            del entry[key]
+    path.write_text(json.dumps(old))
+    summary = results.read(tmp_path).summary
+    assert summary.dp == 1 and summary.pipelines == [] and summary.straggler is None
+    assert all(e.pipeline == 0 and e.dp_sync_ms == 0 and e.dp_skew_ms == 0 for e in summary.ranks)

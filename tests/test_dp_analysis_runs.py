@@ -1,0 +1,60 @@
+"""Real P=2 x DP=2 gloo runs of the runner, native and torch engines (the sync after the last backward,
+and overlapped with it), analysed as jobs: two pipelines as run.json lists them, and the same two from
+the traces' process groups alone; every F and B of every rank found, each rank's parts closing on its
+pipeline's step, and dp_sync measured on every rank (its skew part within it)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import trace_run
+
+from analysis.job import analyze_job
+from analysis.pipeline import read_run
+from analysis.schema import RANK_PARTS
+
+pytestmark = pytest.mark.slow
+P, DP, M = 2, 2, 4
+
+
+@pytest.fixture(
+    scope="module",
+    params=[("native", False), ("torch", False), ("native", True)],
+    ids=lambda param: f"{param[0]}-{'overlap' if param[1] else 'after'}",
+)
+def dp_run(request, tmp_path_factory) -> Path:
+    engine, overlap = request.param
+    return trace_run(
+        tmp_path_factory.mktemp(engine),
+        *f"--sched 1f1b --p {P} --dp {DP} --m {M} --engine {engine} --preset tiny --device cpu".split(),
+        *"--steps 3 --timed-steps 1".split(),
+        *(["--dp-overlap"] if overlap else []),
+    )
+
+
+def test_a_real_dp_run_analyses_into_its_pipelines(dp_run):
+    listed = json.loads((dp_run / "run.json").read_text())["pipelines"]
+    analysis = analyze_job(read_run(dp_run))
+    summary = analysis.summary
+    assert summary.dp == DP and [line.ranks for line in summary.pipelines] == listed
+    compute = analysis.cells.filter(pl.col("kind").is_in(["F", "B"]))
+    found = compute.group_by("rank", "step", "kind").agg(pl.col("microbatch").sort())
+    assert found.height == P * DP * summary.steps_analyzed * 2
+    assert all(microbatches.to_list() == list(range(M)) for microbatches in found["microbatch"])
+    for entry in summary.ranks:
+        step_ms = summary.pipelines[entry.pipeline].step_time_ms
+        assert sum(entry.part_ms(part) for part in RANK_PARTS) == pytest.approx(step_ms, abs=1e-6)
+        assert entry.dp_sync_ms > 0 and 0 <= entry.dp_skew_ms <= entry.dp_sync_ms + 1e-9
+
+
+def test_without_run_json_the_traces_process_groups_give_the_same_pipelines(dp_run, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(dp_run, bare, ignore=shutil.ignore_patterns("run.json", "analysis", "*.log"))
+    listed = json.loads((dp_run / "run.json").read_text())["pipelines"]
+    summary = analyze_job(read_run(bare)).summary
+    assert [line.ranks for line in summary.pipelines] == listed
+    assert all(entry.dp_sync_ms > 0 for entry in summary.ranks)
