@@ -28,19 +28,19 @@ from analysis.attribution.reference import reference
 from analysis.attribution.waterfall import ideal_frame, ladder, step_model
 from analysis.caveats import flags, noise
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
-from analysis.cells.inferred import cells_of
-from analysis.cells.labelled import RankCells, is_gpu
+from analysis.cells.labelled import RankCells
 from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError
+from analysis.fanout import read_ranks
+from analysis.rank_input import RankInput, rank_input
 from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Rules, Summary
 from analysis.timeline.classify import classify, split_waits
 from analysis.timeline.clock import ClockEstimate, on_one_clock
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
-from analysis.traces.load import RunTraces, TraceWarning, load_run, run_in
-from analysis.traces.memory import Memory, run_memory
-from analysis.traces.runqueue import SAMPLE_SCHEMA, run_samples
+from analysis.traces.load import RunTraces, TraceWarning, run_in
+from analysis.traces.memory import Memory, memory_of
 from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
 from runners.schedules.trace_names import LABEL_PREFIX
 
@@ -48,30 +48,36 @@ from runners.schedules.trace_names import LABEL_PREFIX
 @dataclass(frozen=True)
 class RunInput:
     path: Path
-    frames: dict[int, pl.DataFrame]  # rank -> loaded trace frame
-    sources: dict[int, Path]  # rank -> trace file
+    ranks: dict[int, RankInput]  # rank -> what the analysis reads of its trace (analysis.rank_input)
     run_json: dict | None
-    memory: Memory | None = None  # activation memory from the traces' memory events (analysis.traces.memory)
-    run_queue: pl.DataFrame | None = None  # the executor's run-queue samples (analysis.traces.runqueue)
+
+    @property
+    def sources(self) -> dict[int, Path]:
+        return {rank: one.source for rank, one in self.ranks.items()}
+
+    @property
+    def memory(self) -> Memory:
+        """Activation memory from the traces' memory events (analysis.traces.memory)."""
+        return memory_of(pl.concat([one.memory for one in self.ranks.values()]))
+
+    @property
+    def run_queue(self) -> pl.DataFrame:
+        """The executor's run-queue samples (analysis.traces.runqueue)."""
+        return pl.concat([one.samples for one in self.ranks.values()])
 
 
 def read_run(path: Path) -> RunInput:
-    """The traces of a run directory and its run.json (analysis.traces.load.load_run checks they form a run)."""
-    return run_input(load_run(path))
+    """The traces of a run directory and its run.json (analysis.traces.load.load_run checks they form a
+    run), each rank read into its tables alone, in a pool of processes (analysis.fanout)."""
+    run, ranks = read_ranks(path)
+    return RunInput(run.path, ranks, run.config)
 
 
 def run_input(run: RunTraces) -> RunInput:
-    """What the analysis reads of loaded traces: their frames, memory events and run-queue samples; one
-    process's trace of P ranks on one GPU is read as P ranks (analysis.cells.virtual_ranks)."""
+    """The same from traces loaded already (the merge's); one process's trace of P ranks on one GPU is
+    read as P ranks (analysis.cells.virtual_ranks)."""
     run = virtual_ranks(run)
-    return RunInput(
-        run.path,
-        {t.rank: t.frame for t in run.traces},
-        {t.rank: t.path for t in run.traces},
-        run.config,
-        run_memory(run),
-        run_samples(run),
-    )
+    return RunInput(run.path, {t.rank: rank_input(t) for t in run.traces}, run.config)
 
 
 def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None) -> Analysis:
@@ -109,7 +115,7 @@ def _schedule(
     run: RunInput, cells: pl.DataFrame, schedule: str | None, m: int | None
 ) -> tuple[Schedule, str | None]:
     """The executed schedule and, when it is custom, the nearest named one (analysis.cells.executed)."""
-    p = len(run.frames)
+    p = len(run.ranks)
     named = None if run.run_json is None else from_run_json(run.run_json, run.path, cells)
     if named is None or schedule is not None or m is not None:
         inferred, nearest = infer(cells, p, run.path, schedule, m)
@@ -138,13 +144,12 @@ def _warn_overlaps(cells: pl.DataFrame, sources: dict[int, Path]) -> None:
 def analyze_run(
     run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
 ) -> Analysis:
-    per_rank = [cells_of(run.frames[r], run.sources.get(r)) for r in sorted(run.frames)]
-    if any(r.cells.height == 0 for r in per_rank):
-        empty = next(
-            run.sources.get(r) for r, rc in zip(sorted(run.frames), per_rank) if rc.cells.height == 0
-        )
+    ranks = [run.ranks[r] for r in sorted(run.ranks)]
+    empty = next((r.source for r in ranks if r.cells.cells.height == 0), None)
+    if empty is not None:
         raise InputError(empty, f"no {LABEL_PREFIX}<action> labels inside a profiled step")
-    per_rank, clock = on_one_clock(_common_steps(per_rank), run.frames)
+    collectives = pl.concat([r.collectives for r in ranks])
+    per_rank, clock = on_one_clock(_common_steps([r.cells for r in ranks]), sorted(run.ranks), collectives)
     per_rank = aligned_starts(per_rank)
     cells = pl.concat([r.cells for r in per_rank])
     if cells.height == 0:
@@ -156,7 +161,7 @@ def analyze_run(
     split = split_waits(
         cells, waits, pl.concat(kernels) if kernels else None, pl.concat(send_waits) if send_waits else None
     )
-    on_gpu = any(is_gpu(frame) for frame in run.frames.values())
+    on_gpu = any(r.on_gpu for r in ranks)
     gaps = pl.concat([classify(timeline(r, split), rules, on_gpu) for r in per_rank])
     spans = pl.concat([windows(r) for r in per_rank])
     shape, nearest = _schedule(run, cells, schedule, m)
@@ -176,6 +181,7 @@ def analyze_run(
     config = run.run_json or {}
     found = noise(parts.group_by("step").agg(pl.col("step_ns").first() / 1e6)["step_ns"].to_list(), config)
     raised, notes = flags(config, found, rules)
+    memory = run.memory
     unprofiled = config.get("step_time_unprofiled_ms")
     summary = Summary(
         schedule=shape.name,
@@ -195,7 +201,7 @@ def analyze_run(
         simulated_step_time_ms=step_ns / 1e6 - rungs.waterfall.residual,
         waterfall_ms=rungs.waterfall,
         parts=tuple(f"{part}_ms" for part in RANK_PARTS),
-        ranks=rank_entries(chosen, shape, {} if run.memory is None else run.memory.peak_bytes(step)),
+        ranks=rank_entries(chosen, shape, memory.peak_bytes(step)),
         rules=rules,
         clock=clock,
         inferred_cells=int(cells["inferred"].sum()),
@@ -211,7 +217,7 @@ def analyze_run(
         in_ms(parts),
         ideal_frame(rungs.ideal, step, origin),
         model,
-        run.memory,
+        memory,
     )
 
 
@@ -222,10 +228,8 @@ def _seed_bubble(chosen: pl.DataFrame, p: int, step_ns: float) -> float | None:
     return 1 - (chosen["compute"].sum() + chosen["small_gemm"].sum()) / (p * step_ns)
 
 
-def _on_clock(samples: pl.DataFrame | None, clock: ClockEstimate | None) -> pl.DataFrame:
+def _on_clock(samples: pl.DataFrame, clock: ClockEstimate | None) -> pl.DataFrame:
     """Run-queue samples shifted as their rank's cells were (analysis.timeline.clock)."""
-    if samples is None:
-        return pl.DataFrame(schema=SAMPLE_SCHEMA)
     if clock is None:
         return samples
     offsets = pl.DataFrame(
