@@ -138,7 +138,7 @@ def events_at(trace: RawTrace, indices: list[int]) -> dict[int, msgspec.Raw]:
     position = 0
     for offset, _, events in decoded_pieces(trace.path, memoryview(trace.events_json), _RAW_EVENTS):
         while position < len(indices) and indices[position] < offset + len(events):
-            found[indices[position]] = events[indices[position] - offset]
+            found[indices[position]] = msgspec.Raw(bytes(events[indices[position] - offset]))
             position += 1
     return found
 
