@@ -35,19 +35,21 @@ def analyze(args: argparse.Namespace) -> tuple[float, int, int]:
 
 
 def hta(args: argparse.Namespace) -> tuple[float, int, int]:
-    import logging
+    import multiprocessing.pool
 
     from hta.trace_analysis import TraceAnalysis
 
-    said: list[str] = []  # HTA logs "using N processes for parsing."
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: said.append(record.getMessage())
-    logging.getLogger().addHandler(handler)
-    logging.getLogger().setLevel(logging.INFO)
+    sizes = [1]  # the processes of the pool HTA parses the ranks in (none: this one)
+    start = multiprocessing.pool.Pool.__init__
+
+    def counted(pool, processes=None, *rest, **named):
+        sizes.append(processes or 1)
+        start(pool, processes, *rest, **named)
+
+    multiprocessing.pool.Pool.__init__ = counted
     began = time.perf_counter()
     loaded = TraceAnalysis(trace_dir=str(args.directory))
-    used = [int(m.split()[1]) for m in said if m.startswith("using ") and "processes" in m]
-    return began, sum(len(frame) for frame in loaded.t.traces.values()), used[-1] if used else 1
+    return began, sum(len(frame) for frame in loaded.t.traces.values()), max(sizes)
 
 
 def decode(args: argparse.Namespace) -> tuple[float, int, int]:

@@ -116,7 +116,9 @@ def _copy_bytes(template: RankTemplate, copy: int, period_us: Decimal) -> bytes:
 
 def write_rank(path: Path, template: RankTemplate, copies: int, period_us: Decimal) -> int:
     """Stream the rank's file (one copy in memory at a time); returns its size in bytes."""
-    head = _ENCODER.encode(template.header)[:-1]
+    # The header as Kineto writes it, indented ("rank": 3): HTA reads a file's rank with a regex that
+    # wants the space, and takes a compact header's file for rank 0 (every file then but one is lost).
+    head = msgspec.json.format(_ENCODER.encode(template.header), indent=1).rstrip()[:-1]
     once = _ENCODER.encode(template.once)[1:-1]
     with path.open("wb") as out:
         out.write(head + (b"," if template.header else b"") + b'"traceEvents":[' + once)
