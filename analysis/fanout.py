@@ -37,7 +37,7 @@ from analysis import jobs
 from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError
 from analysis.progress import Progress
-from analysis.rank_input import RankInput, rank_input
+from analysis.rank_input import RankInput, counter_args, rank_input, without_text
 from analysis.traces import limits
 from analysis.traces.load import (
     Budget,
@@ -91,29 +91,33 @@ def rank_work(
         finally:
             work.load_warnings = _warned(caught)
         work.used = Budget(_UNBOUNDED - budget.bytes, _UNBOUNDED - budget.events)
-    return _reduced(work, trace, alone, config)
+    raw = counter_args(trace)
+    trace = without_text(trace)  # (the last reference to the text: it is freed before the cells)
+    return _reduced(work, trace, raw, alone, config)
 
 
-def _reduced(work: RankWork, trace: RawTrace, alone: bool, config: dict | None) -> RankWork:
+def _reduced(
+    work: RankWork, trace: RawTrace, raw: dict[int, msgspec.Raw], alone: bool, config: dict | None
+) -> RankWork:
     """`work` with the trace's ranks' tables (or the error making them) and their warnings."""
-    work.trace = replace(trace, frame=trace.frame.clear(), metadata={}, events_json=msgspec.Raw())
+    work.trace = without_text(replace(trace, frame=trace.frame.clear()))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            work.ranks = _ranks(trace, alone, config)
+            work.ranks = _ranks(trace, raw, alone, config)
         except InputError as error:
             work.error = error
         work.warnings = _warned(caught)
     return work
 
 
-def _ranks(trace: RawTrace, alone: bool, config: dict | None) -> list[RankInput]:
+def _ranks(trace: RawTrace, raw: dict[int, msgspec.Raw], alone: bool, config: dict | None) -> list[RankInput]:
     if not alone:
-        return [] if trace.rank is None else [rank_input(trace)]  # (no rank: load_run refuses the run)
+        return [] if trace.rank is None else [rank_input(trace, raw)]  # (no rank: load_run refuses the run)
     if trace.rank is None:
         trace = with_rank(trace, 0)
     run = virtual_ranks(RunTraces(trace.path.parent, (trace,), config))
-    return [rank_input(one) for one in run.traces]
+    return [rank_input(one, raw) for one in run.traces]  # (virtual ranks keep the events' indices)
 
 
 def _depth() -> int:
@@ -137,6 +141,20 @@ def _recursion_headroom(headroom: int | None) -> Iterator[None]:
         yield
     finally:
         sys.setrecursionlimit(before)
+
+
+@contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """Workers started without the caller's script: multiprocessing runs a `__main__` given by its path
+    again in each worker (a script calling the analysis at its top level would run in every worker);
+    they need only this module, preloaded."""
+    main = sys.modules["__main__"]
+    path = main.__dict__.pop("__file__", None) if getattr(main.__spec__, "name", None) is None else None
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
 
 
 def _warned(caught: list[warnings.WarningMessage]) -> list[Warned]:
@@ -168,8 +186,14 @@ class _Reader:
         self.alone = len(files) == 1
         headroom = sys.getrecursionlimit() - _depth()
         tasks = [(path, limits.current(), self.alone, self.config, headroom) for path in files]
-        self.results = map(_task, tasks) if self.pool is None else self.pool.imap(_task, tasks)
         self.progress.total = len(files)
+        if self.pool is None:
+            self.results = map(_task, tasks)
+            return
+        # The largest files first, so that no worker is left with a big one at the end; taken in order.
+        largest_first = sorted(tasks, key=lambda task: jobs.json_bytes(task[0]), reverse=True)
+        pending = {task[0]: self.pool.apply_async(_task, (task,)) for task in largest_first}
+        self.results = (pending.pop(path).get() for path in files)
 
     def __call__(self, path: Path, budget: Budget) -> RawTrace:
         if self.results is None:
@@ -190,7 +214,9 @@ class _Reader:
             return work.trace
         # Less than a file's limits was left: reading it again here meets them where a serial read does.
         trace = read_trace(path, budget)
-        work = self.works[path] = _reduced(RankWork(path), trace, self.alone, self.config)
+        work = self.works[path] = _reduced(
+            RankWork(path), trace, counter_args(trace), self.alone, self.config
+        )
         return work.trace
 
     def ranks(self, run: RunTraces) -> dict[int, RankInput]:
@@ -222,7 +248,9 @@ def read_ranks(directory: Path) -> tuple[RunTraces, dict[int, RankInput]]:
             return run, reader.ranks(run)
         context = multiprocessing.get_context("forkserver")  # fork is unsafe once polars' threads run
         context.set_forkserver_preload([__name__])
-        with context.Pool(size) as pool:
+        with _main_not_rerun():
+            pool = context.Pool(size)
+        with pool:
             reader = _Reader(directory, pool, progress)
             run = load_run(directory, reader)
             return run, reader.ranks(run)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+import msgspec
 import polars as pl
 
 from analysis.cells.inferred import cells_of
@@ -48,11 +49,23 @@ class RankInput:
         return replace(self, rank=rank, cells=cells, **tables)
 
 
-def rank_input(trace: RawTrace) -> RankInput:
-    """One rank's tables from its loaded trace (whose rank is known)."""
+def counter_args(trace: RawTrace) -> dict[int, msgspec.Raw]:
+    """The JSON of the few events whose args the memory and run-queue tables read, by index, decoded
+    again in one pass (the frame keeps no args)."""
+    return events_at(trace, trace.frame.filter(MEMORY_EVENTS | RUN_QUEUE_EVENTS)["index"].to_list())
+
+
+def without_text(trace: RawTrace) -> RawTrace:
+    """The trace without its JSON text (the largest part of it after the frame) once counter_args has
+    read what the tables need of it."""
+    return replace(trace, events_json=msgspec.Raw(), metadata={})
+
+
+def rank_input(trace: RawTrace, raw: dict[int, msgspec.Raw] | None = None) -> RankInput:
+    """One rank's tables from its loaded trace (whose rank is known); `raw`: its counter_args, where
+    they were read before its text was dropped."""
     frame = trace.frame
-    # The few events whose args the memory and run-queue tables read, decoded again in one pass.
-    raw = events_at(trace, frame.filter(MEMORY_EVENTS | RUN_QUEUE_EVENTS)["index"].to_list())
+    raw = counter_args(trace) if raw is None else raw
     return RankInput(
         rank=trace.rank,
         source=trace.path,

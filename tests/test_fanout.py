@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -92,3 +96,15 @@ def test_pool_size_fits_the_memory(monkeypatch, tmp_path):
     small = tmp_path / "rank1.json"
     small.write_bytes(b"{}")
     assert jobs.pool_size([small] * 4) == 1  # too little to pay for a pool
+
+
+def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(tmp_path):
+    write_run(tmp_path / "run", build("gpipe", 2, 2, 1), shape="cpu")
+    script = tmp_path / "script.py"
+    script.write_text(
+        "from analysis import jobs\nfrom analysis.pipeline import read_run\n"
+        f"with jobs.applied(2):\n    print(sorted(read_run({str(tmp_path / 'run')!r}).ranks))\n"
+    )
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).parent.parent)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "[0, 1]\n", "")
