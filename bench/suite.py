@@ -182,7 +182,8 @@ def _command(args: argparse.Namespace) -> str:
     command = "python -m bench " + " ".join(
         f"--{key} '{value}'" if " " in str(value) else f"--{key} {value}" for key, value in options.items()
     )
-    return command + (" --sources " + " ".join(map(str, args.sources)) if args.sources else "")
+    # the runs' names only: a committed record names no folder outside the repository
+    return command + (" --sources " + " ".join(path.name for path in args.sources) if args.sources else "")
 
 
 def _progress(began: float) -> Callable[[str], None]:

@@ -169,7 +169,9 @@ def throughput(plan: ThroughputPlan, progress: Callable[[str], None]) -> dict:
     by_ranks = [_measured(plan, ranks, plan.ranks_mb, progress) for ranks in others]
     at_ranks_mb = min(sizes, key=lambda size: abs(size["mb"] - plan.ranks_mb))
     return {
-        "sources": {str(ranks): str(path) for ranks, path in plan.sources.items()},
+        "sources": {
+            str(ranks): path.name for ranks, path in plan.sources.items()
+        },  # (names: scratch folders)
         "repeats": plan.repeats,
         "hta_timeout_s": plan.hta_timeout_s,
         "sizes": sizes + by_ranks,
