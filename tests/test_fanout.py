@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_fuzz_commands import EDITS, FUZZ, SEEDS, _mutated, _run
 
-from analysis import jobs
+from analysis import jobs, progress
 from analysis.pipeline import analyze_run, read_run
 from analysis.traces.load import read_trace, trace_files
 from runners.schedules import build
@@ -108,3 +108,12 @@ def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(tmp_path)
     env = os.environ | {"PYTHONPATH": str(Path(__file__).parent.parent)}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (0, "[0, 1]\n", "")
+
+
+def test_progress_shows_only_long_work_and_erases_itself(monkeypatch, capsys):
+    clock = iter([0.0, 0.5, 40.0, 41.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    with progress.Progress("run: ranks read", total=3) as shown:
+        shown.done_one()  # half a second in: nothing
+        shown.done_one()  # 40 s in, not a terminal: one line
+    assert capsys.readouterr().err == "run: ranks read: 2/3 (40 s)\n"
