@@ -17,7 +17,7 @@ MODEL  ?=              # your stages: package.module:factory (runners/stage_fact
 MS     ?= 1 2 4 8 16 32  # the m values of `make sweep` and `make predict`
 RUN    ?= traces/latest
 TRACES ?= traces        # the folder of run directories `make report` reads
-BENCH_ARGS ?=          # e.g. --only throughput --size-mb 100 (see python -m bench --help)
+BENCH_ARGS ?=          # e.g. --only throughput --sizes-mb '50 1000' (see python -m bench --help)
 # On a CPU-only machine torch==2.13.0 resolves to the CPU build on disk; on a GPU machine to PyPI's
 # CUDA build. Override to pick another build, e.g. TORCH_SPEC="torch==2.13.0 --index-url ...".
 TORCH_SPEC ?= torch==2.13.0

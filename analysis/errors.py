@@ -34,6 +34,10 @@ class InputError(Exception):
         where = None if self.path is None else printable(self.path)
         super().__init__(f"{where}: {self.problem}" if where is not None else self.problem)
 
+    def __reduce__(self):
+        # As it was made, so that an error raised in a worker process comes back the same.
+        return type(self), (self.path, self.problem)
+
 
 class LimitExceeded(InputError):
     """Input past one of the limits of analysis.traces.limits; the problem names the limit and its flag."""

@@ -25,7 +25,7 @@ from analysis.pipelines import find_pipelines, to_global, to_local
 from analysis.results import Analysis
 from analysis.schema import PipelineEntry, Rules, Straggler
 from analysis.timeline.clock import ClockEstimate
-from analysis.timeline.dp_sync import collectives, with_skew
+from analysis.timeline.dp_sync import with_skew
 from analysis.traces.memory import Memory
 
 
@@ -33,7 +33,7 @@ def analyze_job(
     run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
 ) -> Analysis:
     """Every pipeline of the run analysed, joined into one Analysis on global ranks."""
-    pipelines = find_pipelines(len(run.frames), run.run_json, run.groups, run.peers, run.path)
+    pipelines = find_pipelines(len(run.ranks), run.run_json, run.groups, run.peers, run.path)
     said = 1 if run.run_json is None else run.run_json.get("dp", 1)
     if run.run_json is not None and len(pipelines) != said:
         raise InputError(run.path / "run.json", f"says dp={said!r:.20} but lists {len(pipelines)} pipelines")
@@ -52,7 +52,7 @@ def _unsynced(run: RunInput, instances: pl.DataFrame | None) -> list[str]:
     """A note for ranks of a job of several pipelines where no DP collective was found."""
     if instances is None:
         return []
-    missing = sorted(set(run.frames) - set(instances["rank"].unique().to_list()))
+    missing = sorted(set(run.ranks) - set(instances["rank"].unique().to_list()))
     if not missing:
         return []
     return [
@@ -70,27 +70,14 @@ def _job_step(analyses: list[Analysis]) -> int:
 
 def _instances(run: RunInput, pipelines: list[list[int]]) -> pl.DataFrame:
     """Every rank's DP collectives with their start skews; stage s's DP group is every pipeline's s-th rank."""
-    found = pl.concat([collectives(run.frames[rank]) for rank in sorted(run.frames)])
+    found = pl.concat([run.ranks[rank].dp_collectives for rank in sorted(run.ranks)])
     return with_skew(found, [list(group) for group in zip(*pipelines)])
 
 
 def _pipeline_input(run: RunInput, ranks: list[int], instances: pl.DataFrame | None) -> RunInput:
-    memory = run.memory
-    if memory is not None:
-        memory = Memory(to_local(memory.stash, ranks), to_local(memory.peaks, ranks))
-    return RunInput(
-        run.path,
-        {
-            local: run.frames[rank].with_columns(rank=pl.lit(local, pl.Int64))
-            for local, rank in enumerate(ranks)
-        },
-        {local: run.sources[rank] for local, rank in enumerate(ranks) if rank in run.sources},
-        run.run_json,
-        memory,
-        to_local(run.run_queue, ranks),
-        groups={local: run.groups.get(rank, ()) for local, rank in enumerate(ranks)},
-        collectives=to_local(instances, ranks),
-    )
+    """The pipeline's ranks (global, in stage order) as a run of ranks 0..p-1."""
+    renumbered = {local: run.ranks[rank].renumbered(local) for local, rank in enumerate(ranks)}
+    return RunInput(run.path, renumbered, run.run_json, to_local(instances, ranks))
 
 
 def _entry(analysis: Analysis, ranks: list[int]) -> PipelineEntry:

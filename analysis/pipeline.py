@@ -9,7 +9,7 @@ happened and its parts close exactly).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -28,11 +28,12 @@ from analysis.attribution.reference import reference
 from analysis.attribution.waterfall import ideal_frame, ladder, step_model
 from analysis.caveats import flags, noise
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
-from analysis.cells.inferred import cells_of
-from analysis.cells.labelled import RankCells, is_gpu
+from analysis.cells.labelled import RankCells
 from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError
-from analysis.pipelines import Group, groups_of, is_dp_group, is_pipeline_group
+from analysis.fanout import read_ranks
+from analysis.pipelines import Group
+from analysis.rank_input import RankInput, rank_input
 from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Rules, Summary
 from analysis.timeline.classify import classify, split_waits
@@ -40,10 +41,8 @@ from analysis.timeline.clock import ClockEstimate, on_one_clock
 from analysis.timeline.dp_sync import skew_ns, with_dp_sync
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
-from analysis.traces.load import RunTraces, TraceWarning, load_run, run_in
-from analysis.traces.memory import Memory, run_memory
-from analysis.traces.peers import p2p_peers
-from analysis.traces.runqueue import SAMPLE_SCHEMA, run_samples
+from analysis.traces.load import RunTraces, TraceWarning, run_in
+from analysis.traces.memory import Memory, memory_of
 from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
 from runners.schedules.trace_names import LABEL_PREFIX
 
@@ -51,43 +50,51 @@ from runners.schedules.trace_names import LABEL_PREFIX
 @dataclass(frozen=True)
 class RunInput:
     path: Path
-    frames: dict[int, pl.DataFrame]  # rank -> loaded trace frame
-    sources: dict[int, Path]  # rank -> trace file
+    ranks: dict[int, RankInput]  # rank -> what the analysis reads of its trace (analysis.rank_input)
     run_json: dict | None
-    memory: Memory | None = None  # activation memory from the traces' memory events (analysis.traces.memory)
-    run_queue: pl.DataFrame | None = None  # the executor's run-queue samples (analysis.traces.runqueue)
-    groups: dict[int, tuple[Group, ...]] = field(default_factory=dict)  # rank -> its process groups
-    peers: dict[int, set[int]] = field(
-        default_factory=dict
-    )  # rank -> its p2p peers, where groups say nothing
     # the DP collectives of a pipeline's ranks with their start skews (analysis.timeline.dp_sync.with_skew);
     # None at dp = 1
-    collectives: pl.DataFrame | None = None
+    dp_collectives: pl.DataFrame | None = None
+
+    @property
+    def sources(self) -> dict[int, Path]:
+        return {rank: one.source for rank, one in self.ranks.items()}
+
+    @property
+    def memory(self) -> Memory:
+        """Activation memory from the traces' memory events (analysis.traces.memory)."""
+        return memory_of(pl.concat([one.memory for one in self.ranks.values()]))
+
+    @property
+    def run_queue(self) -> pl.DataFrame:
+        """The executor's run-queue samples (analysis.traces.runqueue)."""
+        return pl.concat([one.samples for one in self.ranks.values()])
+
+    @property
+    def groups(self) -> dict[int, tuple[Group, ...]]:
+        """rank -> its process groups (analysis.pipelines)."""
+        return {rank: one.groups for rank, one in self.ranks.items()}
+
+    @property
+    def peers(self) -> dict[int, set[int]]:
+        """rank -> its p2p peers, read only where nothing else says which ranks form the pipelines."""
+        return {rank: set(one.peers) for rank, one in self.ranks.items() if one.peers}
 
 
 def read_run(path: Path) -> RunInput:
-    """The traces of a run directory and its run.json (analysis.traces.load.load_run checks they form a run)."""
-    return run_input(load_run(path))
+    """The traces of a run directory and its run.json (analysis.traces.load.load_run checks they form a
+    run), each rank read into its tables alone, in a pool of processes (analysis.fanout)."""
+    run, ranks = read_ranks(path)
+    return RunInput(run.path, ranks, run.config)
 
 
 def run_input(run: RunTraces) -> RunInput:
-    """What the analysis reads of loaded traces: their frames, memory events and run-queue samples; one
-    process's trace of P ranks on one GPU is read as P ranks (analysis.cells.virtual_ranks)."""
+    """The same from traces loaded already (the merge's); one process's trace of P ranks on one GPU is
+    read as P ranks (analysis.cells.virtual_ranks)."""
     run = virtual_ranks(run)
-    groups = {t.rank: groups_of(t.header.get("distributedInfo")) for t in run.traces}
-    told = any(is_pipeline_group(g.name) or is_dp_group(g.name) for found in groups.values() for g in found)
-    if run.config is not None:  # run.json's pipelines say it, and so does its dp of 1 (1 when absent)
-        told |= "pipelines" in run.config or run.config.get("dp", 1) == 1
-    return RunInput(
-        run.path,
-        {t.rank: t.frame for t in run.traces},
-        {t.rank: t.path for t in run.traces},
-        run.config,
-        run_memory(run),
-        run_samples(run),
-        groups,
-        {} if told or len(run.traces) == 1 else {t.rank: p2p_peers(t) for t in run.traces},
-    )
+    alone = len(run.traces) == 1
+    ranks = {t.rank: rank_input(t, config=run.config, alone=alone) for t in run.traces}
+    return RunInput(run.path, ranks, run.config)
 
 
 def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None) -> Analysis:
@@ -127,7 +134,7 @@ def _schedule(
     run: RunInput, cells: pl.DataFrame, schedule: str | None, m: int | None
 ) -> tuple[Schedule, str | None]:
     """The executed schedule and, when it is custom, the nearest named one (analysis.cells.executed)."""
-    p = len(run.frames)
+    p = len(run.ranks)
     named = None if run.run_json is None else from_run_json(run.run_json, run.path, cells)
     if named is None or schedule is not None or m is not None:
         inferred, nearest = infer(cells, p, run.path, schedule, m)
@@ -162,13 +169,12 @@ def analyze_run(
 ) -> Analysis:
     """The run's analysis; its summary is the step of median length's, or `step`'s where it is one of
     the analysed steps (a job's pipelines report one step: analysis.job)."""
-    per_rank = [cells_of(run.frames[r], run.sources.get(r)) for r in sorted(run.frames)]
-    if any(r.cells.height == 0 for r in per_rank):
-        empty = next(
-            run.sources.get(r) for r, rc in zip(sorted(run.frames), per_rank) if rc.cells.height == 0
-        )
+    ranks = [run.ranks[r] for r in sorted(run.ranks)]
+    empty = next((r.source for r in ranks if r.cells.cells.height == 0), None)
+    if empty is not None:
         raise InputError(empty, f"no {LABEL_PREFIX}<action> labels inside a profiled step")
-    per_rank, clock = on_one_clock(_common_steps(per_rank), run.frames)
+    collectives = pl.concat([r.collectives for r in ranks])
+    per_rank, clock = on_one_clock(_common_steps([r.cells for r in ranks]), sorted(run.ranks), collectives)
     per_rank = aligned_starts(per_rank)
     cells = pl.concat([r.cells for r in per_rank])
     if cells.height == 0:
@@ -180,20 +186,19 @@ def analyze_run(
     split = split_waits(
         cells, waits, pl.concat(kernels) if kernels else None, pl.concat(send_waits) if send_waits else None
     )
-    on_gpu = any(is_gpu(frame) for frame in run.frames.values())
+    on_gpu = any(r.on_gpu for r in ranks)
     gaps = pl.concat([classify(timeline(r, split), rules, on_gpu) for r in per_rank])
     spans = pl.concat([windows(r) for r in per_rank])
     skews = None
-    if run.collectives is not None:
-        synced = _on_clock(run.collectives, clock, ("start_ns", "end_ns", "skew_end_ns"))
+    if run.dp_collectives is not None:
+        synced = _on_clock(run.dp_collectives, clock, ("start_ns", "end_ns", "skew_end_ns"))
         gaps = with_dp_sync(gaps, synced)
         skews = skew_ns(gaps, synced)
     shape, nearest = _schedule(run, cells, schedule, m)
     check_causality(shape, cells, run.sources)
     cells = with_busy(cells, gaps, spans)
     ref = reference(cells, run.run_json, shape.m)
-    samples = pl.DataFrame(schema=SAMPLE_SCHEMA) if run.run_queue is None else run.run_queue
-    cells = with_contention(cell_parts(cells, ref), _on_clock(samples, clock, ("t_ns",)))
+    cells = with_contention(cell_parts(cells, ref), _on_clock(run.run_queue, clock, ("t_ns",)))
     parts = rank_parts(cells, gaps, spans, skews)
     if step is None or step not in parts["step"]:
         step = median_step(parts)
@@ -207,6 +212,7 @@ def analyze_run(
     config = run.run_json or {}
     found = noise(parts.group_by("step").agg(pl.col("step_ns").first() / 1e6)["step_ns"].to_list(), config)
     raised, notes = flags(config, found, rules)
+    memory = run.memory
     unprofiled = config.get("step_time_unprofiled_ms")
     summary = Summary(
         schedule=shape.name,
@@ -226,7 +232,7 @@ def analyze_run(
         simulated_step_time_ms=step_ns / 1e6 - rungs.waterfall.residual,
         waterfall_ms=rungs.waterfall,
         parts=tuple(f"{part}_ms" for part in RANK_PARTS),
-        ranks=rank_entries(chosen, shape, {} if run.memory is None else run.memory.peak_bytes(step)),
+        ranks=rank_entries(chosen, shape, memory.peak_bytes(step)),
         rules=rules,
         clock=clock,
         inferred_cells=int(cells["inferred"].sum()),
@@ -242,7 +248,7 @@ def analyze_run(
         in_ms(parts),
         ideal_frame(rungs.ideal, step, origin),
         model,
-        run.memory,
+        memory,
     )
 
 

@@ -2,9 +2,12 @@
 
 Each task runs in a fresh process so its peak RSS is its own (the parent reads it from wait4). The
 time printed is the work alone, after the imports; the parent also records the whole process's wall.
-    analyze   our `analyze` end to end: traces -> cells, gaps, summary.json and parquet on disk
-    hta       Holistic Trace Analysis: TraceAnalysis(trace_dir=DIR), its load alone
+    analyze   our `analyze` end to end: traces -> cells, gaps, summary.json and parquet on disk, its
+              ranks read by `--jobs` processes at most (analysis.jobs: default one per core)
+    hta       Holistic Trace Analysis: TraceAnalysis(trace_dir=DIR), its load alone (its own pool)
     decode    the floor: read the bytes and decode them into typed structs (analysis.traces.kineto)
+    merge     our `merge`: DIR/analysis/ (written by analyze) and the traces -> DIR/merged.json.gz
+Each prints the processes it read the ranks with and the limits are raised past any bench set.
 """
 
 from __future__ import annotations
@@ -17,36 +20,60 @@ import time
 from pathlib import Path
 
 
-def analyze(directory: Path, schedule: str | None, m: int | None) -> tuple[float, int]:
+def analyze(args: argparse.Namespace) -> tuple[float, int, int]:
+    from analysis import jobs
     from analysis.job import analyze_job
     from analysis.pipeline import read_run
     from analysis.results import write
+    from analysis.traces.load import trace_files
 
     began = time.perf_counter()
-    result = analyze_job(read_run(directory), schedule=schedule, m=m)
-    write(directory, result)
-    return began, result.cells.height
+    with jobs.applied(args.jobs):
+        processes = jobs.pool_size(trace_files(args.directory))
+        result = analyze_job(read_run(args.directory), schedule=args.schedule, m=args.m)
+    write(args.directory, result)
+    return began, result.cells.height, processes
 
 
-def hta(directory: Path, _schedule: str | None, _m: int | None) -> tuple[float, int]:
+def hta(args: argparse.Namespace) -> tuple[float, int, int]:
+    import multiprocessing.pool
+
     from hta.trace_analysis import TraceAnalysis
 
+    sizes = [1]  # the processes of the pool HTA parses the ranks in (none: this one)
+    start = multiprocessing.pool.Pool.__init__
+
+    def counted(pool, processes=None, *rest, **named):
+        sizes.append(processes or 1)
+        start(pool, processes, *rest, **named)
+
+    multiprocessing.pool.Pool.__init__ = counted
     began = time.perf_counter()
-    loaded = TraceAnalysis(trace_dir=str(directory))
-    return began, sum(len(frame) for frame in loaded.t.traces.values())
+    loaded = TraceAnalysis(trace_dir=str(args.directory))
+    return began, sum(len(frame) for frame in loaded.t.traces.values()), max(sizes)
 
 
-def decode(directory: Path, _schedule: str | None, _m: int | None) -> tuple[float, int]:
+def decode(args: argparse.Namespace) -> tuple[float, int, int]:
     from analysis.traces import kineto
     from analysis.traces.load import trace_files
 
     began = time.perf_counter()
     gc.disable()  # as the loader does: decoded JSON has no cycles to collect
     count = 0
-    for path in trace_files(directory):
+    for path in trace_files(args.directory):
         top = kineto.TOP_LEVEL.decode(path.read_bytes())
         count += len(kineto.EVENTS.decode(top["traceEvents"]))
-    return began, count
+    return began, count, 1
+
+
+def merge(args: argparse.Namespace) -> tuple[float, int, int]:
+    from analysis.cli import main as cli
+
+    began = time.perf_counter()
+    out = args.directory / "merged.json.gz"
+    if cli(["merge", str(args.directory), "--out", str(out), *_RAISED]) != 0:
+        raise SystemExit("merge failed")
+    return began, out.stat().st_size, 1
 
 
 def high_water_kib() -> int:
@@ -55,7 +82,11 @@ def high_water_kib() -> int:
     return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
 
 
-TASKS = {"analyze": analyze, "hta": hta, "decode": decode}
+TASKS = {"analyze": analyze, "hta": hta, "decode": decode, "merge": merge}
+# Limits past any bench set (the defaults refuse a run of over 512 MB or 4 million events).
+_BIG = 10**6
+_RAISED = ["--max-file-mb", str(_BIG), "--max-run-mb", str(_BIG), "--max-events", str(_BIG * 100)]
+_RAISED += ["--max-run-events", str(_BIG * 100)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,11 +95,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", type=Path)
     parser.add_argument("--schedule")
     parser.add_argument("--m", type=int)
+    parser.add_argument("--jobs", type=int, help="analyze: processes at most (default: one per core)")
     args = parser.parse_args(argv)
-    began, rows = TASKS[args.task](args.directory, args.schedule, args.m)
+    from analysis.traces import limits
+
+    raised = limits.Limits(file_mb=_BIG, run_mb=_BIG, events=_BIG * 100, run_events=_BIG * 100)
+    with limits.applied(raised):
+        began, rows, processes = TASKS[args.task](args)
     seconds = time.perf_counter() - began
     print(
-        json.dumps({"task": args.task, "seconds": seconds, "rows": rows, "rss_mb": high_water_kib() / 1024})
+        json.dumps(
+            {
+                "task": args.task,
+                "seconds": seconds,
+                "rows": rows,
+                "rss_mb": high_water_kib() / 1024,
+                "processes": processes,
+            }
+        )
     )
     return 0
 

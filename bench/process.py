@@ -1,8 +1,9 @@
 """Run one benchmark child process with a time cap; its wall time, its own timing and its peak RSS.
 
 Memory: the child reports its own high-water mark (VmHWM) when it finishes; the parent samples the
-RSS summed over the child and its workers (HTA parses ranks in a process pool) every SAMPLE_S, which
-also gives how far a child had got when it was stopped.
+RSS summed over the child and its workers (HTA and our analyze read ranks in a process pool) every
+SAMPLE_S, which also gives how far a child had got when it was stopped, and the largest single
+process's RSS among them (what one rank's reading costs).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class ChildRun:
     tree_rss_mb: float  # peak of the RSS summed over the child and its workers (HTA's pool), sampled
     rows: int | None  # events or cells it produced, to show the work was done
     detail: str  # last line of its stderr when it failed
+    largest_rss_mb: float = 0.0  # the largest sampled RSS of one process of the tree (its own peak too)
+    processes: int | None = None  # processes it read the ranks with, as it said
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -56,18 +59,20 @@ def _tree(pid: int) -> list[int]:
     return found
 
 
-def _watch(pid: int, timeout_s: float) -> tuple[int, bool, float]:
-    """Wait for pid, killing its process group after timeout_s; (wait status, killed, peak tree RSS in MiB).
+def _watch(pid: int, timeout_s: float) -> tuple[int, bool, float, float]:
+    """Wait for pid, killing its process group after timeout_s; (wait status, killed, peak tree RSS,
+    peak RSS of one process of it), in MiB.
 
     The tree's RSS is sampled (VmRSS summed over the child and its workers); ru_maxrss cannot serve:
     Linux carries the forking parent's high-water mark into the child across exec.
     """
-    deadline, peak_kib, killed = time.monotonic() + timeout_s, 0, False
+    deadline, peak_kib, largest_kib, killed = time.monotonic() + timeout_s, 0, 0, False
     while True:
         done, status, _ = os.wait4(pid, os.WNOHANG)
         if done:
-            return status, killed, peak_kib / 1024
-        peak_kib = max(peak_kib, sum(_status_kib(member, "VmRSS:") for member in _tree(pid)))
+            return status, killed, peak_kib / 1024, largest_kib / 1024
+        sizes = [_status_kib(member, "VmRSS:") for member in _tree(pid)]
+        peak_kib, largest_kib = max(peak_kib, sum(sizes)), max(largest_kib, *sizes, 0)
         if not killed and time.monotonic() > deadline:
             killed = True
             os.killpg(pid, signal.SIGKILL)
@@ -80,7 +85,7 @@ def run_child(task: str, arguments: list[str], timeout_s: float, cwd: Path) -> C
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         began = time.perf_counter()
         process = subprocess.Popen(command, stdout=out, stderr=err, cwd=cwd, start_new_session=True)
-        status, killed, tree_peak = _watch(process.pid, timeout_s)
+        status, killed, tree_peak, largest = _watch(process.pid, timeout_s)
         process.returncode = os.waitstatus_to_exitcode(status)  # reaped here; Popen must not wait again
         wall = time.perf_counter() - began
         out.seek(0)
@@ -105,4 +110,6 @@ def run_child(task: str, arguments: list[str], timeout_s: float, cwd: Path) -> C
         max(tree_peak, child["rss_mb"]),
         child["rows"],
         "",
+        max(largest, child["rss_mb"]),
+        child.get("processes"),
     )

@@ -60,18 +60,20 @@ def _verdicts(rows: list[str]) -> list[str]:
 def _throughput_verdicts(part: dict) -> list[str]:
     rows = []
     for size in part["sizes"]:
+        where = f"{size['mb']:.0f} MB, {size['ranks']} ranks"
         for name, label in (
             ("hta_over_ours", "HTA load time / ours"),
             ("ours_over_decode", "ours / typed decoding"),
-            ("rss_over_size", "our peak RSS / trace bytes"),
+            ("rss_over_size", "our peak RSS with workers / trace bytes"),
+            ("one_process_rss_over_largest_file", "our peak RSS, --jobs 1 / largest trace file"),
         ):
             if name in size["ratios"]:
                 ratio = size["ratios"][name]
                 rows.append(
-                    f"| {label} ({size['mb']:.0f} MB) | {_figure(ratio, 2)} | {ratio['target']} | {ratio['verdict']} |"
+                    f"| {label} ({where}) | {_figure(ratio, 2)} | {ratio['target']} | {ratio['verdict']} |"
                 )
             else:
-                rows.append(f"| {label} ({size['mb']:.0f} MB) | {_unmeasured(size, name)} | | |")
+                rows.append(f"| {label} ({where}) | {_unmeasured(size, name)} | | |")
     return _verdicts(rows)
 
 
@@ -105,32 +107,36 @@ def _sweep_verdicts(results: dict) -> list[str]:
 
 
 def _throughput(part: dict) -> list[str]:
+    sources = ", ".join(f"`{Path(path).name}` ({ranks} ranks)" for ranks, path in part["sources"].items())
     lines = [
-        # the run's name only: its folder is the benchmark's scratch space, gone when it ends
-        f"Source run replicated: `{Path(part['source']).name}`. Times are the work inside a fresh process after its "
-        f"imports (wall = the whole process); "
-        f"peak RSS is the process's own high-water mark, 'with workers' the sampled peak of the RSS summed "
-        f"over it and its pool workers (HTA parses ranks in a pool). "
-        f"Ours and decoding: "
-        f"{part['repeats']} alternating repeats; HTA: once per size, stopped after {part['hta_timeout_s']:.0f} s.",
+        # the runs' names only: their folder is the benchmark's scratch space, gone when it ends
+        f"Source runs replicated: {sources}. Times are the work inside a fresh process after its imports "
+        "(wall = the whole process); peak RSS is the process's own high-water mark, 'with workers' the "
+        "sampled peak of the RSS summed over it and its pool workers (ours and HTA read ranks in a pool), "
+        "'largest' the largest sampled RSS of one of those processes; 'procs' the processes each read the "
+        "ranks with. analyze_jobs1 is analyze with --jobs 1 (one process, one rank at a time); merge "
+        "writes merged.json.gz (rows: its bytes). Ours and decoding: "
+        f"{part['repeats']} alternating repeats; the others once per set, HTA stopped after "
+        f"{part['hta_timeout_s']:.0f} s.",
         "",
     ]
     for size in part["sizes"]:
         lines += [
             f"### {size['mb']:.0f} MB, {size['ranks']} ranks, {size['steps_per_rank']} steps per rank",
             "",
-            "| task | work s | wall s | peak RSS MiB | with workers MiB | status |",
-            "|---|---|---|---|---|---|",
+            "| task | work s | wall s | peak RSS MiB | with workers MiB | largest MiB | procs | rows | status |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for task, figures in size["tasks"].items():
             if figures["status"] == "ok":
                 lines.append(
                     f"| {task} | {_figure(figures['work_s'], 2)} | {_figure(figures['wall_s'], 2)} | "
-                    f"{_figure(figures['peak_rss_mb'], 0)} | {_figure(figures['tree_rss_mb'], 0)} | ok |"
+                    f"{_figure(figures['peak_rss_mb'], 0)} | {_figure(figures['tree_rss_mb'], 0)} | "
+                    f"{_figure(figures['largest_rss_mb'], 0)} | {figures['processes']} | {figures['rows']} | ok |"
                 )
             else:
                 lines.append(
-                    f"| {task} | - | - | - | {figures['tree_rss_mb_at_stop']:.0f} at stop | "
+                    f"| {task} | - | - | - | {figures['tree_rss_mb_at_stop']:.0f} at stop | - | - | - | "
                     f"{figures['status']}: {figures['detail']} |"
                 )
         lines += [
@@ -141,15 +147,21 @@ def _throughput(part: dict) -> list[str]:
             ),
             "",
         ]
-    growth = part.get("growth")
-    if growth:
-        lines.append(f"Growth over a {growth['size_ratio']:.1f}x larger set (linear = the same factor):")
-        lines += [
-            f"- {task}: time x{g['time_ratio']:.2f}, peak RSS x{g['rss_ratio']:.2f}"
-            for task, g in growth.items()
-            if task != "size_ratio"
-        ]
-        lines.append("")
+    for key in ("growth", "growth_ranks"):
+        growth = part.get(key)
+        if growth:
+            what = (
+                "larger set"
+                if growth["by"] == "mb"
+                else f"more ranks (sets {growth['size_ratio']:.2f}x the size)"
+            )
+            lines.append(f"Growth over {growth['ratio']:.1f}x {what} (linear = the same factor):")
+            lines += [
+                f"- {task}: time x{g['time_ratio']:.2f}, peak RSS with workers x{g['rss_ratio']:.2f}"
+                for task, g in growth.items()
+                if isinstance(g, dict)
+            ]
+            lines.append("")
     return lines
 
 
@@ -398,7 +410,7 @@ def render(document: dict, fresh: dict[str, dict], previous: str = "") -> str:
         "to read the median alone; a verdict is given only when the whole range is on one side of the target.",
         "",
         "Reproduce: `make bench` (all parts), or some parts, e.g. "
-        "`.venv/bin/python -m bench --only throughput --size-mb 50`, `--only sim,profiler --ms '1 2 4 8'`, "
+        "`.venv/bin/python -m bench --only throughput --sizes-mb 50 --ranks 4`, `--only sim,profiler --ms '1 2 4 8'`, "
         "`--only executor --pairs 3`, `--only inject,predict`.",
         "",
     ]

@@ -26,6 +26,7 @@ from pathlib import Path
 from analysis.cli import standalone
 from analysis.errors import InputError
 from analysis.files import write_atomically
+from analysis.traces.load import trace_files
 from bench.dp_scale import dp_scale
 from bench.inject import inject_recovery
 from bench.predict import prediction_accuracy
@@ -52,10 +53,13 @@ PACKAGES = ("torch", "polars", "pyarrow", "msgspec", "HolisticTraceAnalysis")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts: {', '.join(PARTS)}")
     parser.add_argument(
-        "--size-mb",
-        type=float,
-        default=500.0,
-        help="largest trace set (uncompressed MB, 4 ranks); growth is measured from a tenth of it",
+        "--sizes-mb",
+        default="50 140 500",
+        help="the throughput ladder: trace set sizes (uncompressed MB) for the fewest ranks, e.g. '50 140 500 1000'",
+    )
+    parser.add_argument("--ranks", default="4 8 16", help="rank counts of the throughput sets")
+    parser.add_argument(
+        "--ranks-mb", type=float, default=140.0, help="the size of the sets of the other rank counts"
     )
     parser.add_argument(
         "--repeats", type=int, default=3, help="repeats of our analysis and of decoding per size"
@@ -67,7 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hta-timeout", type=float, default=300.0, help="seconds before HTA's load is stopped"
     )
     parser.add_argument(
-        "--source", type=Path, help="run directory to replicate for throughput (default: a fresh tiny run)"
+        "--sources",
+        type=Path,
+        nargs="+",
+        help="run directories to replicate for throughput, one per rank count (default: fresh tiny runs)",
     )
     parser.add_argument(
         "--ms", default=" ".join(map(str, range(1, 17))), help="microbatch counts of the p=2 sweep"
@@ -168,7 +175,9 @@ def _command(args: argparse.Namespace) -> str:
     """The command line that reproduces this run (every option spelled out)."""
     options = {
         "only": args.only,
-        "size-mb": args.size_mb,
+        "sizes-mb": args.sizes_mb,
+        "ranks": args.ranks,
+        "ranks-mb": args.ranks_mb,
         "repeats": args.repeats,
         "pairs": args.pairs,
         "hta-timeout": args.hta_timeout,
@@ -181,11 +190,11 @@ def _command(args: argparse.Namespace) -> str:
         "predict-repeats": args.predict_repeats,
         "preset": args.preset,
     }
-    if args.source:
-        options["source"] = args.source
-    return "python -m bench " + " ".join(
+    command = "python -m bench " + " ".join(
         f"--{key} '{value}'" if " " in str(value) else f"--{key} {value}" for key, value in options.items()
     )
+    # the runs' names only: a committed record names no folder outside the repository
+    return command + (" --sources " + " ".join(path.name for path in args.sources) if args.sources else "")
 
 
 def _progress(began: float) -> Callable[[str], None]:
@@ -196,13 +205,20 @@ def _progress(began: float) -> Callable[[str], None]:
 
 
 def _throughput(args, workdir: Path, say) -> dict:
-    source = args.source
-    if source is None:
-        say("throughput: recording a tiny 1f1b p=4 m=8 run to replicate")
-        tiny = RunPlan(workdir / "source", "tiny", 3, 1)
-        source = launch(request(tiny, "1f1b", 4, 8), tiny.traces)
-    sizes = tuple(dict.fromkeys((args.size_mb / 10, args.size_mb)))
-    plan = ThroughputPlan(source.resolve(), sizes, args.repeats, args.hta_timeout, workdir, REPO_ROOT)
+    """Replicate a run per rank count (given, else a tiny 1f1b run at m = 2p recorded now)."""
+    if args.sources:
+        sources = {len(trace_files(path)): path.resolve() for path in args.sources}
+    else:
+        sources = {}
+        for p in _counts(args.ranks, "--ranks"):
+            say(f"throughput: recording a tiny 1f1b p={p} m={2 * p} run to replicate")
+            tiny = RunPlan(workdir / f"source-p{p}", "tiny", 3, 1)
+            sources[p] = launch(request(tiny, "1f1b", p, 2 * p), tiny.traces).resolve()
+    try:
+        sizes = tuple(sorted(float(word) for word in args.sizes_mb.replace(",", " ").split()))
+    except ValueError:
+        raise InputError(None, f"--sizes-mb must be sizes in MB, got {args.sizes_mb!r}") from None
+    plan = ThroughputPlan(sources, sizes, args.ranks_mb, args.repeats, args.hta_timeout, workdir, REPO_ROOT)
     return throughput(plan, say)
 
 

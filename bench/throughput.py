@@ -1,8 +1,14 @@
-"""Part 1: analysis throughput on a large trace set: ours vs HTA vs plain typed decoding (the floor).
+"""Part 1: analysis throughput on large trace sets: ours vs HTA vs plain typed decoding (the floor),
+and the merge of the same sets.
 
-For each size the set is generated once (bench.traceset), then decode and analyze alternate
-in fresh processes `repeats` times (so load drifts hit both alike) and HTA loads it once, capped by a
-timeout: it is slow. Ratios pair each analyze with the decode next to it.
+Sets: one source run per rank count (bench.traceset replicates its steps), the smallest rank count at
+every size of the ladder, the others at one size (growth with ranks). For each set, decode and analyze
+alternate in fresh processes `repeats` times (so load drifts hit both alike); then analyze once more
+with one process (`--jobs 1`: every rank read in turn in one process, the memory bound), HTA loads it
+once, capped by a timeout (it is slow), and merge writes its merged trace once. Ratios pair each
+analyze with the decode next to it. Ours and HTA read the ranks with as many processes as each picks
+(ours: analysis.jobs, one per core; HTA: its own pool, min(cores, ranks) up to 8 ranks): both say how
+many.
 """
 
 from __future__ import annotations
@@ -18,13 +24,20 @@ from bench.stats import stats, verdict
 from bench.traceset import TraceSet, replicate_run
 
 MB = 1_000_000
-TARGETS = {"hta_over_ours": 20.0, "ours_over_decode": 2.0, "rss_over_size": 3.0}
+TARGETS = {
+    "hta_over_ours": 20.0,
+    "ours_over_decode": 2.0,
+    "rss_over_size": 3.0,
+    "one_process_rss_over_largest_file": 3.0,
+}
+TASKS = ("decode", "analyze", "analyze_jobs1", "hta", "merge")
 
 
 @dataclass(frozen=True)
 class ThroughputPlan:
-    source: Path  # a run directory with PP labels to replicate
-    sizes_mb: tuple[float, ...]  # smallest first; growth is read from the first to the last
+    sources: dict[int, Path]  # rank count -> a run directory with PP labels to replicate
+    sizes_mb: tuple[float, ...]  # the ladder, smallest first, for the fewest ranks
+    ranks_mb: float  # the size of the other rank counts' sets
     repeats: int
     hta_timeout_s: float
     workdir: Path  # generated sets live here and are deleted after their size is measured
@@ -53,6 +66,9 @@ def _task_figures(runs: list[ChildRun]) -> dict:
             "wall_s": stats([r.wall_s for r in done]).to_json(),
             "peak_rss_mb": stats([r.peak_rss_mb for r in done]).to_json(),
             "tree_rss_mb": stats([r.tree_rss_mb for r in done]).to_json(),
+            "largest_rss_mb": stats([r.largest_rss_mb for r in done]).to_json(),
+            "processes": done[0].processes,
+            "rows": done[0].rows,
         }
     else:
         figures["detail"] = runs[0].detail
@@ -60,13 +76,17 @@ def _task_figures(runs: list[ChildRun]) -> dict:
     return figures
 
 
-def _ratios(trace_set: TraceSet, runs: dict[str, list[ChildRun]]) -> dict:
+def _ratios(trace_set: TraceSet, largest: int, runs: dict[str, list[ChildRun]]) -> dict:
     ours, floor, hta = _ok(runs["analyze"]), _ok(runs["decode"]), _ok(runs["hta"])
     ratios = {}
     if ours and floor:
         ratios["ours_over_decode"] = stats([a.work_s / d.work_s for a, d in zip(ours, floor)])
     if ours:
-        ratios["rss_over_size"] = stats([a.peak_rss_mb * 2**20 / trace_set.bytes for a in ours])
+        ratios["rss_over_size"] = stats([a.tree_rss_mb * 2**20 / trace_set.bytes for a in ours])
+    if _ok(runs["analyze_jobs1"]):
+        ratios["one_process_rss_over_largest_file"] = stats(
+            [a.peak_rss_mb * 2**20 / largest for a in _ok(runs["analyze_jobs1"])]
+        )
     if ours and hta:
         ratios["hta_over_ours"] = stats([h.work_s / a.work_s for h in hta for a in ours])
     lower = {"hta_over_ours": False}
@@ -77,20 +97,29 @@ def _ratios(trace_set: TraceSet, runs: dict[str, list[ChildRun]]) -> dict:
     }
 
 
-def measure_size(plan: ThroughputPlan, trace_set: TraceSet, progress: Callable[[str], None]) -> dict:
+def measure_size(
+    plan: ThroughputPlan, source: Path, trace_set: TraceSet, progress: Callable[[str], None]
+) -> dict:
     target = trace_set.path
     progress(
         f"throughput: {trace_set.bytes / MB:.0f} MB over {trace_set.ranks} ranks "
         f"({trace_set.steps_per_rank} steps per rank)"
     )
-    runs: dict[str, list[ChildRun]] = {"decode": [], "analyze": [], "hta": []}
+    runs: dict[str, list[ChildRun]] = {task: [] for task in TASKS}
+    hints = _hints(source)
+    largest = max(path.stat().st_size for path in target.glob("rank*.json"))
+
+    def measure(name: str, task: str, arguments: list[str], label: str = "") -> None:
+        runs[name].append(run_child(task, [str(target), *arguments], plan.hta_timeout_s, plan.repo))
+        progress(f"  {name}{label}: {_line(runs[name][-1])}")
+
     try:
         for repeat in range(plan.repeats):
-            for task, arguments in (("decode", []), ("analyze", _hints(plan.source))):
-                runs[task].append(run_child(task, [str(target), *arguments], plan.hta_timeout_s, plan.repo))
-                progress(f"  {task} #{repeat + 1}: {_line(runs[task][-1])}")
-        runs["hta"].append(run_child("hta", [str(target)], plan.hta_timeout_s, plan.repo))
-        progress(f"  hta: {_line(runs['hta'][-1])}")
+            measure("decode", "decode", [], f" #{repeat + 1}")
+            measure("analyze", "analyze", hints, f" #{repeat + 1}")
+        measure("analyze_jobs1", "analyze", [*hints, "--jobs", "1"])
+        measure("hta", "hta", [])
+        measure("merge", "merge", [])  # (after analyze: it reads the analysis/ analyze wrote)
     finally:
         shutil.rmtree(target, ignore_errors=True)
     return {
@@ -99,7 +128,8 @@ def measure_size(plan: ThroughputPlan, trace_set: TraceSet, progress: Callable[[
         "copies": trace_set.copies,
         "steps_per_rank": trace_set.steps_per_rank,
         "tasks": {task: _task_figures(task_runs) for task, task_runs in runs.items()},
-        "ratios": _ratios(trace_set, runs),
+        "largest_file_mb": largest / MB,
+        "ratios": _ratios(trace_set, largest, runs),
     }
 
 
@@ -108,37 +138,43 @@ def _line(run: ChildRun) -> str:
         return f"{run.status} ({run.detail}), {run.tree_rss_mb:.0f} MiB with workers when stopped"
     return (
         f"{run.work_s:.2f} s work, {run.wall_s:.2f} s wall, peak {run.peak_rss_mb:.0f} MiB "
-        f"({run.tree_rss_mb:.0f} MiB with workers)"
+        f"({run.tree_rss_mb:.0f} MiB with workers, {run.processes} processes)"
     )
 
 
-def growth(small: dict, large: dict) -> dict:
-    """Time and memory growth from the smallest to the largest set, against the growth in size."""
-    size = large["mb"] / small["mb"]
-    result = {"size_ratio": size}
-    for task in ("analyze", "decode", "hta"):
+def growth(small: dict, large: dict, by: str) -> dict:
+    """Time and memory growth from the `small` set to the `large` one, against the growth in `by`
+    (mb: size; ranks: the rank count, the two sets of about one size)."""
+    result = {"by": by, "ratio": large[by] / small[by], "size_ratio": large["mb"] / small["mb"]}
+    for task in TASKS:
         a, b = small["tasks"][task], large["tasks"][task]
         if "work_s" in a and "work_s" in b:
             result[task] = {
                 "time_ratio": b["work_s"]["median"] / a["work_s"]["median"],
-                "rss_ratio": b["peak_rss_mb"]["median"] / a["peak_rss_mb"]["median"],
+                "rss_ratio": b["tree_rss_mb"]["median"] / a["tree_rss_mb"]["median"],
             }
     return result
 
 
+def _measured(plan: ThroughputPlan, ranks: int, size_mb: float, say: Callable[[str], None]) -> dict:
+    source = plan.sources[ranks]
+    name = f"set-{ranks}ranks-{size_mb:g}mb"
+    trace_set = replicate_run(source, plan.workdir / name, round(size_mb * MB))
+    return measure_size(plan, source, trace_set, say)
+
+
 def throughput(plan: ThroughputPlan, progress: Callable[[str], None]) -> dict:
-    sizes, copies = [], set()
-    for size_mb in plan.sizes_mb:
-        trace_set = replicate_run(plan.source, plan.workdir / f"set-{size_mb:g}mb", round(size_mb * MB))
-        if trace_set.copies in copies:  # sizes below one copy give the same set: measure it once
-            shutil.rmtree(trace_set.path, ignore_errors=True)
-            continue
-        copies.add(trace_set.copies)
-        sizes.append(measure_size(plan, trace_set, progress))
+    fewest, *others = sorted(plan.sources)
+    sizes = [_measured(plan, fewest, size_mb, progress) for size_mb in plan.sizes_mb]
+    by_ranks = [_measured(plan, ranks, plan.ranks_mb, progress) for ranks in others]
+    at_ranks_mb = min(sizes, key=lambda size: abs(size["mb"] - plan.ranks_mb))
     return {
-        "source": str(plan.source),
+        "sources": {
+            str(ranks): path.name for ranks, path in plan.sources.items()
+        },  # (names: scratch folders)
         "repeats": plan.repeats,
         "hta_timeout_s": plan.hta_timeout_s,
-        "sizes": sizes,
-        "growth": growth(sizes[0], sizes[-1]) if len(sizes) > 1 else None,
+        "sizes": sizes + by_ranks,
+        "growth": growth(sizes[0], sizes[-1], "mb") if len(sizes) > 1 else None,
+        "growth_ranks": growth(at_ranks_mb, by_ranks[-1], "ranks") if by_ranks else None,
     }

@@ -61,8 +61,10 @@ def rank_template(path: Path) -> RankTemplate:
         raise InputError(path, "no ProfilerStep spans to replicate")
     starts = sorted(e["ts"] for e in steps)
     # A copy starts where a next step would: one start-to-start interval after the last step's start
-    # (steps may overlap a little, as Kineto's spans do; with one step, its duration).
-    interval = min((b - a for a, b in zip(starts, starts[1:])), default=steps[0]["dur"])
+    # (steps may overlap a little, as Kineto's spans do; with one step, its duration). The longest
+    # interval: with the shortest, a 16-rank run's copy began before the previous copy's last
+    # backward on rank 1 had ended, and that step lost it.
+    interval = max((b - a for a, b in zip(starts, starts[1:])), default=steps[0]["dur"])
     # Every timed event is copied, not only those inside a step: a step's first launches precede it,
     # and a copy then overlaps the previous one's tail as a step overlaps the one before.
     timed = [e for e in events if e.get("ph") != "M" and isinstance(e.get("ts"), (int, Decimal))]
@@ -116,7 +118,9 @@ def _copy_bytes(template: RankTemplate, copy: int, period_us: Decimal) -> bytes:
 
 def write_rank(path: Path, template: RankTemplate, copies: int, period_us: Decimal) -> int:
     """Stream the rank's file (one copy in memory at a time); returns its size in bytes."""
-    head = _ENCODER.encode(template.header)[:-1]
+    # The header as Kineto writes it, indented ("rank": 3): HTA reads a file's rank with a regex that
+    # wants the space, and takes a compact header's file for rank 0 (every file then but one is lost).
+    head = msgspec.json.format(_ENCODER.encode(template.header), indent=1).rstrip()[:-1]
     once = _ENCODER.encode(template.once)[1:-1]
     with path.open("wb") as out:
         out.write(head + (b"," if template.header else b"") + b'"traceEvents":[' + once)

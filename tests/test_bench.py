@@ -104,13 +104,13 @@ def test_bench_throughput_smoke(source, tmp_path):
         [
             "--only",
             "throughput",
-            "--size-mb",
+            "--sizes-mb",
             "0.05",
             "--repeats",
             "1",
             "--hta-timeout",
             "120",
-            "--source",
+            "--sources",
             str(source),
             "--out",
             str(out),
@@ -122,9 +122,12 @@ def test_bench_throughput_smoke(source, tmp_path):
     assert document["results"]["bubble"] == {"runs": 6} and document["measured_by"]["throughput"]["keys"] == [
         "throughput"
     ]
-    (size,) = document["results"]["throughput"]["sizes"]  # 0.005 and 0.05 MB are both one copy: one set
+    (size,) = document["results"]["throughput"]["sizes"]  # one size, one rank count: one set
     assert document["results"]["throughput"]["growth"] is None
-    assert size["tasks"]["analyze"]["status"] == size["tasks"]["decode"]["status"] == "ok"
+    assert document["results"]["throughput"]["growth_ranks"] is None
+    tasks = size["tasks"]
+    assert tasks["analyze"]["status"] == tasks["decode"]["status"] == tasks["merge"]["status"] == "ok"
+    assert tasks["analyze_jobs1"]["processes"] == 1 and tasks["merge"]["rows"] > 0
     assert size["tasks"]["hta"]["status"] in ("ok", "timeout", "failed")
     assert size["ratios"]["ours_over_decode"]["median"] > 0
     text = (out / "RESULTS.md").read_text()

@@ -22,8 +22,8 @@ from conftest import gunzipped, real_traces_in
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis.cli.analyze import analyze_dir
 from analysis.errors import InputError
+from analysis.pipeline import analyze_dir
 from runners.schedules import build
 from synthetic.generate import synthesize
 from synthetic.truth import Work, calibration

@@ -4,7 +4,13 @@ run where torch is absent (a laptop reading a GPU job's traces)."""
 import subprocess
 import sys
 
-ANALYSIS_COMMANDS = ["analysis.cli.analyze", "analysis.merge.merged", "analysis.report", "synthetic.generate"]
+ANALYSIS_COMMANDS = [
+    "analysis.cli.analyze",
+    "analysis.pipeline",
+    "analysis.merge.merged",
+    "analysis.report",
+    "synthetic.generate",
+]
 
 
 def test_analysis_commands_import_without_torch():

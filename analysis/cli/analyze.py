@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from analysis.pipeline import analyze_dir
-from analysis.schema import WATERFALL_TERMS, Summary
+if TYPE_CHECKING:
+    from analysis.schema import Summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from analysis.pipeline import analyze_dir  # (imported here: `analyze --help` needs no polars)
+
     summary = analyze_dir(args.run_dir, schedule=args.schedule, m=args.m).summary
     print(table(summary))
     if summary.flags:
@@ -31,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
 def table(summary: Summary) -> str:
     """Formula vs measured bubble, then the waterfall terms with their share of the step."""
+    from analysis.schema import WATERFALL_TERMS
+
     step = summary.step_time_ms
     lines = [
         f"{summary.schedule} p={summary.p} m={summary.m} v={summary.v} "

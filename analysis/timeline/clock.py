@@ -104,14 +104,21 @@ def transfer_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def collective_events(events: pl.DataFrame) -> pl.DataFrame:
+    """The host and device collectives among loaded events, with the columns collective_ends reads:
+    all a rank's trace is needed for here, so the trace itself need not be kept (filtering them again
+    keeps them all)."""
+    return events.filter((pl.col("ph") == "X") & (_HOST_COLLECTIVE | _DEVICE_COLLECTIVE)).select(
+        "rank", "name", "cat", "ph", "start_ns", "end_ns"
+    )
+
+
 def collective_ends(events: pl.DataFrame, exclude: pl.DataFrame | None = None) -> pl.DataFrame:
     """Collective instances as (name, occurrence, rank, end_ns), where every rank saw the same count.
 
     `exclude` (rank, start_ns) removes device events that are pipeline transfers, not collectives.
     """
-    found = events.filter((pl.col("ph") == "X") & (_HOST_COLLECTIVE | _DEVICE_COLLECTIVE)).select(
-        "rank", "name", "start_ns", "end_ns"
-    )
+    found = collective_events(events).select("rank", "name", "start_ns", "end_ns")
     if exclude is not None and exclude.height:
         found = found.join(exclude.select("rank", "start_ns"), on=["rank", "start_ns"], how="anti")
     numbered = found.sort("start_ns").with_columns(
@@ -227,14 +234,15 @@ def _arrived(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
 
 
 def on_one_clock(
-    per_rank: list[RankCells], frames: dict[int, pl.DataFrame]
+    per_rank: list[RankCells], ranks: list[int], collectives: pl.DataFrame
 ) -> tuple[list[RankCells], ClockEstimate | None]:
     """The ranks shifted onto one clock, and the estimate applied; unshifted (None) unless causality says
-    their clocks differ: ranks on one host share a clock, and an estimate would invent a skew."""
+    their clocks differ: ranks on one host share a clock, and an estimate would invent a skew.
+    `collectives`: every rank's collective_events."""
     cells = _arrived(pl.concat([r.cells for r in per_rank]), pl.concat([r.waits for r in per_rank]))
     pairs = transfers(cells)
     if pairs.filter(pl.col("send_start_ns") > pl.col("recv_end_ns")).height == 0:
         return per_rank, None
-    found = estimate(sorted(frames), cells, pl.concat(list(frames.values()), how="diagonal_relaxed"))
+    found = estimate(sorted(ranks), cells, collectives)
     shifted = [_shift(r, found.offset_ns(int(r.cells["rank"][0]))) for r in per_rank]
     return shifted, found

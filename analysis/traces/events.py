@@ -166,37 +166,37 @@ def _columns(events: list[kineto.Event], offset: int) -> dict[str, pl.Series]:
     specialises `e.name` on a struct's slot; attrgetter and astuple are slower)."""
     args = [e.args for e in events]
     try:
-        correlation, external_id, stream, sequence = _arg_ids(args)
+        correlation, external_id, stream, sequence = _argids(args)
     except AttributeError:  # "args": null
-        correlation, external_id, stream, sequence = _arg_ids([a or kineto.NO_ARGS for a in args])
+        correlation, external_id, stream, sequence = _argids([a or kineto.NO_ARGS for a in args])
     return {
         "index": pl.int_range(offset, offset + len(events), dtype=pl.Int64, eager=True),
         "ph": pl.Series([e.ph for e in events], dtype=pl.String),
         "name": pl.Series([e.name for e in events], dtype=pl.String),
         "cat": pl.Series([e.cat for e in events], dtype=pl.String),
-        "pid": _ids([e.pid for e in events]),
-        "tid": _ids([e.tid for e in events]),
+        "pid": ids([e.pid for e in events]),
+        "tid": ids([e.tid for e in events]),
         "ts_us": _micros([e.ts for e in events]),
         "dur_us": _micros([e.dur for e in events]),
         "correlation": correlation,
         "external_id": external_id,
         "stream": stream,
         "sequence": sequence,
-        "flow_id": _ids([e.id for e in events]),
+        "flow_id": ids([e.id for e in events]),
         "bp": pl.Series([e.bp for e in events], dtype=pl.String),
     }
 
 
-def _arg_ids(args: list[kineto.Args]) -> tuple[pl.Series, pl.Series, pl.Series, pl.Series]:
+def _argids(args: list[kineto.Args]) -> tuple[pl.Series, pl.Series, pl.Series, pl.Series]:
     return (
-        _ids([a.correlation for a in args]),
-        _ids([a.external_id for a in args]),
-        _ids([a.stream for a in args]),
-        _ids([a.sequence for a in args]),
+        ids([a.correlation for a in args]),
+        ids([a.external_id for a in args]),
+        ids([a.stream for a in args]),
+        ids([a.sequence for a in args]),
     )
 
 
-def _ids(values: list[Any]) -> pl.Series:
+def ids(values: list[Any]) -> pl.Series:
     """Integers; anything else ("Spans" pseudo-pids, strings in free-form args, numbers past 64 bits)
     becomes null."""
     try:

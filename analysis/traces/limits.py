@@ -85,7 +85,7 @@ def applied(limits: Limits) -> Iterator[Limits]:
         _CURRENT.reset(token)
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -102,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(
             f.metadata["flag"],
             dest=f"limit_{f.name}",
-            type=_positive,
+            type=positive,
             default=f.default,
             metavar="N",
             help=f"{f.metadata['help']} (default {f.default})",

@@ -330,9 +330,12 @@ class RunTraces:
         return pl.concat([trace.frame for trace in self.traces], how="vertical")
 
 
-def load_run(directory: str | Path) -> RunTraces:
+def load_run(
+    directory: str | Path, read: Callable[[Path, Budget], RawTrace] = read_trace
+) -> RunTraces:
     """Every rank trace of a run directory (+ run.json if present), checked to form one whole run, within
-    the limits in force (analysis.traces.limits) for each file and for the run."""
+    the limits in force (analysis.traces.limits) for each file and for the run. `read` reads each file
+    in turn, as read_trace does (analysis.fanout reads them in other processes)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise InputError(directory, "not a directory")
@@ -348,7 +351,7 @@ def load_run(directory: str | Path) -> RunTraces:
     traces = []
     for path in files:
         try:
-            traces.append(read_trace(path, budget))
+            traces.append(read(path, budget))
         except NotATrace as error:
             if path in named:
                 raise
@@ -364,7 +367,7 @@ def load_run(directory: str | Path) -> RunTraces:
             directory, "no trace files (*.json, *.json.gz) in the run directory, only other JSON"
         )
     if len(traces) == 1 and traces[0].rank is None:  # someone's single-process trace
-        traces = [_with_rank(traces[0], 0)]
+        traces = [with_rank(traces[0], 0)]
     _check_same_run(directory, traces)
     by_rank = _one_per_rank(directory, traces)
     one_process = config is not None and config.get("mode") == SINGLE_GPU  # P ranks in one trace
@@ -502,7 +505,8 @@ def _check_keyed(
         check(where(index), entry)
 
 
-def _with_rank(trace: RawTrace, rank: int) -> RawTrace:
+def with_rank(trace: RawTrace, rank: int) -> RawTrace:
+    """The trace as rank `rank` (a single process's trace that names none is rank 0)."""
     return replace(trace, rank=rank, frame=trace.frame.with_columns(rank=pl.lit(rank, dtype=pl.Int64)))
 
 

@@ -22,7 +22,7 @@ import msgspec
 import polars as pl
 
 from analysis.cells.labelled import step_spans
-from analysis.traces.events import decoded_pieces
+from analysis.traces.events import decoded_pieces, ids
 from analysis.traces.load import RawTrace, RunTraces, TraceWarning
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER, STASH_COUNTER
 
@@ -58,58 +58,78 @@ class _MemoryEvent(msgspec.Struct, gc=False):
     args: _Args | None = None
 
 
+# The events memory_events reads: the executor's and the allocator's counters, torch's allocator events.
+MEMORY_EVENTS = ((pl.col("ph") == "C") & pl.col("name").is_in([STASH_COUNTER, CUDA_PEAK_COUNTER])) | (
+    (pl.col("ph") == "i") & (pl.col("name") == ALLOCATOR_EVENT)
+)
 _RAW_EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
 _EVENT = msgspec.json.Decoder(_MemoryEvent)
+_VALUES = ("microbatches", "activation_bytes", "peak_bytes_above_step_start", "total_allocated", "allocation")
+_EVENTS = msgspec.json.Decoder(list[_MemoryEvent])
 _NO_VALUES = _Args()
 
 
-def _integer(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def memory_events(trace: RawTrace) -> pl.DataFrame:
-    """One rank's memory events: (rank, source, t_ns, microbatches, bytes, allocation)."""
-    frame = trace.frame
-    wanted = frame.filter(
-        ((pl.col("ph") == "C") & pl.col("name").is_in([STASH_COUNTER, CUDA_PEAK_COUNTER]))
-        | ((pl.col("ph") == "i") & (pl.col("name") == ALLOCATOR_EVENT))
-    ).select("index", "name", "start_ns")
+def memory_events(trace: RawTrace, raw: dict[int, msgspec.Raw] | None = None) -> pl.DataFrame:
+    """One rank's memory events: (rank, source, t_ns, microbatches, bytes, allocation). `raw` holds
+    their events' JSON by index where the caller decoded them already (events_at)."""
+    wanted = trace.frame.filter(MEMORY_EVENTS).select("index", "name", "start_ns")
     if wanted.is_empty():
         return pl.DataFrame(schema=EVENT_SCHEMA)
-    raw = events_at(trace, wanted["index"].to_list())
-    rows, malformed = [], 0
-    for index, name in wanted.select("index", "name").iter_rows():
-        try:
-            args = _EVENT.decode(raw[index]).args or _NO_VALUES
-        except msgspec.ValidationError:  # args that are no object: the sample says nothing
-            args, malformed = _NO_VALUES, malformed + 1
-        if name == STASH_COUNTER:
-            rows.append(("stash", _integer(args.microbatches), _integer(args.activation_bytes), None))
-        elif name == CUDA_PEAK_COUNTER:
-            rows.append(("cuda_peak", None, _integer(args.peak_bytes_above_step_start), None))
-        else:
-            source = "cuda_allocator" if args.device_type == 1 else "allocator"
-            rows.append((source, None, _integer(args.total_allocated), _integer(args.allocation)))
-    if malformed:
-        warnings.warn(
-            f"{trace.path}: {malformed} memory event(s) with args that are no object; their samples ignored",
-            TraceWarning,
-            stacklevel=2,
-        )
-    found = pl.DataFrame(
-        rows,
-        schema=["source", "microbatches", "bytes", "allocation"],
-        orient="row",
-        schema_overrides={k: pl.Int64 for k in ("microbatches", "bytes", "allocation")},
+    if raw is None:
+        raw = events_at(trace, wanted["index"].to_list())
+    args = _args(trace, [raw[index] for index in wanted["index"]])
+    name = pl.col("name")
+    stash, peak = name == STASH_COUNTER, name == CUDA_PEAK_COUNTER
+    on_cuda = pl.Series([a.device_type == 1 for a in args], dtype=pl.Boolean)
+    values = wanted.with_columns(
+        on_cuda=on_cuda,
+        **{field: _integers([getattr(a, field) for a in args]) for field in _VALUES},
     )
-    return pl.concat([wanted.select(t_ns="start_ns"), found], how="horizontal").select(
+    return values.select(
         pl.lit(trace.rank, dtype=pl.Int64).alias("rank"),
-        "source",
-        "t_ns",
-        "microbatches",
-        "bytes",
-        "allocation",
+        source=pl.when(stash)
+        .then(pl.lit("stash"))
+        .when(peak)
+        .then(pl.lit("cuda_peak"))
+        .when("on_cuda")
+        .then(pl.lit("cuda_allocator"))
+        .otherwise(pl.lit("allocator")),
+        t_ns="start_ns",
+        microbatches=pl.when(stash).then("microbatches"),
+        bytes=pl.when(stash)
+        .then("activation_bytes")
+        .when(peak)
+        .then("peak_bytes_above_step_start")
+        .otherwise("total_allocated"),
+        allocation=pl.when(~stash & ~peak).then("allocation"),
     )
+
+
+def _args(trace: RawTrace, events: list[msgspec.Raw]) -> list[_Args]:
+    """The events' args, decoded together (one by one where some are no object: those say nothing,
+    with one warning)."""
+    try:
+        return [e.args or _NO_VALUES for e in _EVENTS.decode(b"[" + b",".join(events) + b"]")]
+    except msgspec.ValidationError:
+        pass
+    found, malformed = [], 0
+    for event in events:
+        try:
+            found.append(_EVENT.decode(event).args or _NO_VALUES)
+        except msgspec.ValidationError:
+            found.append(_NO_VALUES)
+            malformed += 1
+    warnings.warn(
+        f"{trace.path}: {malformed} memory event(s) with args that are no object; their samples ignored",
+        TraceWarning,
+        stacklevel=3,
+    )
+    return found
+
+
+def _integers(values: list[Any]) -> pl.Series:
+    """Whole numbers (not booleans) within 64 bits; anything else null."""
+    return ids([v if type(v) is int else None for v in values])
 
 
 def events_at(trace: RawTrace, indices: list[int]) -> dict[int, msgspec.Raw]:
@@ -118,7 +138,7 @@ def events_at(trace: RawTrace, indices: list[int]) -> dict[int, msgspec.Raw]:
     position = 0
     for offset, _, events in decoded_pieces(trace.path, memoryview(trace.events_json), _RAW_EVENTS):
         while position < len(indices) and indices[position] < offset + len(events):
-            found[indices[position]] = events[indices[position] - offset]
+            found[indices[position]] = msgspec.Raw(bytes(events[indices[position] - offset]))
             position += 1
     return found
 
@@ -171,6 +191,10 @@ class Memory:
 
 def run_memory(run: RunTraces) -> Memory:
     """Every rank's memory events, placed in its profiled steps."""
-    events = pl.concat([with_steps(memory_events(t), step_spans(t.frame)) for t in run.traces])
+    return memory_of(pl.concat([with_steps(memory_events(t), step_spans(t.frame)) for t in run.traces]))
+
+
+def memory_of(events: pl.DataFrame) -> Memory:
+    """The run's Memory from every rank's memory events placed in its steps (with_steps)."""
     stash = events.filter(pl.col("source") == "stash").select("rank", "step", "t_ns", "microbatches", "bytes")
     return Memory(stash, step_peaks(events))

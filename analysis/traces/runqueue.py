@@ -9,10 +9,11 @@ import warnings
 import msgspec
 import polars as pl
 
-from analysis.traces.load import RawTrace, RunTraces, TraceWarning
+from analysis.traces.load import RawTrace, TraceWarning
 from analysis.traces.memory import events_at
 from runners.schedules.trace_names import RUN_QUEUE_COUNTER
 
+RUN_QUEUE_EVENTS = (pl.col("ph") == "C") & (pl.col("name") == RUN_QUEUE_COUNTER)
 SAMPLE_SCHEMA = {"rank": pl.Int64, "t_ns": pl.Int64, "run_delay_ns": pl.Int64}
 
 
@@ -27,13 +28,14 @@ class _Sample(msgspec.Struct, gc=False):
 _SAMPLE = msgspec.json.Decoder(_Sample)
 
 
-def run_queue_samples(trace: RawTrace) -> pl.DataFrame:
+def run_queue_samples(trace: RawTrace, raw: dict[int, msgspec.Raw] | None = None) -> pl.DataFrame:
     """One rank's samples (SAMPLE_SCHEMA), on its own clock; a sample without a whole number is dropped
-    with one warning."""
-    wanted = trace.frame.filter((pl.col("ph") == "C") & (pl.col("name") == RUN_QUEUE_COUNTER))
+    with one warning. `raw`: their events' JSON by index, where the caller decoded them already."""
+    wanted = trace.frame.filter(RUN_QUEUE_EVENTS)
     if wanted.is_empty():
         return pl.DataFrame(schema=SAMPLE_SCHEMA)
-    raw = events_at(trace, wanted["index"].to_list())
+    if raw is None:
+        raw = events_at(trace, wanted["index"].to_list())
     rows, malformed = [], 0
     for index, t_ns in wanted.select("index", "start_ns").iter_rows():
         try:
@@ -51,8 +53,3 @@ def run_queue_samples(trace: RawTrace) -> pl.DataFrame:
             stacklevel=2,
         )
     return pl.DataFrame(rows, schema=SAMPLE_SCHEMA, orient="row")
-
-
-def run_samples(run: RunTraces) -> pl.DataFrame:
-    """Every rank's samples."""
-    return pl.concat([run_queue_samples(t) for t in run.traces])

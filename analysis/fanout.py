@@ -1,0 +1,252 @@
+"""A run's ranks read into their small tables (analysis.rank_input), each in a process of a pool.
+
+`read_ranks` runs analysis.traces.load.load_run, which reads the files one by one in order and checks
+they form one run, with a reader that takes each file's result from a pool instead: every worker
+reads one trace within the per-file limits, reduces it to its tables with `rank_input` and drops its
+frame, so a process holds one trace at a time and only the tables cross processes. The pool has
+analysis.jobs.pool_size processes (one: no pool, the same work in this process, still one trace at a
+time).
+
+What the user sees is what one process reading the files in order gives:
+- the run's limits (run_mb, run_events) are charged in file order as each result is taken; a file
+  whose bytes or events pass what is left, or that failed to load while less than a file's limits was
+  left, is read again here with the run's budget, which raises the error a serial read raises;
+- errors come back as the same InputError (one line), load errors before any rank's analysis error;
+- a worker's warnings are recorded there and warned here, once each, in file order.
+The progress of a long run is one line on stderr (analysis.progress).
+
+Fanned out further: `rank_work` is a pure function of (file, limits, run.json), and its result pickles,
+so a cluster engine can map it over the files in place of the pool (Dask: `client.map(rank_work, ...)`
+then gathered in file order; Ray: a `ray.remote` of it), the files on storage every worker can read.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from analysis import jobs
+from analysis.cells.virtual_ranks import virtual_ranks
+from analysis.errors import InputError
+from analysis.progress import Progress
+from analysis.rank_input import RankInput, TextReads, rank_input, text_reads, without_text
+from analysis.traces import limits
+from analysis.traces.load import (
+    Budget,
+    RawTrace,
+    RunTraces,
+    load_run,
+    read_run_config,
+    read_trace,
+    trace_files,
+    with_rank,
+)
+
+_UNBOUNDED = 1 << 62  # a worker's budget: the per-file limits bound it, the run's are charged here
+Warned = tuple[str, type[Warning]]
+
+
+@dataclass
+class RankWork:
+    """One file's result: its trace as load_run checks it (no frame), or the error reading it; what
+    it used of the run's budget; its ranks' tables, or the error making them; the warnings of each."""
+
+    path: Path
+    trace: RawTrace | None = None
+    load_error: InputError | None = None
+    load_warnings: list[Warned] = field(default_factory=list)
+    used: Budget = field(default_factory=lambda: Budget(0, 0))
+    ranks: list[RankInput] = field(default_factory=list)
+    error: InputError | None = None
+    warnings: list[Warned] = field(default_factory=list)
+
+
+def rank_work(
+    path: Path, in_force: limits.Limits, alone: bool, config: dict | None, headroom: int | None = None
+) -> RankWork:
+    """Read one trace file and reduce it to its ranks' tables (one process's trace of P ranks, when it
+    is the run's only file, is P ranks: analysis.cells.virtual_ranks). `headroom`: the frames left
+    before the recursion limit where the run is read, so JSON nested past it is refused here alike."""
+    work = RankWork(path)
+    with (
+        _recursion_headroom(headroom),
+        limits.applied(in_force),
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
+        budget = Budget(_UNBOUNDED, _UNBOUNDED)
+        try:
+            trace = read_trace(path, budget)
+        except InputError as error:
+            work.load_error = error
+            return work
+        finally:
+            work.load_warnings = _warned(caught)
+        work.used = Budget(_UNBOUNDED - budget.bytes, _UNBOUNDED - budget.events)
+    reads = text_reads(trace, config, alone)
+    trace = without_text(trace)  # (the last reference to the text: it is freed before the cells)
+    return _reduced(work, trace, reads, alone, config)
+
+
+def _reduced(work: RankWork, trace: RawTrace, reads: TextReads, alone: bool, config: dict | None) -> RankWork:
+    """`work` with the trace's ranks' tables (or the error making them) and their warnings."""
+    work.trace = without_text(replace(trace, frame=trace.frame.clear()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            work.ranks = _ranks(trace, reads, alone, config)
+        except InputError as error:
+            work.error = error
+        work.warnings = _warned(caught)
+    return work
+
+
+def _ranks(trace: RawTrace, reads: TextReads, alone: bool, config: dict | None) -> list[RankInput]:
+    if not alone:
+        return [] if trace.rank is None else [rank_input(trace, reads)]  # (no rank: load_run refuses the run)
+    if trace.rank is None:
+        trace = with_rank(trace, 0)
+    run = virtual_ranks(RunTraces(trace.path.parent, (trace,), config))
+    return [rank_input(one, reads) for one in run.traces]  # (virtual ranks keep the events' indices)
+
+
+def _depth() -> int:
+    """Frames on the stack below the caller's."""
+    frame, depth = sys._getframe(1), 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+@contextmanager
+def _recursion_headroom(headroom: int | None) -> Iterator[None]:
+    """The recursion limit set `headroom` frames above the caller (msgspec's nesting limit is Python's
+    recursion limit, so a worker refuses the same nesting as the process that started it)."""
+    if headroom is None:
+        yield
+        return
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(_depth() + headroom)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
+
+
+@contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """Workers started without the caller's script: multiprocessing runs a `__main__` given by its path
+    again in each worker (a script calling the analysis at its top level would run in every worker);
+    they need only this module, preloaded."""
+    main = sys.modules["__main__"]
+    path = main.__dict__.pop("__file__", None) if getattr(main.__spec__, "name", None) is None else None
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
+
+
+def _warned(caught: list[warnings.WarningMessage]) -> list[Warned]:
+    return [(str(w.message), w.category) for w in caught]
+
+
+def _warn(warned: list[Warned]) -> None:
+    for message, category in warned:
+        warnings.warn(message, category, stacklevel=3)
+
+
+def _task(task: tuple[Path, limits.Limits, bool, dict | None, int]) -> RankWork:
+    return rank_work(*task)
+
+
+class _Reader:
+    """load_run's reader: each file's RankWork, taken in file order from the pool (or made here)."""
+
+    def __init__(self, directory: Path, pool: Any, progress: Progress) -> None:
+        self.directory, self.pool, self.progress = directory, pool, progress
+        self.results: Iterator[RankWork] | None = None
+        self.works: dict[Path, RankWork] = {}
+        self.alone, self.config = False, None
+
+    def _start(self) -> None:
+        """Hand every file out (on the first read: load_run has checked the directory by then)."""
+        files = trace_files(self.directory)
+        self.config = read_run_config(self.directory / "run.json")
+        self.alone = len(files) == 1
+        headroom = sys.getrecursionlimit() - _depth()
+        tasks = [(path, limits.current(), self.alone, self.config, headroom) for path in files]
+        self.progress.total = len(files)
+        if self.pool is None:
+            self.results = map(_task, tasks)
+            return
+        # The largest files first, so that no worker is left with a big one at the end; taken in order.
+        largest_first = sorted(tasks, key=lambda task: jobs.json_bytes(task[0]), reverse=True)
+        pending = {task[0]: self.pool.apply_async(_task, (task,)) for task in largest_first}
+        self.results = (pending.pop(path).get() for path in files)
+
+    def __call__(self, path: Path, budget: Budget) -> RawTrace:
+        if self.results is None:
+            self._start()
+        work = next(self.results)
+        assert work.path == path, (work.path, path)
+        self.progress.done_one()
+        full = limits.current()
+        unbudgeted = budget.bytes >= full.file_bytes and budget.events >= full.events
+        fits = work.used.bytes <= budget.bytes and work.used.events <= budget.events
+        if (work.load_error is None and fits) or unbudgeted:
+            _warn(work.load_warnings)
+            if work.load_error is not None:
+                raise work.load_error
+            budget.bytes -= work.used.bytes
+            budget.events -= work.used.events
+            self.works[path] = work
+            return work.trace
+        # Less than a file's limits was left: reading it again here meets them where a serial read does.
+        trace = read_trace(path, budget)
+        work = self.works[path] = _reduced(
+            RankWork(path), trace, text_reads(trace, self.config, self.alone), self.alone, self.config
+        )
+        return work.trace
+
+    def ranks(self, run: RunTraces) -> dict[int, RankInput]:
+        """rank -> tables, for the traces load_run kept (their analysis errors raised in rank order)."""
+        if len(run.traces) == 1 and not self.alone:  # the only trace among other JSON: maybe P ranks
+            path = run.traces[0].path  # (read again: its load's warnings, given already, are not kept)
+            self.works[path] = rank_work(path, limits.current(), True, run.config)
+        if len(run.traces) > 1:
+            virtual_ranks(run)  # refuses a run.json that says single_gpu of several traces
+        by_rank: dict[int, RankInput] = {}
+        for trace in run.traces:
+            work = self.works[trace.path]
+            _warn(work.warnings)
+            if work.error is not None:
+                raise work.error
+            by_rank |= {one.rank: one for one in work.ranks}
+        return by_rank
+
+
+def read_ranks(directory: Path) -> tuple[RunTraces, dict[int, RankInput]]:
+    """The run as load_run checks it (its traces without their frames), and rank -> its tables."""
+    directory = Path(directory)
+    files = trace_files(directory) if directory.is_dir() else []
+    size = jobs.pool_size(files)
+    with Progress(f"{directory.name}: ranks read") as progress:
+        if size == 1:
+            reader = _Reader(directory, None, progress)
+            run = load_run(directory, reader)
+            return run, reader.ranks(run)
+        context = multiprocessing.get_context("forkserver")  # fork is unsafe once polars' threads run
+        context.set_forkserver_preload([__name__])
+        with _main_not_rerun():
+            pool = context.Pool(size)
+        with pool:
+            reader = _Reader(directory, pool, progress)
+            run = load_run(directory, reader)
+            return run, reader.ranks(run)

@@ -1,0 +1,124 @@
+"""What the analysis keeps of one rank's trace: small tables, computed from that rank's frame alone.
+
+`rank_input` is a pure function of one loaded trace (analysis.traces.load.RawTrace): its cells, the
+waits and the device timeline inside them (analysis.cells), the collective events the clock alignment
+reads (analysis.timeline.clock), its memory events placed in its steps (analysis.traces.memory), its
+run-queue samples (analysis.traces.runqueue), its process groups and data-parallel collectives (for a
+job of several pipelines: analysis.pipelines, analysis.timeline.dp_sync) and, where nothing else will
+say which ranks form the pipelines, its p2p peers (analysis.traces.peers). The event frame is not
+kept: it is the bulk of a trace's memory, and nothing across ranks needs it, so a run's ranks can be
+read one at a time or in separate processes (analysis.fanout) and only these tables meet in
+analysis.pipeline.analyze_run.
+
+Every table carries its rank in a `rank` column; `renumbered` moves all of them to another rank number
+(a pipeline of a bigger job read as ranks 0..p-1). Groups and peers name global ranks and stay so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import msgspec
+import polars as pl
+
+from analysis.cells.inferred import cells_of
+from analysis.cells.labelled import RankCells, is_gpu, step_spans
+from analysis.pipelines import Group, groups_of, is_dp_group, is_pipeline_group
+from analysis.timeline.clock import collective_events
+from analysis.timeline.dp_sync import collectives
+from analysis.traces.load import RawTrace
+from analysis.traces.memory import MEMORY_EVENTS, events_at, memory_events, with_steps
+from analysis.traces.peers import p2p_peers
+from analysis.traces.runqueue import RUN_QUEUE_EVENTS, run_queue_samples
+
+
+@dataclass(frozen=True)
+class RankInput:
+    rank: int
+    source: Path  # the trace file, named in warnings and errors
+    cells: RankCells
+    collectives: pl.DataFrame  # its collective events (analysis.timeline.clock.collective_events)
+    on_gpu: bool  # the trace holds kernels
+    memory: pl.DataFrame  # analysis.traces.memory.EVENT_SCHEMA + step: the memory events in its steps
+    samples: pl.DataFrame  # analysis.traces.runqueue.SAMPLE_SCHEMA
+    groups: tuple[Group, ...]  # its process groups (distributedInfo.pg_config)
+    dp_collectives: pl.DataFrame  # its collectives in issue order (analysis.timeline.dp_sync.collectives)
+    peers: frozenset[int]  # global ranks its p2p ops name; empty where they were not wanted
+    # its cells were inferred from the op stream, which takes a rank's one stage to be its rank number
+    stage_is_rank: bool = False
+
+    def renumbered(self, rank: int) -> RankInput:
+        """The same rank's tables under the rank number `rank`."""
+        number = pl.lit(rank, dtype=pl.Int64).alias("rank")
+        tables = {
+            f.name: getattr(self, f.name).with_columns(number)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), pl.DataFrame)
+        }
+
+        def moved(frame: pl.DataFrame) -> pl.DataFrame:
+            if "rank" in frame.columns:
+                frame = frame.with_columns(number)
+            if self.stage_is_rank and "stage" in frame.columns:  # the inference's stage is the rank's
+                frame = frame.with_columns(
+                    pl.col("stage").replace_strict({self.rank: rank}, default=pl.col("stage"))
+                )
+            return frame
+
+        return replace(self, rank=rank, cells=self.cells.map(moved), **tables)
+
+
+@dataclass(frozen=True)
+class TextReads:
+    """What the tables need of a trace's JSON text, read before the text is dropped."""
+
+    counter_args: dict[int, msgspec.Raw]  # by event index: the args of its memory and run-queue events
+    peers: frozenset[int]
+
+
+def text_reads(trace: RawTrace, config: dict | None, alone: bool) -> TextReads:
+    """The JSON of the few events whose args the memory and run-queue tables read, decoded again in one
+    pass (the frame keeps no args), and the p2p peers where run.json (`config`), the trace's own process
+    groups and its being the run's only trace (`alone`) leave the pipelines unsaid (a second decode)."""
+    indices = trace.frame.filter(MEMORY_EVENTS | RUN_QUEUE_EVENTS)["index"].to_list()
+    peers = frozenset(p2p_peers(trace)) if _wants_peers(trace, config, alone) else frozenset()
+    return TextReads(events_at(trace, indices), peers)
+
+
+def _wants_peers(trace: RawTrace, config: dict | None, alone: bool) -> bool:
+    if alone or (config is not None and ("pipelines" in config or config.get("dp", 1) == 1)):
+        return False  # run.json's pipelines say it, and so does its dp of 1 (1 when absent)
+    groups = groups_of(trace.header.get("distributedInfo"))
+    return not any(is_pipeline_group(g.name) or is_dp_group(g.name) for g in groups)
+
+
+def without_text(trace: RawTrace) -> RawTrace:
+    """The trace without its JSON text (the largest part of it after the frame) once text_reads has
+    read what the tables need of it."""
+    return replace(trace, events_json=msgspec.Raw(), metadata={})
+
+
+def rank_input(
+    trace: RawTrace, reads: TextReads | None = None, config: dict | None = None, alone: bool = True
+) -> RankInput:
+    """One rank's tables from its loaded trace (whose rank is known); `reads`: its text_reads, where
+    they were read before its text was dropped, else read here with `config` and `alone`."""
+    frame = trace.frame
+    reads = text_reads(trace, config, alone) if reads is None else reads
+    raw = reads.counter_args
+    cells = cells_of(frame, trace.path)
+    return RankInput(
+        rank=trace.rank,
+        source=trace.path,
+        cells=cells,
+        collectives=collective_events(frame),
+        on_gpu=is_gpu(frame),
+        memory=with_steps(memory_events(trace, raw), step_spans(frame)),
+        samples=run_queue_samples(trace, raw),
+        groups=groups_of(trace.header.get("distributedInfo")),
+        dp_collectives=collectives(frame),
+        peers=reads.peers,
+        # labels name their stages; only the op-stream inference leaves every cell inferred
+        stage_is_rank=cells.cells.height > 0 and bool(cells.cells["inferred"].all()),
+    )

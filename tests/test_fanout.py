@@ -1,0 +1,119 @@
+"""Ranks read in a pool of processes (analysis.fanout) give what one process reading them in turn gives:
+the same analysis, the same one-line errors (load errors first, the run's limits charged in file
+order), each warning once; and a rank's tables renumber whole."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+from test_fuzz_commands import EDITS, FUZZ, SEEDS, _mutated, _run
+
+from analysis import jobs, progress
+from analysis.pipeline import analyze_run, read_run
+from analysis.traces.load import read_trace, trace_files
+from runners.schedules import build
+from synthetic.generate import write_run
+
+
+def _cli(directory, *flags: str) -> tuple[int, str, dict | None]:
+    code, err = _run("analyze", str(directory), *flags)
+    summary = directory / "analysis" / "summary.json"
+    found = json.loads(summary.read_text()) if code == 0 else None
+    if summary.exists():
+        summary.unlink()
+    return code, err, found
+
+
+@FUZZ
+@given(seed=st.sampled_from(SEEDS), edits=st.lists(EDITS, min_size=1, max_size=4))
+def test_pool_and_one_process_agree_on_any_input(tmp_path, seed, edits):
+    directory = tmp_path / "run"
+    _mutated(seed, edits).write(directory)
+    assert _cli(directory, "--jobs", "2") == _cli(directory, "--jobs", "1")
+
+
+def test_pool_gives_the_same_tables(tmp_path):
+    write_run(tmp_path, build("1f1b", 4, 8, 1), shape="gpu", clock_offset_ns={1: 3_000_000, 3: -2_000_000})
+    with jobs.applied(3):
+        pooled = analyze_run(read_run(tmp_path))
+    with jobs.applied(1):
+        alone = analyze_run(read_run(tmp_path))
+    assert pooled.summary == alone.summary
+    assert pooled.cells.equals(alone.cells) and pooled.gaps.equals(alone.gaps)
+
+
+def test_run_limit_is_met_at_the_same_file(tmp_path):
+    write_run(tmp_path, build("gpipe", 4, 4, 1), shape="cpu")
+    files = trace_files(tmp_path)
+    events = [read_trace(path).frame.height for path in files]
+    flags = ("--max-run-events", str(events[0] + events[1] + 1))  # two files fit, not three
+    code, err, _ = _cli(tmp_path, *flags, "--jobs", "3")
+    assert code == 2 and err.startswith(f"error: {files[2]}: with the files before it, the run holds"), err
+    assert (code, err) == _cli(tmp_path, *flags, "--jobs", "1")[:2]
+
+
+def test_worker_error_is_one_line_and_warnings_come_once(tmp_path):
+    write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
+    (packed,) = tmp_path.glob("rank1.json*")
+    document = json.loads(gzip.decompress(packed.read_bytes()))
+    document["traceEvents"].append({"ph": "X", "name": "glitch", "ts": 1, "dur": -5, "pid": 1, "tid": 1})
+    packed.unlink()
+    rank1 = tmp_path / "rank1.json"
+    rank1.write_text(json.dumps(document))
+    code, err, _ = _cli(tmp_path, "--jobs", "2")
+    assert code == 0 and err.count("dropped 1 events with a negative duration") == 1, err
+    rank1.write_text(rank1.read_text()[:-20])
+    code, err, _ = _cli(tmp_path, "--jobs", "2")
+    assert code == 2 and err == f"error: {rank1}: truncated JSON (profiler killed while writing?)\n"
+
+
+def test_renumbered_moves_every_table(tmp_path):
+    write_run(tmp_path, build("gpipe", 2, 2, 1), shape="gpu")
+    one = read_run(tmp_path).ranks[1].renumbered(5)
+    tables = [one.collectives, one.memory, one.samples]
+    tables += [getattr(one.cells, name) for name in ("cells", "waits", "steps", "kernels", "unscheduled")]
+    assert one.rank == 5
+    assert all(t["rank"].unique().to_list() in ([5], []) for t in tables if t is not None)
+    assert one.cells.cells.height > 0
+
+
+def test_pool_size_fits_the_memory(monkeypatch, tmp_path):
+    big = tmp_path / "rank0.json"
+    big.write_bytes(b" " * jobs.POOL_MIN_BYTES)
+    files = [big] * 4
+    monkeypatch.setattr(jobs, "available_bytes", lambda: 2 * jobs.FOOTPRINT_PER_BYTE * jobs.POOL_MIN_BYTES)
+    with jobs.applied(8):
+        assert jobs.pool_size(files) == 2
+    with jobs.applied(None):
+        assert jobs.pool_size(files[:1]) == 1
+    small = tmp_path / "rank1.json"
+    small.write_bytes(b"{}")
+    assert jobs.pool_size([small] * 4) == 1  # too little to pay for a pool
+
+
+def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(tmp_path):
+    write_run(tmp_path / "run", build("gpipe", 2, 2, 1), shape="cpu")
+    script = tmp_path / "script.py"
+    script.write_text(
+        "from analysis import jobs\nfrom analysis.pipeline import read_run\n"
+        f"with jobs.applied(2):\n    print(sorted(read_run({str(tmp_path / 'run')!r}).ranks))\n"
+    )
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).parent.parent)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "[0, 1]\n", "")
+
+
+def test_progress_shows_only_long_work_and_erases_itself(monkeypatch, capsys):
+    clock = iter([0.0, 0.5, 40.0, 41.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    with progress.Progress("run: ranks read", total=3) as shown:
+        shown.done_one()  # half a second in: nothing
+        shown.done_one()  # 40 s in, not a terminal: one line
+    assert capsys.readouterr().err == "run: ranks read: 2/3 (40 s)\n"
