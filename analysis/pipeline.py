@@ -31,9 +31,9 @@ from analysis.cells.executed import as_executed, check_causality, from_run_json,
 from analysis.cells.labelled import RankCells
 from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError
-from analysis.fanout import read_ranks
 from analysis.pipelines import Group
-from analysis.rank_input import RankInput, rank_input
+from analysis.ranks.pool import read_ranks
+from analysis.ranks.tables import RankInput, rank_input
 from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Rules, Summary
 from analysis.timeline.classify import classify, split_waits
@@ -50,7 +50,7 @@ from runners.schedules.trace_names import LABEL_PREFIX
 @dataclass(frozen=True)
 class RunInput:
     path: Path
-    ranks: dict[int, RankInput]  # rank -> what the analysis reads of its trace (analysis.rank_input)
+    ranks: dict[int, RankInput]  # rank -> what the analysis reads of its trace (analysis.ranks.tables)
     run_json: dict | None
     # the DP collectives of a pipeline's ranks with their start skews (analysis.timeline.dp_sync.with_skew);
     # None at dp = 1
@@ -83,7 +83,7 @@ class RunInput:
 
 def read_run(path: Path) -> RunInput:
     """The traces of a run directory and its run.json (analysis.traces.load.load_run checks they form a
-    run), each rank read into its tables alone, in a pool of processes (analysis.fanout)."""
+    run), each rank read into its tables alone, in a pool of processes (analysis.ranks.pool)."""
     run, ranks = read_ranks(path)
     return RunInput(run.path, ranks, run.config)
 

@@ -3,7 +3,7 @@
 Each task runs in a fresh process so its peak RSS is its own (the parent reads it from wait4). The
 time printed is the work alone, after the imports; the parent also records the whole process's wall.
     analyze   our `analyze` end to end: traces -> cells, gaps, summary.json and parquet on disk, its
-              ranks read by `--jobs` processes at most (analysis.jobs: default one per core)
+              ranks read by `--jobs` processes at most (analysis.ranks.workers: default one per core)
     hta       Holistic Trace Analysis: TraceAnalysis(trace_dir=DIR), its load alone (its own pool)
     decode    the floor: read the bytes and decode them into typed structs (analysis.traces.kineto)
     merge     our `merge`: DIR/analysis/ (written by analyze) and the traces -> DIR/merged.json.gz
@@ -21,15 +21,15 @@ from pathlib import Path
 
 
 def analyze(args: argparse.Namespace) -> tuple[float, int, int]:
-    from analysis import jobs
     from analysis.job import analyze_job
     from analysis.pipeline import read_run
+    from analysis.ranks import workers
     from analysis.results import write
     from analysis.traces.load import trace_files
 
     began = time.perf_counter()
-    with jobs.applied(args.jobs):
-        processes = jobs.pool_size(trace_files(args.directory))
+    with workers.applied(args.jobs):
+        processes = workers.pool_size(trace_files(args.directory))
         result = analyze_job(read_run(args.directory), schedule=args.schedule, m=args.m)
     write(args.directory, result)
     return began, result.cells.height, processes

@@ -7,7 +7,7 @@ alternate in fresh processes `repeats` times (so load drifts hit both alike); th
 with one process (`--jobs 1`: every rank read in turn in one process, the memory bound), HTA loads it
 once, capped by a timeout (it is slow), and merge writes its merged trace once. Ratios pair each
 analyze with the decode next to it. Ours and HTA read the ranks with as many processes as each picks
-(ours: analysis.jobs, one per core; HTA: its own pool, min(cores, ranks) up to 8 ranks): both say how
+(ours: analysis.ranks.workers, one per core; HTA: its own pool, min(cores, ranks) up to 8 ranks): both say how
 many.
 """
 

@@ -1,4 +1,4 @@
-"""Ranks read in a pool of processes (analysis.fanout) give what one process reading them in turn gives:
+"""Ranks read in a pool of processes (analysis.ranks.pool) give what one process reading them in turn gives:
 the same analysis, the same one-line errors (load errors first, the run's limits charged in file
 order), each warning once; and a rank's tables renumber whole."""
 
@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_fuzz_commands import EDITS, FUZZ, SEEDS, _mutated, _run
 
-from analysis import jobs, progress
 from analysis.pipeline import analyze_run, read_run
+from analysis.ranks import progress, workers
 from analysis.traces.load import read_trace, trace_files
 from runners.schedules import build
 from synthetic.generate import write_run
@@ -41,9 +41,9 @@ def test_pool_and_one_process_agree_on_any_input(tmp_path, seed, edits):
 
 def test_pool_gives_the_same_tables(tmp_path):
     write_run(tmp_path, build("1f1b", 4, 8, 1), shape="gpu", clock_offset_ns={1: 3_000_000, 3: -2_000_000})
-    with jobs.applied(3):
+    with workers.applied(3):
         pooled = analyze_run(read_run(tmp_path))
-    with jobs.applied(1):
+    with workers.applied(1):
         alone = analyze_run(read_run(tmp_path))
     assert pooled.summary == alone.summary
     assert pooled.cells.equals(alone.cells) and pooled.gaps.equals(alone.gaps)
@@ -86,24 +86,26 @@ def test_renumbered_moves_every_table(tmp_path):
 
 def test_pool_size_fits_the_memory(monkeypatch, tmp_path):
     big = tmp_path / "rank0.json"
-    big.write_bytes(b" " * jobs.POOL_MIN_BYTES)
+    big.write_bytes(b" " * workers.POOL_MIN_BYTES)
     files = [big] * 4
-    monkeypatch.setattr(jobs, "available_bytes", lambda: 2 * jobs.FOOTPRINT_PER_BYTE * jobs.POOL_MIN_BYTES)
-    with jobs.applied(8):
-        assert jobs.pool_size(files) == 2
-    with jobs.applied(None):
-        assert jobs.pool_size(files[:1]) == 1
+    monkeypatch.setattr(
+        workers, "available_bytes", lambda: 2 * workers.FOOTPRINT_PER_BYTE * workers.POOL_MIN_BYTES
+    )
+    with workers.applied(8):
+        assert workers.pool_size(files) == 2
+    with workers.applied(None):
+        assert workers.pool_size(files[:1]) == 1
     small = tmp_path / "rank1.json"
     small.write_bytes(b"{}")
-    assert jobs.pool_size([small] * 4) == 1  # too little to pay for a pool
+    assert workers.pool_size([small] * 4) == 1  # too little to pay for a pool
 
 
 def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(tmp_path):
     write_run(tmp_path / "run", build("gpipe", 2, 2, 1), shape="cpu")
     script = tmp_path / "script.py"
     script.write_text(
-        "from analysis import jobs\nfrom analysis.pipeline import read_run\n"
-        f"with jobs.applied(2):\n    print(sorted(read_run({str(tmp_path / 'run')!r}).ranks))\n"
+        "from analysis.pipeline import read_run\nfrom analysis.ranks import workers\n"
+        f"with workers.applied(2):\n    print(sorted(read_run({str(tmp_path / 'run')!r}).ranks))\n"
     )
     env = os.environ | {"PYTHONPATH": str(Path(__file__).parent.parent)}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)

@@ -335,7 +335,7 @@ def load_run(
 ) -> RunTraces:
     """Every rank trace of a run directory (+ run.json if present), checked to form one whole run, within
     the limits in force (analysis.traces.limits) for each file and for the run. `read` reads each file
-    in turn, as read_trace does (analysis.fanout reads them in other processes)."""
+    in turn, as read_trace does (analysis.ranks.pool reads them in other processes)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise InputError(directory, "not a directory")

@@ -1,4 +1,4 @@
-"""How many processes read a run's ranks at once (analysis.fanout): `--jobs N` at most, else one per
+"""How many processes read a run's ranks at once (analysis.ranks.pool): `--jobs N` at most, else one per
 core this process may run on; fewer where the machine's available memory would not hold that many
 copies of the largest trace's footprint, never more than the run has files, and at least one. A run
 of less than POOL_MIN_BYTES of JSON is read in this process unless `--jobs` asks for more: starting a

@@ -7,7 +7,7 @@ run-queue samples (analysis.traces.runqueue), its process groups and data-parall
 job of several pipelines: analysis.pipelines, analysis.timeline.dp_sync) and, where nothing else will
 say which ranks form the pipelines, its p2p peers (analysis.traces.peers). The event frame is not
 kept: it is the bulk of a trace's memory, and nothing across ranks needs it, so a run's ranks can be
-read one at a time or in separate processes (analysis.fanout) and only these tables meet in
+read one at a time or in separate processes (analysis.ranks.pool) and only these tables meet in
 analysis.pipeline.analyze_run.
 
 Every table carries its rank in a `rank` column; `renumbered` moves all of them to another rank number

@@ -1,10 +1,10 @@
-"""A run's ranks read into their small tables (analysis.rank_input), each in a process of a pool.
+"""A run's ranks read into their small tables (analysis.ranks.tables), each in a process of a pool.
 
 `read_ranks` runs analysis.traces.load.load_run, which reads the files one by one in order and checks
 they form one run, with a reader that takes each file's result from a pool instead: every worker
 reads one trace within the per-file limits, reduces it to its tables with `rank_input` and drops its
 frame, so a process holds one trace at a time and only the tables cross processes. The pool has
-analysis.jobs.pool_size processes (one: no pool, the same work in this process, still one trace at a
+analysis.ranks.workers.pool_size processes (one: no pool, the same work in this process, still one trace at a
 time).
 
 What the user sees is what one process reading the files in order gives:
@@ -13,7 +13,7 @@ What the user sees is what one process reading the files in order gives:
   left, is read again here with the run's budget, which raises the error a serial read raises;
 - errors come back as the same InputError (one line), load errors before any rank's analysis error;
 - a worker's warnings are recorded there and warned here, once each, in file order.
-The progress of a long run is one line on stderr (analysis.progress).
+The progress of a long run is one line on stderr (analysis.ranks.progress).
 
 Fanned out further: `rank_work` is a pure function of (file, limits, run.json), and its result pickles,
 so a cluster engine can map it over the files in place of the pool (Dask: `client.map(rank_work, ...)`
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from analysis import jobs
 from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError
-from analysis.progress import Progress
-from analysis.rank_input import RankInput, TextReads, rank_input, text_reads, without_text
+from analysis.ranks import workers
+from analysis.ranks.progress import Progress
+from analysis.ranks.tables import RankInput, TextReads, rank_input, text_reads, without_text
 from analysis.traces import limits
 from analysis.traces.load import (
     Budget,
@@ -187,7 +187,7 @@ class _Reader:
             self.results = map(_task, tasks)
             return
         # The largest files first, so that no worker is left with a big one at the end; taken in order.
-        largest_first = sorted(tasks, key=lambda task: jobs.json_bytes(task[0]), reverse=True)
+        largest_first = sorted(tasks, key=lambda task: workers.json_bytes(task[0]), reverse=True)
         pending = {task[0]: self.pool.apply_async(_task, (task,)) for task in largest_first}
         self.results = (pending.pop(path).get() for path in files)
 
@@ -236,7 +236,7 @@ def read_ranks(directory: Path) -> tuple[RunTraces, dict[int, RankInput]]:
     """The run as load_run checks it (its traces without their frames), and rank -> its tables."""
     directory = Path(directory)
     files = trace_files(directory) if directory.is_dir() else []
-    size = jobs.pool_size(files)
+    size = workers.pool_size(files)
     with Progress(f"{directory.name}: ranks read") as progress:
         if size == 1:
             reader = _Reader(directory, None, progress)
