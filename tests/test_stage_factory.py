@@ -13,7 +13,7 @@ import torch
 from conftest import REPO, summary_of, trace_command
 from torch import nn
 
-from analysis.report.run_page import config_html
+from analysis.report.run_tables import config_html
 from analysis.report.runs import Run
 from runners.engines import single_gpu
 from runners.engines.protocol import RankSetup
