@@ -311,13 +311,20 @@ def _mutated(seed, edits) -> Run:
     return run
 
 
+def _command_on_mutated(tmp_path: Path, seed, edits, command: str, *options: str) -> tuple[Path, int]:
+    """`command` on the mutated run directory (its path first, then `options`), its stderr checked to be
+    one-line messages; the directory and the exit code."""
+    directory = tmp_path / "run"
+    _mutated(seed, edits).write(directory)
+    code, err = _run(command, str(directory), *options)
+    _one_line_each(code, err)
+    return directory, code
+
+
 @FUZZ
 @given(seed=st.sampled_from(SEEDS), edits=st.lists(EDITS, min_size=1, max_size=4))
 def test_fuzz_analyze(tmp_path, seed, edits):
-    directory = tmp_path / "run"
-    _mutated(seed, edits).write(directory)
-    code, err = _run("analyze", str(directory))
-    _one_line_each(code, err)
+    directory, code = _command_on_mutated(tmp_path, seed, edits, "analyze")
     if code == 0:
         _closes(directory)
     else:
@@ -327,10 +334,7 @@ def test_fuzz_analyze(tmp_path, seed, edits):
 @FUZZ
 @given(seed=st.sampled_from(SEEDS), edits=st.lists(EDITS, min_size=1, max_size=4))
 def test_fuzz_merge(tmp_path, seed, edits):
-    directory = tmp_path / "run"
-    _mutated(seed, edits).write(directory)
-    code, err = _run("merge", str(directory))
-    _one_line_each(code, err)
+    directory, code = _command_on_mutated(tmp_path, seed, edits, "merge")
     merged = directory / "merged.json.gz"
     if code == 0:
         text = gzip.decompress(merged.read_bytes()).decode("utf-8")  # strict: UTF-8, JSON, exact times
@@ -364,10 +368,7 @@ MS = COUNTS | st.lists(st.integers(1, 64) | HUGE.filter(lambda n: n > 0), min_si
 @FUZZ
 @given(seed=st.sampled_from(SEEDS), edits=st.lists(EDITS, max_size=4), ms=MS)
 def test_fuzz_predict(tmp_path, seed, edits, ms):
-    directory = tmp_path / "run"
-    _mutated(seed, edits).write(directory)
-    code, err = _run("predict", str(directory), "--ms", ",".join(map(str, ms)))
-    _one_line_each(code, err)
+    directory, code = _command_on_mutated(tmp_path, seed, edits, "predict", "--ms", ",".join(map(str, ms)))
     predicted = directory / "predict.json"
     if code == 0:
         found = json.loads(predicted.read_text())
