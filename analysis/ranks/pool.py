@@ -31,11 +31,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError
 from analysis.ranks import workers
 from analysis.ranks.progress import Progress
-from analysis.ranks.tables import RankInput, TextReads, rank_input, text_reads, without_text
+from analysis.ranks.tables import RankInput, rank_input, text_peers, without_events
 from analysis.traces import limits
 from analysis.traces.load import (
     Budget,
@@ -89,31 +91,33 @@ def rank_work(
         finally:
             work.load_warnings = _warned(caught)
         work.used = Budget(_UNBOUNDED - budget.bytes, _UNBOUNDED - budget.events)
-    reads = text_reads(trace, config, alone)
-    trace = without_text(trace)  # (the last reference to the text: it is freed before the cells)
-    return _reduced(work, trace, reads, alone, config)
+    peers = text_peers(trace, config, alone)
+    trace = replace(trace, events_json=msgspec.Raw())  # (the text's last reference: freed before the cells)
+    return _reduced(work, trace, peers, alone, config)
 
 
-def _reduced(work: RankWork, trace: RawTrace, reads: TextReads, alone: bool, config: dict | None) -> RankWork:
+def _reduced(
+    work: RankWork, trace: RawTrace, peers: frozenset[int], alone: bool, config: dict | None
+) -> RankWork:
     """`work` with the trace's ranks' tables (or the error making them) and their warnings."""
-    work.trace = without_text(replace(trace, frame=trace.frame.clear()))
+    work.trace = without_events(trace)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            work.ranks = _ranks(trace, reads, alone, config)
+            work.ranks = _ranks(trace, peers, alone, config)
         except InputError as error:
             work.error = error
         work.warnings = _warned(caught)
     return work
 
 
-def _ranks(trace: RawTrace, reads: TextReads, alone: bool, config: dict | None) -> list[RankInput]:
+def _ranks(trace: RawTrace, peers: frozenset[int], alone: bool, config: dict | None) -> list[RankInput]:
     if not alone:
-        return [] if trace.rank is None else [rank_input(trace, reads)]  # (no rank: load_run refuses the run)
+        return [] if trace.rank is None else [rank_input(trace, peers)]  # (no rank: load_run refuses the run)
     if trace.rank is None:
         trace = with_rank(trace, 0)
     run = virtual_ranks(RunTraces(trace.path.parent, (trace,), config))
-    return [rank_input(one, reads) for one in run.traces]  # (virtual ranks keep the events' indices)
+    return [rank_input(one, peers) for one in run.traces]  # (virtual ranks keep the events' indices)
 
 
 def _depth() -> int:
@@ -211,7 +215,7 @@ class _Reader:
         # Less than a file's limits was left: reading it again here meets them where a serial read does.
         trace = read_trace(path, budget)
         work = self.works[path] = _reduced(
-            RankWork(path), trace, text_reads(trace, self.config, self.alone), self.alone, self.config
+            RankWork(path), trace, text_peers(trace, self.config, self.alone), self.alone, self.config
         )
         return work.trace
 

@@ -28,9 +28,9 @@ from analysis.pipelines import Group, groups_of, is_dp_group, is_pipeline_group
 from analysis.timeline.clock import collective_events
 from analysis.timeline.dp_sync import collectives
 from analysis.traces.load import RawTrace
-from analysis.traces.memory import MEMORY_EVENTS, events_at, memory_events, with_steps
+from analysis.traces.memory import memory_events, with_steps
 from analysis.traces.peers import p2p_peers
-from analysis.traces.runqueue import RUN_QUEUE_EVENTS, run_queue_samples
+from analysis.traces.runqueue import run_queue_samples
 
 
 @dataclass(frozen=True)
@@ -69,21 +69,11 @@ class RankInput:
         return replace(self, rank=rank, cells=self.cells.map(moved), **tables)
 
 
-@dataclass(frozen=True)
-class TextReads:
-    """What the tables need of a trace's JSON text, read before the text is dropped."""
-
-    counter_args: dict[int, msgspec.Raw]  # by event index: the args of its memory and run-queue events
-    peers: frozenset[int]
-
-
-def text_reads(trace: RawTrace, config: dict | None, alone: bool) -> TextReads:
-    """The JSON of the few events whose args the memory and run-queue tables read, decoded again in one
-    pass (the frame keeps no args), and the p2p peers where run.json (`config`), the trace's own process
-    groups and its being the run's only trace (`alone`) leave the pipelines unsaid (a second decode)."""
-    indices = trace.frame.filter(MEMORY_EVENTS | RUN_QUEUE_EVENTS)["index"].to_list()
-    peers = frozenset(p2p_peers(trace)) if _wants_peers(trace, config, alone) else frozenset()
-    return TextReads(events_at(trace, indices), peers)
+def text_peers(trace: RawTrace, config: dict | None, alone: bool) -> frozenset[int]:
+    """The p2p peers named in the trace's text (a second decode, read before the text is dropped), where
+    run.json (`config`), the trace's own process groups and its being the run's only trace (`alone`)
+    leave the pipelines unsaid; else none."""
+    return frozenset(p2p_peers(trace)) if _wants_peers(trace, config, alone) else frozenset()
 
 
 def _wants_peers(trace: RawTrace, config: dict | None, alone: bool) -> bool:
@@ -93,20 +83,24 @@ def _wants_peers(trace: RawTrace, config: dict | None, alone: bool) -> bool:
     return not any(is_pipeline_group(g.name) or is_dp_group(g.name) for g in groups)
 
 
-def without_text(trace: RawTrace) -> RawTrace:
-    """The trace without its JSON text (the largest part of it after the frame) once text_reads has
-    read what the tables need of it."""
-    return replace(trace, events_json=msgspec.Raw(), metadata={})
+def without_events(trace: RawTrace) -> RawTrace:
+    """The trace without its JSON text (the largest part of it after the frame), its frame and its
+    counter table: what crosses processes once the tables are made (load_run checks the rest)."""
+    return replace(
+        trace,
+        events_json=msgspec.Raw(),
+        metadata={},
+        frame=trace.frame.clear(),
+        counters=trace.counters.clear(),
+    )
 
 
 def rank_input(
-    trace: RawTrace, reads: TextReads | None = None, config: dict | None = None, alone: bool = True
+    trace: RawTrace, peers: frozenset[int] | None = None, config: dict | None = None, alone: bool = True
 ) -> RankInput:
-    """One rank's tables from its loaded trace (whose rank is known); `reads`: its text_reads, where
+    """One rank's tables from its loaded trace (whose rank is known); `peers`: its text_peers, where
     they were read before its text was dropped, else read here with `config` and `alone`."""
     frame = trace.frame
-    reads = text_reads(trace, config, alone) if reads is None else reads
-    raw = reads.counter_args
     cells = cells_of(frame, trace.path)
     return RankInput(
         rank=trace.rank,
@@ -114,11 +108,11 @@ def rank_input(
         cells=cells,
         collectives=collective_events(frame),
         on_gpu=is_gpu(frame),
-        memory=with_steps(memory_events(trace, raw), step_spans(frame)),
-        samples=run_queue_samples(trace, raw),
+        memory=with_steps(memory_events(trace), step_spans(frame)),
+        samples=run_queue_samples(trace),
         groups=groups_of(trace.header.get("distributedInfo")),
         dp_collectives=collectives(frame),
-        peers=reads.peers,
+        peers=text_peers(trace, config, alone) if peers is None else peers,
         # labels name their stages; only the op-stream inference leaves every cell inferred
         stage_is_rank=cells.cells.height > 0 and bool(cells.cells["inferred"].all()),
     )

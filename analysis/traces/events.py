@@ -1,8 +1,10 @@
-"""The traceEvents array (JSON text) -> one validated polars row per event, times in exact nanoseconds.
+"""The traceEvents array (JSON text) -> one validated polars row per event, times in exact nanoseconds,
+and the values of its counter and instant events (kineto.COUNTER_VALUES) in a table of their own.
 
 The array is decoded piece by piece (analysis.traces.array_split), each piece into typed structs
 (analysis.traces.kineto) and at once into polars columns, so only one piece's Python objects live at a time:
-peak memory stays near the text plus the frame, not the ~3x of a whole array of objects.
+peak memory stays near the text plus the frame, not the ~3x of a whole array of objects. The counter
+values come from the same pass: the memory and run-queue tables need no second decode of the text.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import gc
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ from analysis.traces.times import exact_ns, missing_time, nanoseconds
 from analysis.traces.toplevel import NESTED_TOO_DEEPLY, shifted_offsets
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+COUNTER_SCHEMA = {"index": pl.Int64} | {name: pl.Int64 for name in kineto.COUNTER_VALUES}
 PIECE_BYTES = 1 << 20  # ~40k Kineto events: their objects take ~25 MB while the piece is converted
 
 _EVENT_AT = re.compile(r" - at `\$\[(\d+)\](.*)`$")
@@ -31,14 +35,20 @@ _FOUR_DECIMALS = re.compile(rb"\.[0-9]{4}")  # a literal first byte: searched at
 _TIME_BEFORE = re.compile(rb'"(?:ts|dur)"[ \t\r\n]*:[ \t\r\n]*-?[0-9]*\Z')
 
 
+@dataclass(frozen=True)
+class Events:
+    frame: pl.DataFrame  # index, ph, name, cat, pid, tid, start_ns, end_ns, args ids
+    counters: pl.DataFrame  # COUNTER_SCHEMA: index and values of the "C" and "i" events
+    dropped: int  # events dropped for a negative duration
+
+
 def event_frame(
     path: Path, events_json: msgspec.Raw, base_ns: int, max_events: int | None = None, limit: str = "events"
-) -> tuple[pl.DataFrame, int]:
-    """Columns index, ph, name, cat, pid, tid, start_ns, end_ns, args ids; and how many events were
-    dropped for a negative duration. More than `max_events` events is an InputError naming `limit` (a
-    field of analysis.traces.limits.Limits), raised as soon as a piece passes it."""
+) -> Events:
+    """The events' frame and counter values. More than `max_events` events is an InputError naming
+    `limit` (a field of analysis.traces.limits.Limits), raised as soon as a piece passes it."""
     text = memoryview(events_json)
-    frames, count = [], 0
+    frames, counters, count = [], [], 0
     with _no_collection():
         for offset, piece, events in decoded_pieces(path, text, kineto.EVENTS):
             count += len(events)
@@ -50,6 +60,7 @@ def event_frame(
                 )
                 raise LimitExceeded(path, f"{scope} more than {limits.current().describe(limit)}")
             frames.append(_frame(path, offset, events, piece))
+            counters.append(_counter_values(events, offset, frames[-1]["ph"]))
             del events, piece  # before the next piece is decoded: one piece's objects at a time
     frame = pl.concat(frames, rechunk=False).with_columns(
         start_ns=pl.lit(base_ns, dtype=pl.Int64) + pl.col("ts_ns"),
@@ -59,7 +70,8 @@ def event_frame(
     dropped = frame.select(negative.sum()).item()
     if dropped:
         frame = frame.filter(~negative)
-    return frame.with_columns(end_ns=pl.col("start_ns") + pl.col("dur_ns")).drop("ts_ns", "dur_ns"), dropped
+    frame = frame.with_columns(end_ns=pl.col("start_ns") + pl.col("dur_ns")).drop("ts_ns", "dur_ns")
+    return Events(frame, pl.concat(counters, rechunk=False), dropped)
 
 
 @contextmanager
@@ -136,6 +148,15 @@ def _frame(path: Path, offset: int, events: list[kineto.Event], text: Any) -> pl
     return pl.DataFrame(columns | {"ts_ns": ts_ns, "dur_ns": dur_ns})
 
 
+def _counter_values(events: list[kineto.Event], offset: int, ph: pl.Series) -> pl.DataFrame:
+    """COUNTER_SCHEMA rows of the piece's counter and instant events (a few in a trace: picked by
+    row before any field is read)."""
+    rows = ph.is_in(kineto.COUNTER_PHASES).arg_true().to_list()
+    args = [events[row].args or kineto.NO_ARGS for row in rows]
+    values = {name: whole_numbers([getattr(a, name) for a in args]) for name in kineto.COUNTER_VALUES}
+    return pl.DataFrame({"index": pl.Series([offset + row for row in rows], dtype=pl.Int64)} | values)
+
+
 def _times_in_whole_ns(text: Any) -> bool:
     """No ts or dur in the text has more than three decimals (Kineto writes three). A number with four
     is rare outside times (some args), so each is checked for a time key before it. (A key spelled with
@@ -205,6 +226,11 @@ def ids(values: list[Any]) -> pl.Series:
         return pl.Series(
             [v if type(v) is int and _INT64_MIN <= v <= _INT64_MAX else None for v in values], dtype=pl.Int64
         )
+
+
+def whole_numbers(values: list[Any]) -> pl.Series:
+    """Whole numbers (not booleans, not floats) within 64 bits; anything else null."""
+    return ids([v if type(v) is int else None for v in values])
 
 
 def _micros(values: list[int | float | None]) -> pl.Series:

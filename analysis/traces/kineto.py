@@ -37,9 +37,29 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     stream: Any = None
     # autograd's sequence number: a backward op carries the one of the forward op it differentiates
     sequence: Any = msgspec.field(name="Sequence number", default=None)
+    # Values of counter ("C") and instant ("i") events, read in the same pass (COUNTER_VALUES): the
+    # executor's stash and run-queue counters, torch's "[memory]" allocator events.
+    microbatches: Any = None
+    activation_bytes: Any = None
+    peak_bytes_above_step_start: Any = None
+    total_allocated: Any = msgspec.field(name="Total Allocated", default=None)
+    allocation: Any = msgspec.field(name="Bytes", default=None)  # this event's (de)allocation, signed
+    device_type: Any = msgspec.field(name="Device Type", default=None)  # 0 CPU, 1 CUDA
+    run_delay_ns: Any = None  # the thread's cumulative run-queue delay (runners/runqueue.py)
 
 
 NO_ARGS = Args()
+# The Args fields kept for counter and instant events (analysis.traces.events.counter_values).
+COUNTER_VALUES = (
+    "microbatches",
+    "activation_bytes",
+    "peak_bytes_above_step_start",
+    "total_allocated",
+    "allocation",
+    "device_type",
+    "run_delay_ns",
+)
+COUNTER_PHASES = ("C", "i")
 
 
 class Event(msgspec.Struct, gc=False):

@@ -78,6 +78,7 @@ class RawTrace:
     metadata: dict[str, msgspec.Raw]  # every top-level key but traceEvents, verbatim
     events_json: msgspec.Raw  # the traceEvents array, verbatim
     frame: pl.DataFrame
+    counters: pl.DataFrame  # analysis.traces.events.COUNTER_SCHEMA: the counter and instant events' values
     dropped: int  # events dropped: a negative duration, a "B" never ended, an "E" with no "B"
     paired: int = 0  # "E" events folded into their "B" (analysis.traces.durations)
     replaced: int = 0  # invalid UTF-8 sequences replaced by U+FFFD (analysis.traces.source)
@@ -152,7 +153,8 @@ def _parse(
     info = header.get("distributedInfo") or kineto.DistributedInfo()
     rank = _checked_rank(path, info)
     base_ns = header.get("baseTimeNanoseconds", 0)
-    frame, dropped = event_frame(path, events_json, base_ns, max_events, limit_name)
+    events = event_frame(path, events_json, base_ns, max_events, limit_name)
+    frame, dropped = events.frame, events.dropped
     if dropped:
         warnings.warn(
             f"{path}: dropped {dropped} events with a negative duration", TraceWarning, stacklevel=3
@@ -181,6 +183,7 @@ def _parse(
         metadata,
         events_json,
         frame,
+        events.counters,
         dropped,
         paired,
     )
@@ -330,9 +333,7 @@ class RunTraces:
         return pl.concat([trace.frame for trace in self.traces], how="vertical")
 
 
-def load_run(
-    directory: str | Path, read: Callable[[Path, Budget], RawTrace] = read_trace
-) -> RunTraces:
+def load_run(directory: str | Path, read: Callable[[Path, Budget], RawTrace] = read_trace) -> RunTraces:
     """Every rank trace of a run directory (+ run.json if present), checked to form one whole run, within
     the limits in force (analysis.traces.limits) for each file and for the run. `read` reads each file
     in turn, as read_trace does (analysis.ranks.pool reads them in other processes)."""

@@ -8,22 +8,18 @@ Three sources, best first (runners.stash writes the first two):
              torch.profiler's "[memory]" events (profile_memory=True) on the GPU, else the CPU: the
              most bytes allocated above what was allocated when the step began (activations plus
              gradients and temporaries)
-The loaded frame keeps no event args, so those few events are decoded again from the trace's raw
-events by their index. Times are the rank's own clock: steps come from its ProfilerStep spans.
+Their values come from the loader's table of counter and instant events (analysis.traces.events), read
+in the one decode of the text. Times are the rank's own clock: steps come from its ProfilerStep spans.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
-from typing import Any
 
-import msgspec
 import polars as pl
 
 from analysis.cells.labelled import step_spans
-from analysis.traces.events import decoded_pieces, ids
-from analysis.traces.load import RawTrace, RunTraces, TraceWarning
+from analysis.traces.load import RawTrace, RunTraces
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER, STASH_COUNTER
 
 ALLOCATOR_EVENT = "[memory]"
@@ -45,53 +41,29 @@ PEAK_SCHEMA = {
 }
 
 
-class _Args(msgspec.Struct, gc=False):
-    microbatches: Any = None
-    activation_bytes: Any = None
-    peak_bytes_above_step_start: Any = None
-    total_allocated: Any = msgspec.field(name="Total Allocated", default=None)
-    allocation: Any = msgspec.field(name="Bytes", default=None)  # this event's (de)allocation, signed
-    device_type: Any = msgspec.field(name="Device Type", default=None)  # 0 CPU, 1 CUDA
-
-
-class _MemoryEvent(msgspec.Struct, gc=False):
-    args: _Args | None = None
-
-
 # The events memory_events reads: the executor's and the allocator's counters, torch's allocator events.
 MEMORY_EVENTS = ((pl.col("ph") == "C") & pl.col("name").is_in([STASH_COUNTER, CUDA_PEAK_COUNTER])) | (
     (pl.col("ph") == "i") & (pl.col("name") == ALLOCATOR_EVENT)
 )
-_RAW_EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
-_EVENT = msgspec.json.Decoder(_MemoryEvent)
 _VALUES = ("microbatches", "activation_bytes", "peak_bytes_above_step_start", "total_allocated", "allocation")
-_EVENTS = msgspec.json.Decoder(list[_MemoryEvent])
-_NO_VALUES = _Args()
 
 
-def memory_events(trace: RawTrace, raw: dict[int, msgspec.Raw] | None = None) -> pl.DataFrame:
-    """One rank's memory events: (rank, source, t_ns, microbatches, bytes, allocation). `raw` holds
-    their events' JSON by index where the caller decoded them already (events_at)."""
+def memory_events(trace: RawTrace) -> pl.DataFrame:
+    """One rank's memory events: (rank, source, t_ns, microbatches, bytes, allocation), their values
+    from the loader's counter table (RawTrace.counters)."""
     wanted = trace.frame.filter(MEMORY_EVENTS).select("index", "name", "start_ns")
     if wanted.is_empty():
         return pl.DataFrame(schema=EVENT_SCHEMA)
-    if raw is None:
-        raw = events_at(trace, wanted["index"].to_list())
-    args = _args(trace, [raw[index] for index in wanted["index"]])
+    values = wanted.join(trace.counters, on="index", how="left", maintain_order="left")
     name = pl.col("name")
     stash, peak = name == STASH_COUNTER, name == CUDA_PEAK_COUNTER
-    on_cuda = pl.Series([a.device_type == 1 for a in args], dtype=pl.Boolean)
-    values = wanted.with_columns(
-        on_cuda=on_cuda,
-        **{field: _integers([getattr(a, field) for a in args]) for field in _VALUES},
-    )
     return values.select(
         pl.lit(trace.rank, dtype=pl.Int64).alias("rank"),
         source=pl.when(stash)
         .then(pl.lit("stash"))
         .when(peak)
         .then(pl.lit("cuda_peak"))
-        .when("on_cuda")
+        .when(pl.col("device_type") == 1)
         .then(pl.lit("cuda_allocator"))
         .otherwise(pl.lit("allocator")),
         t_ns="start_ns",
@@ -103,44 +75,6 @@ def memory_events(trace: RawTrace, raw: dict[int, msgspec.Raw] | None = None) ->
         .otherwise("total_allocated"),
         allocation=pl.when(~stash & ~peak).then("allocation"),
     )
-
-
-def _args(trace: RawTrace, events: list[msgspec.Raw]) -> list[_Args]:
-    """The events' args, decoded together (one by one where some are no object: those say nothing,
-    with one warning)."""
-    try:
-        return [e.args or _NO_VALUES for e in _EVENTS.decode(b"[" + b",".join(events) + b"]")]
-    except msgspec.ValidationError:
-        pass
-    found, malformed = [], 0
-    for event in events:
-        try:
-            found.append(_EVENT.decode(event).args or _NO_VALUES)
-        except msgspec.ValidationError:
-            found.append(_NO_VALUES)
-            malformed += 1
-    warnings.warn(
-        f"{trace.path}: {malformed} memory event(s) with args that are no object; their samples ignored",
-        TraceWarning,
-        stacklevel=3,
-    )
-    return found
-
-
-def _integers(values: list[Any]) -> pl.Series:
-    """Whole numbers (not booleans) within 64 bits; anything else null."""
-    return ids([v if type(v) is int else None for v in values])
-
-
-def events_at(trace: RawTrace, indices: list[int]) -> dict[int, msgspec.Raw]:
-    """index -> the event's JSON, for the events at `indices` (sorted), one piece of the text at a time."""
-    found: dict[int, msgspec.Raw] = {}
-    position = 0
-    for offset, _, events in decoded_pieces(trace.path, memoryview(trace.events_json), _RAW_EVENTS):
-        while position < len(indices) and indices[position] < offset + len(events):
-            found[indices[position]] = msgspec.Raw(bytes(events[indices[position] - offset]))
-            position += 1
-    return found
 
 
 def with_steps(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
