@@ -5,7 +5,7 @@ they form one run, with a reader that takes each file's result from a pool inste
 reads one trace within the per-file limits, reduces it to its tables with `rank_input` and drops its
 frame, so a process holds one trace at a time and only the tables cross processes. The pool has
 analysis.ranks.workers.pool_size processes (one: no pool, the same work in this process, still one trace at a
-time).
+time); this process reads the largest files while the pool starts (analysis.ranks.handout).
 
 What the user sees is what one process reading the files in order gives:
 - the run's limits (run_mb, run_events) are charged in file order as each result is taken; a file
@@ -36,6 +36,7 @@ import msgspec
 from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError
 from analysis.ranks import workers
+from analysis.ranks.handout import Handout
 from analysis.ranks.progress import Progress
 from analysis.ranks.tables import RankInput, rank_input, text_peers, without_events
 from analysis.traces import limits
@@ -173,8 +174,9 @@ def _task(task: tuple[Path, limits.Limits, bool, dict | None, int]) -> RankWork:
 class _Reader:
     """load_run's reader: each file's RankWork, taken in file order from the pool (or made here)."""
 
-    def __init__(self, directory: Path, pool: Any, progress: Progress) -> None:
-        self.directory, self.pool, self.progress = directory, pool, progress
+    def __init__(self, directory: Path, size: int, progress: Progress) -> None:
+        self.directory, self.size, self.progress = directory, size, progress
+        self.handout: Handout | None = None
         self.results: Iterator[RankWork] | None = None
         self.works: dict[Path, RankWork] = {}
         self.alone, self.config = False, None
@@ -187,13 +189,14 @@ class _Reader:
         headroom = sys.getrecursionlimit() - _depth()
         tasks = [(path, limits.current(), self.alone, self.config, headroom) for path in files]
         self.progress.total = len(files)
-        if self.pool is None:
+        if self.size == 1:
             self.results = map(_task, tasks)
             return
         # The largest files first, so that no worker is left with a big one at the end; taken in order.
         largest_first = sorted(tasks, key=lambda task: workers.json_bytes(task[0]), reverse=True)
-        pending = {task[0]: self.pool.apply_async(_task, (task,)) for task in largest_first}
-        self.results = (pending.pop(path).get() for path in files)
+        self.handout = Handout(self.start_pool, self.size, _task, largest_first)
+        self.handout.read_here_while_starting()
+        self.results = (self.handout.results[path].result() for path in files)
 
     def __call__(self, path: Path, budget: Budget) -> RawTrace:
         if self.results is None:
@@ -235,22 +238,25 @@ class _Reader:
             by_rank |= {one.rank: one for one in work.ranks}
         return by_rank
 
+    def start_pool(self) -> Any:
+        context = multiprocessing.get_context("forkserver")  # fork is unsafe once polars' threads run
+        context.set_forkserver_preload([__name__])
+        with _main_not_rerun():
+            return context.Pool(self.size)
+
+    def close(self) -> None:
+        if self.handout is not None:
+            self.handout.close()
+
 
 def read_ranks(directory: Path) -> tuple[RunTraces, dict[int, RankInput]]:
     """The run as load_run checks it (its traces without their frames), and rank -> its tables."""
     directory = Path(directory)
     files = trace_files(directory) if directory.is_dir() else []
-    size = workers.pool_size(files)
     with Progress(f"{directory.name}: ranks read") as progress:
-        if size == 1:
-            reader = _Reader(directory, None, progress)
+        reader = _Reader(directory, workers.pool_size(files), progress)
+        try:
             run = load_run(directory, reader)
             return run, reader.ranks(run)
-        context = multiprocessing.get_context("forkserver")  # fork is unsafe once polars' threads run
-        context.set_forkserver_preload([__name__])
-        with _main_not_rerun():
-            pool = context.Pool(size)
-        with pool:
-            reader = _Reader(directory, pool, progress)
-            run = load_run(directory, reader)
-            return run, reader.ranks(run)
+        finally:
+            reader.close()
