@@ -17,17 +17,31 @@ import gc
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 
-def analyze(args: argparse.Namespace) -> tuple[float, int, int]:
+@dataclass(frozen=True)
+class Started:
+    """When a task's work began (after its imports) and the RSS it began with (the interpreter and the
+    imports: the fixed part of its peak)."""
+
+    seconds: float
+    rss_kib: int
+
+
+def started() -> Started:
+    return Started(time.perf_counter(), status_kib("VmRSS"))
+
+
+def analyze(args: argparse.Namespace) -> tuple[Started, int, int]:
     from analysis.job import analyze_job
     from analysis.pipeline import read_run
     from analysis.ranks import workers
     from analysis.results import write
     from analysis.traces.load import trace_files
 
-    began = time.perf_counter()
+    began = started()
     with workers.applied(args.jobs):
         processes = workers.pool_size(trace_files(args.directory))
         result = analyze_job(read_run(args.directory), schedule=args.schedule, m=args.m)
@@ -35,7 +49,7 @@ def analyze(args: argparse.Namespace) -> tuple[float, int, int]:
     return began, result.cells.height, processes
 
 
-def hta(args: argparse.Namespace) -> tuple[float, int, int]:
+def hta(args: argparse.Namespace) -> tuple[Started, int, int]:
     import multiprocessing.pool
 
     from hta.trace_analysis import TraceAnalysis
@@ -48,16 +62,16 @@ def hta(args: argparse.Namespace) -> tuple[float, int, int]:
         start(pool, processes, *rest, **named)
 
     multiprocessing.pool.Pool.__init__ = counted
-    began = time.perf_counter()
+    began = started()
     loaded = TraceAnalysis(trace_dir=str(args.directory))
     return began, sum(len(frame) for frame in loaded.t.traces.values()), max(sizes)
 
 
-def decode(args: argparse.Namespace) -> tuple[float, int, int]:
+def decode(args: argparse.Namespace) -> tuple[Started, int, int]:
     from analysis.traces import kineto
     from analysis.traces.load import trace_files
 
-    began = time.perf_counter()
+    began = started()
     gc.disable()  # as the loader does: decoded JSON has no cycles to collect
     count = 0
     for path in trace_files(args.directory):
@@ -66,20 +80,21 @@ def decode(args: argparse.Namespace) -> tuple[float, int, int]:
     return began, count, 1
 
 
-def merge(args: argparse.Namespace) -> tuple[float, int, int]:
+def merge(args: argparse.Namespace) -> tuple[Started, int, int]:
     from analysis.cli import main as cli
 
-    began = time.perf_counter()
+    began = started()
     out = args.directory / "merged.json.gz"
     if cli(["merge", str(args.directory), "--out", str(out), *_RAISED]) != 0:
         raise SystemExit("merge failed")
     return began, out.stat().st_size, 1
 
 
-def high_water_kib() -> int:
-    """This process's peak RSS since exec (ru_maxrss would include the forking parent's)."""
+def status_kib(key: str) -> int:
+    """A memory figure of this process (VmHWM: its peak RSS since exec, which ru_maxrss is not: it
+    includes the forking parent's; VmRSS: now)."""
     status = Path("/proc/self/status").read_text().splitlines()
-    return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    return next(int(line.split()[1]) for line in status if line.startswith(f"{key}:"))
 
 
 TASKS = {"analyze": analyze, "hta": hta, "decode": decode, "merge": merge}
@@ -102,14 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     raised = limits.Limits(file_mb=_BIG, run_mb=_BIG, events=_BIG * 100, run_events=_BIG * 100)
     with limits.applied(raised):
         began, rows, processes = TASKS[args.task](args)
-    seconds = time.perf_counter() - began
+    seconds = time.perf_counter() - began.seconds
     print(
         json.dumps(
             {
                 "task": args.task,
                 "seconds": seconds,
                 "rows": rows,
-                "rss_mb": high_water_kib() / 1024,
+                "rss_mb": status_kib("VmHWM") / 1024,
+                "started_rss_mb": began.rss_kib / 1024,
                 "processes": processes,
             }
         )

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.child import high_water_kib
+from bench.child import status_kib
 from bench.stats import stats, verdict
 
 MB = 1_000_000
@@ -44,7 +44,7 @@ def sample(path: Path) -> dict:
     began = time.process_time()
     trace = read_trace(path)
     cpu_s = time.process_time() - began
-    peak_kib = high_water_kib()
+    peak_kib = status_kib("VmHWM")
     data = path.read_bytes()
     size = len(gzip.decompress(data)) if data[:2] == b"\x1f\x8b" else len(data)
     return {
