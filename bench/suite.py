@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts: {', '.join(PARTS)}")
     parser.add_argument(
         "--sizes-mb",
-        default="50 140 500",
-        help="the throughput ladder: trace set sizes (uncompressed MB) for the fewest ranks, e.g. '50 140 500 1000'",
+        default="50 140 500 1000",
+        help="the throughput ladder: trace set sizes (uncompressed MB) for the fewest ranks, e.g. '50 500'",
     )
     parser.add_argument("--ranks", default="4 8 16", help="rank counts of the throughput sets")
     parser.add_argument(
@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pairs", type=int, default=2, help="native/torch run pairs per executor config (A B A B)"
     )
     parser.add_argument(
-        "--hta-timeout", type=float, default=300.0, help="seconds before HTA's load is stopped"
+        "--hta-timeout", type=float, default=600.0, help="seconds before HTA's load is stopped"
     )
     parser.add_argument(
         "--sources",
