@@ -167,8 +167,22 @@ def _head(cells: pl.DataFrame) -> pl.DataFrame:
     return cells.group_by("rank", "step").agg((first - 2**62).alias("start_ns"), first.alias("end_ns"))
 
 
+def _union(spans: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step) the union of the spans (rank, step, start_ns, end_ns): nested operators become
+    one span each."""
+    starts_anew = pl.col("start_ns") > pl.col("end_ns").cum_max().shift(1).over("rank", "step")
+    return (
+        spans.sort("start_ns")
+        .with_columns(piece=starts_anew.fill_null(True).cum_sum())
+        .group_by("rank", "step", "piece")
+        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+    )
+
+
 def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
-    """Elementary segments of each step window with coverage of LAYERS.
+    """Elementary segments of each step window with coverage of LAYERS (the work outside the schedule
+    counted as the union of its spans: only whether some runs matters, and nested operators are most
+    of a CPU trace's spans).
 
     `waits` are this rank's blocked intervals already split into WAIT_LAYERS (classify.split_waits),
     INTERVAL columns. A segment is idle when nothing busy covers it or a wait does.
@@ -183,7 +197,7 @@ def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
                 _active(rank.cells if rank.kernels is None else _compute_stream_work(rank.cells)), "active"
             ),
             layer(_head(rank.cells), "head"),
-            layer(rank.unscheduled, "unscheduled"),
+            layer(_union(rank.unscheduled), "unscheduled"),
             waits.select(INTERVAL),
         ],
         how="vertical_relaxed",
