@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import polars as pl
 
@@ -37,8 +38,7 @@ def _key(action: Action) -> Key:
     return action.stage, action.kind.value, action.microbatch
 
 
-@dataclass(frozen=True)
-class _Input:
+class _Input(NamedTuple):
     """One input of an action as the schedule fixes it: its producer and, where that is on another
     rank, the RECV that brings it and the peer's SEND that RECV waits for."""
 
@@ -128,27 +128,26 @@ def _measure_step(
                 duration[action] = 0.0
                 continue
             ready = free
-            for one in inputs:
-                producer = rows.get(one.made)
-                if producer is None:
+            for producer, made, recv, send in inputs:
+                produced = rows.get(made)
+                if produced is None:
                     continue
-                end = producer[1]
-                if one.recv is not None:
-                    send = rows.get(one.send)
-                    arrival, seen = _arrival(
-                        one.recv, rows, waits, max(end, end if send is None else send[0])
-                    )
-                    hop = (one.producer, action)
-                    latency[hop] = max(0.0, arrival - end)
+                end = produced[1]
+                if recv is not None:
+                    sent = rows.get(send)
+                    arrival, seen = _arrival(recv, rows, waits, end if sent is None else max(end, sent[0]))
+                    hop, latency_ns = (producer, action), max(0.0, arrival - end)
+                    latency[hop] = latency_ns
                     if not seen:
                         bounded.add(hop)
-                    end += latency[hop]
+                    end += latency_ns
                 ready = max(ready, end)
             start, stop, blocked, busy = row
             occupied = float(stop - start - blocked)
             # the work is the cell's busy time; the host time inside the cell counts as a gap before it
-            duration[action] = occupied if busy is None else min(float(busy), occupied)
-            gap[action] = max(0.0, start - ready) + occupied - duration[action]
+            work = occupied if busy is None else min(float(busy), occupied)
+            duration[action] = work
+            gap[action] = max(0.0, start - ready) + occupied - work
             free = max(ready, start) + occupied
     return Measured(duration, latency, gap, bounded)
 
