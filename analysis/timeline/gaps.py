@@ -105,9 +105,15 @@ def runs(labelled: pl.DataFrame, column: str, keys: tuple[str, ...] = ("rank", "
     `labelled` in order of keys and start_ns, as segments returns it (and so do runs)."""
     differs = [pl.col(name) != pl.col(name).shift(1) for name in (*keys, column)]
     first = pl.any_horizontal(*differs, pl.col("start_ns") != pl.col("end_ns").shift(1)).fill_null(True)
-    marked = labelled.with_columns(first=first)
-    ends = marked.filter(pl.col("first").shift(-1).fill_null(True))["end_ns"]
-    return marked.filter("first").select(*keys, column, "start_ns", end_ns=ends)
+    return _pieces(labelled, first, [*keys, column], "end_ns")
+
+
+def _pieces(ordered: pl.DataFrame, first: pl.Expr, columns: list[str], end: str) -> pl.DataFrame:
+    """One row per piece of `ordered`, a piece running from a row where `first` holds to the row before
+    the next such: its `columns` and start_ns from its first row, its end_ns the last row's `end`."""
+    marked = ordered.with_columns(first=first)
+    ends = marked.filter(pl.col("first").shift(-1).fill_null(True))[end]
+    return marked.filter("first").select(*columns, "start_ns", end_ns=ends)
 
 
 WAIT_LAYERS = ("bubble_wait", "p2p_wait", "unmatched_wait")
@@ -170,13 +176,11 @@ def _head(cells: pl.DataFrame) -> pl.DataFrame:
 def _union(spans: pl.DataFrame) -> pl.DataFrame:
     """Per (rank, step) the union of the spans (rank, step, start_ns, end_ns): nested operators become
     one span each."""
-    starts_anew = pl.col("start_ns") > pl.col("end_ns").cum_max().shift(1).over("rank", "step")
-    return (
-        spans.sort("start_ns")
-        .with_columns(piece=starts_anew.fill_null(True).cum_sum())
-        .group_by("rank", "step", "piece")
-        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-    )
+    keys = ["rank", "step"]
+    ordered = spans.sort(*keys, "start_ns").with_columns(reach=pl.col("end_ns").cum_max().over(keys))
+    same_window = pl.all_horizontal(pl.col(key) == pl.col(key).shift(1) for key in keys)
+    first = ~(same_window & (pl.col("start_ns") <= pl.col("reach").shift(1))).fill_null(False)
+    return _pieces(ordered, first, keys, "reach")
 
 
 def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
