@@ -69,7 +69,8 @@ def segments(
     are clipped to their window. Coverage is a running sum of +1 at starts and -1 at ends: each window's
     edges sum to zero, so one running sum over the windows in order serves them all.
     """
-    bounds = windows.sort(*keys).select(*keys, w0="start_ns", w1="end_ns").with_row_index("window")
+    numbered = windows.select(keys).unique().sort(keys).with_row_index("window")  # in order of keys
+    bounds = windows.select(*keys, w0="start_ns", w1="end_ns").join(numbered, on=list(keys))
     clipped = (
         intervals.join(bounds, on=list(keys))
         .with_columns(start_ns=pl.max_horizontal("start_ns", "w0"), end_ns=pl.min_horizontal("end_ns", "w1"))
@@ -95,7 +96,7 @@ def segments(
         .filter(~(same_window & (pl.col("t") == pl.col("t").shift(-1))).fill_null(False))  # an edge's last
         .with_columns(end_ns=pl.when(same_window).then(pl.col("t").shift(-1)))
         .filter(pl.col("end_ns") > pl.col("t"))
-        .join(bounds.select("window", *keys), on="window", maintain_order="left")
+        .join(numbered, on="window", maintain_order="left")
         .select(*keys, pl.col("t").alias("start_ns"), "end_ns", *names)
     )
 
