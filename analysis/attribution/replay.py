@@ -20,7 +20,7 @@ from runners.schedules import Action, Schedule, Timeline, dependencies, simulate
 from runners.schedules.dependencies import matching_send, receiving
 
 Key = tuple[int, str, int]  # (stage, kind, microbatch): an action as the cells name it
-Row = tuple  # a cell's start_ns, end_ns, blocked_ns, busy_ns (None where unknown)
+Row = tuple[int, int, int, float | None]  # a cell's start_ns, end_ns, blocked_ns, busy_ns (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,11 @@ def _plan(schedule: Schedule) -> Plan:
         for action in order:
             inputs = []
             for dep in dependencies(schedule, action):
-                recv = receiving(action) if schedule.rank_of(dep.stage) != rank else None
-                inputs.append(_Input(dep, _key(dep), recv and _key(recv), recv and _key(matching_send(recv))))
+                if schedule.rank_of(dep.stage) == rank:
+                    inputs.append(_Input(dep, _key(dep), None, None))
+                else:
+                    recv = receiving(action)
+                    inputs.append(_Input(dep, _key(dep), _key(recv), _key(matching_send(recv))))
             steps.append((action, _key(action), inputs))
         plan.append(steps)
     return plan
