@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.timeline.gaps import runs, segments
+from analysis.timeline.gaps import _union, runs, segments
 
 
 def frame(columns: list[str], rows: list[tuple]) -> pl.DataFrame:
@@ -49,3 +49,11 @@ def test_runs_do_not_merge_across_a_hole_or_a_window():
         [(0, 1, 0, 5, "x"), (0, 1, 6, 8, "x"), (0, 1, 8, 9, "x"), (0, 2, 9, 12, "x")],
     )
     assert runs(segments_, "c").rows() == [(0, 1, "x", 0, 5), (0, 1, "x", 6, 9), (0, 2, "x", 9, 12)]
+
+
+def test_the_union_merges_nested_and_overlapping_spans_within_a_step_only():
+    spans = frame(
+        ["rank", "step", "start_ns", "end_ns"],
+        [(0, 1, 0, 10), (0, 2, 11, 30), (0, 1, 2, 5), (0, 1, 8, 12), (0, 1, 20, 25), (0, 2, 31, 32)],
+    )
+    assert _union(spans).rows() == [(0, 1, 0, 12), (0, 1, 20, 25), (0, 2, 11, 30), (0, 2, 31, 32)]

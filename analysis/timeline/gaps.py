@@ -178,7 +178,9 @@ def _union(spans: pl.DataFrame) -> pl.DataFrame:
     """Per (rank, step) the union of the spans (rank, step, start_ns, end_ns): nested operators become
     one span each."""
     keys = ["rank", "step"]
-    ordered = spans.sort(*keys, "start_ns").with_columns(reach=pl.col("end_ns").cum_max().over(keys))
+    # once sorted, each window's spans are one run of its keys: a cheaper group than the keys
+    window = pl.struct(keys).rle_id()
+    ordered = spans.sort(*keys, "start_ns").with_columns(reach=pl.col("end_ns").cum_max().over(window))
     same_window = pl.all_horizontal(pl.col(key) == pl.col(key).shift(1) for key in keys)
     first = ~(same_window & (pl.col("start_ns") <= pl.col("reach").shift(1))).fill_null(False)
     return _pieces(ordered, first, keys, "reach")
