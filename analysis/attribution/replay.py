@@ -1,6 +1,6 @@
-"""Replay a run's schedule with what one measured step did (runners.schedules.simulate).
+"""Replay a run's schedule with what its measured steps did (runners.schedules.simulate).
 
-From the cells of one step (all ranks, one clock) come, per compute action: its duration (its busy
+From the cells of each step (all ranks, one clock) come, per compute action: its duration (its busy
 time: analysis.attribution.parts), the latency of each cross-rank input (when the data was there on the
 consumer, minus when the producer finished) and the gap (how long after it could have started it did
 start, plus the host time inside the cell, which is not work).
@@ -10,12 +10,17 @@ counterfactual rungs of the waterfall (analysis.attribution.waterfall).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import polars as pl
 
-from runners.schedules import Action, Kind, Schedule, Timeline, dependencies, simulate
+from runners.schedules import Action, Schedule, Timeline, dependencies, simulate
 from runners.schedules.dependencies import matching_send, receiving
+
+Key = tuple[int, str, int]  # (stage, kind, microbatch): an action as the cells name it
+Row = tuple[int, int, int, float | None]  # a cell's start_ns, end_ns, blocked_ns, busy_ns (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -29,63 +34,124 @@ class Measured:
     bounded: set[tuple[Action, Action]] = field(default_factory=set)
 
 
-def _by_action(cells: pl.DataFrame) -> dict[Action, dict]:
-    return {
-        Action(row["stage"], Kind(row["kind"]), row["microbatch"]): row for row in cells.iter_rows(named=True)
-    }
+def _key(action: Action) -> Key:
+    return action.stage, action.kind.value, action.microbatch
 
 
-def _arrival(recv: dict | None, waits: dict[Action, tuple[int, int]], sent_ns: int) -> tuple[float, bool]:
+class _Input(NamedTuple):
+    """One input of an action as the schedule fixes it: its producer and, where that is on another
+    rank, the RECV that brings it and the peer's SEND that RECV waits for."""
+
+    producer: Action
+    made: Key  # the producer's
+    recv: Key | None
+    send: Key | None
+
+
+Plan = list[list[tuple[Action, Key, list[_Input]]]]
+
+
+def _plan(schedule: Schedule) -> Plan:
+    """Per rank its executed order, each action with its inputs: the same for every step."""
+    plan = []
+    for rank, order in enumerate(schedule.orders):
+        steps = []
+        for action in order:
+            inputs = []
+            for dep in dependencies(schedule, action):
+                if schedule.rank_of(dep.stage) == rank:
+                    inputs.append(_Input(dep, _key(dep), None, None))
+                else:
+                    recv = receiving(action)
+                    inputs.append(_Input(dep, _key(dep), _key(recv), _key(matching_send(recv))))
+            steps.append((action, _key(action), inputs))
+        plan.append(steps)
+    return plan
+
+
+def _by_step(cells: pl.DataFrame) -> dict[int, dict[Key, Row]]:
+    """step -> action -> its cell's times (the last cell where an action has several)."""
+    busy = cells["busy_ns"].to_list() if "busy_ns" in cells.columns else [None] * cells.height
+    names = ("step", "stage", "kind", "microbatch", "start_ns", "end_ns", "blocked_ns")
+    by_step = defaultdict(dict)
+    for step, stage, kind, microbatch, *row in zip(*(cells[name].to_list() for name in names), busy):
+        by_step[step][(stage, kind, microbatch)] = tuple(row)
+    return by_step
+
+
+def _wait_spans(waits: pl.DataFrame) -> dict[int, dict[Key, tuple[int, int]]]:
+    """step -> action -> from its first wait's start to its last one's end."""
+    spans = waits.group_by("step", "stage", "kind", "microbatch").agg(
+        pl.col("start_ns").min(), pl.col("end_ns").max()
+    )
+    by_step = defaultdict(dict)
+    for step, stage, kind, microbatch, start, end in spans.iter_rows():
+        by_step[step][(stage, kind, microbatch)] = (start, end)
+    return by_step
+
+
+def _arrival(
+    recv: Key, rows: dict[Key, Row], waits: dict[Key, tuple[int, int]], sent_ns: int
+) -> tuple[float, bool]:
     """When the input was there on the consumer, and whether that was seen: the end of the RECV's wait
     if the receiver was waiting before the data was sent; else at the latest that end, or the RECV's
     start (an upper bound: the data may have been there for a while)."""
-    if recv is None:
+    row = rows.get(recv)
+    if row is None:
         return sent_ns, False
-    span = waits.get(Action(recv["stage"], Kind(recv["kind"]), recv["microbatch"]))
+    span = waits.get(recv)
     if span is None:
-        return recv["start_ns"], False
+        return row[0], False
     return span[1], span[0] <= sent_ns
 
 
-def measure(schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origin_ns: int) -> Measured:
-    """Measurements of one step from its cells and waits (all ranks); times from `origin_ns`."""
-    rows = _by_action(cells)
-    spans = waits.group_by("stage", "kind", "microbatch").agg(
-        pl.col("start_ns").min(), pl.col("end_ns").max()
-    )
-    wait_spans = {
-        Action(stage, Kind(kind), microbatch): (start, end)
-        for stage, kind, microbatch, start, end in spans.iter_rows()
-    }
+def measure(
+    schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origins: dict[int, int]
+) -> list[Measured]:
+    """Measurements of each step of `origins` (step -> its origin in ns), in that order, from the cells
+    and waits of all ranks; each step's times from its origin."""
+    plan, rows, spans = _plan(schedule), _by_step(cells), _wait_spans(waits)
+    return [_measure_step(plan, rows[step], spans.get(step, {}), origin) for step, origin in origins.items()]
+
+
+def _measure_step(
+    plan: Plan,
+    rows: dict[Key, Row],
+    waits: dict[Key, tuple[int, int]],
+    origin_ns: int,
+) -> Measured:
+    """One step's measurements: a pass over each rank's order, an action ready once the rank is free
+    and its inputs are there."""
     duration, latency, gap, bounded = {}, {}, {}, set()
-    for rank, order in enumerate(schedule.orders):
+    for order in plan:
         free = origin_ns
-        for action in order:
-            row = rows.get(action)
+        for action, key, inputs in order:
+            row = rows.get(key)
             if row is None:  # not in the trace: zero-length and in place, so the replay still runs
                 duration[action] = 0.0
                 continue
             ready = free
-            for dep in dependencies(schedule, action):
-                producer = rows.get(dep)
-                if producer is None:
+            for producer, made, recv, send in inputs:
+                produced = rows.get(made)
+                if produced is None:
                     continue
-                end = producer["end_ns"]
-                if schedule.rank_of(dep.stage) != rank:
-                    recv = receiving(action)
-                    send = rows.get(matching_send(recv), {"start_ns": end})
-                    arrival, seen = _arrival(rows.get(recv), wait_spans, max(end, send["start_ns"]))
-                    latency[(dep, action)] = max(0.0, arrival - end)
+                end = produced[1]
+                if recv is not None:
+                    sent = rows.get(send)
+                    arrival, seen = _arrival(recv, rows, waits, end if sent is None else max(end, sent[0]))
+                    hop, latency_ns = (producer, action), max(0.0, arrival - end)
+                    latency[hop] = latency_ns
                     if not seen:
-                        bounded.add((dep, action))
-                    end += latency[(dep, action)]
+                        bounded.add(hop)
+                    end += latency_ns
                 ready = max(ready, end)
-            occupied = float(row["end_ns"] - row["start_ns"] - row["blocked_ns"])
-            busy = row.get("busy_ns")
+            start, stop, blocked, busy = row
+            occupied = float(stop - start - blocked)
             # the work is the cell's busy time; the host time inside the cell counts as a gap before it
-            duration[action] = occupied if busy is None else min(float(busy), occupied)
-            gap[action] = max(0.0, row["start_ns"] - ready) + occupied - duration[action]
-            free = max(ready, row["start_ns"]) + occupied
+            work = occupied if busy is None else min(float(busy), occupied)
+            duration[action] = work
+            gap[action] = max(0.0, start - ready) + occupied - work
+            free = max(ready, start) + occupied
     return Measured(duration, latency, gap, bounded)
 
 

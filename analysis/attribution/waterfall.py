@@ -94,14 +94,9 @@ def step_model(
     steps = (
         parts.group_by("step").agg(pl.col("step_ns").first()).join(origins, on="step").join(ends, on="step")
     )
-    measured, tails = [], []
-    for step, step_ns, origin, last in (
-        steps.sort("step").select("step", "step_ns", "start_ns", "last_ns").iter_rows()
-    ):
-        this = pl.col("step") == step
-        measured.append(measure(schedule, cells.filter(this), waits.filter(this), origin))
-        tails.append(step_ns - (last - origin))
-    return fit(measured, tails)
+    rows = steps.sort("step").select("step", "step_ns", "start_ns", "last_ns").rows()
+    measured = measure(schedule, cells, waits, {step: origin for step, _, origin, _ in rows})
+    return fit(measured, [step_ns - (last - origin) for _, step_ns, origin, last in rows])
 
 
 def ideal_frame(timeline: Timeline, step: int, origin_ns: int) -> pl.DataFrame:

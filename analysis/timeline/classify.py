@@ -215,7 +215,8 @@ def _segment_class(on_gpu: bool) -> pl.Expr:
 
 def classify(timeline: pl.DataFrame, rules: Rules, on_gpu: bool) -> pl.DataFrame:
     """The gaps table: maximal idle stretches of one class (GAP_SCHEMA), busy time left out."""
-    labelled = runs(timeline.with_columns(_segment_class(on_gpu)), "class")
+    idle = timeline.with_columns(_segment_class(on_gpu)).filter(pl.col("class") != "busy")
+    labelled = runs(idle, "class")  # busy time between two stretches keeps them apart: they do not touch
     short = (pl.col("end_ns") - pl.col("start_ns")) <= rules.host_gap_max_ns
     resolved = labelled.with_columns(
         pl.when(pl.col("class").is_in(["between", "head"]) & short)
@@ -227,7 +228,7 @@ def classify(timeline: pl.DataFrame, rules: Rules, on_gpu: bool) -> pl.DataFrame
         .otherwise("class")
         .alias("class")
     )
-    gaps = runs(resolved, "class").filter(pl.col("class") != "busy")
+    gaps = runs(resolved, "class")
     return gaps.select(pl.col(name).cast(dtype) for name, dtype in GAP_SCHEMA.items())
 
 

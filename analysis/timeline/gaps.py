@@ -63,12 +63,14 @@ def segments(
     keys: tuple[str, ...] = ("rank", "step"),
 ) -> pl.DataFrame:
     """Cut each window (one per `keys`: a rank's step, or a stream) at every interval edge; one column
-    per layer with its coverage.
+    per layer with its coverage, in order of keys and start_ns.
 
     `intervals` has the keys, layer, start_ns, end_ns; `windows` the keys, start_ns, end_ns. Intervals
-    are clipped to their window. Coverage is a running sum of +1 at starts and -1 at ends.
+    are clipped to their window. Coverage is a running sum of +1 at starts and -1 at ends: each window's
+    edges sum to zero, so one running sum over the windows in order serves them all.
     """
-    bounds = windows.rename({"start_ns": "w0", "end_ns": "w1"})
+    numbered = windows.select(keys).unique().sort(keys).with_row_index("window")  # in order of keys
+    bounds = windows.select(*keys, w0="start_ns", w1="end_ns").join(numbered, on=list(keys))
     clipped = (
         intervals.join(bounds, on=list(keys))
         .with_columns(start_ns=pl.max_horizontal("start_ns", "w0"), end_ns=pl.min_horizontal("end_ns", "w1"))
@@ -76,46 +78,43 @@ def segments(
     )
     edges = pl.concat(
         [
-            clipped.select(*keys, "layer", t="start_ns", delta=pl.lit(1)),
-            clipped.select(*keys, "layer", t="end_ns", delta=pl.lit(-1)),
-            bounds.select(*keys, layer=pl.lit(None, pl.Utf8), t="w0", delta=pl.lit(0)),
-            bounds.select(*keys, layer=pl.lit(None, pl.Utf8), t="w1", delta=pl.lit(0)),
+            clipped.select("window", "layer", t="start_ns", delta=pl.lit(1)),
+            clipped.select("window", "layer", t="end_ns", delta=pl.lit(-1)),
+            bounds.select("window", layer=pl.lit(None, pl.Utf8), t="w0", delta=pl.lit(0)),
+            bounds.select("window", layer=pl.lit(None, pl.Utf8), t="w1", delta=pl.lit(0)),
         ]
     )
     coverage = [
-        pl.when(pl.col("layer") == name).then(pl.col("delta")).otherwise(0).sum().alias(name)
+        pl.when(pl.col("layer") == name).then(pl.col("delta")).otherwise(0).cum_sum().alias(name)
         for name in names
     ]
+    same_window = pl.col("window") == pl.col("window").shift(-1)
     return (
-        edges.group_by(*keys, "t")
-        .agg(coverage)
-        .sort(*keys, "t")
-        .with_columns(pl.col(list(names)).cum_sum().over(keys))
-        .with_columns(end_ns=pl.col("t").shift(-1).over(keys))
-        .rename({"t": "start_ns"})
-        .filter(pl.col("end_ns").is_not_null() & (pl.col("end_ns") > pl.col("start_ns")))
-        .select(*keys, "start_ns", "end_ns", *names)
+        edges.sort("t")  # two single-key sorts, the second stable: cheaper than one on (window, t)
+        .sort("window", maintain_order=True)
+        .with_columns(coverage)
+        .filter(~(same_window & (pl.col("t") == pl.col("t").shift(-1))).fill_null(False))  # an edge's last
+        .with_columns(end_ns=pl.when(same_window).then(pl.col("t").shift(-1)))
+        .filter(pl.col("end_ns") > pl.col("t"))
+        .join(numbered, on="window", maintain_order="left")
+        .select(*keys, pl.col("t").alias("start_ns"), "end_ns", *names)
     )
 
 
 def runs(labelled: pl.DataFrame, column: str, keys: tuple[str, ...] = ("rank", "step")) -> pl.DataFrame:
-    """Merge adjacent segments of a window (one per `keys`) that carry the same value of `column`."""
-    return (
-        labelled.sort(*keys, "start_ns")
-        .with_columns(
-            run=(
-                (pl.col(column) != pl.col(column).shift(1))
-                | (pl.col("start_ns") != pl.col("end_ns").shift(1))
-            )
-            .fill_null(True)
-            .cum_sum()
-            .over(keys)
-        )
-        .group_by(*keys, "run")
-        .agg(pl.col(column).first(), pl.col("start_ns").min(), pl.col("end_ns").max())
-        .sort(*keys, "start_ns")
-        .drop("run")
-    )
+    """Merge adjacent segments of a window (one per `keys`) that carry the same value of `column`;
+    `labelled` in order of keys and start_ns, as segments returns it (and so do runs)."""
+    differs = [pl.col(name) != pl.col(name).shift(1) for name in (*keys, column)]
+    first = pl.any_horizontal(*differs, pl.col("start_ns") != pl.col("end_ns").shift(1)).fill_null(True)
+    return _pieces(labelled, first, [*keys, column], "end_ns")
+
+
+def _pieces(ordered: pl.DataFrame, first: pl.Expr, columns: list[str], end: str) -> pl.DataFrame:
+    """One row per piece of `ordered`, a piece running from a row where `first` holds to the row before
+    the next such: its `columns` and start_ns from its first row, its end_ns the last row's `end`."""
+    marked = ordered.with_columns(first=first)
+    ends = marked.filter(pl.col("first").shift(-1).fill_null(True))[end]
+    return marked.filter("first").select(*columns, "start_ns", end_ns=ends)
 
 
 WAIT_LAYERS = ("bubble_wait", "p2p_wait", "unmatched_wait")
@@ -175,8 +174,22 @@ def _head(cells: pl.DataFrame) -> pl.DataFrame:
     return cells.group_by("rank", "step").agg((first - 2**62).alias("start_ns"), first.alias("end_ns"))
 
 
+def _union(spans: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step) the union of the spans (rank, step, start_ns, end_ns): nested operators become
+    one span each."""
+    keys = ["rank", "step"]
+    # once sorted, each window's spans are one run of its keys: a cheaper group than the keys
+    window = pl.struct(keys).rle_id()
+    ordered = spans.sort(*keys, "start_ns").with_columns(reach=pl.col("end_ns").cum_max().over(window))
+    same_window = pl.all_horizontal(pl.col(key) == pl.col(key).shift(1) for key in keys)
+    first = ~(same_window & (pl.col("start_ns") <= pl.col("reach").shift(1))).fill_null(False)
+    return _pieces(ordered, first, keys, "reach")
+
+
 def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
-    """Elementary segments of each step window with coverage of LAYERS.
+    """Elementary segments of each step window with coverage of LAYERS (the work outside the schedule
+    counted as the union of its spans: only whether some runs matters, and nested operators are most
+    of a CPU trace's spans).
 
     `waits` are this rank's blocked intervals already split into WAIT_LAYERS (classify.split_waits),
     INTERVAL columns. A segment is idle when nothing busy covers it or a wait does.
@@ -191,7 +204,7 @@ def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
                 _active(rank.cells if rank.kernels is None else _compute_stream_work(rank.cells)), "active"
             ),
             layer(_head(rank.cells), "head"),
-            layer(rank.unscheduled, "unscheduled"),
+            layer(_union(rank.unscheduled), "unscheduled"),
             waits.select(INTERVAL),
         ],
         how="vertical_relaxed",
