@@ -152,3 +152,35 @@ def test_cpu_contention_is_the_run_queue_delay_across_compute_cells_on_their_bus
     assert ranks[0].cpu_contention_ms == pytest.approx(0.003, abs=1e-12)
     bare = analyze_run(read_run(gpipe_m1_run(tmp_path / "bare"))).summary.ranks
     assert [r.cpu_contention_ms for r in bare] == [None, None]  # no counter: unknown, not zero
+
+
+def test_the_measured_gaps_are_exact_nanoseconds_at_epoch_times():
+    """Cells carry nanoseconds since the epoch (~1.8e18, where a double resolves only 256 ns): gaps of
+    3 and 37 ns must come out as 3 and 37."""
+    from analysis.attribution.replay import measure
+
+    schedule = build("gpipe", 2, 1)
+    t0 = 1_764_000_000_123_456_789
+    rows = [  # rank, stage, kind, start, end: F0, 3 ns later F1, B1, 37 ns later B0 (no RECV cells: no hops)
+        (0, 0, "F", t0, t0 + 1000),
+        (1, 1, "F", t0 + 1003, t0 + 2003),
+        (1, 1, "B", t0 + 2003, t0 + 3003),
+        (0, 0, "B", t0 + 3040, t0 + 4040),
+    ]
+    cells = pl.DataFrame(
+        [(0, rank, stage, kind, 0, start, end, 0) for rank, stage, kind, start, end in rows],
+        schema=["step", "rank", "stage", "kind", "microbatch", "start_ns", "end_ns", "blocked_ns"],
+        orient="row",
+    )
+    waits = pl.DataFrame(
+        schema={
+            "step": pl.Int64,
+            "stage": pl.Int64,
+            "kind": pl.String,
+            "microbatch": pl.Int64,
+            "start_ns": pl.Int64,
+            "end_ns": pl.Int64,
+        }
+    )
+    (measured,) = measure(schedule, cells, waits, {0: t0})
+    assert sorted(measured.gap.values()) == [0.0, 0.0, 3.0, 37.0]

@@ -139,18 +139,19 @@ def _measure_step(
                 if recv is not None:
                     sent = rows.get(send)
                     arrival, seen = _arrival(recv, rows, waits, end if sent is None else max(end, sent[0]))
-                    hop, latency_ns = (producer, action), max(0.0, arrival - end)
-                    latency[hop] = latency_ns
+                    hop, latency_ns = (producer, action), max(0, arrival - end)
+                    latency[hop] = float(latency_ns)
                     if not seen:
                         bounded.add(hop)
                     end += latency_ns
                 ready = max(ready, end)
+            # Times stay integer ns: a float at ~1.8e18 ns since the epoch resolves only 256 ns.
             start, stop, blocked, busy = row
-            occupied = float(stop - start - blocked)
+            occupied = stop - start - blocked
             # the work is the cell's busy time; the host time inside the cell counts as a gap before it
-            work = occupied if busy is None else min(float(busy), occupied)
+            work = float(occupied) if busy is None else min(float(busy), float(occupied))
             duration[action] = work
-            gap[action] = max(0.0, start - ready) + occupied - work
+            gap[action] = float(max(0, start - ready)) + occupied - work
             free = max(ready, start) + occupied
     return Measured(duration, latency, gap, bounded)
 
