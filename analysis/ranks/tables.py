@@ -23,7 +23,7 @@ import msgspec
 import polars as pl
 
 from analysis.cells.inferred import cells_of
-from analysis.cells.labelled import RankCells, is_gpu, step_spans
+from analysis.cells.labelled import RankCells, rank_events
 from analysis.pipelines import Group, groups_of, is_dp_group, is_pipeline_group
 from analysis.timeline.clock import collective_events
 from analysis.timeline.dp_sync import collectives
@@ -107,14 +107,15 @@ def rank_input(
     frame = trace.frame
     reads = text_reads(trace, config, alone) if reads is None else reads
     raw = reads.counter_args
-    cells = cells_of(frame, trace.path)
+    events = rank_events(frame)
+    cells = cells_of(frame, trace.path, events)
     return RankInput(
         rank=trace.rank,
         source=trace.path,
         cells=cells,
         collectives=collective_events(frame),
-        on_gpu=is_gpu(frame),
-        memory=with_steps(memory_events(trace, raw), step_spans(frame)),
+        on_gpu=events.device is not None,
+        memory=with_steps(memory_events(trace, raw), events.steps),
         samples=run_queue_samples(trace, raw),
         groups=groups_of(trace.header.get("distributedInfo")),
         dp_collectives=collectives(frame),
