@@ -149,8 +149,11 @@ def label_spans(frame: pl.DataFrame, source: str | Path | None = None) -> pl.Dat
     label (its halves, `inferred`: analysis.cells.fused).
 
     Each distinct label text is parsed once (steps repeat them) with the IR's own parser."""
-    marked = frame.select("rank", "tid", "name", "cat", "ph", "start_ns", "end_ns").filter(
-        pl.col("name").str.starts_with(LABEL_PREFIX) & (pl.col("cat") != "gpu_user_annotation")
+    marked = (
+        frame.lazy()
+        .filter(pl.col("name").str.starts_with(LABEL_PREFIX) & (pl.col("cat") != "gpu_user_annotation"))
+        .select("rank", "tid", "name", "cat", "ph", "start_ns", "end_ns")
+        .collect()
     )
     labels = marked.filter(~pl.col("name").str.contains(TORCH_BOOKKEEPING)).select(
         "rank", "tid", "name", "start_ns", "end_ns"
@@ -230,12 +233,13 @@ def union(spans: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     new_key = pl.any_horizontal(pl.col(k).ne_missing(pl.col(k).shift(1)) for k in keys) | (
         pl.int_range(pl.len()) == 0
     )
-    ordered = spans.sort(*keys, "start_ns").with_columns(
-        new_key=new_key, reach=pl.col("end_ns").cum_max().over(new_key.cum_sum())
+    # two sorts, the second stable: far cheaper than one on several columns
+    ordered = spans.sort("start_ns").sort(keys, maintain_order=True)
+    marked = ordered.with_columns(reach=pl.col("end_ns").cum_max().over(keys)).with_columns(
+        opens=new_key | (pl.col("start_ns") > pl.col("reach").shift(1))
     )
-    marked = ordered.with_columns(opens=pl.col("new_key") | (pl.col("start_ns") > pl.col("reach").shift(1)))
     ends = marked.filter(pl.col("opens").shift(-1, fill_value=True))["reach"]
-    return marked.filter("opens").drop("end_ns", "new_key", "reach", "opens").with_columns(end_ns=ends)
+    return marked.filter("opens").drop("end_ns", "reach", "opens").with_columns(end_ns=ends)
 
 
 def _cell_ids(labels: pl.DataFrame) -> pl.DataFrame:
@@ -341,12 +345,12 @@ def _unscheduled(
         )
     else:
         threads = labels.select("rank", "tid").unique()
-        host = events.frame.select("rank", "tid", "ph", "cat", "name", "start_ns", "end_ns").filter(
-            (pl.col("ph") == "X") & pl.col("cat").is_in(["cpu_op", "user_annotation"])
+        host = events.frame.lazy().filter(
+            (pl.col("ph") == "X")
+            & pl.col("cat").is_in(["cpu_op", "user_annotation"])
+            & ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK)
         )
-        work = host.filter(
-            ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK)
-        ).join(threads, on=["rank", "tid"])
+        work = host.select("rank", "tid", "start_ns", "end_ns").collect().join(threads, on=["rank", "tid"])
     return _assign_steps(work.select("rank", "start_ns", "end_ns"), steps)
 
 
