@@ -71,7 +71,7 @@ def _cuts(frame: pl.DataFrame, fused: pl.DataFrame) -> pl.DataFrame:
 
 def fused_halves(labels: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
     """The F and B (or I) cells inside every fused label: rank, tid, stage, kind, microbatch, start_ns,
-    end_ns, as `analysis.cells.labelled.label_spans` gives for plain labels. `labels`: the frame's host
+    end_ns, as `analysis.cells.labels.label_spans` gives for plain labels. `labels`: the frame's host
     `PP:` spans (rank, tid, name, ph, start_ns, end_ns at least)."""
     fused = _fused_labels(labels)
     if fused.height == 0:

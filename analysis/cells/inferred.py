@@ -36,13 +36,13 @@ from analysis.cells.labelled import (
     CELL_SCHEMA,
     RankCells,
     RankEvents,
-    _assign_steps,
     labelled_cells,
     operator_spans,
     rank_events,
     step_labels,
 )
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
+from analysis.cells.spans import assign_steps
 from analysis.traces.kineto import BACKWARD_OP_PREFIX, STEP_PREFIX
 
 TORCH_LABEL = r"^(Forward|Backward) (\d+)$"
@@ -63,7 +63,7 @@ def cells_of(
     if frame.height == 0:
         return labelled_cells(events, labels)
     steps = events.steps
-    ops = _assign_steps(_top_level_ops(events), steps)
+    ops = assign_steps(_top_level_ops(events), steps)
     labels = _cells_from_ops(_with_torch_labels(ops, frame), frame)
     waits = labels.filter(pl.col("kind").str.starts_with("RECV")).select(*CELL_KEY, "start_ns", "end_ns")
     cells = (

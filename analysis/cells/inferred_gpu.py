@@ -25,12 +25,11 @@ from analysis.cells.labelled import (
     CELL_SCHEMA,
     RankCells,
     RankEvents,
-    _assign_steps,
     _device_windows,
     _unscheduled,
-    union,
 )
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
+from analysis.cells.spans import assign_steps, union
 from analysis.traces.kineto import BACKWARD_OP_PREFIX
 
 
@@ -120,7 +119,7 @@ def _runs(work: pl.DataFrame, calls: pl.DataFrame, steps: pl.DataFrame) -> pl.Da
         ],
         how="diagonal_relaxed",
     )
-    stepped = _assign_steps(items.with_columns(start_ns="at_ns"), steps).sort("rank", "at_ns")
+    stepped = assign_steps(items.with_columns(start_ns="at_ns"), steps).sort("rank", "at_ns")
     changed = (pl.col("role") != pl.col("role").shift(1)) | pl.col("role").is_in(["RECV", "SEND"])
     return stepped.with_columns(run=changed.fill_null(True).cum_sum().over("rank", "step"))
 

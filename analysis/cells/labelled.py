@@ -18,16 +18,12 @@ from pathlib import Path
 import polars as pl
 import polars.selectors as cs
 
-from analysis.cells.fused import fused_halves
-from analysis.errors import InputError
+from analysis.cells.labels import label_spans
+from analysis.cells.spans import assign_steps, union
 from analysis.traces.kineto import DEVICE_WORK_CATS, STEP_PREFIX
-from runners.schedules import COMPUTE_KINDS, Action, ActionParseError
+from runners.schedules import COMPUTE_KINDS
 from runners.schedules.trace_names import LABEL_PREFIX, WAIT_SENDS
 
-# torch's runtime also labels bookkeeping (PP:0REDUCE_GRAD, PP:1UNSHARD): not actions of the IR, so
-# not cells. DualPipeV's fused PP:(0F1;3B0)OVERLAP_F_B is not parsed as one: analysis.cells.fused cuts it
-# into its F and B cells.
-TORCH_BOOKKEEPING = r"(UNSHARD|RESHARD|REDUCE_GRAD|OVERLAP_F_B)$"
 # Blocking p2p waits on the host thread: the recv call and gloo's span of it (gloo may block inside the
 # call before its span opens, or inside the span), until the data arrived.
 HOST_WAIT_NAMES = ("gloo:recv", "c10d::recv_")
@@ -144,56 +140,6 @@ def _device_windows(frame: pl.DataFrame, host: pl.DataFrame, cells: pl.DataFrame
     )
 
 
-def label_spans(frame: pl.DataFrame, source: str | Path | None = None) -> pl.DataFrame:
-    """Host-side `PP:` labels parsed into stage, kind, microbatch; one row per label, two per fused
-    label (its halves, `inferred`: analysis.cells.fused).
-
-    Each distinct label text is parsed once (steps repeat them) with the IR's own parser."""
-    marked = (
-        frame.lazy()
-        .filter(pl.col("name").str.starts_with(LABEL_PREFIX) & (pl.col("cat") != "gpu_user_annotation"))
-        .select("rank", "tid", "name", "cat", "ph", "start_ns", "end_ns")
-        .collect()
-    )
-    labels = marked.filter(~pl.col("name").str.contains(TORCH_BOOKKEEPING)).select(
-        "rank", "tid", "name", "start_ns", "end_ns"
-    )
-    names = labels["name"].unique().to_list()
-    actions = [_parse(name.removeprefix(LABEL_PREFIX), source) for name in names]
-    parsed = pl.DataFrame(
-        {
-            "name": names,
-            "stage": [a.stage for a in actions],
-            "kind": [a.kind.value for a in actions],
-            "microbatch": [a.microbatch for a in actions],
-        },
-        schema={"name": pl.Utf8, "stage": pl.Int64, "kind": pl.Utf8, "microbatch": pl.Int64},
-    )
-    plain = labels.join(parsed, on="name").drop("name").with_columns(inferred=pl.lit(False))
-    return pl.concat([plain, fused_halves(marked, frame).with_columns(inferred=pl.lit(True))], how="diagonal")
-
-
-def _parse(text: str, source: str | Path | None) -> Action:
-    try:
-        return Action.parse(text)
-    except ActionParseError as error:
-        raise InputError(source, f"bad pipeline label {LABEL_PREFIX}{text}: {error}") from None
-
-
-def _assign_steps(spans: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """Each span belongs to the step whose span contains its start; spans outside every step drop."""
-    if steps.height == 0:  # a trace without ProfilerStep spans is one step
-        return spans.with_columns(pl.lit(0, dtype=pl.Int64).alias("step"))
-    joined = spans.sort("start_ns").join_asof(
-        steps.rename({"start_ns": "step_start", "end_ns": "step_end"}).sort("step_start"),
-        left_on="start_ns",
-        right_on="step_start",
-        by="rank",
-        check_sortedness=False,
-    )
-    return joined.filter(pl.col("start_ns") < pl.col("step_end")).drop("step_start", "step_end")
-
-
 def _events_in_labels(
     events: pl.DataFrame, labels: pl.DataFrame, across_threads: bool = False
 ) -> pl.DataFrame:
@@ -223,23 +169,6 @@ def _events_in_labels(
         return same_thread
     unlabelled = events.join(labels.select("rank", "tid").unique(), on=["rank", "tid"], how="anti")
     return pl.concat([same_thread, inside(unlabelled, ["rank"]).drop("tid_label")])
-
-
-def union(spans: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Per `keys` the disjoint union of the spans (start_ns, end_ns; none ends before it starts): nested
-    or overlapping ones merge, and each piece keeps its first span's other columns. In (keys, start)
-    order a piece opens at a new key or past the latest end so far, and ends at the latest end before
-    the next piece opens."""
-    new_key = pl.any_horizontal(pl.col(k).ne_missing(pl.col(k).shift(1)) for k in keys) | (
-        pl.int_range(pl.len()) == 0
-    )
-    # two sorts, the second stable: far cheaper than one on several columns
-    ordered = spans.sort("start_ns").sort(keys, maintain_order=True)
-    marked = ordered.with_columns(reach=pl.col("end_ns").cum_max().over(keys)).with_columns(
-        opens=new_key | (pl.col("start_ns") > pl.col("reach").shift(1))
-    )
-    ends = marked.filter(pl.col("opens").shift(-1, fill_value=True))["reach"]
-    return marked.filter("opens").drop("end_ns", "reach", "opens").with_columns(end_ns=ends)
 
 
 def _cell_ids(labels: pl.DataFrame) -> pl.DataFrame:
@@ -282,7 +211,7 @@ def _send_waits(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     spans = frame.select("rank", "name", "ph", "start_ns", "end_ns").filter(
         (pl.col("name") == WAIT_SENDS) & (pl.col("ph") == "X")
     )
-    return _assign_steps(spans.select("rank", "start_ns", "end_ns"), steps).select(
+    return assign_steps(spans.select("rank", "start_ns", "end_ns"), steps).select(
         "rank", "step", "start_ns", "end_ns"
     )
 
@@ -351,7 +280,7 @@ def _unscheduled(
             & ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK)
         )
         work = host.select("rank", "tid", "start_ns", "end_ns").collect().join(threads, on=["rank", "tid"])
-    return _assign_steps(work.select("rank", "start_ns", "end_ns"), steps)
+    return assign_steps(work.select("rank", "start_ns", "end_ns"), steps)
 
 
 def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells:
@@ -362,7 +291,7 @@ def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCel
 
 def step_labels(events: RankEvents, source: str | Path | None = None) -> pl.DataFrame:
     """The rank's labels (label_spans) in its steps."""
-    return _assign_steps(label_spans(events.frame, source), events.steps)
+    return assign_steps(label_spans(events.frame, source), events.steps)
 
 
 def labelled_cells(events: RankEvents, labels: pl.DataFrame) -> RankCells:
