@@ -147,8 +147,8 @@ def _events_in_labels(
     `across_threads`, an event of a thread that holds no label belongs to the label open at that moment
     on its rank: on CUDA autograd's engine thread launches a backward's kernels while the B label waits
     on the main thread."""
-    cell = [name for name in ("cell",) if name in labels.columns]  # _cell_ids, where the caller set them
-    keyed = labels.select("rank", "tid", *CELL_KEY[1:], *cell, label_start="start_ns", label_end="end_ns")
+    ids = ["cell"] if "cell" in labels.columns else []  # the caller's _cell_ids travel with the events
+    keyed = labels.select("rank", "tid", *CELL_KEY[1:], *ids, label_start="start_ns", label_end="end_ns")
 
     def inside(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         return (
@@ -200,18 +200,16 @@ def operator_spans(ops: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
 
 def _host_waits(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     """Each label's blocked time on the host: the union of the wait spans inside it, clipped to it."""
-    waits = frame.select("rank", "tid", "name", "start_ns", "end_ns").filter(
-        pl.col("name").is_in(HOST_WAIT_NAMES)
+    waits = (
+        frame.lazy().filter(pl.col("name").is_in(HOST_WAIT_NAMES)).select("rank", "tid", "start_ns", "end_ns")
     )
-    return union(_clipped(waits.drop("name"), _cell_ids(labels)), ["cell"]).drop("cell")
+    return union(_clipped(waits.collect(), _cell_ids(labels)), ["cell"]).drop("cell")
 
 
 def _send_waits(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """The executor's `PP wait for sends` spans (runners.schedules.trace_names), by step."""
-    spans = frame.select("rank", "name", "ph", "start_ns", "end_ns").filter(
-        (pl.col("name") == WAIT_SENDS) & (pl.col("ph") == "X")
-    )
-    return assign_steps(spans.select("rank", "start_ns", "end_ns"), steps).select(
+    spans = frame.lazy().filter((pl.col("name") == WAIT_SENDS) & (pl.col("ph") == "X"))
+    return assign_steps(spans.select("rank", "start_ns", "end_ns").collect(), steps).select(
         "rank", "step", "start_ns", "end_ns"
     )
 
