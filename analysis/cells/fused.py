@@ -20,9 +20,9 @@ FUSED = r"^PP:\((\d+F\d+);(\d+[BI]\d+)\)OVERLAP_F_B$"
 SUB_ACTION = r"^(\d+)([A-Z]+)(\d+)$"
 
 
-def _fused_labels(frame: pl.DataFrame) -> pl.DataFrame:
+def _fused_labels(labels: pl.DataFrame) -> pl.DataFrame:
     parts = pl.col("name").str.extract_groups(FUSED)
-    return frame.filter(
+    return labels.filter(
         pl.col("name").str.contains(FUSED) & (pl.col("ph") == "X") & (pl.col("cat") != "gpu_user_annotation")
     ).select(
         "rank", "tid", "start_ns", "end_ns", forward=parts.struct.field("1"), backward=parts.struct.field("2")
@@ -32,8 +32,11 @@ def _fused_labels(frame: pl.DataFrame) -> pl.DataFrame:
 def _cuts(frame: pl.DataFrame, fused: pl.DataFrame) -> pl.DataFrame:
     """Each fused label with `cut_ns`, where its backward begins."""
     labels = fused.with_row_index("label").with_columns(pl.col("label").cast(pl.Int64))
-    ops = frame.filter((pl.col("ph") == "X") & (pl.col("cat") == "cpu_op")).select(
-        "rank", "name", op_tid="tid", op_start="start_ns", op_end="end_ns"
+    ops = (
+        frame.lazy()
+        .filter((pl.col("ph") == "X") & (pl.col("cat") == "cpu_op"))
+        .select("rank", "name", op_tid="tid", op_start="start_ns", op_end="end_ns")
+        .collect()
     )
     # fused labels never overlap on a rank, so each op belongs to the latest one started before it
     inside = (
@@ -66,10 +69,11 @@ def _cuts(frame: pl.DataFrame, fused: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def fused_halves(frame: pl.DataFrame) -> pl.DataFrame:
+def fused_halves(labels: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
     """The F and B (or I) cells inside every fused label: rank, tid, stage, kind, microbatch, start_ns,
-    end_ns, as `analysis.cells.labelled.label_spans` gives for plain labels."""
-    fused = _fused_labels(frame)
+    end_ns, as `analysis.cells.labels.label_spans` gives for plain labels. `labels`: the frame's host
+    `PP:` spans (rank, tid, name, ph, start_ns, end_ns at least)."""
+    fused = _fused_labels(labels)
     if fused.height == 0:
         return pl.DataFrame(
             schema={

@@ -35,29 +35,35 @@ from analysis.cells.labelled import (
     CELL_KEY,
     CELL_SCHEMA,
     RankCells,
-    _assign_steps,
+    RankEvents,
+    labelled_cells,
     operator_spans,
-    rank_cells,
-    step_spans,
+    rank_events,
+    step_labels,
 )
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
+from analysis.cells.spans import assign_steps
 from analysis.traces.kineto import BACKWARD_OP_PREFIX, STEP_PREFIX
 
 TORCH_LABEL = r"^(Forward|Backward) (\d+)$"
 ARRIVALS = ("gloo:recv", "gloo:send")  # async spans: from the call until the peer's data moved
 
 
-def cells_of(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells:
-    """A rank's cells: from `PP:` labels where the trace has them, else inferred from the op stream."""
-    labelled = rank_cells(frame, source)
-    if labelled.cells.height:
-        return _with_consumer_waits(labelled, frame)
-    if labelled.kernels is not None:
-        return gpu_cells(frame)
+def cells_of(
+    frame: pl.DataFrame, source: str | Path | None = None, events: RankEvents | None = None
+) -> RankCells:
+    """A rank's cells: from `PP:` labels where the trace has them, else inferred from the op stream.
+    `events`: the frame's rank_events, where the caller has them."""
+    events = rank_events(frame) if events is None else events
+    labels = step_labels(events, source)
+    if labels.height:
+        return _with_consumer_waits(labelled_cells(events, labels), frame)
+    if events.device is not None:
+        return gpu_cells(events)
     if frame.height == 0:
-        return labelled
-    steps = step_spans(frame)
-    ops = _assign_steps(_top_level_ops(frame, steps), steps)
+        return labelled_cells(events, labels)
+    steps = events.steps
+    ops = assign_steps(_top_level_ops(events), steps)
     labels = _cells_from_ops(_with_torch_labels(ops, frame), frame)
     waits = labels.filter(pl.col("kind").str.starts_with("RECV")).select(*CELL_KEY, "start_ns", "end_ns")
     cells = (
@@ -72,32 +78,35 @@ def cells_of(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells
     )
     unscheduled = _unscheduled_ops(ops, labels)
     return RankCells(
-        cells, waits.sort("rank", "start_ns"), steps, None, unscheduled, operator_spans(frame, labels)
+        cells, waits.sort("rank", "start_ns"), steps, None, unscheduled, operator_spans(events.ops, labels)
     )
 
 
-def _main_thread(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.Expr:
+def _main_thread(frame: pl.DataFrame) -> pl.Expr:
     """The thread that ran the steps (else the one with the most ops)."""
-    marked = frame.filter(pl.col("name").str.starts_with(STEP_PREFIX))["tid"]
+    marked = frame.select("name", "tid").filter(pl.col("name").str.starts_with(STEP_PREFIX))["tid"]
     if marked.len():
         return pl.col("tid") == marked[0]
-    busiest = frame.filter(pl.col("cat") == "cpu_op")["tid"].mode()
+    busiest = frame.select("cat", "tid").filter(pl.col("cat") == "cpu_op")["tid"].mode()
     return (
         pl.col("tid") == busiest[0] if busiest.len() else pl.lit(False)
     )  # no CPU ops: nothing to infer from
 
 
-def _top_level_ops(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+def _top_level_ops(events: RankEvents) -> pl.DataFrame:
     """CPU ops on the main thread not nested in another op, with the async end of each p2p call."""
+    frame = events.frame
     ops = (
-        frame.filter((pl.col("ph") == "X") & (pl.col("cat") == "cpu_op") & _main_thread(frame, steps))
+        events.ops.filter(_main_thread(frame))
         .sort("start_ns", pl.col("end_ns"), descending=[False, True])
         .with_columns(outer_end=pl.col("end_ns").cum_max().shift(1))
         .filter(pl.col("outer_end").is_null() | (pl.col("start_ns") >= pl.col("outer_end")))
         .select("rank", "tid", "name", "sequence", "start_ns", "end_ns")
     )
-    arrivals = frame.filter(pl.col("name").is_in(ARRIVALS)).select(
-        "rank", "tid", arrival_start="start_ns", arrival_ns="end_ns"
+    arrivals = (
+        frame.select("rank", "tid", "name", "start_ns", "end_ns")
+        .filter(pl.col("name").is_in(ARRIVALS))
+        .select("rank", "tid", arrival_start="start_ns", arrival_ns="end_ns")
     )
     is_p2p = pl.col("name").is_in(RECV_OPS + SEND_OPS)
     return (
@@ -126,7 +135,8 @@ def _with_torch_labels(ops: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
     """Each op's enclosing `Forward i`/`Backward i` label as (label_kind, label_microbatch), else null."""
     parts = pl.col("name").str.extract_groups(TORCH_LABEL)
     labels = (
-        frame.filter(pl.col("name").str.contains(TORCH_LABEL) & (pl.col("ph") == "X"))
+        frame.lazy()
+        .filter(pl.col("name").str.contains(TORCH_LABEL) & (pl.col("ph") == "X"))
         .select(
             "rank",
             "tid",
@@ -136,6 +146,7 @@ def _with_torch_labels(ops: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
             label_microbatch=parts.struct.field("2").cast(pl.Int64),
         )
         .sort("label_start")
+        .collect()
     )
     joined = ops.sort("start_ns").join_asof(
         labels, left_on="start_ns", right_on="label_start", by=["rank", "tid"], check_sortedness=False
@@ -205,11 +216,16 @@ def _linked_backwards(compute: pl.DataFrame, runs: pl.DataFrame, frame: pl.DataF
     forwards = compute.filter(pl.col("kind") == "F").select(
         "rank", f_start="start_ns", f_end="end_ns", f_mb="microbatch"
     )
-    forward_ops = frame.filter(
-        (pl.col("cat") == "cpu_op")
-        & pl.col("sequence").is_not_null()
-        & ~pl.col("name").str.starts_with(BACKWARD_OP_PREFIX)
-    ).select("rank", "sequence", "start_ns")
+    forward_ops = (
+        frame.lazy()
+        .filter(
+            (pl.col("cat") == "cpu_op")
+            & pl.col("sequence").is_not_null()
+            & ~pl.col("name").str.starts_with(BACKWARD_OP_PREFIX)
+        )
+        .select("rank", "sequence", "start_ns")
+        .collect()
+    )
     of_forward = (
         forward_ops.sort("start_ns")
         .join_asof(
@@ -248,8 +264,11 @@ def consumer_waits(frame: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
     recvs = cells.filter(pl.col("kind").str.starts_with("RECV")).select(
         *CELL_KEY, recv_start="start_ns", recv_end="end_ns"
     )
-    posted = frame.filter(pl.col("name") == "gloo:recv").select(
-        "rank", post_ns="start_ns", arrival_ns="end_ns"
+    posted = (
+        frame.lazy()
+        .filter(pl.col("name") == "gloo:recv")
+        .select("rank", post_ns="start_ns", arrival_ns="end_ns")
+        .collect()
     )
     arrivals = (
         posted.sort("post_ns")

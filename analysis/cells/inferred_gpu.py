@@ -24,14 +24,12 @@ from analysis.cells.labelled import (
     CELL_KEY,
     CELL_SCHEMA,
     RankCells,
-    _assign_steps,
+    RankEvents,
     _device_windows,
     _unscheduled,
-    device_events,
-    step_spans,
-    union,
 )
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
+from analysis.cells.spans import assign_steps, union
 from analysis.traces.kineto import BACKWARD_OP_PREFIX
 
 
@@ -78,9 +76,9 @@ def _innermost_sequence(points: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame
     return pl.concat(found)
 
 
-def _work(frame: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+def _work(launched: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """Compute kernels with their launch, role (F or B), whether a GEMM op launched them, and sequence."""
-    kernels = device_events(frame).drop_nulls("launch_ns").filter(~pl.col("is_p2p"))
+    kernels = launched.filter(~pl.col("is_p2p"))
     kernels = _inside(kernels, ops.filter(pl.col("name").str.starts_with(BACKWARD_OP_PREFIX)), "backward")
     kernels = _inside(kernels, ops.filter(pl.col("name").is_in(GEMM_OPS)), "gemm")
     return _innermost_sequence(kernels, ops).with_columns(
@@ -88,7 +86,7 @@ def _work(frame: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _p2p_calls(frame: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+def _p2p_calls(launched: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """Each c10d p2p call with the NCCL kernel that carries it (k_start, k_end, correlation)."""
     calls = ops.filter(pl.col("name").is_in(RECV_OPS + SEND_OPS)).select(
         "rank",
@@ -97,7 +95,7 @@ def _p2p_calls(frame: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
         call_end="end_ns",
         role=pl.when(pl.col("name").is_in(RECV_OPS)).then(pl.lit("RECV")).otherwise(pl.lit("SEND")),
     )
-    nccl = device_events(frame).drop_nulls("launch_ns").filter("is_p2p")
+    nccl = launched.filter("is_p2p")
     carried = calls.sort("at_ns").join_asof(
         nccl.select(
             "rank", "tid", "launch_ns", "correlation", "issued_ns", k_start="start_ns", k_end="end_ns"
@@ -121,20 +119,18 @@ def _runs(work: pl.DataFrame, calls: pl.DataFrame, steps: pl.DataFrame) -> pl.Da
         ],
         how="diagonal_relaxed",
     )
-    stepped = _assign_steps(items.with_columns(start_ns="at_ns"), steps).sort("rank", "at_ns")
+    stepped = assign_steps(items.with_columns(start_ns="at_ns"), steps).sort("rank", "at_ns")
     changed = (pl.col("role") != pl.col("role").shift(1)) | pl.col("role").is_in(["RECV", "SEND"])
     return stepped.with_columns(run=changed.fill_null(True).cum_sum().over("rank", "step"))
 
 
-def gpu_cells(frame: pl.DataFrame) -> RankCells:
-    """The cells of one rank's unlabelled GPU trace frame (analysis.traces.load)."""
-    host_steps = step_spans(frame)
-    ops = frame.filter((pl.col("ph") == "X") & (pl.col("cat") == "cpu_op")).select(
-        "rank", "tid", "name", "sequence", "start_ns", "end_ns"
-    )
-    work, calls = _work(frame, ops), _p2p_calls(frame, ops)
+def gpu_cells(events: RankEvents) -> RankCells:
+    """The cells of one rank's unlabelled GPU trace (analysis.traces.load), from its rank_events."""
+    host_steps, ops, device = events.steps, events.ops, events.device
+    launched = device.drop_nulls("launch_ns")
+    work, calls = _work(launched, ops), _p2p_calls(launched, ops)
     runs = _runs(work, calls, host_steps)
-    kernel_times = device_events(frame).select("rank", "correlation", k_start="start_ns", k_end="end_ns")
+    kernel_times = device.select("rank", "correlation", k_start="start_ns", k_end="end_ns")
     timed = runs.join(kernel_times, on=["rank", "correlation"], how="left")
     compute = _compute_cells(timed)
     p2p = timed.filter(pl.col("role").is_in(["RECV", "SEND"])).with_columns(
@@ -147,7 +143,7 @@ def gpu_cells(frame: pl.DataFrame) -> RankCells:
             comm.select(*CELL_KEY, "run", "start_ns", "end_ns"),
         ]
     )
-    kernels = _cell_kernels(timed, cells_by_run, frame)
+    kernels = _cell_kernels(timed, cells_by_run, launched)
     waits = kernels.filter(pl.col("is_p2p") & pl.col("kind").str.starts_with("RECV")).select(
         *CELL_KEY, "start_ns", "end_ns"
     )
@@ -158,9 +154,9 @@ def gpu_cells(frame: pl.DataFrame) -> RankCells:
         .select(pl.col(name).cast(dtype) for name, dtype in CELL_SCHEMA.items())
         .sort("rank", "start_ns")
     )
-    steps = _device_windows(frame, host_steps, cells)
+    steps = _device_windows(events.frame, host_steps, cells)
     return RankCells(
-        cells, waits.sort("rank", "start_ns"), steps, kernels, _unscheduled(frame, cells, kernels, steps)
+        cells, waits.sort("rank", "start_ns"), steps, kernels, _unscheduled(events, cells, kernels, steps)
     )
 
 
@@ -193,13 +189,13 @@ def _compute_cells(timed: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _cell_kernels(timed: pl.DataFrame, cells: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
-    """Every kernel of a cell: CELL_KEY, launch_ns, issued_ns, is_p2p, correlation, start_ns, end_ns."""
+def _cell_kernels(timed: pl.DataFrame, cells: pl.DataFrame, launched: pl.DataFrame) -> pl.DataFrame:
+    """Every kernel of a cell: CELL_KEY, launch_ns, issued_ns, is_p2p, correlation, start_ns, end_ns;
+    `launched`: the device events with a launch."""
     owner = timed.select("rank", "step", "run", "correlation").drop_nulls("correlation").unique()
-    device = device_events(frame).drop_nulls("launch_ns")
     return (
         owner.join(cells.select(*CELL_KEY, "run"), on=["rank", "step", "run"])
-        .join(device, on=["rank", "correlation"])
+        .join(launched, on=["rank", "correlation"])
         .unique([*CELL_KEY, "correlation"])
         .select(*CELL_KEY, "launch_ns", "issued_ns", "is_p2p", "correlation", "start_ns", "end_ns")
     )

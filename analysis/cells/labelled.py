@@ -16,17 +16,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import polars as pl
+import polars.selectors as cs
 
-from analysis.cells.fused import fused_halves
-from analysis.errors import InputError
+from analysis.cells.labels import label_spans
+from analysis.cells.spans import assign_steps, union
 from analysis.traces.kineto import DEVICE_WORK_CATS, STEP_PREFIX
-from runners.schedules import COMPUTE_KINDS, Action, ActionParseError
+from runners.schedules import COMPUTE_KINDS
 from runners.schedules.trace_names import LABEL_PREFIX, WAIT_SENDS
 
-# torch's runtime also labels bookkeeping (PP:0REDUCE_GRAD, PP:1UNSHARD): not actions of the IR, so
-# not cells. DualPipeV's fused PP:(0F1;3B0)OVERLAP_F_B is not parsed as one: analysis.cells.fused cuts it
-# into its F and B cells.
-TORCH_BOOKKEEPING = r"(UNSHARD|RESHARD|REDUCE_GRAD|OVERLAP_F_B)$"
 # Blocking p2p waits on the host thread: the recv call and gloo's span of it (gloo may block inside the
 # call before its span opens, or inside the span), until the data arrived.
 HOST_WAIT_NAMES = ("gloo:recv", "c10d::recv_")
@@ -70,14 +67,38 @@ class RankCells:
         return RankCells(*(None if frame is None else change(frame) for frame in frames))
 
 
+@dataclass(frozen=True)
+class RankEvents:
+    """What the cell passes read of a rank's frame, each selected from it once."""
+
+    frame: pl.DataFrame
+    steps: pl.DataFrame  # step_spans: the host's
+    device: pl.DataFrame | None  # device_events; None on a CPU trace (no kernels)
+    ops: pl.DataFrame  # its CPU operators: rank, tid, name, sequence, start_ns, end_ns
+
+
+def rank_events(frame: pl.DataFrame) -> RankEvents:
+    ops = frame.lazy().filter((pl.col("ph") == "X") & (pl.col("cat") == "cpu_op"))
+    # the op-stream inference reads `sequence`; a frame built by hand for the labels may lack it
+    columns = cs.by_name("rank", "tid", "name", "sequence", "start_ns", "end_ns", require_all=False)
+    device = device_events(frame) if is_gpu(frame) else None
+    return RankEvents(frame, step_spans(frame), device, ops.select(columns).collect())
+
+
+def cat_in(frame: pl.DataFrame, wanted: Callable[[str], bool]) -> pl.Expr:
+    """`cat` is one of the frame's categories whose lower-cased name is `wanted`: the test runs once per
+    distinct category, not once per event."""
+    return pl.col("cat").is_in([c for c in frame["cat"].unique().drop_nulls() if wanted(c.lower())])
+
+
 def is_gpu(frame: pl.DataFrame) -> bool:
-    return frame.filter(pl.col("cat").str.to_lowercase() == "kernel").height > 0
+    return any(c.lower() == "kernel" for c in frame["cat"].unique().drop_nulls())
 
 
 def step_spans(frame: pl.DataFrame, on_device: bool = False) -> pl.DataFrame:
     """`ProfilerStep#N` spans on the host, or (on_device) the GPU-side annotations recent Kineto adds."""
     device_side = pl.col("cat") == "gpu_user_annotation"
-    steps = frame.filter(
+    steps = frame.lazy().filter(
         pl.col("name").str.starts_with(STEP_PREFIX)
         & (pl.col("ph") == "X")
         & (device_side if on_device else ~device_side)
@@ -93,6 +114,7 @@ def step_spans(frame: pl.DataFrame, on_device: bool = False) -> pl.DataFrame:
         .group_by("rank", "step")
         .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
         .sort("rank", "start_ns")
+        .collect()
     )
 
 
@@ -118,52 +140,6 @@ def _device_windows(frame: pl.DataFrame, host: pl.DataFrame, cells: pl.DataFrame
     )
 
 
-def label_spans(frame: pl.DataFrame, source: str | Path | None = None) -> pl.DataFrame:
-    """Host-side `PP:` labels parsed into stage, kind, microbatch; one row per label, two per fused
-    label (its halves, `inferred`: analysis.cells.fused).
-
-    Each distinct label text is parsed once (steps repeat them) with the IR's own parser."""
-    labels = frame.filter(
-        pl.col("name").str.starts_with(LABEL_PREFIX)
-        & (pl.col("cat") != "gpu_user_annotation")
-        & ~pl.col("name").str.contains(TORCH_BOOKKEEPING)
-    ).select("rank", "tid", "name", "start_ns", "end_ns")
-    names = labels["name"].unique().to_list()
-    actions = [_parse(name.removeprefix(LABEL_PREFIX), source) for name in names]
-    parsed = pl.DataFrame(
-        {
-            "name": names,
-            "stage": [a.stage for a in actions],
-            "kind": [a.kind.value for a in actions],
-            "microbatch": [a.microbatch for a in actions],
-        },
-        schema={"name": pl.Utf8, "stage": pl.Int64, "kind": pl.Utf8, "microbatch": pl.Int64},
-    )
-    plain = labels.join(parsed, on="name").drop("name").with_columns(inferred=pl.lit(False))
-    return pl.concat([plain, fused_halves(frame).with_columns(inferred=pl.lit(True))], how="diagonal")
-
-
-def _parse(text: str, source: str | Path | None) -> Action:
-    try:
-        return Action.parse(text)
-    except ActionParseError as error:
-        raise InputError(source, f"bad pipeline label {LABEL_PREFIX}{text}: {error}") from None
-
-
-def _assign_steps(spans: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """Each span belongs to the step whose span contains its start; spans outside every step drop."""
-    if steps.height == 0:  # a trace without ProfilerStep spans is one step
-        return spans.with_columns(pl.lit(0, dtype=pl.Int64).alias("step"))
-    joined = spans.sort("start_ns").join_asof(
-        steps.rename({"start_ns": "step_start", "end_ns": "step_end"}).sort("step_start"),
-        left_on="start_ns",
-        right_on="step_start",
-        by="rank",
-        check_sortedness=False,
-    )
-    return joined.filter(pl.col("start_ns") < pl.col("step_end")).drop("step_start", "step_end")
-
-
 def _events_in_labels(
     events: pl.DataFrame, labels: pl.DataFrame, across_threads: bool = False
 ) -> pl.DataFrame:
@@ -171,7 +147,8 @@ def _events_in_labels(
     `across_threads`, an event of a thread that holds no label belongs to the label open at that moment
     on its rank: on CUDA autograd's engine thread launches a backward's kernels while the B label waits
     on the main thread."""
-    keyed = labels.select("rank", "tid", *CELL_KEY[1:], label_start="start_ns", label_end="end_ns")
+    ids = ["cell"] if "cell" in labels.columns else []  # the caller's _cell_ids travel with the events
+    keyed = labels.select("rank", "tid", *CELL_KEY[1:], *ids, label_start="start_ns", label_end="end_ns")
 
     def inside(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         return (
@@ -194,63 +171,70 @@ def _events_in_labels(
     return pl.concat([same_thread, inside(unlabelled, ["rank"]).drop("tid_label")])
 
 
-def union(spans: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Per `keys` the disjoint union of the spans (start_ns, end_ns): nested or overlapping ones merge."""
-    reach = pl.col("end_ns").cum_max().shift(1).over(keys)
-    pieces = spans.sort(*keys, "start_ns").with_columns(
-        piece=(pl.col("start_ns") > reach).fill_null(True).cum_sum().over(keys)
-    )
-    return pieces.group_by(*keys, "piece").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).drop("piece")
+def _cell_ids(labels: pl.DataFrame) -> pl.DataFrame:
+    """`labels` with `cell`: one number per CELL_KEY, a cheaper key to sort and merge spans by."""
+    return labels.with_columns(cell=pl.struct(CELL_KEY).rank("dense"))
 
 
-def operator_spans(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
-    """CPU: when each compute cell's work ran, the union of the operator spans inside it on its thread,
-    clipped to it (CELL_KEY, start_ns, end_ns); the host time between operators (Python, dispatch, a
-    sleep) is not work. A cell with no operator inside (a trace of labels alone) is work throughout."""
-    compute = labels.filter(pl.col("kind").is_in(COMPUTE_KINDS))
-    ops = frame.filter((pl.col("ph") == "X") & (pl.col("cat") == "cpu_op")).select(
-        "rank", "tid", "start_ns", "end_ns"
+def _clipped(events: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
+    """The events inside the labels of `cells` (with _cell_ids), clipped to them: CELL_KEY, cell,
+    start_ns, end_ns."""
+    inside = _events_in_labels(events, cells)
+    return inside.select(
+        *CELL_KEY, "cell", "start_ns", pl.min_horizontal("end_ns", "label_end").alias("end_ns")
     )
-    inside = _events_in_labels(ops, compute).select(
-        *CELL_KEY, "start_ns", pl.min_horizontal("end_ns", "label_end").alias("end_ns")
+
+
+def operator_spans(ops: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+    """CPU: when each compute cell's work ran, the union of its operators' spans (RankEvents.ops) inside
+    it on its thread, clipped to it (CELL_KEY, start_ns, end_ns); the host time between operators
+    (Python, dispatch, a sleep) is not work. A cell with no operator inside (a trace of labels alone) is
+    work throughout."""
+    compute = _cell_ids(labels.filter(pl.col("kind").is_in(COMPUTE_KINDS)))
+    inside = _clipped(ops.select("rank", "tid", "start_ns", "end_ns"), compute)
+    bare = compute.filter(~pl.col("cell").is_in(inside["cell"].unique().implode())).select(
+        *CELL_KEY, "cell", "start_ns", "end_ns"
     )
-    bare = compute.join(inside.select(CELL_KEY).unique(), on=CELL_KEY, how="anti").select(
-        *CELL_KEY, "start_ns", "end_ns"
-    )
-    return union(pl.concat([inside, bare]), CELL_KEY)
+    return union(pl.concat([inside, bare]), ["cell"]).drop("cell")
 
 
 def _host_waits(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     """Each label's blocked time on the host: the union of the wait spans inside it, clipped to it."""
-    waits = frame.filter(pl.col("name").is_in(HOST_WAIT_NAMES)).select("rank", "tid", "start_ns", "end_ns")
-    inside = _events_in_labels(waits, labels).select(
-        *CELL_KEY, "start_ns", pl.min_horizontal("end_ns", "label_end").alias("end_ns")
+    waits = (
+        frame.lazy().filter(pl.col("name").is_in(HOST_WAIT_NAMES)).select("rank", "tid", "start_ns", "end_ns")
     )
-    return union(inside, CELL_KEY)
+    return union(_clipped(waits.collect(), _cell_ids(labels)), ["cell"]).drop("cell")
 
 
 def _send_waits(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """The executor's `PP wait for sends` spans (runners.schedules.trace_names), by step."""
-    spans = frame.filter((pl.col("name") == WAIT_SENDS) & (pl.col("ph") == "X"))
-    return _assign_steps(spans.select("rank", "start_ns", "end_ns"), steps).select(
+    spans = frame.lazy().filter((pl.col("name") == WAIT_SENDS) & (pl.col("ph") == "X"))
+    return assign_steps(spans.select("rank", "start_ns", "end_ns").collect(), steps).select(
         "rank", "step", "start_ns", "end_ns"
     )
 
 
 def device_events(frame: pl.DataFrame) -> pl.DataFrame:
     """GPU events with the host launch that issued them (start of the runtime call, same correlation)."""
-    launches = frame.filter(
-        pl.col("cat").str.to_lowercase().str.contains("runtime|driver") & pl.col("correlation").is_not_null()
-    ).select("rank", "tid", "correlation", launch_ns="start_ns", issued_ns="end_ns")
-    kernels = frame.filter(pl.col("cat").str.to_lowercase().is_in(DEVICE_WORK_CATS)).select(
-        "rank",
-        "stream",
-        "correlation",
-        "start_ns",
-        "end_ns",
-        is_p2p=pl.col("name").str.to_lowercase().str.contains("nccl"),
+    runtime = cat_in(frame, lambda cat: "runtime" in cat or "driver" in cat)
+    launches = (
+        frame.lazy()
+        .filter(runtime & pl.col("correlation").is_not_null())
+        .select("rank", "tid", "correlation", launch_ns="start_ns", issued_ns="end_ns")
     )
-    return kernels.join(launches, on=["rank", "correlation"], how="left")
+    kernels = (
+        frame.lazy()
+        .filter(cat_in(frame, lambda cat: cat in DEVICE_WORK_CATS))
+        .select(
+            "rank",
+            "stream",
+            "correlation",
+            "start_ns",
+            "end_ns",
+            is_p2p=pl.col("name").str.contains("(?i)nccl"),
+        )
+    )
+    return kernels.collect().join(launches.collect(), on=["rank", "correlation"], how="left")
 
 
 def _device_cells(
@@ -279,35 +263,45 @@ def _device_cells(
 
 
 def _unscheduled(
-    frame: pl.DataFrame, labels: pl.DataFrame, kernels: pl.DataFrame | None, steps: pl.DataFrame
+    events: RankEvents, labels: pl.DataFrame, kernels: pl.DataFrame | None, steps: pl.DataFrame
 ) -> pl.DataFrame:
     """Work outside every action: GPU kernels no label launched; on CPU, host spans on a label thread."""
     if kernels is not None:
-        work = device_events(frame).join(
+        work = events.device.join(
             kernels.select("rank", "correlation"), on=["rank", "correlation"], how="anti"
         )
     else:
         threads = labels.select("rank", "tid").unique()
-        work = frame.filter(
+        host = events.frame.lazy().filter(
             (pl.col("ph") == "X")
             & pl.col("cat").is_in(["cpu_op", "user_annotation"])
             & ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK)
-        ).join(threads, on=["rank", "tid"])
-    return _assign_steps(work.select("rank", "start_ns", "end_ns"), steps)
+        )
+        work = host.select("rank", "tid", "start_ns", "end_ns").collect().join(threads, on=["rank", "tid"])
+    return assign_steps(work.select("rank", "start_ns", "end_ns"), steps)
 
 
 def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCells:
     """The cells of one rank's trace frame; `source` names the file in error messages."""
-    host_steps = step_spans(frame)
-    labels = _assign_steps(label_spans(frame, source), host_steps)
-    steps = host_steps
-    if is_gpu(frame):
-        labels, waits, kernels = _device_cells(labels, device_events(frame))
-        steps = _device_windows(frame, host_steps, labels)
+    events = rank_events(frame)
+    return labelled_cells(events, step_labels(events, source))
+
+
+def step_labels(events: RankEvents, source: str | Path | None = None) -> pl.DataFrame:
+    """The rank's labels (label_spans) in its steps."""
+    return assign_steps(label_spans(events.frame, source), events.steps)
+
+
+def labelled_cells(events: RankEvents, labels: pl.DataFrame) -> RankCells:
+    """The cells of a rank's `step_labels`."""
+    steps = events.steps
+    if events.device is not None:
+        labels, waits, kernels = _device_cells(labels, events.device)
+        steps = _device_windows(events.frame, events.steps, labels)
     else:
         kernels = None
-        waits = _host_waits(frame, labels)
-    send_waits = None if kernels is not None else _send_waits(frame, host_steps)
+        waits = _host_waits(events.frame, labels)
+    send_waits = None if kernels is not None else _send_waits(events.frame, events.steps)
     blocked = waits.group_by(CELL_KEY).agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("blocked_ns"))
     cells = (
         labels.join(blocked, on=CELL_KEY, how="left")
@@ -315,6 +309,6 @@ def rank_cells(frame: pl.DataFrame, source: str | Path | None = None) -> RankCel
         .select(pl.col(name).cast(dtype) for name, dtype in CELL_SCHEMA.items())
         .sort("rank", "start_ns")
     )
-    unscheduled = _unscheduled(frame, labels, kernels, steps)
-    ops = None if kernels is not None else operator_spans(frame, labels)
+    unscheduled = _unscheduled(events, labels, kernels, steps)
+    ops = None if kernels is not None else operator_spans(events.ops, labels)
     return RankCells(cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, ops, send_waits)

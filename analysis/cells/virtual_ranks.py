@@ -32,7 +32,9 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.cells.labelled import _assign_steps, _events_in_labels, device_events, label_spans, step_spans
+from analysis.cells.labelled import _events_in_labels, device_events, step_spans
+from analysis.cells.labels import label_spans
+from analysis.cells.spans import assign_steps
 from analysis.errors import InputError
 from analysis.traces.kineto import DEVICE_TRACK_CATS
 from analysis.traces.load import RunTraces
@@ -49,7 +51,7 @@ _SENDER = {"RECV_F": (-1, "SEND_F"), "RECV_B": (1, "SEND_B")}
 def labels_of(frame: pl.DataFrame, source: Path) -> pl.DataFrame:
     """The frame's PP labels with their profiled step (analysis.cells.labelled); `source` names the file
     in errors."""
-    return _assign_steps(label_spans(frame, source), step_spans(frame))
+    return assign_steps(label_spans(frame, source), step_spans(frame))
 
 
 def launched_in_labels(device: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:

@@ -23,7 +23,7 @@ import msgspec
 import polars as pl
 
 from analysis.cells.inferred import cells_of
-from analysis.cells.labelled import RankCells, is_gpu, step_spans
+from analysis.cells.labelled import RankCells, rank_events
 from analysis.pipelines import Group, groups_of, is_dp_group, is_pipeline_group
 from analysis.timeline.clock import collective_events
 from analysis.timeline.dp_sync import collectives
@@ -101,14 +101,15 @@ def rank_input(
     """One rank's tables from its loaded trace (whose rank is known); `peers`: its text_peers, where
     they were read before its text was dropped, else read here with `config` and `alone`."""
     frame = trace.frame
-    cells = cells_of(frame, trace.path)
+    events = rank_events(frame)
+    cells = cells_of(frame, trace.path, events)
     return RankInput(
         rank=trace.rank,
         source=trace.path,
         cells=cells,
         collectives=collective_events(frame),
-        on_gpu=is_gpu(frame),
-        memory=with_steps(memory_events(trace), step_spans(frame)),
+        on_gpu=events.device is not None,
+        memory=with_steps(memory_events(trace), events.steps),
         samples=run_queue_samples(trace),
         groups=groups_of(trace.header.get("distributedInfo")),
         dp_collectives=collectives(frame),

@@ -22,16 +22,15 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from analysis.cells.labelled import CELL_KEY, RankCells
+from analysis.cells.labelled import CELL_KEY, RankCells, cat_in
 from runners.schedules import COMM_KINDS
 
 # A send of kind K of stage s is received by the RECV of the same microbatch at stage s + step.
 _RECEIVER = {"SEND_F": ("RECV_F", 1), "SEND_B": ("RECV_B", -1)}
 # Host-side collectives that block until every rank has joined (gloo); p2p ops are not collectives.
-_HOST_COLLECTIVE = pl.col("name").str.starts_with("gloo:") & ~pl.col("name").str.contains("send|recv")
-_DEVICE_COLLECTIVE = (pl.col("cat").str.to_lowercase() == "kernel") & pl.col(
-    "name"
-).str.to_lowercase().str.starts_with("nccl")
+_HOST_PREFIX = "gloo:"
+_HOST_COLLECTIVE = pl.col("name").str.starts_with(_HOST_PREFIX) & ~pl.col("name").str.contains("send|recv")
+_NCCL = pl.col("name").str.contains("(?i)^nccl")  # a kernel's name; the device's collectives
 
 
 @dataclass(frozen=True)
@@ -107,10 +106,12 @@ def transfer_edges(pairs: pl.DataFrame) -> pl.DataFrame:
 def collective_events(events: pl.DataFrame) -> pl.DataFrame:
     """The host and device collectives among loaded events, with the columns collective_ends reads:
     all a rank's trace is needed for here, so the trace itself need not be kept (filtering them again
-    keeps them all)."""
-    return events.filter((pl.col("ph") == "X") & (_HOST_COLLECTIVE | _DEVICE_COLLECTIVE)).select(
-        "rank", "name", "cat", "ph", "start_ns", "end_ns"
+    keeps them all). The cheap tests pick the candidates, the exact ones run on those alone."""
+    kernels = cat_in(events, lambda cat: cat == "kernel")
+    candidates = events.select("rank", "name", "cat", "ph", "start_ns", "end_ns").filter(
+        (pl.col("ph") == "X") & (pl.col("name").str.starts_with(_HOST_PREFIX) | kernels)
     )
+    return candidates.filter(_HOST_COLLECTIVE | (kernels & _NCCL))
 
 
 def collective_ends(events: pl.DataFrame, exclude: pl.DataFrame | None = None) -> pl.DataFrame:

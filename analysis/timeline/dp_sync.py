@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from analysis.cells.labelled import cat_in
 from analysis.traces.kineto import DEVICE_WORK_CATS
 
 # CPU: the dispatcher's collective ops, and the span of each on gloo's worker thread.
@@ -27,13 +28,14 @@ INSTANCES = {"rank": pl.Int64, "k": pl.UInt32, "start_ns": pl.Int64, "end_ns": p
 
 def collectives(frame: pl.DataFrame) -> pl.DataFrame:
     """One rank's collectives in issue order: rank, k, start_ns, end_ns (GPU kernels if it has any)."""
-    kernels = frame.filter(
-        pl.col("cat").str.to_lowercase().is_in(DEVICE_WORK_CATS) & pl.col("name").str.contains(GPU_KERNELS)
-    )
+    spans = frame.select("rank", "name", "cat", "start_ns", "end_ns")
+    device = spans.filter(cat_in(frame, lambda cat: cat in DEVICE_WORK_CATS))
+    kernels = device.filter(pl.col("name").str.contains(GPU_KERNELS))
     if kernels.height:
         return _numbered(kernels.select("rank", "start_ns", "end_ns"))
-    calls = _numbered(frame.filter(pl.col("name").is_in(CPU_CALLS)).select("rank", "start_ns", "end_ns"))
-    runs = _numbered(frame.filter(pl.col("name").is_in(CPU_RUNS)).select("rank", "start_ns", "end_ns"))
+    host = spans.filter(pl.col("name").is_in(CPU_CALLS + CPU_RUNS))
+    calls = _numbered(host.filter(pl.col("name").is_in(CPU_CALLS)).select("rank", "start_ns", "end_ns"))
+    runs = _numbered(host.filter(pl.col("name").is_in(CPU_RUNS)).select("rank", "start_ns", "end_ns"))
     if runs.height != calls.height:  # not one run per call: the calls alone
         return calls
     done = runs.select("k", run_end="end_ns")

@@ -1,0 +1,36 @@
+"""Interval operations the cell passes share: spans placed in their steps, and unions of spans."""
+
+from __future__ import annotations
+
+import polars as pl
+
+
+def assign_steps(spans: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Each span belongs to the step whose span contains its start; spans outside every step drop."""
+    if steps.height == 0:  # a trace without ProfilerStep spans is one step
+        return spans.with_columns(pl.lit(0, dtype=pl.Int64).alias("step"))
+    joined = spans.sort("start_ns").join_asof(
+        steps.rename({"start_ns": "step_start", "end_ns": "step_end"}).sort("step_start"),
+        left_on="start_ns",
+        right_on="step_start",
+        by="rank",
+        check_sortedness=False,
+    )
+    return joined.filter(pl.col("start_ns") < pl.col("step_end")).drop("step_start", "step_end")
+
+
+def union(spans: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Per `keys` the disjoint union of the spans (start_ns, end_ns; none ends before it starts): nested
+    or overlapping ones merge, and each piece keeps its first span's other columns. In (keys, start)
+    order a piece opens at a new key or past the latest end so far, and ends at the latest end before
+    the next piece opens."""
+    new_key = pl.any_horizontal(pl.col(k).ne_missing(pl.col(k).shift(1)) for k in keys) | (
+        pl.int_range(pl.len()) == 0
+    )
+    # two sorts, the second stable: far cheaper than one on several columns
+    ordered = spans.sort("start_ns").sort(keys, maintain_order=True)
+    marked = ordered.with_columns(reach=pl.col("end_ns").cum_max().over(keys)).with_columns(
+        opens=new_key | (pl.col("start_ns") > pl.col("reach").shift(1))
+    )
+    ends = marked.filter(pl.col("opens").shift(-1, fill_value=True))["reach"]
+    return marked.filter("opens").drop("end_ns", "reach", "opens").with_columns(end_ns=ends)
