@@ -7,16 +7,18 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pytest
 import torch
 from conftest import REAL_TRACES, summary_of
 from test_cells import gpipe_m1_run
 
 from analysis.cells.labelled import step_spans
 from analysis.pipeline import analyze_run, read_run
-from analysis.traces.load import load_run, read_trace
+from analysis.traces.load import TraceWarning, load_run, read_trace
 from analysis.traces.memory import memory_events, run_memory, step_peaks, with_steps
+from analysis.traces.runqueue import run_queue_samples
 from runners.execute import Forward
-from runners.schedules.trace_names import CUDA_PEAK_COUNTER, STASH_COUNTER
+from runners.schedules.trace_names import CUDA_PEAK_COUNTER, RUN_QUEUE_COUNTER, STASH_COUNTER
 from runners.stash import StashMeter, base_ns, counter_event, held_bytes, with_events
 
 
@@ -139,6 +141,29 @@ def test_cuda_peak_counter_beats_the_allocator_events(tmp_path):
     )
     summary = analyze_run(read_run(directory)).summary
     assert [entry.peak_activation_bytes for entry in summary.ranks] == [123_456, 64]
+
+
+def test_counter_values_that_are_no_whole_number_are_unknown(tmp_path):
+    """The loader reads counter values in its one decode: booleans, floats, text and numbers past 64 bits
+    are no byte counts (null), and a run-queue sample without a whole number >= 0 is dropped, warned."""
+    odd = [
+        stash(11, True, 1000),
+        stash(12, 2, 1.5),
+        stash(13, 3, "many"),
+        stash(14, 4, 2**64),
+        stash(15, 5, 7),
+    ]
+    delays = [
+        {**stash(20 + i, 0, 0), "name": RUN_QUEUE_COUNTER, "args": {"run_delay_ns": v}}
+        for i, v in enumerate([100, True, -1, 2.5, 300])
+    ]
+    trace = read_trace(gpipe_m1_run(tmp_path / "run", extra={0: odd + delays}) / "rank0.json.gz")
+    events = memory_events(trace)
+    assert events["microbatches"].to_list() == [None, 2, 3, 4, 5]
+    assert events["bytes"].to_list() == [1000, None, None, None, 7]
+    with pytest.warns(TraceWarning, match="3 PP run queue sample"):
+        samples = run_queue_samples(trace)
+    assert samples["run_delay_ns"].to_list() == [100, 300]
 
 
 def test_real_trace_allocator_events_without_total_allocated():

@@ -232,7 +232,9 @@ def ids(values: list[Any]) -> pl.Series:
 
 def whole_numbers(values: list[Any]) -> pl.Series:
     """Whole numbers (not booleans, not floats) within 64 bits; anything else null."""
-    return ids([v if type(v) is int else None for v in values])
+    if bool in set(map(type, values)):  # (polars would take True for 1; ids turns the rest to null)
+        values = [None if type(v) is bool else v for v in values]
+    return ids(values)
 
 
 def _micros(values: list[int | float | None]) -> pl.Series:
