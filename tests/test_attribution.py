@@ -9,8 +9,9 @@ from test_cells import gpipe_m1_run, span
 
 from analysis.attribution.model import StepModel
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
-from analysis.attribution.replay import Measured, replay
+from analysis.attribution.replay import Measured, measure, replay
 from analysis.attribution.waterfall import ladder
+from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
 from analysis.pipeline import analyze_run, read_run
 from analysis.schema import RANK_PARTS, WATERFALL_TERMS
 from runners.schedules import build, simulate
@@ -157,8 +158,6 @@ def test_cpu_contention_is_the_run_queue_delay_across_compute_cells_on_their_bus
 def test_the_measured_gaps_are_exact_nanoseconds_at_epoch_times():
     """Cells carry nanoseconds since the epoch (~1.8e18, where a double resolves only 256 ns): gaps of
     3 and 37 ns must come out as 3 and 37."""
-    from analysis.attribution.replay import measure
-
     schedule = build("gpipe", 2, 1)
     t0 = 1_764_000_000_123_456_789
     rows = [  # rank, stage, kind, start, end: F0, 3 ns later F1, B1, 37 ns later B0 (no RECV cells: no hops)
@@ -168,19 +167,10 @@ def test_the_measured_gaps_are_exact_nanoseconds_at_epoch_times():
         (0, 0, "B", t0 + 3040, t0 + 4040),
     ]
     cells = pl.DataFrame(
-        [(0, rank, stage, kind, 0, start, end, 0) for rank, stage, kind, start, end in rows],
-        schema=["step", "rank", "stage", "kind", "microbatch", "start_ns", "end_ns", "blocked_ns"],
+        [(rank, 0, stage, kind, 0, start, end, 0, False) for rank, stage, kind, start, end in rows],
+        schema=CELL_SCHEMA,
         orient="row",
     )
-    waits = pl.DataFrame(
-        schema={
-            "step": pl.Int64,
-            "stage": pl.Int64,
-            "kind": pl.String,
-            "microbatch": pl.Int64,
-            "start_ns": pl.Int64,
-            "end_ns": pl.Int64,
-        }
-    )
+    waits = pl.DataFrame(schema={name: CELL_SCHEMA[name] for name in (*CELL_KEY, "start_ns", "end_ns")})
     (measured,) = measure(schedule, cells, waits, {0: t0})
     assert sorted(measured.gap.values()) == [0.0, 0.0, 3.0, 37.0]
