@@ -59,12 +59,17 @@ def rank_template(path: Path) -> RankTemplate:
     steps = [e for e in events if e.get("ph") == "X" and _STEP.match(str(e.get("name", "")))]
     if not steps:
         raise InputError(path, "no ProfilerStep spans to replicate")
-    starts = sorted(e["ts"] for e in steps)
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in steps)
+    starts = [start for start, _ in spans]
     # A copy starts where a next step would: one start-to-start interval after the last step's start
-    # (steps may overlap a little, as Kineto's spans do; with one step, its duration). The longest
+    # (steps may overlap a little, as Kineto's spans do; with one step, its duration), and no earlier
+    # than the last step's end with the tightest end-to-start gap between the steps. The longest
     # interval: with the shortest, a 16-rank run's copy began before the previous copy's last
-    # backward on rank 1 had ended, and that step lost it.
+    # backward on rank 1 had ended, and that step lost it; the end: a last step longer than every
+    # interval (179 ms after 142 and 154 on an 8-rank run) lost its last backward to the next copy.
     interval = max((b - a for a, b in zip(starts, starts[1:])), default=steps[0]["dur"])
+    gap = min((b[0] - a[1] for a, b in zip(spans, spans[1:])), default=0)
+    interval = max(interval, max(end for _, end in spans) + gap - starts[-1])
     # Every timed event is copied, not only those inside a step: a step's first launches precede it,
     # and a copy then overlaps the previous one's tail as a step overlaps the one before.
     timed = [e for e in events if e.get("ph") != "M" and isinstance(e.get("ts"), (int, Decimal))]
