@@ -105,7 +105,10 @@ def test_unannotated_gpipe_is_analysed_from_inferred_cells(seed_run):
     compute = result.cells.filter(pl.col("kind").is_in(["F", "B"]))
     per_step = compute.group_by("rank", "step").agg(pl.col("kind").sort().str.join(","))
     assert set(per_step["kind"]) == {"B,F"}  # one F and one B per rank and step, nothing else
-    assert abs(summary.bubble_measured - (P - 1) / P) < 0.02, summary
+    # At m = 1 the ranks run one after another, so their busy times cannot sum past the step: the bubble
+    # is the formula's or more (hops and host time add to it; how much is the machine's, measured by
+    # `make bench`'s bubble part, not here). Busy time counted twice or on the wrong rank would go below.
+    assert summary.bubble_measured > (P - 1) / P - 0.01, summary
 
 
 def test_hints_must_agree_with_the_traces(seed_run):
