@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.timeline.gaps import _union, runs, segments
+from analysis.cells.spans import union
+from analysis.timeline.gaps import runs, segments
 
 
 def frame(columns: list[str], rows: list[tuple]) -> pl.DataFrame:
@@ -56,4 +57,9 @@ def test_the_union_merges_nested_and_overlapping_spans_within_a_step_only():
         ["rank", "step", "start_ns", "end_ns"],
         [(0, 1, 0, 10), (0, 2, 11, 30), (0, 1, 2, 5), (0, 1, 8, 12), (0, 1, 20, 25), (0, 2, 31, 32)],
     )
-    assert _union(spans).rows() == [(0, 1, 0, 12), (0, 1, 20, 25), (0, 2, 11, 30), (0, 2, 31, 32)]
+    assert union(spans, ["rank", "step"]).rows() == [
+        (0, 1, 0, 12),
+        (0, 1, 20, 25),
+        (0, 2, 11, 30),
+        (0, 2, 31, 32),
+    ]

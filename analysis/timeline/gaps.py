@@ -14,6 +14,7 @@ from dataclasses import replace
 import polars as pl
 
 from analysis.cells.labelled import RankCells
+from analysis.cells.spans import union
 from runners.schedules import COMPUTE_KINDS
 
 INTERVAL = ["rank", "step", "layer", "start_ns", "end_ns"]
@@ -174,18 +175,6 @@ def _head(cells: pl.DataFrame) -> pl.DataFrame:
     return cells.group_by("rank", "step").agg((first - 2**62).alias("start_ns"), first.alias("end_ns"))
 
 
-def _union(spans: pl.DataFrame) -> pl.DataFrame:
-    """Per (rank, step) the union of the spans (rank, step, start_ns, end_ns): nested operators become
-    one span each."""
-    keys = ["rank", "step"]
-    # once sorted, each window's spans are one run of its keys: a cheaper group than the keys
-    window = pl.struct(keys).rle_id()
-    ordered = spans.sort(*keys, "start_ns").with_columns(reach=pl.col("end_ns").cum_max().over(window))
-    same_window = pl.all_horizontal(pl.col(key) == pl.col(key).shift(1) for key in keys)
-    first = ~(same_window & (pl.col("start_ns") <= pl.col("reach").shift(1))).fill_null(False)
-    return _pieces(ordered, first, keys, "reach")
-
-
 def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
     """Elementary segments of each step window with coverage of LAYERS (the work outside the schedule
     counted as the union of its spans: only whether some runs matters, and nested operators are most
@@ -204,7 +193,7 @@ def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
                 _active(rank.cells if rank.kernels is None else _compute_stream_work(rank.cells)), "active"
             ),
             layer(_head(rank.cells), "head"),
-            layer(_union(rank.unscheduled), "unscheduled"),
+            layer(union(rank.unscheduled, ["rank", "step"]), "unscheduled"),
             waits.select(INTERVAL),
         ],
         how="vertical_relaxed",
