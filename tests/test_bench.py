@@ -73,6 +73,33 @@ def test_replicated_set_analyses_like_its_source(source, tmp_path):
     )
 
 
+def test_a_copy_starts_after_a_last_step_longer_than_every_interval(tmp_path):
+    """Steps of 10, 10 and 30 us, 2 us apart: the next copy must not open inside the long last one."""
+    source = tmp_path / "source"
+    source.mkdir()
+    events = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": f"ProfilerStep#{n}",
+            "pid": 1,
+            "tid": 1,
+            "ts": ts,
+            "dur": dur,
+        }
+        for n, (ts, dur) in enumerate([(0, 10), (12, 10), (24, 30)], start=1)
+    ]
+    trace = {"distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}
+    (source / "rank0.json").write_text(json.dumps(trace))
+    replicate_run(source, tmp_path / "set", 3 * _per_copy_bytes(source, tmp_path))
+    steps = load_trace(tmp_path / "set" / "rank0.json").filter(
+        pl.col("name").str.starts_with("ProfilerStep#")
+    )
+    spans = steps.sort("start_ns").select("start_ns", "end_ns").rows()
+    assert len(spans) >= 6
+    assert all(later[0] - earlier[1] == 2_000 for earlier, later in zip(spans, spans[1:]))
+
+
 def test_stats_and_verdicts():
     figure = stats([1.3, 0.9, 1.0])
     assert (figure.median, figure.min, figure.max, figure.n) == (1.0, 0.9, 1.3, 3)
