@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from analysis.cells.spans import rows
 from analysis.traces.kineto import BACKWARD_OP_PREFIX
 
 FUSED = r"^PP:\((\d+F\d+);(\d+[BI]\d+)\)OVERLAP_F_B$"
@@ -32,12 +33,15 @@ def _fused_labels(labels: pl.DataFrame) -> pl.DataFrame:
 def _cuts(frame: pl.DataFrame, fused: pl.DataFrame) -> pl.DataFrame:
     """Each fused label with `cut_ns`, where its backward begins."""
     labels = fused.with_row_index("label").with_columns(pl.col("label").cast(pl.Int64))
-    ops = (
-        frame.lazy()
-        .filter((pl.col("ph") == "X") & (pl.col("cat") == "cpu_op"))
-        .select("rank", "name", op_tid="tid", op_start="start_ns", op_end="end_ns")
-        .collect()
-    )
+    ops = rows(
+        frame,
+        (pl.col("ph") == "X") & (pl.col("cat") == "cpu_op"),
+        "rank",
+        "name",
+        "tid",
+        "start_ns",
+        "end_ns",
+    ).rename({"tid": "op_tid", "start_ns": "op_start", "end_ns": "op_end"})
     # fused labels never overlap on a rank, so each op belongs to the latest one started before it
     inside = (
         ops.sort("op_start")

@@ -42,7 +42,7 @@ from analysis.cells.labelled import (
     step_labels,
 )
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
-from analysis.cells.spans import assign_steps
+from analysis.cells.spans import assign_steps, rows
 from analysis.traces.kineto import BACKWARD_OP_PREFIX, STEP_PREFIX
 
 TORCH_LABEL = r"^(Forward|Backward) (\d+)$"
@@ -84,10 +84,10 @@ def cells_of(
 
 def _main_thread(frame: pl.DataFrame) -> pl.Expr:
     """The thread that ran the steps (else the one with the most ops)."""
-    marked = frame.select("name", "tid").filter(pl.col("name").str.starts_with(STEP_PREFIX))["tid"]
+    marked = rows(frame, pl.col("name").str.starts_with(STEP_PREFIX), "tid")["tid"]
     if marked.len():
         return pl.col("tid") == marked[0]
-    busiest = frame.select("cat", "tid").filter(pl.col("cat") == "cpu_op")["tid"].mode()
+    busiest = rows(frame, pl.col("cat") == "cpu_op", "tid")["tid"].mode()
     return (
         pl.col("tid") == busiest[0] if busiest.len() else pl.lit(False)
     )  # no CPU ops: nothing to infer from
@@ -103,10 +103,8 @@ def _top_level_ops(events: RankEvents) -> pl.DataFrame:
         .filter(pl.col("outer_end").is_null() | (pl.col("start_ns") >= pl.col("outer_end")))
         .select("rank", "tid", "name", "sequence", "start_ns", "end_ns")
     )
-    arrivals = (
-        frame.select("rank", "tid", "name", "start_ns", "end_ns")
-        .filter(pl.col("name").is_in(ARRIVALS))
-        .select("rank", "tid", arrival_start="start_ns", arrival_ns="end_ns")
+    arrivals = rows(frame, pl.col("name").is_in(ARRIVALS), "rank", "tid", "start_ns", "end_ns").rename(
+        {"start_ns": "arrival_start", "end_ns": "arrival_ns"}
     )
     is_p2p = pl.col("name").is_in(RECV_OPS + SEND_OPS)
     return (
@@ -135,8 +133,16 @@ def _with_torch_labels(ops: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
     """Each op's enclosing `Forward i`/`Backward i` label as (label_kind, label_microbatch), else null."""
     parts = pl.col("name").str.extract_groups(TORCH_LABEL)
     labels = (
-        frame.lazy()
-        .filter(pl.col("name").str.contains(TORCH_LABEL) & (pl.col("ph") == "X"))
+        rows(
+            frame,
+            pl.col("name").str.contains(TORCH_LABEL) & (pl.col("ph") == "X"),
+            "rank",
+            "tid",
+            "name",
+            "start_ns",
+            "end_ns",
+        )
+        .lazy()
         .select(
             "rank",
             "tid",
@@ -216,15 +222,14 @@ def _linked_backwards(compute: pl.DataFrame, runs: pl.DataFrame, frame: pl.DataF
     forwards = compute.filter(pl.col("kind") == "F").select(
         "rank", f_start="start_ns", f_end="end_ns", f_mb="microbatch"
     )
-    forward_ops = (
-        frame.lazy()
-        .filter(
-            (pl.col("cat") == "cpu_op")
-            & pl.col("sequence").is_not_null()
-            & ~pl.col("name").str.starts_with(BACKWARD_OP_PREFIX)
-        )
-        .select("rank", "sequence", "start_ns")
-        .collect()
+    forward_ops = rows(
+        frame,
+        (pl.col("cat") == "cpu_op")
+        & pl.col("sequence").is_not_null()
+        & ~pl.col("name").str.starts_with(BACKWARD_OP_PREFIX),
+        "rank",
+        "sequence",
+        "start_ns",
     )
     of_forward = (
         forward_ops.sort("start_ns")
@@ -264,11 +269,8 @@ def consumer_waits(frame: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
     recvs = cells.filter(pl.col("kind").str.starts_with("RECV")).select(
         *CELL_KEY, recv_start="start_ns", recv_end="end_ns"
     )
-    posted = (
-        frame.lazy()
-        .filter(pl.col("name") == "gloo:recv")
-        .select("rank", post_ns="start_ns", arrival_ns="end_ns")
-        .collect()
+    posted = rows(frame, pl.col("name") == "gloo:recv", "rank", "start_ns", "end_ns").rename(
+        {"start_ns": "post_ns", "end_ns": "arrival_ns"}
     )
     arrivals = (
         posted.sort("post_ns")

@@ -19,7 +19,7 @@ import polars as pl
 import polars.selectors as cs
 
 from analysis.cells.labels import label_spans
-from analysis.cells.spans import assign_steps, union
+from analysis.cells.spans import assign_steps, rows, union
 from analysis.traces.kineto import DEVICE_WORK_CATS, STEP_PREFIX
 from runners.schedules import COMPUTE_KINDS
 from runners.schedules.trace_names import LABEL_PREFIX, WAIT_SENDS
@@ -78,11 +78,11 @@ class RankEvents:
 
 
 def rank_events(frame: pl.DataFrame) -> RankEvents:
-    ops = frame.lazy().filter((pl.col("ph") == "X") & (pl.col("cat") == "cpu_op"))
     # the op-stream inference reads `sequence`; a frame built by hand for the labels may lack it
     columns = cs.by_name("rank", "tid", "name", "sequence", "start_ns", "end_ns", require_all=False)
+    ops = rows(frame, (pl.col("ph") == "X") & (pl.col("cat") == "cpu_op"), columns)
     device = device_events(frame) if is_gpu(frame) else None
-    return RankEvents(frame, step_spans(frame), device, ops.select(columns).collect())
+    return RankEvents(frame, step_spans(frame), device, ops)
 
 
 def cat_in(frame: pl.DataFrame, wanted: Callable[[str], bool]) -> pl.Expr:
@@ -98,13 +98,19 @@ def is_gpu(frame: pl.DataFrame) -> bool:
 def step_spans(frame: pl.DataFrame, on_device: bool = False) -> pl.DataFrame:
     """`ProfilerStep#N` spans on the host, or (on_device) the GPU-side annotations recent Kineto adds."""
     device_side = pl.col("cat") == "gpu_user_annotation"
-    steps = frame.lazy().filter(
+    steps = rows(
+        frame,
         pl.col("name").str.starts_with(STEP_PREFIX)
         & (pl.col("ph") == "X")
-        & (device_side if on_device else ~device_side)
+        & (device_side if on_device else ~device_side),
+        "rank",
+        "name",
+        "start_ns",
+        "end_ns",
     )
     return (
-        steps.select(
+        steps.lazy()
+        .select(
             "rank",
             pl.col("name").str.strip_prefix(STEP_PREFIX).cast(pl.Int64, strict=False).alias("step"),
             "start_ns",
@@ -200,41 +206,39 @@ def operator_spans(ops: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
 
 def _host_waits(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     """Each label's blocked time on the host: the union of the wait spans inside it, clipped to it."""
-    waits = (
-        frame.lazy().filter(pl.col("name").is_in(HOST_WAIT_NAMES)).select("rank", "tid", "start_ns", "end_ns")
-    )
-    return union(_clipped(waits.collect(), _cell_ids(labels)), ["cell"]).drop("cell")
+    waits = rows(frame, pl.col("name").is_in(HOST_WAIT_NAMES), "rank", "tid", "start_ns", "end_ns")
+    return union(_clipped(waits, _cell_ids(labels)), ["cell"]).drop("cell")
 
 
 def _send_waits(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """The executor's `PP wait for sends` spans (runners.schedules.trace_names), by step."""
-    spans = frame.lazy().filter((pl.col("name") == WAIT_SENDS) & (pl.col("ph") == "X"))
-    return assign_steps(spans.select("rank", "start_ns", "end_ns").collect(), steps).select(
-        "rank", "step", "start_ns", "end_ns"
-    )
+    spans = rows(frame, (pl.col("name") == WAIT_SENDS) & (pl.col("ph") == "X"), "rank", "start_ns", "end_ns")
+    return assign_steps(spans, steps).select("rank", "step", "start_ns", "end_ns")
 
 
 def device_events(frame: pl.DataFrame) -> pl.DataFrame:
     """GPU events with the host launch that issued them (start of the runtime call, same correlation)."""
     runtime = cat_in(frame, lambda cat: "runtime" in cat or "driver" in cat)
-    launches = (
-        frame.lazy()
-        .filter(runtime & pl.col("correlation").is_not_null())
-        .select("rank", "tid", "correlation", launch_ns="start_ns", issued_ns="end_ns")
-    )
-    kernels = (
-        frame.lazy()
-        .filter(cat_in(frame, lambda cat: cat in DEVICE_WORK_CATS))
-        .select(
-            "rank",
-            "stream",
-            "correlation",
-            "start_ns",
-            "end_ns",
-            is_p2p=pl.col("name").str.contains("(?i)nccl"),
-        )
-    )
-    return kernels.collect().join(launches.collect(), on=["rank", "correlation"], how="left")
+    launches = rows(
+        frame,
+        runtime & pl.col("correlation").is_not_null(),
+        "rank",
+        "tid",
+        "correlation",
+        "start_ns",
+        "end_ns",
+    ).rename({"start_ns": "launch_ns", "end_ns": "issued_ns"})
+    kernels = rows(
+        frame,
+        cat_in(frame, lambda cat: cat in DEVICE_WORK_CATS),
+        "rank",
+        "stream",
+        "correlation",
+        "start_ns",
+        "end_ns",
+        "name",
+    ).with_columns(is_p2p=pl.col("name").str.contains("(?i)nccl"))
+    return kernels.drop("name").join(launches, on=["rank", "correlation"], how="left")
 
 
 def _device_cells(
@@ -272,12 +276,17 @@ def _unscheduled(
         )
     else:
         threads = labels.select("rank", "tid").unique()
-        host = events.frame.lazy().filter(
+        host = rows(
+            events.frame,
             (pl.col("ph") == "X")
             & pl.col("cat").is_in(["cpu_op", "user_annotation"])
-            & ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK)
+            & ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK),
+            "rank",
+            "tid",
+            "start_ns",
+            "end_ns",
         )
-        work = host.select("rank", "tid", "start_ns", "end_ns").collect().join(threads, on=["rank", "tid"])
+        work = host.join(threads, on=["rank", "tid"])
     return assign_steps(work.select("rank", "start_ns", "end_ns"), steps)
 
 

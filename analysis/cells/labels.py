@@ -7,6 +7,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis.cells.fused import fused_halves
+from analysis.cells.spans import rows
 from analysis.errors import InputError
 from runners.schedules import Action, ActionParseError
 from runners.schedules.trace_names import LABEL_PREFIX
@@ -22,11 +23,16 @@ def label_spans(frame: pl.DataFrame, source: str | Path | None = None) -> pl.Dat
     label (its halves, `inferred`: analysis.cells.fused).
 
     Each distinct label text is parsed once (steps repeat them) with the IR's own parser."""
-    marked = (
-        frame.lazy()
-        .filter(pl.col("name").str.starts_with(LABEL_PREFIX) & (pl.col("cat") != "gpu_user_annotation"))
-        .select("rank", "tid", "name", "cat", "ph", "start_ns", "end_ns")
-        .collect()
+    marked = rows(
+        frame,
+        pl.col("name").str.starts_with(LABEL_PREFIX) & (pl.col("cat") != "gpu_user_annotation"),
+        "rank",
+        "tid",
+        "name",
+        "cat",
+        "ph",
+        "start_ns",
+        "end_ns",
     )
     labels = marked.filter(~pl.col("name").str.contains(TORCH_BOOKKEEPING)).select(
         "rank", "tid", "name", "start_ns", "end_ns"

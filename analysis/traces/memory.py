@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from analysis.cells.labelled import step_spans
+from analysis.cells.spans import rows
 from analysis.traces.load import RawTrace, RunTraces
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER, STASH_COUNTER
 
@@ -51,7 +52,7 @@ _VALUES = ("microbatches", "activation_bytes", "peak_bytes_above_step_start", "t
 def memory_events(trace: RawTrace) -> pl.DataFrame:
     """One rank's memory events: (rank, source, t_ns, microbatches, bytes, allocation), their values
     from the loader's counter table (RawTrace.counters)."""
-    wanted = trace.frame.filter(MEMORY_EVENTS).select("index", "name", "start_ns")
+    wanted = rows(trace.frame, MEMORY_EVENTS, "index", "name", "start_ns")
     if wanted.is_empty():
         return pl.DataFrame(schema=EVENT_SCHEMA)
     values = wanted.join(trace.counters, on="index", how="left", maintain_order="left")

@@ -8,6 +8,7 @@ import warnings
 
 import polars as pl
 
+from analysis.cells.spans import rows
 from analysis.traces.load import RawTrace, TraceWarning
 from runners.schedules.trace_names import RUN_QUEUE_COUNTER
 
@@ -18,7 +19,7 @@ SAMPLE_SCHEMA = {"rank": pl.Int64, "t_ns": pl.Int64, "run_delay_ns": pl.Int64}
 def run_queue_samples(trace: RawTrace) -> pl.DataFrame:
     """One rank's samples (SAMPLE_SCHEMA), on its own clock, their values from the loader's counter
     table (RawTrace.counters); a sample without a whole number >= 0 is dropped with one warning."""
-    wanted = trace.frame.filter(RUN_QUEUE_EVENTS).select("index", "start_ns")
+    wanted = rows(trace.frame, RUN_QUEUE_EVENTS, "index", "start_ns")
     if wanted.is_empty():
         return pl.DataFrame(schema=SAMPLE_SCHEMA)
     samples = wanted.join(trace.counters, on="index", how="left", maintain_order="left").select(
