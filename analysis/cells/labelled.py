@@ -11,7 +11,7 @@ appends rows with `inferred=True` (the column exists so that pass needs no schem
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -147,14 +147,16 @@ def _device_windows(frame: pl.DataFrame, host: pl.DataFrame, cells: pl.DataFrame
 
 
 def _events_in_labels(
-    events: pl.DataFrame, labels: pl.DataFrame, across_threads: bool = False
+    events: pl.DataFrame,
+    labels: pl.DataFrame,
+    across_threads: bool = False,
+    carried: Sequence[str] = CELL_KEY[1:],
 ) -> pl.DataFrame:
-    """Host events that start inside a label on the same thread (PP labels never overlap there). With
-    `across_threads`, an event of a thread that holds no label belongs to the label open at that moment
-    on its rank: on CUDA autograd's engine thread launches a backward's kernels while the B label waits
-    on the main thread."""
-    ids = ["cell"] if "cell" in labels.columns else []  # the caller's _cell_ids travel with the events
-    keyed = labels.select("rank", "tid", *CELL_KEY[1:], *ids, label_start="start_ns", label_end="end_ns")
+    """Host events that start inside a label on the same thread (PP labels never overlap there), with the
+    label's `carried` columns, label_start and label_end. With `across_threads`, an event of a thread
+    that holds no label belongs to the label open at that moment on its rank: on CUDA autograd's engine
+    thread launches a backward's kernels while the B label waits on the main thread."""
+    keyed = labels.select("rank", "tid", *carried, label_start="start_ns", label_end="end_ns")
 
     def inside(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
         return (
@@ -183,11 +185,19 @@ def _cell_ids(labels: pl.DataFrame) -> pl.DataFrame:
 
 
 def _clipped(events: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
-    """The events inside the labels of `cells` (with _cell_ids), clipped to them: CELL_KEY, cell,
-    start_ns, end_ns."""
-    inside = _events_in_labels(events, cells)
-    return inside.select(
-        *CELL_KEY, "cell", "start_ns", pl.min_horizontal("end_ns", "label_end").alias("end_ns")
+    """The events inside the labels of `cells` (with _cell_ids), clipped to them: cell, start_ns, end_ns."""
+    inside = _events_in_labels(events, cells, carried=["cell"])
+    return inside.select("cell", "start_ns", pl.min_horizontal("end_ns", "label_end").alias("end_ns"))
+
+
+def _cell_union(spans: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
+    """Per cell the union of `spans` (cell, start_ns, end_ns), each piece with its cell's CELL_KEY from
+    `cells` (with _cell_ids; inferred cells may share a key): only the number travels through the union
+    of the many spans."""
+    pieces = union(spans, ["cell"])
+    keys = cells.select(*CELL_KEY, "cell").unique()
+    return pieces.join(keys, on="cell", how="left", maintain_order="left").select(
+        *CELL_KEY, "start_ns", "end_ns"
     )
 
 
@@ -199,15 +209,16 @@ def operator_spans(ops: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     compute = _cell_ids(labels.filter(pl.col("kind").is_in(COMPUTE_KINDS)))
     inside = _clipped(ops.select("rank", "tid", "start_ns", "end_ns"), compute)
     bare = compute.filter(~pl.col("cell").is_in(inside["cell"].unique().implode())).select(
-        *CELL_KEY, "cell", "start_ns", "end_ns"
+        "cell", "start_ns", "end_ns"
     )
-    return union(pl.concat([inside, bare]), ["cell"]).drop("cell")
+    return _cell_union(pl.concat([inside, bare]), compute)
 
 
 def _host_waits(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     """Each label's blocked time on the host: the union of the wait spans inside it, clipped to it."""
     waits = rows(frame, pl.col("name").is_in(HOST_WAIT_NAMES), "rank", "tid", "start_ns", "end_ns")
-    return union(_clipped(waits, _cell_ids(labels)), ["cell"]).drop("cell")
+    cells = _cell_ids(labels)
+    return _cell_union(_clipped(waits, cells), cells)
 
 
 def _send_waits(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
