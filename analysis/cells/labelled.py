@@ -286,18 +286,18 @@ def _unscheduled(
             kernels.select("rank", "correlation"), on=["rank", "correlation"], how="anti"
         )
     else:
-        threads = labels.select("rank", "tid").unique()
-        host = rows(
-            events.frame,
+        # one cheap test per label thread: a join on (rank, tid) of a 54 MB CPU trace's ~200k host spans
+        # took 20 ms and 12 MiB
+        threads = labels.select("rank", "tid").unique().iter_rows()
+        on_label_thread = pl.any_horizontal(
+            pl.lit(False), *((pl.col("rank") == rank) & (pl.col("tid") == tid) for rank, tid in threads)
+        )
+        host = (
             (pl.col("ph") == "X")
             & pl.col("cat").is_in(["cpu_op", "user_annotation"])
-            & ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK),
-            "rank",
-            "tid",
-            "start_ns",
-            "end_ns",
+            & ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK)
         )
-        work = host.join(threads, on=["rank", "tid"])
+        work = rows(events.frame, host & on_label_thread, "rank", "start_ns", "end_ns")
     return assign_steps(work.select("rank", "start_ns", "end_ns"), steps)
 
 
