@@ -142,7 +142,6 @@ def _with_torch_labels(ops: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
             "start_ns",
             "end_ns",
         )
-        .lazy()
         .select(
             "rank",
             "tid",
@@ -152,7 +151,6 @@ def _with_torch_labels(ops: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
             label_microbatch=parts.struct.field("2").cast(pl.Int64),
         )
         .sort("label_start")
-        .collect()
     )
     joined = ops.sort("start_ns").join_asof(
         labels, left_on="start_ns", right_on="label_start", by=["rank", "tid"], check_sortedness=False

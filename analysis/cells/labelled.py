@@ -109,8 +109,7 @@ def step_spans(frame: pl.DataFrame, on_device: bool = False) -> pl.DataFrame:
         "end_ns",
     )
     return (
-        steps.lazy()
-        .select(
+        steps.select(
             "rank",
             pl.col("name").str.strip_prefix(STEP_PREFIX).cast(pl.Int64, strict=False).alias("step"),
             "start_ns",
@@ -120,7 +119,6 @@ def step_spans(frame: pl.DataFrame, on_device: bool = False) -> pl.DataFrame:
         .group_by("rank", "step")
         .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
         .sort("rank", "start_ns")
-        .collect()
     )
 
 
