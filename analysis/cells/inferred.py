@@ -40,6 +40,7 @@ from analysis.cells.labelled import (
     operator_spans,
     rank_events,
     step_labels,
+    unscheduled_union,
 )
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
 from analysis.cells.spans import assign_steps, rows
@@ -248,7 +249,7 @@ def _linked_backwards(compute: pl.DataFrame, runs: pl.DataFrame, frame: pl.DataF
 def _unscheduled_ops(ops: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     """Top-level ops outside every inferred cell (loss, gradient scaling, the optimizer...)."""
     cells = labels.select("rank", "step", cell_start="start_ns", cell_end="end_ns").sort("cell_start")
-    return (
+    outside = (
         ops.sort("start_ns")
         .join_asof(
             cells, left_on="start_ns", right_on="cell_start", by=["rank", "step"], check_sortedness=False
@@ -256,6 +257,7 @@ def _unscheduled_ops(ops: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
         .filter(pl.col("cell_end").is_null() | (pl.col("start_ns") >= pl.col("cell_end")))
         .select("rank", "step", "start_ns", "end_ns")
     )
+    return unscheduled_union(outside)
 
 
 def consumer_waits(frame: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
