@@ -112,6 +112,29 @@ def test_wait_running_past_its_action_is_clipped_to_the_cell(tmp_path):
     assert cells["blocked_ns"].to_list() == [8_000]
 
 
+def test_cpu_work_outside_the_schedule_is_the_union_per_step_of_the_label_threads_spans(tmp_path):
+    events = [
+        *cpu_action("0F0", 10, 20),
+        span("aten::mm", 12, 18, cat="cpu_op"),
+        span("optimizer.step", 30, 40),
+        span("aten::add_", 32, 35, cat="cpu_op"),  # nested: inside the piece
+        span("aten::zero_", 38, 45, cat="cpu_op"),  # overlapping: extends it
+        span("aten::mul", 60, 70, cat="cpu_op", tid=MAIN_TID + 1),  # no label on its thread
+        span("gloo:send", 75, 80),  # comm, not work of the rank's own
+        span("aten::copy_", 90, 105, cat="cpu_op"),  # its step is the one it started in
+        span("aten::sum", 120, 130, cat="cpu_op"),
+    ]
+    path = write_trace(tmp_path, trace(0, [(0, 100), (100, 200)], events))
+    unscheduled = rank_cells(load_trace(path), path).unscheduled
+    assert unscheduled.columns == ["rank", "step", "start_ns", "end_ns"]
+    assert unscheduled.select("step", "start_ns", "end_ns").rows() == [
+        (1, 12_000, 18_000),
+        (1, 30_000, 45_000),
+        (1, 90_000, 105_000),
+        (2, 120_000, 130_000),
+    ]
+
+
 def test_gpu_cell_is_its_kernels_span_and_nccl_kernels_are_blocked_time(tmp_path):
     events = [
         *gpu_action("0F0", 10, 20, [("gemm_a", 30, 50), ("gemm_b", 52, 70)], first_id=100),

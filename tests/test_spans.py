@@ -1,4 +1,5 @@
-"""analysis.cells.spans.union: per key, nested and overlapping spans merge into disjoint pieces."""
+"""analysis.cells.spans: the frame's rows of a test (rows); union: per key, nested and overlapping spans
+merge into disjoint pieces."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import random
 
 import polars as pl
 
-from analysis.cells.spans import union
+from analysis.cells.spans import rows, union
 
 
 def merged(spans: list[tuple[int | None, int, int]]) -> set[tuple[int | None, int, int]]:
@@ -56,3 +57,17 @@ def test_a_piece_keeps_its_first_spans_other_columns():
         {"cell": [1, 1, 1], "kind": ["F", "F", "F"], "start_ns": [5, 0, 9], "end_ns": [8, 6, 10]}
     )
     assert union(frame, ["cell"]).sort("start_ns").rows() == [(1, "F", 0, 8), (1, "F", 9, 10)]
+
+
+def test_rows_are_the_filtered_frames_wanted_columns_whatever_the_test():
+    frame = pl.DataFrame(
+        {"name": ["a", "b", None, "a"], "cat": ["x", None, "x", "y"], "start_ns": [1, 2, 3, 4]}
+    )
+    for test in (
+        pl.col("name") == "a",
+        (pl.col("cat") == "x") & pl.col("name").is_not_null(),
+        pl.col("cat") != "x",  # null where cat is: not taken
+        pl.lit(True),
+        pl.lit(False),
+    ):
+        assert rows(frame, test, "start_ns", "name").equals(frame.filter(test).select("start_ns", "name"))
