@@ -99,16 +99,9 @@ def is_gpu(frame: pl.DataFrame) -> bool:
 def step_spans(frame: pl.DataFrame, on_device: bool = False) -> pl.DataFrame:
     """`ProfilerStep#N` spans on the host, or (on_device) the GPU-side annotations recent Kineto adds."""
     device_side = pl.col("cat") == "gpu_user_annotation"
-    steps = rows(
-        frame,
-        pl.col("name").str.starts_with(STEP_PREFIX)
-        & (pl.col("ph") == "X")
-        & (device_side if on_device else ~device_side),
-        "rank",
-        "name",
-        "start_ns",
-        "end_ns",
-    )
+    side = device_side if on_device else ~device_side
+    is_step = pl.col("name").str.starts_with(STEP_PREFIX) & (pl.col("ph") == "X") & side
+    steps = rows(frame, is_step, "rank", "name", "start_ns", "end_ns")
     return (
         steps.select(
             "rank",
@@ -229,25 +222,12 @@ def _send_waits(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
 def device_events(frame: pl.DataFrame) -> pl.DataFrame:
     """GPU events with the host launch that issued them (start of the runtime call, same correlation)."""
     runtime = cat_in(frame, lambda cat: "runtime" in cat or "driver" in cat)
-    launches = rows(
-        frame,
-        runtime & pl.col("correlation").is_not_null(),
-        "rank",
-        "tid",
-        "correlation",
-        "start_ns",
-        "end_ns",
-    ).rename({"start_ns": "launch_ns", "end_ns": "issued_ns"})
-    kernels = rows(
-        frame,
-        cat_in(frame, lambda cat: cat in DEVICE_WORK_CATS),
-        "rank",
-        "stream",
-        "correlation",
-        "start_ns",
-        "end_ns",
-        "name",
-    ).with_columns(is_p2p=pl.col("name").str.contains("(?i)nccl"))
+    launch = runtime & pl.col("correlation").is_not_null()
+    launches = rows(frame, launch, "rank", "tid", "correlation", "start_ns", "end_ns")
+    launches = launches.rename({"start_ns": "launch_ns", "end_ns": "issued_ns"})
+    work = cat_in(frame, lambda cat: cat in DEVICE_WORK_CATS)
+    kernels = rows(frame, work, "rank", "stream", "correlation", "start_ns", "end_ns", "name")
+    kernels = kernels.with_columns(is_p2p=pl.col("name").str.contains("(?i)nccl"))
     return kernels.drop("name").join(launches, on=["rank", "correlation"], how="left")
 
 
