@@ -73,21 +73,27 @@ def segments(
     numbered = windows.select(keys).unique().sort(keys).with_row_index("window")  # in order of keys
     bounds = windows.select(*keys, w0="start_ns", w1="end_ns").join(numbered, on=list(keys))
     clipped = (
-        intervals.join(bounds, on=list(keys))
-        .with_columns(start_ns=pl.max_horizontal("start_ns", "w0"), end_ns=pl.min_horizontal("end_ns", "w1"))
+        intervals.rechunk()  # a concatenation's chunks make the join slower than copying them once
+        .join(bounds, on=list(keys))
+        .with_columns(
+            start_ns=pl.max_horizontal("start_ns", "w0"),
+            end_ns=pl.min_horizontal("end_ns", "w1"),
+            layer=pl.col("layer").cast(pl.Enum(names), strict=False).to_physical(),  # names' index
+        )
         .filter(pl.col("end_ns") > pl.col("start_ns"))
     )
     edges = pl.concat(
         [
             clipped.select("window", "layer", t="start_ns", delta=pl.lit(1)),
             clipped.select("window", "layer", t="end_ns", delta=pl.lit(-1)),
-            bounds.select("window", layer=pl.lit(None, pl.Utf8), t="w0", delta=pl.lit(0)),
-            bounds.select("window", layer=pl.lit(None, pl.Utf8), t="w1", delta=pl.lit(0)),
-        ]
+            bounds.select("window", layer=pl.lit(None), t="w0", delta=pl.lit(0)),
+            bounds.select("window", layer=pl.lit(None), t="w1", delta=pl.lit(0)),
+        ],
+        how="vertical_relaxed",
     )
-    coverage = [
-        pl.when(pl.col("layer") == name).then(pl.col("delta")).otherwise(0).cum_sum().alias(name)
-        for name in names
+    coverage = [  # layers compared as integers: a string comparison per edge and layer costs more
+        pl.when(pl.col("layer") == index).then(pl.col("delta")).otherwise(0).cum_sum().alias(name)
+        for index, name in enumerate(names)
     ]
     same_window = pl.col("window") == pl.col("window").shift(-1)
     return (
