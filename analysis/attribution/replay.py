@@ -45,61 +45,65 @@ def direction(producer: Action) -> str:
     return "F" if producer.kind is Kind.F else "B"
 
 
-def _named(action: Action, prefix: str = "") -> dict:
-    return {
-        f"{prefix}stage": action.stage,
-        f"{prefix}kind": action.kind.value,
-        f"{prefix}microbatch": action.microbatch,
-    }
+class _Plan(NamedTuple):
+    """The schedule as tables, the same for every step. Each action the measurement looks up has an id
+    (`ids`: id, KEY), so the lookups are joins on integers."""
+
+    order: pl.DataFrame  # per rank its executed order: rank, position, id, KEY
+    # each action's inputs: id; its producer (p_id) and direction; where that is on another rank, the RECV
+    # that brings it (r_id) and the peer's SEND that RECV waits for (s_id)
+    inputs: pl.DataFrame
+    ids: pl.DataFrame
 
 
-def _plan(schedule: Schedule) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Per rank its executed order (rank, position, KEY), and each action's inputs as the schedule
-    fixes them (KEY, direction): its producer (p_KEY) and, where that is on another rank, the RECV
-    that brings it (r_KEY) and the peer's SEND that RECV waits for (s_KEY). The same for every step."""
+def _plan(schedule: Schedule) -> _Plan:
+    ids: dict[Action, int] = {}
+
+    def id_of(action: Action) -> int:
+        return ids.setdefault(action, len(ids))
+
     order, inputs = [], []
     for rank, actions in enumerate(schedule.orders):
         for position, action in enumerate(actions):
-            order.append({"rank": rank, "position": position, **_named(action)})
+            order.append((rank, position, id_of(action)))
             for dep in dependencies(schedule, action):
-                row = {**_named(action), **_named(dep, "p_"), "direction": direction(dep)}
+                recv = send = None
                 if schedule.rank_of(dep.stage) != rank:
                     recv = receiving(action)
-                    row |= _named(recv, "r_") | _named(matching_send(recv), "s_")
-                inputs.append(row)
-    keys = {
-        f"{prefix}{name}": dtype for prefix in ("", "p_", "r_", "s_") for name, dtype in _KEY_SCHEMA.items()
-    }
-    return (
-        pl.DataFrame(order, schema={"rank": pl.Int64, "position": pl.Int64, **_KEY_SCHEMA}),
-        pl.DataFrame(inputs, schema={**keys, "direction": pl.Utf8}),
+                    send = id_of(matching_send(recv))
+                    recv = id_of(recv)
+                inputs.append((id_of(action), id_of(dep), direction(dep), recv, send))
+    keyed = pl.DataFrame(
+        [(n, a.stage, a.kind.value, a.microbatch) for a, n in ids.items()],
+        schema={"id": pl.Int64, **_KEY_SCHEMA},
+        orient="row",
     )
+    order = pl.DataFrame(order, schema=["rank", "position", "id"], orient="row").join(
+        keyed, on="id", maintain_order="left"
+    )
+    columns = {"id": pl.Int64, "p_id": pl.Int64, "direction": pl.Utf8, "r_id": pl.Int64, "s_id": pl.Int64}
+    return _Plan(order, pl.DataFrame(inputs, schema=columns, orient="row"), keyed)
 
 
 def _at(frame: pl.DataFrame, prefix: str, **values: str) -> pl.DataFrame:
-    """step, KEY as prefix+KEY, and `values` (new name -> column) of `frame`."""
-    return frame.select("step", *(pl.col(name).alias(prefix + name) for name in KEY), **values)
-
-
-def _on(prefix: str) -> list[str]:
-    return ["step", *(prefix + name for name in KEY)]
+    """step, id as prefix+id, and `values` (new name -> column) of `frame`."""
+    return frame.select("step", pl.col("id").alias(f"{prefix}id"), **values)
 
 
 def _inputs(
-    present: pl.DataFrame, inputs: pl.DataFrame, rows: pl.DataFrame, waits: pl.DataFrame
+    present: pl.DataFrame, inputs: pl.DataFrame, rows: pl.DataFrame, spans: pl.DataFrame
 ) -> pl.DataFrame:
     """Each input of an action with a cell whose producer has one: made_ns (the producer's end) and,
     across ranks, the latency to its arrival and whether that was seen. The arrival is the end of the
     RECV's wait if the receiver was waiting before the data was sent; else at the latest that end, or the
     RECV's start (an upper bound: the data may have been there for a while), or the send without a RECV."""
-    spans = waits.group_by("step", *KEY).agg(pl.col("start_ns").min(), pl.col("end_ns").max())
     joined = (
-        present.select("step", *KEY)
-        .join(inputs, on=KEY)
-        .join(_at(rows, "p_", made_ns="end_ns"), on=_on("p_"))
-        .join(_at(rows, "s_", sent_ns="start_ns"), on=_on("s_"), how="left")
-        .join(_at(rows, "r_", recv_ns="start_ns"), on=_on("r_"), how="left")
-        .join(_at(spans, "r_", wait_start="start_ns", wait_end="end_ns"), on=_on("r_"), how="left")
+        present.select("step", "id")
+        .join(inputs, on="id")
+        .join(_at(rows, "p_", made_ns="end_ns"), on=["step", "p_id"])
+        .join(_at(rows, "s_", sent_ns="start_ns"), on=["step", "s_id"], how="left")
+        .join(_at(rows, "r_", recv_ns="start_ns"), on=["step", "r_id"], how="left")
+        .join(_at(spans, "r_", wait_start="start_ns", wait_end="end_ns"), on=["step", "r_id"], how="left")
     )
     sent = pl.max_horizontal("made_ns", "sent_ns")
     arrival = (
@@ -110,8 +114,8 @@ def _inputs(
         .otherwise("wait_end")
     )
     seen = pl.col("recv_ns").is_not_null() & (pl.col("wait_start") <= sent).fill_null(False)
-    latency = pl.when(pl.col("r_stage").is_not_null()).then((arrival - pl.col("made_ns")).clip(lower_bound=0))
-    return joined.select("step", *KEY, "direction", "made_ns", latency=latency, seen=seen)
+    latency = pl.when(pl.col("r_id").is_not_null()).then((arrival - pl.col("made_ns")).clip(lower_bound=0))
+    return joined.select("step", "id", "direction", "made_ns", latency=latency, seen=seen)
 
 
 def measure(
@@ -122,21 +126,27 @@ def measure(
     rank is free and its inputs are there, and the rank is free again its occupied time after the later
     of that and the action's start. Times stay integer ns: a float at ~1.8e18 ns since the epoch
     resolves only 256 ns."""
-    order, inputs = _plan(schedule)
+    plan = _plan(schedule)
     busy = pl.col("busy_ns") if "busy_ns" in cells.columns else pl.lit(None, pl.Float64).alias("busy_ns")
     rows = (
         cells.filter(pl.col("step").is_in(origins["step"].implode()))
-        .select("step", *KEY, "start_ns", "end_ns", "blocked_ns", busy)
-        .unique(["step", *KEY], keep="last")
+        .join(plan.ids, on=KEY, maintain_order="left")
+        .select("step", "id", "start_ns", "end_ns", "blocked_ns", busy)
+        .unique(["step", "id"], keep="last")
     )
-    every = origins.join(order, how="cross").join(rows, on=["step", *KEY], how="left")
+    spans = (
+        waits.join(plan.ids, on=KEY)
+        .group_by("step", "id")
+        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+    )
+    every = origins.join(plan.order, how="cross").join(rows, on=["step", "id"], how="left")
     present = every.filter(pl.col("start_ns").is_not_null())
-    found = _inputs(present, inputs, rows, waits)
-    ready = found.group_by("step", *KEY).agg(
+    found = _inputs(present, plan.inputs, rows, spans)
+    ready = found.group_by("step", "id").agg(
         inputs_ns=(pl.col("made_ns") + pl.col("latency").fill_null(0)).max()
     )
-    timed = _timed(present.join(ready, on=["step", *KEY], how="left"))
-    actions = every.join(timed, on=["step", *KEY], how="left").select(
+    timed = _timed(present.join(ready, on=["step", "id"], how="left"))
+    actions = every.join(timed, on=["step", "id"], how="left").select(
         "step", *KEY, pl.col("duration").fill_null(0.0), "gap"
     )
     hops = found.filter(pl.col("latency").is_not_null()).select(
@@ -163,7 +173,7 @@ def _timed(present: pl.DataFrame) -> pl.DataFrame:
         .with_columns(occupied=occupied)
         .with_columns(total=pl.col("occupied").cum_sum().over(rank_step))
         .with_columns(free=pl.col("total") + opens.cum_max().over(rank_step))
-        .select("step", *KEY, duration=work, gap=gap)
+        .select("step", "id", duration=work, gap=gap)
     )
 
 
