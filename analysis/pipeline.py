@@ -187,8 +187,9 @@ def analyze_run(
         cells, waits, pl.concat(kernels) if kernels else None, pl.concat(send_waits) if send_waits else None
     )
     on_gpu = any(r.on_gpu for r in ranks)
-    gaps = pl.concat([classify(timeline(r, split), rules, on_gpu) for r in per_rank])
-    spans = pl.concat([windows(r) for r in per_rank])
+    steps = [windows(r) for r in per_rank]
+    gaps = pl.concat([classify(timeline(r, split, w), rules, on_gpu) for r, w in zip(per_rank, steps)])
+    spans = pl.concat(steps)
     skews = None
     if run.dp_collectives is not None:
         synced = _on_clock(run.dp_collectives, clock, ("start_ns", "end_ns", "skew_end_ns"))

@@ -14,6 +14,8 @@ the first action is the host getting to it: launch_overhead.
 
 from __future__ import annotations
 
+import functools
+
 import polars as pl
 
 from analysis.cells.labelled import CELL_KEY, device_events
@@ -160,6 +162,7 @@ def split_waits(
 _SEGMENT_CLASS = pl.Enum(["busy", "between", "head", *GAP_CLASSES])
 
 
+@functools.cache  # an Enum literal costs more to build than a string one: each is built once
 def _class(name: str) -> pl.Expr:
     return pl.lit(name, dtype=_SEGMENT_CLASS)
 

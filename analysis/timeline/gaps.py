@@ -181,13 +181,14 @@ def _head(cells: pl.DataFrame) -> pl.DataFrame:
     return cells.group_by("rank", "step").agg((first - 2**62).alias("start_ns"), first.alias("end_ns"))
 
 
-def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
+def timeline(rank: RankCells, waits: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Elementary segments of each step window with coverage of LAYERS (the work outside the schedule
     counted as the union of its spans: only whether some runs matters, and nested operators are most
     of a CPU trace's spans).
 
     `waits` are this rank's blocked intervals already split into WAIT_LAYERS (classify.split_waits),
-    INTERVAL columns. A segment is idle when nothing busy covers it or a wait does.
+    INTERVAL columns; `steps` its `windows`. A segment is idle when nothing busy covers it or a wait
+    does.
     """
     intervals = pl.concat(
         [
@@ -204,7 +205,7 @@ def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
         ],
         how="vertical_relaxed",
     )
-    cut = segments(intervals, windows(rank), LAYERS)
+    cut = segments(intervals, steps, LAYERS)
     if rank.kernels is not None:  # a compute kernel running is busy, whatever a comm stream does meanwhile
         return cut.with_columns(idle=pl.col("busy") == 0)
     # one host thread: blocked on a peer inside a compute cell (a posted receive's wait) is not work
