@@ -233,7 +233,8 @@ def _segment_class(on_gpu: bool) -> pl.Expr:
 
 def classify(timeline: pl.DataFrame, rules: Rules, on_gpu: bool) -> pl.DataFrame:
     """The gaps table: maximal idle stretches of one class (GAP_SCHEMA), busy time left out."""
-    idle = timeline.with_columns(_segment_class(on_gpu)).filter(pl.col("class") != "busy")
+    classes = timeline.select("rank", "step", "start_ns", "end_ns", _segment_class(on_gpu))
+    idle = classes.filter(pl.col("class") != "busy")
     labelled = runs(idle, "class")  # busy time between two stretches keeps them apart: they do not touch
     short = (pl.col("end_ns") - pl.col("start_ns")) <= rules.host_gap_max_ns
     resolved = labelled.with_columns(

@@ -110,18 +110,13 @@ def segments(
 
 def runs(labelled: pl.DataFrame, column: str, keys: tuple[str, ...] = ("rank", "step")) -> pl.DataFrame:
     """Merge adjacent segments of a window (one per `keys`) that carry the same value of `column`;
-    `labelled` in order of keys and start_ns, as segments returns it (and so do runs)."""
+    `labelled` in order of keys and start_ns, as segments returns it (and so do runs). A run opens at
+    a row where the keys or the value change or a hole precedes it, and ends at the row before the next."""
     differs = [pl.col(name) != pl.col(name).shift(1) for name in (*keys, column)]
     first = pl.any_horizontal(*differs, pl.col("start_ns") != pl.col("end_ns").shift(1)).fill_null(True)
-    return _pieces(labelled, first, [*keys, column], "end_ns")
-
-
-def _pieces(ordered: pl.DataFrame, first: pl.Expr, columns: list[str], end: str) -> pl.DataFrame:
-    """One row per piece of `ordered`, a piece running from a row where `first` holds to the row before
-    the next such: its `columns` and start_ns from its first row, its end_ns the last row's `end`."""
-    marked = ordered.with_columns(first=first)
-    ends = marked.filter(pl.col("first").shift(-1).fill_null(True))[end]
-    return marked.filter("first").select(*columns, "start_ns", end_ns=ends)
+    marked = labelled.select(*keys, column, "start_ns", "end_ns", first=first)  # only what is kept
+    ends = marked.filter(pl.col("first").shift(-1).fill_null(True))["end_ns"]
+    return marked.filter("first").select(*keys, column, "start_ns", end_ns=ends)
 
 
 WAIT_LAYERS = ("bubble_wait", "p2p_wait", "unmatched_wait")
