@@ -141,12 +141,9 @@ def split_waits(
     )
     cut = pl.col("sent_ns").clip(pl.col("start_ns"), pl.col("end_ns"))
     is_recv = pl.col("kind").str.starts_with("RECV")
-    bubble = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(
-        end_ns=cut, layer=pl.lit("bubble_wait")
-    )
-    after = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(
-        start_ns=cut, layer=pl.lit("p2p_wait")
-    )
+    matched = sent.filter(is_recv & pl.col("sent_ns").is_not_null())
+    bubble = matched.with_columns(end_ns=cut, layer=pl.lit("bubble_wait"))
+    after = matched.with_columns(start_ns=cut, layer=pl.lit("p2p_wait"))
     sends = sent.filter(~is_recv).with_columns(layer=pl.lit("p2p_wait"))
     unmatched = sent.filter(is_recv & pl.col("sent_ns").is_null()).with_columns(
         layer=pl.lit("unmatched_wait")
