@@ -103,8 +103,12 @@ def segments(
         .filter(~(same_window & (pl.col("t") == pl.col("t").shift(-1))).fill_null(False))  # an edge's last
         .with_columns(end_ns=pl.when(same_window).then(pl.col("t").shift(-1)))
         .filter(pl.col("end_ns") > pl.col("t"))
-        .join(numbered, on="window", maintain_order="left")
-        .select(*keys, pl.col("t").alias("start_ns"), "end_ns", *names)
+        .select(
+            *(pl.lit(numbered[key]).gather(pl.col("window")) for key in keys),  # window w is numbered's row w
+            pl.col("t").alias("start_ns"),
+            "end_ns",
+            *names,
+        )
     )
 
 
