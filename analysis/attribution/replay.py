@@ -69,9 +69,8 @@ def _plan(schedule: Schedule) -> _Plan:
             for dep in dependencies(schedule, action):
                 recv = send = None
                 if schedule.rank_of(dep.stage) != rank:
-                    recv = receiving(action)
-                    send = id_of(matching_send(recv))
-                    recv = id_of(recv)
+                    receiver = receiving(action)
+                    recv, send = id_of(receiver), id_of(matching_send(receiver))
                 inputs.append((id_of(action), id_of(dep), direction(dep), recv, send))
     keyed = pl.DataFrame(
         [(n, a.stage, a.kind.value, a.microbatch) for a, n in ids.items()],
