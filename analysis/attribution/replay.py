@@ -138,13 +138,16 @@ def measure(
         .group_by("step", "id")
         .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
     )
-    every = origins.join(plan.order, how="cross").join(rows, on=["step", "id"], how="left")
+    # kept in each rank's order within a step, as _timed reads them
+    every = origins.join(plan.order, how="cross", maintain_order="left_right").join(
+        rows, on=["step", "id"], how="left", maintain_order="left"
+    )
     present = every.filter(pl.col("start_ns").is_not_null())
     found = _inputs(present, plan.inputs, rows, spans)
     ready = found.group_by("step", "id").agg(
         inputs_ns=(pl.col("made_ns") + pl.col("latency").fill_null(0)).max()
     )
-    timed = _timed(present.join(ready, on=["step", "id"], how="left"))
+    timed = _timed(present.join(ready, on=["step", "id"], how="left", maintain_order="left"))
     actions = every.join(timed, on=["step", "id"], how="left").select(
         "step", *KEY, pl.col("duration").fill_null(0.0), "gap"
     )
@@ -158,7 +161,8 @@ def _timed(present: pl.DataFrame) -> pl.DataFrame:
     """Per action with a cell its duration (the work: the cell's busy time) and gap (after it was ready,
     plus the host time inside the cell). The rank's free time follows free_i = max(free_i-1, max(inputs_i,
     start_i)) + occupied_i from the step's origin, which is C_i + the running max of max(inputs_j,
-    start_j) - C_j-1 (C: the running sum of occupied), so one pass of cumulative sums."""
+    start_j) - C_j-1 (C: the running sum of occupied), so one pass of cumulative sums. `present` is in
+    each rank's order within each step."""
     rank_step = ("step", "rank")
     occupied = pl.col("end_ns") - pl.col("start_ns") - pl.col("blocked_ns")
     before = pl.col("total") - pl.col("occupied")  # C_i-1
@@ -168,8 +172,7 @@ def _timed(present: pl.DataFrame) -> pl.DataFrame:
     work = pl.min_horizontal("busy_ns", pl.col("occupied").cast(pl.Float64))
     gap = (pl.col("start_ns") - ready).clip(lower_bound=0).cast(pl.Float64) + pl.col("occupied") - work
     return (
-        present.sort("step", "rank", "position")
-        .with_columns(occupied=occupied)
+        present.with_columns(occupied=occupied)
         .with_columns(total=pl.col("occupied").cum_sum().over(rank_step))
         .with_columns(free=pl.col("total") + opens.cum_max().over(rank_step))
         .select("step", "id", duration=work, gap=gap)
