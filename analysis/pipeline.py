@@ -39,7 +39,7 @@ from analysis.ranks.tables import RankInput, rank_input
 from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Rules, Summary
 from analysis.timeline.classify import classify, split_waits
-from analysis.timeline.clock import ClockEstimate, on_one_clock
+from analysis.timeline.clock import ClockEstimate, on_one_clock, shifted_like_cells
 from analysis.timeline.dp_sync import skew_ns, with_dp_sync
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
@@ -265,7 +265,7 @@ def measure_run(
     check_causality(shape, cells, run.sources)
     cells = with_busy(cells, gaps, spans)
     ref = reference(cells, run.run_json, shape.m)
-    cells = with_contention(cell_parts(cells, ref), _on_clock(run.run_queue, clock, ("t_ns",)))
+    cells = with_contention(cell_parts(cells, ref), shifted_like_cells(run.run_queue, clock, ("t_ns",)))
     parts = rank_parts(cells, gaps, spans, skews)
     model = step_model(shape, cells, waits, spans, parts)
     cells, gaps = cells.sort("rank", "start_ns"), gaps.sort("rank", "start_ns")
@@ -295,7 +295,7 @@ def _gaps(
     gaps = pl.concat([classify(timeline(r, split, w), rules, on_gpu) for r, w in zip(per_rank, steps)])
     skews = None
     if run.dp_collectives is not None:
-        synced = _on_clock(run.dp_collectives, clock, ("start_ns", "end_ns", "skew_end_ns"))
+        synced = shifted_like_cells(run.dp_collectives, clock, ("start_ns", "end_ns", "skew_end_ns"))
         gaps = with_dp_sync(gaps, synced)
         skews = skew_ns(gaps, synced)
     return waits, gaps, pl.concat(steps), skews
@@ -306,18 +306,3 @@ def _seed_bubble(chosen: pl.DataFrame, p: int, step_ns: float) -> float | None:
     if chosen["small_gemm"].null_count():
         return None
     return 1 - (chosen["compute"].sum() + chosen["small_gemm"].sum()) / (p * step_ns)
-
-
-def _on_clock(frame: pl.DataFrame, clock: ClockEstimate | None, times: tuple[str, ...]) -> pl.DataFrame:
-    """Per-rank times (run-queue samples, collectives) shifted as their rank's cells were
-    (analysis.timeline.clock)."""
-    if clock is None:
-        return frame
-    offsets = pl.DataFrame(
-        {"rank": [r.rank for r in clock.ranks], "offset": [r.offset_ns for r in clock.ranks]},
-        schema={"rank": pl.Int64, "offset": pl.Int64},
-    )
-    shifted = frame.join(offsets, on="rank", how="left").with_columns(
-        pl.col(times) + pl.col("offset").fill_null(0)
-    )
-    return shifted.select(frame.columns)
