@@ -1,12 +1,12 @@
 """A job of one or more pipelines (PP x DP): each pipeline analysed as a run of its own, then joined.
 
 The pipelines come from analysis.pipelines; each one's ranks are renumbered 0..p-1 (their stage order)
-and analysed by analysis.pipeline.analyze_run, with the DP collectives of its ranks and their start
+and measured by analysis.pipeline.measure_run, with the DP collectives of its ranks and their start
 skews across the DP groups (analysis.timeline.dp_sync), and the results are mapped back to global
 ranks. The job's summary is the slowest pipeline's, with every rank's entry (closing on its pipeline's
 step_time_ms), `dp`, `pipelines` and the `straggler` (analysis.schema.Summary). Every pipeline reports
-the job's step of median length (a pipeline is analysed again where its own median is another step),
-so the ranks of all of them are compared in one step. The slowest is the one whose step alone (its
+the job's step of median length (each is measured once, then summarised at that step), so the ranks
+of all of them are compared in one step. The slowest is the one whose step alone (its
 step less the time its ranks waited for slower replicas, the longest such rank's) is longest: the
 gradient sync makes every pipeline's step as long as the slowest's, and this is what tells them apart.
 """
@@ -20,7 +20,7 @@ import polars as pl
 
 from analysis.attribution.parts import median_step
 from analysis.errors import InputError
-from analysis.pipeline import RunInput, analyze_run
+from analysis.pipeline import RunInput, measure_run
 from analysis.pipelines import find_pipelines, to_global, to_local
 from analysis.results import Analysis
 from analysis.schema import PipelineEntry, Rules, Straggler
@@ -39,13 +39,9 @@ def analyze_job(
         raise InputError(run.path / "run.json", f"says dp={said!r:.20} but lists {len(pipelines)} pipelines")
     instances = _instances(run, pipelines) if len(pipelines) > 1 else None
     inputs = [_pipeline_input(run, ranks, instances) for ranks in pipelines]
-    analyses = [analyze_run(one, schedule, m, rules) for one in inputs]
-    step = _job_step(analyses)
-    analyses = [
-        a if a.summary.median_step == step else analyze_run(one, schedule, m, rules, step)
-        for a, one in zip(analyses, inputs)
-    ]
-    return _joined(analyses, pipelines, _unsynced(run, instances))
+    measured = [measure_run(one, schedule, m, rules) for one in inputs]
+    step = _job_step([one.parts for one in measured])
+    return _joined([one.analysis(step) for one in measured], pipelines, _unsynced(run, instances))
 
 
 def _unsynced(run: RunInput, instances: pl.DataFrame | None) -> list[str]:
@@ -61,11 +57,12 @@ def _unsynced(run: RunInput, instances: pl.DataFrame | None) -> list[str]:
     ]
 
 
-def _job_step(analyses: list[Analysis]) -> int:
+def _job_step(parts: list[pl.DataFrame]) -> int:
     """The job's step of median length (the lower median), a step being as long as its longest pipeline's
-    (the gradient sync binds them): every pipeline reports it, so their ranks are compared in one step."""
-    steps = pl.concat([a.parts.select("step", "step_ms") for a in analyses])
-    return median_step(steps.group_by("step").agg(step_ns=pl.col("step_ms").max()))
+    (the gradient sync binds them): every pipeline reports it, so their ranks are compared in one step.
+    `parts`: each pipeline's rank_parts."""
+    steps = pl.concat([one.select("step", "step_ns") for one in parts])
+    return median_step(steps.group_by("step").agg(pl.col("step_ns").max()))
 
 
 def _instances(run: RunInput, pipelines: list[list[int]]) -> pl.DataFrame:

@@ -1,9 +1,10 @@
 """One run's analysis from its traces: cells -> clock -> gaps and classes -> parts -> waterfall.
 
-`analyze_run` is pure: a run's loaded traces in, an `analysis.results.Analysis` out. `read_run` and
-`analyze_dir` are the I/O at its edges (analyze_dir writes RUN/analysis/ through analysis.results).
-The summary is the median step's (the lower median when the count is even, so it is a step that
-happened and its parts close exactly).
+`analyze_run` is pure: a run's loaded traces in, an `analysis.results.Analysis` out; `measure_run` is
+its work over every analysed step, before the summary's step is chosen (a job's pipelines report the
+job's step: analysis.job). `read_run` and `analyze_dir` are the I/O at its edges (analyze_dir writes
+RUN/analysis/ through analysis.results). The summary is the median step's (the lower median when the
+count is even, so it is a step that happened and its parts close exactly).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis import results
+from analysis.attribution.model import StepModel
 from analysis.attribution.parts import (
     cell_parts,
     in_ms,
@@ -24,8 +26,8 @@ from analysis.attribution.parts import (
     with_busy,
     with_contention,
 )
-from analysis.attribution.reference import reference
-from analysis.attribution.waterfall import ideal_frame, ladder, step_model
+from analysis.attribution.reference import Reference, reference
+from analysis.attribution.waterfall import Ladder, ideal_frame, ladder, step_model
 from analysis.caveats import flags, noise
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
 from analysis.cells.labelled import RankCells
@@ -37,7 +39,7 @@ from analysis.ranks.tables import RankInput, rank_input
 from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Rules, Summary
 from analysis.timeline.classify import classify, split_waits
-from analysis.timeline.clock import ClockEstimate, on_one_clock
+from analysis.timeline.clock import ClockEstimate, on_one_clock, shifted_like_cells
 from analysis.timeline.dp_sync import skew_ns, with_dp_sync
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
@@ -161,14 +163,91 @@ def _warn_overlaps(cells: pl.DataFrame, sources: dict[int, Path]) -> None:
 
 
 def analyze_run(
-    run: RunInput,
-    schedule: str | None = None,
-    m: int | None = None,
-    rules: Rules = Rules(),
-    step: int | None = None,
+    run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
 ) -> Analysis:
-    """The run's analysis; its summary is the step of median length's, or `step`'s where it is one of
-    the analysed steps (a job's pipelines report one step: analysis.job)."""
+    """The run's analysis; its summary is the step of median length's."""
+    return measure_run(run, schedule, m, rules).analysis()
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A run measured over every analysed step, its summary's step not yet chosen: a job's pipelines
+    are measured once each and all report the job's step (analysis.job)."""
+
+    config: dict  # run.json, {} where the run has none
+    shape: Schedule
+    nearest: str | None  # the nearest named schedule where the executed one is custom
+    cells: pl.DataFrame  # with their parts (analysis.attribution.parts), in order of rank and start
+    gaps: pl.DataFrame  # in order of rank and start
+    parts: pl.DataFrame  # every analysed step's rank_parts, ns
+    spans: pl.DataFrame  # the ranks' step windows
+    ref: Reference
+    model: StepModel
+    memory: Memory
+    clock: ClockEstimate | None
+    on_gpu: bool
+    rules: Rules
+
+    def analysis(self, step: int | None = None) -> Analysis:
+        """The Analysis whose summary is `step`'s where it is one of the analysed steps, else the step
+        of median length's."""
+        if step is None or step not in self.parts["step"]:
+            step = median_step(self.parts)
+        chosen = self.parts.filter(pl.col("step") == step)
+        step_ns = float(chosen["step_ns"][0])
+        first_stage = (pl.col("step") == step) & (pl.col("rank") == self.shape.rank_of(0))
+        origin = self.spans.filter(first_stage)["start_ns"][0]
+        rungs = ladder(self.shape, self.model, self.ref, step_ns)
+        return Analysis(
+            self._summary(chosen, step, step_ns, rungs),
+            self.shape,
+            self.cells,
+            self.gaps,
+            in_ms(self.parts),
+            ideal_frame(rungs.ideal, step, origin),
+            self.model,
+            self.memory,
+        )
+
+    def _summary(self, chosen: pl.DataFrame, step: int, step_ns: float, rungs: Ladder) -> Summary:
+        shape, parts, config = self.shape, self.parts, self.config
+        found = noise(
+            parts.group_by("step").agg(pl.col("step_ns").first() / 1e6)["step_ns"].to_list(), config
+        )
+        raised, notes = flags(config, found, self.rules)
+        unprofiled = config.get("step_time_unprofiled_ms")
+        return Summary(
+            schedule=shape.name,
+            nearest_schedule=self.nearest,
+            engine=config.get("engine"),
+            device=config.get("device", "cuda" if self.on_gpu else "cpu"),
+            p=shape.p,
+            m=shape.m,
+            v=shape.v,
+            steps_analyzed=parts["step"].n_unique(),
+            median_step=step,
+            step_time_ms=step_ns / 1e6,
+            step_time_unprofiled_ms=unprofiled if isinstance(unprofiled, (int, float)) else None,
+            bubble_formula=formula_bubble(shape),
+            bubble_measured=1 - chosen["busy"].sum() / (shape.p * step_ns),
+            bubble_seed=_seed_bubble(chosen, shape.p, step_ns),
+            simulated_step_time_ms=step_ns / 1e6 - rungs.waterfall.residual,
+            waterfall_ms=rungs.waterfall,
+            parts=tuple(f"{part}_ms" for part in RANK_PARTS),
+            ranks=rank_entries(chosen, shape, self.memory.peak_bytes(step)),
+            rules=self.rules,
+            clock=self.clock,
+            inferred_cells=int(self.cells["inferred"].sum()),
+            noise=found,
+            flags=raised,
+            notes=notes,
+        )
+
+
+def measure_run(
+    run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
+) -> Measured:
+    """The run measured over every step all its ranks have cells for."""
     ranks = [run.ranks[r] for r in sorted(run.ranks)]
     empty = next((r.source for r in ranks if r.cells.cells.height == 0), None)
     if empty is not None:
@@ -180,76 +259,46 @@ def analyze_run(
     if cells.height == 0:
         raise InputError(run.path, "no step has labelled actions on every rank")
     _warn_overlaps(cells, run.sources)
+    on_gpu = any(r.on_gpu for r in ranks)
+    waits, gaps, spans, skews = _gaps(run, per_rank, cells, clock, rules, on_gpu)
+    shape, nearest = _schedule(run, cells, schedule, m)
+    check_causality(shape, cells, run.sources)
+    cells = with_busy(cells, gaps, spans)
+    ref = reference(cells, run.run_json, shape.m)
+    cells = with_contention(cell_parts(cells, ref), shifted_like_cells(run.run_queue, clock, ("t_ns",)))
+    parts = rank_parts(cells, gaps, spans, skews)
+    model = step_model(shape, cells, waits, spans, parts)
+    cells, gaps = cells.sort("rank", "start_ns"), gaps.sort("rank", "start_ns")
+    config = run.run_json or {}
+    return Measured(
+        config, shape, nearest, cells, gaps, parts, spans, ref, model, run.memory, clock, on_gpu, rules
+    )
+
+
+def _gaps(
+    run: RunInput,
+    per_rank: list[RankCells],
+    cells: pl.DataFrame,
+    clock: ClockEstimate | None,
+    rules: Rules,
+    on_gpu: bool,
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame | None]:
+    """Every rank's waits, its classified gaps (with dp_sync where the run has DP collectives), its step
+    windows, and the DP skews (None at dp = 1); `cells` are every rank's, on one clock."""
     waits = pl.concat([r.waits for r in per_rank])
     kernels = [r.kernels for r in per_rank if r.kernels is not None]
     send_waits = [r.send_waits for r in per_rank if r.send_waits is not None]
     split = split_waits(
         cells, waits, pl.concat(kernels) if kernels else None, pl.concat(send_waits) if send_waits else None
     )
-    on_gpu = any(r.on_gpu for r in ranks)
-    gaps = pl.concat([classify(timeline(r, split), rules, on_gpu) for r in per_rank])
-    spans = pl.concat([windows(r) for r in per_rank])
+    steps = [windows(r) for r in per_rank]
+    gaps = pl.concat([classify(timeline(r, split, w), rules, on_gpu) for r, w in zip(per_rank, steps)])
     skews = None
     if run.dp_collectives is not None:
-        synced = _on_clock(run.dp_collectives, clock, ("start_ns", "end_ns", "skew_end_ns"))
+        synced = shifted_like_cells(run.dp_collectives, clock, ("start_ns", "end_ns", "skew_end_ns"))
         gaps = with_dp_sync(gaps, synced)
         skews = skew_ns(gaps, synced)
-    shape, nearest = _schedule(run, cells, schedule, m)
-    check_causality(shape, cells, run.sources)
-    cells = with_busy(cells, gaps, spans)
-    ref = reference(cells, run.run_json, shape.m)
-    cells = with_contention(cell_parts(cells, ref), _on_clock(run.run_queue, clock, ("t_ns",)))
-    parts = rank_parts(cells, gaps, spans, skews)
-    if step is None or step not in parts["step"]:
-        step = median_step(parts)
-    chosen = parts.filter(pl.col("step") == step)
-    step_ns = float(chosen["step_ns"][0])
-    this = pl.col("step") == step
-    origin = spans.filter(this & (pl.col("rank") == shape.rank_of(0)))["start_ns"][0]
-    model = step_model(shape, cells, waits, spans, parts)
-    rungs = ladder(shape, model, ref, step_ns)
-    busy = chosen["busy"].sum()
-    config = run.run_json or {}
-    found = noise(parts.group_by("step").agg(pl.col("step_ns").first() / 1e6)["step_ns"].to_list(), config)
-    raised, notes = flags(config, found, rules)
-    memory = run.memory
-    unprofiled = config.get("step_time_unprofiled_ms")
-    summary = Summary(
-        schedule=shape.name,
-        nearest_schedule=nearest,
-        engine=config.get("engine"),
-        device=config.get("device", "cuda" if on_gpu else "cpu"),
-        p=shape.p,
-        m=shape.m,
-        v=shape.v,
-        steps_analyzed=parts["step"].n_unique(),
-        median_step=step,
-        step_time_ms=step_ns / 1e6,
-        step_time_unprofiled_ms=unprofiled if isinstance(unprofiled, (int, float)) else None,
-        bubble_formula=formula_bubble(shape),
-        bubble_measured=1 - busy / (shape.p * step_ns),
-        bubble_seed=_seed_bubble(chosen, shape.p, step_ns),
-        simulated_step_time_ms=step_ns / 1e6 - rungs.waterfall.residual,
-        waterfall_ms=rungs.waterfall,
-        parts=tuple(f"{part}_ms" for part in RANK_PARTS),
-        ranks=rank_entries(chosen, shape, memory.peak_bytes(step)),
-        rules=rules,
-        clock=clock,
-        inferred_cells=int(cells["inferred"].sum()),
-        noise=found,
-        flags=raised,
-        notes=notes,
-    )
-    return Analysis(
-        summary,
-        shape,
-        cells.sort("rank", "start_ns"),
-        gaps.sort("rank", "start_ns"),
-        in_ms(parts),
-        ideal_frame(rungs.ideal, step, origin),
-        model,
-        memory,
-    )
+    return waits, gaps, pl.concat(steps), skews
 
 
 def _seed_bubble(chosen: pl.DataFrame, p: int, step_ns: float) -> float | None:
@@ -257,18 +306,3 @@ def _seed_bubble(chosen: pl.DataFrame, p: int, step_ns: float) -> float | None:
     if chosen["small_gemm"].null_count():
         return None
     return 1 - (chosen["compute"].sum() + chosen["small_gemm"].sum()) / (p * step_ns)
-
-
-def _on_clock(frame: pl.DataFrame, clock: ClockEstimate | None, times: tuple[str, ...]) -> pl.DataFrame:
-    """Per-rank times (run-queue samples, collectives) shifted as their rank's cells were
-    (analysis.timeline.clock)."""
-    if clock is None:
-        return frame
-    offsets = pl.DataFrame(
-        {"rank": [r.rank for r in clock.ranks], "offset": [r.offset_ns for r in clock.ranks]},
-        schema={"rank": pl.Int64, "offset": pl.Int64},
-    )
-    shifted = frame.join(offsets, on="rank", how="left").with_columns(
-        pl.col(times) + pl.col("offset").fill_null(0)
-    )
-    return shifted.select(frame.columns)

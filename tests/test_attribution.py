@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 from test_cells import gpipe_m1_run, span
 
-from analysis.attribution.model import StepModel
+from analysis.attribution.model import StepModel, fit
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
 from analysis.attribution.replay import Measured, measure, replay
 from analysis.attribution.waterfall import ladder
@@ -172,5 +172,37 @@ def test_the_measured_gaps_are_exact_nanoseconds_at_epoch_times():
         orient="row",
     )
     waits = pl.DataFrame(schema={name: CELL_SCHEMA[name] for name in (*CELL_KEY, "start_ns", "end_ns")})
-    (measured,) = measure(schedule, cells, waits, {0: t0})
-    assert sorted(measured.gap.values()) == [0.0, 0.0, 3.0, 37.0]
+    measured = measure(schedule, cells, waits, pl.DataFrame({"step": [0], "origin_ns": [t0]}))
+    assert sorted(measured.actions["gap"]) == [0.0, 0.0, 3.0, 37.0]
+
+
+def test_a_hop_latency_is_seen_where_the_receiver_waited_first_and_else_a_bound():
+    """gpipe p=2 m=1 in ns from 0: rank 1 waits in 1RECV_F0 from 600, before 0F0 ends at 1000, and its
+    wait ends at 1300: latency 300, seen. Rank 0's 0RECV_B0 starts at 4500 without a wait, after 1B0
+    ended at 4300: the gradient was there by 4500, a bound of 200. 0B0 starts 100 after that arrival."""
+    schedule = build("gpipe", 2, 1)
+    rows = [  # rank, stage, kind, start, end
+        (0, 0, "F", 0, 1000),
+        (0, 0, "SEND_F", 1000, 1100),
+        (1, 1, "RECV_F", 500, 1300),
+        (1, 1, "F", 1300, 2300),
+        (1, 1, "B", 2300, 4300),
+        (1, 1, "SEND_B", 4300, 4400),
+        (0, 0, "RECV_B", 4500, 4600),
+        (0, 0, "B", 4600, 6600),
+    ]
+    cells = pl.DataFrame(
+        [(rank, 0, stage, kind, 0, start, end, 0, False) for rank, stage, kind, start, end in rows],
+        schema=CELL_SCHEMA,
+        orient="row",
+    )
+    waits = pl.DataFrame(
+        [(1, 0, 1, "RECV_F", 0, 600, 1300)], schema=cells.drop("blocked_ns", "inferred").schema, orient="row"
+    )
+    measured = measure(schedule, cells, waits, pl.DataFrame({"step": [0], "origin_ns": [0]}))
+    assert sorted(measured.hops.select("direction", "latency", "seen").rows()) == [
+        ("B", 200.0, False),
+        ("F", 300.0, True),
+    ]
+    assert sorted(measured.actions["gap"]) == [0.0, 0.0, 0.0, 100.0]
+    assert fit(measured, [0.0]).latency == {"F": 300.0, "B": 200.0}

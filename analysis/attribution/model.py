@@ -17,18 +17,14 @@ measured, whatever the microbatch size).
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
 from dataclasses import dataclass
 
-from analysis.attribution.replay import Measured
-from runners.schedules import Action, Kind, Schedule, dependencies
+import polars as pl
+
+from analysis.attribution.replay import Measured, Measurements, direction
+from runners.schedules import Schedule, dependencies
 
 Key = tuple[int, str]  # (stage, kind)
-
-
-def direction(producer: Action) -> str:
-    """The kind of hop a producer's output makes: activations (F) or gradients (B)."""
-    return "F" if producer.kind is Kind.F else "B"
 
 
 @dataclass(frozen=True)
@@ -56,21 +52,16 @@ class StepModel:
         )
 
 
-def fit(steps: list[Measured], tails: list[float]) -> StepModel:
+def fit(measured: Measurements, tails: list[float]) -> StepModel:
     """The medians over every analysed step's measurements and the time after their last action."""
-    durations, gaps = defaultdict(list), defaultdict(list)
-    seen, bounds = defaultdict(list), defaultdict(list)  # hop latencies sighted / only bounded
-    for measured in steps:
-        for action, ns in measured.duration.items():
-            durations[(action.stage, action.kind.value)].append(ns)
-        for action, ns in measured.gap.items():
-            gaps[(action.stage, action.kind.value)].append(ns)
-        for hop, ns in measured.latency.items():
-            (bounds if hop in measured.bounded else seen)[direction(hop[0])].append(ns)
+    kinds = measured.actions.group_by("stage", "kind").agg("duration", pl.col("gap").drop_nulls())
+    hops = measured.hops.group_by("direction").agg(
+        seen=pl.col("latency").filter("seen"), bounds=pl.col("latency").filter(~pl.col("seen"))
+    )
     # a direction whose data always arrived before its receiver looked is bounded by its quickest hop
-    latency = {d: statistics.median(seen[d]) if seen[d] else min(bounds[d]) for d in {*seen, *bounds}}
-    return StepModel(_medians(durations), _medians(gaps), latency, statistics.median(tails))
-
-
-def _medians(table: dict[Key, list[float]]) -> dict[Key, float]:
-    return {key: statistics.median(values) for key, values in table.items()}
+    return StepModel(
+        {(stage, kind): statistics.median(ns) for stage, kind, ns, _ in kinds.iter_rows()},
+        {(stage, kind): statistics.median(ns) for stage, kind, _, ns in kinds.iter_rows() if ns},
+        {d: statistics.median(seen) if seen else min(bounds) for d, seen, bounds in hops.iter_rows()},
+        statistics.median(tails),
+    )

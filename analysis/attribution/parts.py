@@ -29,7 +29,7 @@ SUB_PARTS = ("cpu_contention", "dp_skew")  # of slowdown, of dp_sync
 
 
 def _idle_before(times: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
-    """Per row of `times` (row, rank, t_ns): the rank's idle ns before t_ns, in row order.
+    """Per row of `times` (rank, t_ns): the rank's idle ns before t_ns, in row order.
 
     Gaps of a rank are disjoint, so a running sum of their lengths and one as-of join answer it.
     """
@@ -41,7 +41,11 @@ def _idle_before(times: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
         gap_end="end_ns",
         before=length.cum_sum().over("rank") - length,
     )
-    found = times.sort("t_ns").join_asof(running, on="t_ns", by="rank", check_sortedness=False)
+    found = (
+        times.with_row_index("row")
+        .sort("t_ns")
+        .join_asof(running, on="t_ns", by="rank", check_sortedness=False)
+    )
     inside = pl.min_horizontal("t_ns", "gap_end") - pl.col("gap_start")
     return found.sort("row").select((pl.col("before") + inside).fill_null(0))["before"]
 
@@ -50,15 +54,12 @@ def with_busy(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) ->
     """`cells` with busy_ns: a compute cell's span within its step window less the idle gaps inside it
     (null for transfer cells)."""
     bounds = windows.select("rank", "step", w0="start_ns", w1="end_ns")
-    clipped = (
-        cells.with_row_index("row")
-        .join(bounds, on=["rank", "step"], how="left")
-        .with_columns(a=pl.max_horizontal("start_ns", "w0"), b=pl.min_horizontal("end_ns", "w1"))
-        .sort("row")
+    clipped = cells.join(bounds, on=["rank", "step"], how="left", maintain_order="left").with_columns(
+        a=pl.max_horizontal("start_ns", "w0"), b=pl.min_horizontal("end_ns", "w1")
     )
-    idle = _idle_before(clipped.select("row", "rank", t_ns="b"), gaps) - _idle_before(
-        clipped.select("row", "rank", t_ns="a"), gaps
-    )
+    # the idle time before each cell's clipped start, then before its end: one as-of join for both
+    idle_at = _idle_before(pl.concat([clipped.select("rank", t_ns=end) for end in ("a", "b")]), gaps)
+    idle = idle_at.slice(cells.height) - idle_at.slice(0, cells.height)
     compute = pl.col("kind").is_in(COMPUTE_KINDS)
     busy = pl.when(compute).then((pl.col("b") - pl.col("a")).clip(lower_bound=0) - idle)
     return clipped.with_columns(busy_ns=busy.cast(pl.Float64)).select(*cells.columns, "busy_ns")

@@ -94,9 +94,9 @@ def step_model(
     steps = (
         parts.group_by("step").agg(pl.col("step_ns").first()).join(origins, on="step").join(ends, on="step")
     )
-    rows = steps.sort("step").select("step", "step_ns", "start_ns", "last_ns").rows()
-    measured = measure(schedule, cells, waits, {step: origin for step, _, origin, _ in rows})
-    return fit(measured, [step_ns - (last - origin) for _, step_ns, origin, last in rows])
+    measured = measure(schedule, cells, waits, steps.select("step", origin_ns="start_ns"))
+    rows = steps.select("step_ns", "start_ns", "last_ns").rows()
+    return fit(measured, [step_ns - (last - origin) for step_ns, origin, last in rows])
 
 
 def ideal_frame(timeline: Timeline, step: int, origin_ns: int) -> pl.DataFrame:

@@ -14,10 +14,12 @@ the first action is the host getting to it: launch_overhead.
 
 from __future__ import annotations
 
+import functools
+
 import polars as pl
 
 from analysis.cells.labelled import CELL_KEY, device_events
-from analysis.schema import Rules
+from analysis.schema import GAP_CLASSES, Rules
 from analysis.timeline.gaps import INTERVAL, queued, runs, segments
 
 GAP_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "class": pl.Utf8}
@@ -25,6 +27,16 @@ GAP_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns"
 
 # RECV kind -> (stage step to the producer, the producer's SEND kind, its compute kinds by preference)
 _PRODUCER = {"RECV_F": (-1, "SEND_F", ("F",)), "RECV_B": (1, "SEND_B", ("B", "I"))}
+# per RECV kind each cell that may mark its producer's sending, by preference (0 first)
+_CANDIDATES = pl.DataFrame(
+    [
+        (recv_kind, stage_step, kind, preference)
+        for recv_kind, (stage_step, send_kind, compute_kinds) in _PRODUCER.items()
+        for preference, kind in enumerate((send_kind, *compute_kinds))
+    ],
+    schema={"kind": pl.Utf8, "stage_step": pl.Int64, "peer_kind": pl.Utf8, "preference": pl.Int64},
+    orient="row",
+)
 
 
 def _producer_starts(cells: pl.DataFrame) -> pl.DataFrame:
@@ -39,21 +51,17 @@ def _producer_starts(cells: pl.DataFrame) -> pl.DataFrame:
         "microbatch",
         sent_ns=pl.when(pl.col("kind").str.starts_with("SEND")).then("start_ns").otherwise("end_ns"),
     )
-    recvs = cells.filter(pl.col("kind").is_in(list(_PRODUCER)))
-    candidates = []
-    for recv_kind, (stage_step, send_kind, compute_kinds) in _PRODUCER.items():
-        for preference, kind in enumerate((send_kind, *compute_kinds)):
-            candidates.append(
-                recvs.filter(pl.col("kind") == recv_kind)
-                .with_columns(peer_stage=pl.col("stage") + stage_step, peer_kind=pl.lit(kind))
-                .join(
-                    marks,
-                    left_on=["step", "peer_stage", "peer_kind", "microbatch"],
-                    right_on=["step", "stage", "kind", "microbatch"],
-                )
-                .select(*CELL_KEY, "sent_ns", preference=pl.lit(preference))
-            )
-    return pl.concat(candidates).sort("preference").group_by(CELL_KEY).agg(pl.col("sent_ns").first())
+    candidates = (
+        cells.filter(pl.col("kind").is_in(list(_PRODUCER)))
+        .join(_CANDIDATES, on="kind")
+        .with_columns(peer_stage=pl.col("stage") + pl.col("stage_step"))
+        .join(
+            marks,
+            left_on=["step", "peer_stage", "peer_kind", "microbatch"],
+            right_on=["step", "stage", "kind", "microbatch"],
+        )
+    )
+    return candidates.sort("preference").group_by(CELL_KEY).agg(pl.col("sent_ns").first())
 
 
 # SEND kind -> (stage step to its receiver, the receiver's RECV kind)
@@ -133,12 +141,9 @@ def split_waits(
     )
     cut = pl.col("sent_ns").clip(pl.col("start_ns"), pl.col("end_ns"))
     is_recv = pl.col("kind").str.starts_with("RECV")
-    bubble = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(
-        end_ns=cut, layer=pl.lit("bubble_wait")
-    )
-    after = sent.filter(is_recv & pl.col("sent_ns").is_not_null()).with_columns(
-        start_ns=cut, layer=pl.lit("p2p_wait")
-    )
+    matched = sent.filter(is_recv & pl.col("sent_ns").is_not_null())
+    bubble = matched.with_columns(end_ns=cut, layer=pl.lit("bubble_wait"))
+    after = matched.with_columns(start_ns=cut, layer=pl.lit("p2p_wait"))
     sends = sent.filter(~is_recv).with_columns(layer=pl.lit("p2p_wait"))
     unmatched = sent.filter(is_recv & pl.col("sent_ns").is_null()).with_columns(
         layer=pl.lit("unmatched_wait")
@@ -149,15 +154,25 @@ def split_waits(
     return pl.concat(parts).filter(pl.col("end_ns") > pl.col("start_ns"))
 
 
+# a segment's class while it is classified: an Enum, cheaper to make and compare than strings (the
+# gaps table's class is a string); busy, between and head are resolved before it is written
+_SEGMENT_CLASS = pl.Enum(["busy", "between", "head", *GAP_CLASSES])
+
+
+@functools.cache  # an Enum literal costs more to build than a string one: each is built once
+def _class(name: str) -> pl.Expr:
+    return pl.lit(name, dtype=_SEGMENT_CLASS)
+
+
 def _edge() -> pl.Expr:
     """Idle outside the rank's first-to-last action: work outside the schedule, or the host getting to
     its first action (`head`, resolved by length), or nothing to do: fill and drain."""
     return (
         pl.when(pl.col("unscheduled") > 0)
-        .then(pl.lit("other"))
+        .then(_class("other"))
         .when(pl.col("head") > 0)
-        .then(pl.lit("head"))
-        .otherwise(pl.lit("bubble"))
+        .then(_class("head"))
+        .otherwise(_class("bubble"))
     )
 
 
@@ -177,10 +192,10 @@ def _gpu_idle() -> pl.Expr:
         pl.when(pl.col("active") == 0)
         .then(_edge())
         .when(pl.col("unscheduled") > 0)
-        .then(pl.lit("other"))
-        .otherwise(pl.lit("launch_overhead"))
+        .then(_class("other"))
+        .otherwise(_class("launch_overhead"))
     )
-    queued = pl.when(pl.col("sending") > 0).then(pl.lit("bubble")).otherwise(pl.lit("other"))
+    queued = pl.when(pl.col("sending") > 0).then(_class("bubble")).otherwise(_class("other"))
     return _queue_rule(host, queued)
 
 
@@ -189,25 +204,25 @@ def _cpu_idle() -> pl.Expr:
     between actions (`between`) are resolved by length."""
     return (
         pl.when(pl.col("sending") > 0)
-        .then(pl.lit("p2p_wait"))
+        .then(_class("p2p_wait"))
         .when(pl.col("action") > 0)
-        .then(pl.lit("launch_overhead"))
+        .then(_class("launch_overhead"))
         .when(pl.col("active") == 0)
         .then(_edge())
-        .otherwise(pl.lit("between"))
+        .otherwise(_class("between"))
     )
 
 
 def _segment_class(on_gpu: bool) -> pl.Expr:
     return (
         pl.when(~pl.col("idle"))
-        .then(pl.lit("busy"))
+        .then(_class("busy"))
         .when(pl.col("bubble_wait") > 0)
-        .then(pl.lit("bubble"))
+        .then(_class("bubble"))
         .when(pl.col("p2p_wait") > 0)
-        .then(pl.lit("p2p_wait"))
+        .then(_class("p2p_wait"))
         .when(pl.col("unmatched_wait") > 0)
-        .then(pl.lit("other"))
+        .then(_class("other"))
         .otherwise(_gpu_idle() if on_gpu else _cpu_idle())
         .alias("class")
     )
@@ -215,16 +230,17 @@ def _segment_class(on_gpu: bool) -> pl.Expr:
 
 def classify(timeline: pl.DataFrame, rules: Rules, on_gpu: bool) -> pl.DataFrame:
     """The gaps table: maximal idle stretches of one class (GAP_SCHEMA), busy time left out."""
-    idle = timeline.with_columns(_segment_class(on_gpu)).filter(pl.col("class") != "busy")
+    classes = timeline.select("rank", "step", "start_ns", "end_ns", _segment_class(on_gpu))
+    idle = classes.filter(pl.col("class") != "busy")
     labelled = runs(idle, "class")  # busy time between two stretches keeps them apart: they do not touch
     short = (pl.col("end_ns") - pl.col("start_ns")) <= rules.host_gap_max_ns
     resolved = labelled.with_columns(
         pl.when(pl.col("class").is_in(["between", "head"]) & short)
-        .then(pl.lit("launch_overhead"))
+        .then(_class("launch_overhead"))
         .when(pl.col("class") == "between")
-        .then(pl.lit("other"))
+        .then(_class("other"))
         .when(pl.col("class") == "head")
-        .then(pl.lit("bubble"))
+        .then(_class("bubble"))
         .otherwise("class")
         .alias("class")
     )

@@ -222,6 +222,23 @@ def _shift(rank: RankCells, offset: int) -> RankCells:
     return rank.map(lambda frame: frame.with_columns(pl.col(c) + offset for c in times if c in frame.columns))
 
 
+def shifted_like_cells(
+    frame: pl.DataFrame, clock: ClockEstimate | None, times: tuple[str, ...]
+) -> pl.DataFrame:
+    """Per-rank times (run-queue samples, collectives) shifted by `clock`'s offsets, as on_one_clock
+    shifted their ranks' cells."""
+    if clock is None:
+        return frame
+    offsets = pl.DataFrame(
+        {"rank": [r.rank for r in clock.ranks], "offset": [r.offset_ns for r in clock.ranks]},
+        schema={"rank": pl.Int64, "offset": pl.Int64},
+    )
+    shifted = frame.join(offsets, on="rank", how="left").with_columns(
+        pl.col(times) + pl.col("offset").fill_null(0)
+    )
+    return shifted.select(frame.columns)
+
+
 def _arrived(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
     """Cells with each RECV ending when its data arrived: torch's runtime only posts the receive inside
     the RECV label, and its wait (keyed by the RECV) ends later, inside the consumer. Causality holds

@@ -73,21 +73,27 @@ def segments(
     numbered = windows.select(keys).unique().sort(keys).with_row_index("window")  # in order of keys
     bounds = windows.select(*keys, w0="start_ns", w1="end_ns").join(numbered, on=list(keys))
     clipped = (
-        intervals.join(bounds, on=list(keys))
-        .with_columns(start_ns=pl.max_horizontal("start_ns", "w0"), end_ns=pl.min_horizontal("end_ns", "w1"))
+        intervals.rechunk()  # a concatenation's chunks make the join slower than copying them once
+        .join(bounds, on=list(keys))
+        .with_columns(
+            start_ns=pl.max_horizontal("start_ns", "w0"),
+            end_ns=pl.min_horizontal("end_ns", "w1"),
+            layer=pl.col("layer").cast(pl.Enum(names), strict=False).to_physical(),  # names' index
+        )
         .filter(pl.col("end_ns") > pl.col("start_ns"))
     )
     edges = pl.concat(
         [
             clipped.select("window", "layer", t="start_ns", delta=pl.lit(1)),
             clipped.select("window", "layer", t="end_ns", delta=pl.lit(-1)),
-            bounds.select("window", layer=pl.lit(None, pl.Utf8), t="w0", delta=pl.lit(0)),
-            bounds.select("window", layer=pl.lit(None, pl.Utf8), t="w1", delta=pl.lit(0)),
-        ]
+            bounds.select("window", layer=pl.lit(None), t="w0", delta=pl.lit(0)),
+            bounds.select("window", layer=pl.lit(None), t="w1", delta=pl.lit(0)),
+        ],
+        how="vertical_relaxed",
     )
-    coverage = [
-        pl.when(pl.col("layer") == name).then(pl.col("delta")).otherwise(0).cum_sum().alias(name)
-        for name in names
+    coverage = [  # layers compared as integers: a string comparison per edge and layer costs more
+        pl.when(pl.col("layer") == index).then(pl.col("delta")).otherwise(0).cum_sum().alias(name)
+        for index, name in enumerate(names)
     ]
     same_window = pl.col("window") == pl.col("window").shift(-1)
     return (
@@ -97,25 +103,24 @@ def segments(
         .filter(~(same_window & (pl.col("t") == pl.col("t").shift(-1))).fill_null(False))  # an edge's last
         .with_columns(end_ns=pl.when(same_window).then(pl.col("t").shift(-1)))
         .filter(pl.col("end_ns") > pl.col("t"))
-        .join(numbered, on="window", maintain_order="left")
-        .select(*keys, pl.col("t").alias("start_ns"), "end_ns", *names)
+        .select(
+            *(pl.lit(numbered[key]).gather(pl.col("window")) for key in keys),  # window w is numbered's row w
+            pl.col("t").alias("start_ns"),
+            "end_ns",
+            *names,
+        )
     )
 
 
 def runs(labelled: pl.DataFrame, column: str, keys: tuple[str, ...] = ("rank", "step")) -> pl.DataFrame:
     """Merge adjacent segments of a window (one per `keys`) that carry the same value of `column`;
-    `labelled` in order of keys and start_ns, as segments returns it (and so do runs)."""
+    `labelled` in order of keys and start_ns, as segments returns it (and so do runs). A run opens at
+    a row where the keys or the value change or a hole precedes it, and ends at the row before the next."""
     differs = [pl.col(name) != pl.col(name).shift(1) for name in (*keys, column)]
     first = pl.any_horizontal(*differs, pl.col("start_ns") != pl.col("end_ns").shift(1)).fill_null(True)
-    return _pieces(labelled, first, [*keys, column], "end_ns")
-
-
-def _pieces(ordered: pl.DataFrame, first: pl.Expr, columns: list[str], end: str) -> pl.DataFrame:
-    """One row per piece of `ordered`, a piece running from a row where `first` holds to the row before
-    the next such: its `columns` and start_ns from its first row, its end_ns the last row's `end`."""
-    marked = ordered.with_columns(first=first)
-    ends = marked.filter(pl.col("first").shift(-1).fill_null(True))[end]
-    return marked.filter("first").select(*columns, "start_ns", end_ns=ends)
+    marked = labelled.select(*keys, column, "start_ns", "end_ns", first=first)  # only what is kept
+    ends = marked.filter(pl.col("first").shift(-1).fill_null(True))["end_ns"]
+    return marked.filter("first").select(*keys, column, "start_ns", end_ns=ends)
 
 
 WAIT_LAYERS = ("bubble_wait", "p2p_wait", "unmatched_wait")
@@ -175,13 +180,14 @@ def _head(cells: pl.DataFrame) -> pl.DataFrame:
     return cells.group_by("rank", "step").agg((first - 2**62).alias("start_ns"), first.alias("end_ns"))
 
 
-def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
+def timeline(rank: RankCells, waits: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Elementary segments of each step window with coverage of LAYERS (the work outside the schedule
     counted as the union of its spans: only whether some runs matters, and nested operators are most
     of a CPU trace's spans).
 
     `waits` are this rank's blocked intervals already split into WAIT_LAYERS (classify.split_waits),
-    INTERVAL columns. A segment is idle when nothing busy covers it or a wait does.
+    INTERVAL columns; `steps` its `windows`. A segment is idle when nothing busy covers it or a wait
+    does.
     """
     intervals = pl.concat(
         [
@@ -198,7 +204,7 @@ def timeline(rank: RankCells, waits: pl.DataFrame) -> pl.DataFrame:
         ],
         how="vertical_relaxed",
     )
-    cut = segments(intervals, windows(rank), LAYERS)
+    cut = segments(intervals, steps, LAYERS)
     if rank.kernels is not None:  # a compute kernel running is busy, whatever a comm stream does meanwhile
         return cut.with_columns(idle=pl.col("busy") == 0)
     # one host thread: blocked on a peer inside a compute cell (a posted receive's wait) is not work

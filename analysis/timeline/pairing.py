@@ -43,19 +43,20 @@ def _fraction(start: str, end: str) -> pl.Expr:
     return pl.when(partnered).then(common / shorter).otherwise(0.0)
 
 
-def _overlaps(mine: pl.DataFrame, theirs: pl.DataFrame) -> pl.DataFrame:
+def _same(mine: pl.DataFrame, theirs: pl.DataFrame) -> pl.Series:
+    """Per step of `mine`: the fraction of the shorter it shares with `theirs`'s step of the same number."""
+    other = theirs.select(step_r="step", start_r="start_ns", end_r="end_ns")
+    same = mine.join(other, left_on="step", right_on="step_r", how="left", maintain_order="left")
+    return same.select(_fraction("start_r", "end_r")).to_series()
+
+
+def _best(mine: pl.DataFrame, theirs: pl.DataFrame) -> pl.DataFrame:
     """Per step of `mine`: the step of `theirs` it overlaps most (theirs_step) and by what fraction of
-    the shorter (best), and the fraction with `theirs`'s step of the same number (same). A rank's steps
-    follow each other, so the best is the last of theirs that starts before this one or the next."""
+    the shorter (best). A rank's steps follow each other, so the best is the last of theirs that starts
+    before this one or the next."""
     other = theirs.select(step_r="step", start_r="start_ns", end_r="end_ns")
     before = mine.join_asof(other, left_on="start_ns", right_on="start_r", strategy="backward")
-    after = mine.join_asof(
-        other.with_columns(start_r=pl.col("start_r")),
-        left_on="start_ns",
-        right_on="start_r",
-        strategy="forward",
-    )
-    same = mine.join(other, left_on="step", right_on="step_r", how="left")
+    after = mine.join_asof(other, left_on="start_ns", right_on="start_r", strategy="forward")
     scored = pl.DataFrame(
         {
             "step": mine["step"],
@@ -63,13 +64,11 @@ def _overlaps(mine: pl.DataFrame, theirs: pl.DataFrame) -> pl.DataFrame:
             "before_step": before["step_r"],
             "after": after.select(_fraction("start_r", "end_r")).to_series(),
             "after_step": after["step_r"],
-            "same": same.select(_fraction("start_r", "end_r")).to_series(),
         }
     )
     earlier = pl.col("before") >= pl.col("after")
     return scored.select(
         "step",
-        "same",
         best=pl.max_horizontal("before", "after"),
         theirs_step=pl.when(earlier).then("before_step").otherwise("after_step"),
     )
@@ -80,9 +79,10 @@ def _renumbering(mine: pl.DataFrame, theirs: pl.DataFrame) -> dict[int, int] | N
     numbers stand. Steps with no partner in time keep their number (they drop out as not common)."""
     if mine.height == 0 or theirs.height == 0:
         return None
-    scored = _overlaps(mine, theirs)
-    if scored.filter(pl.col("same") >= MIN_OVERLAP).height * 2 >= scored.height:
+    same = _same(mine, theirs)
+    if (same >= MIN_OVERLAP).sum() * 2 >= mine.height:
         return None  # same-numbered steps overlap: the numbers are right (clocks may differ a little)
+    scored = _best(mine, theirs).with_columns(same=same)
     moved = scored.filter((pl.col("best") >= MIN_OVERLAP) & (pl.col("same") < MIN_OVERLAP))
     if moved.height * 2 < scored.height:
         return None  # time cannot tell: too few steps overlap any step of the reference well
