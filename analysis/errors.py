@@ -41,3 +41,7 @@ class InputError(Exception):
 
 class LimitExceeded(InputError):
     """Input past one of the limits of analysis.traces.limits; the problem names the limit and its flag."""
+
+
+class TraceWarning(UserWarning):
+    """Usable input with something dropped or assumed; the message names the file."""

@@ -43,8 +43,9 @@ from analysis.timeline.clock import ClockEstimate, on_one_clock, shifted_like_ce
 from analysis.timeline.dp_sync import skew_ns, with_dp_sync
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
-from analysis.traces.load import RunTraces, TraceWarning, run_in
+from analysis.traces.load import RunTraces, TraceWarning
 from analysis.traces.memory import Memory, memory_of
+from analysis.traces.run_files import run_in
 from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
 from runners.schedules.trace_names import LABEL_PREFIX
 
@@ -112,7 +113,7 @@ def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None
 def analysis_of(run_dir: Path) -> Analysis:
     """RUN/analysis/ as `analyze` wrote it; where it is missing, unreadable or from another version of the
     analysis, the run is analysed (and its analysis/ written) first, the last two with a warning. A folder
-    of runs stands for its latest (analysis.traces.load.run_in)."""
+    of runs stands for its latest (analysis.traces.run_files.run_in)."""
     run_dir = run_in(Path(run_dir))
     if not results.exists(run_dir):
         return analyze_dir(run_dir)

@@ -26,7 +26,7 @@ from pathlib import Path
 from analysis.cli import standalone
 from analysis.errors import InputError
 from analysis.files import write_atomically
-from analysis.traces.load import trace_files
+from analysis.traces.run_files import trace_files
 from bench.dp_scale import dp_scale
 from bench.inject import inject_recovery
 from bench.predict import prediction_accuracy

@@ -20,7 +20,8 @@ from typing import Any
 import msgspec
 
 from analysis.errors import InputError
-from analysis.traces.load import read_trace, trace_files
+from analysis.traces.load import read_trace
+from analysis.traces.run_files import trace_files
 
 # args keys that are ids unique within a trace; a copy must not collide with the original.
 ID_ARGS = ("correlation", "External id", "Record function id", "Python id", "Python parent id", "Ev Idx")

@@ -1,7 +1,8 @@
 """Real P=2 x DP=2 gloo runs of the runner, native and torch engines (the sync after the last backward,
 and overlapped with it), analysed as jobs: two pipelines as run.json lists them, and the same two from
 the traces' process groups alone; every F and B of every rank found, each rank's parts closing on its
-pipeline's step, and dp_sync measured on every rank (its skew part within it)."""
+pipeline's step, and dp_sync measured on every rank (its skew part within it; exposed where the sync
+follows the backward, hidden whole or in part where it overlaps it)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,15 @@ def test_a_real_dp_run_analyses_into_its_pipelines(dp_run):
     for entry in summary.ranks:
         step_ms = summary.pipelines[entry.pipeline].step_time_ms
         assert sum(entry.part_ms(part) for part in RANK_PARTS) == pytest.approx(step_ms, abs=1e-6)
-        assert entry.dp_sync_ms > 0 and 0 <= entry.dp_skew_ms <= entry.dp_sync_ms + 1e-9
+        assert _synced(entry, dp_run) and 0 <= entry.dp_skew_ms <= entry.dp_sync_ms + 1e-9
+    assert not any("no data-parallel collective found" in note for note in summary.notes)
+
+
+def _synced(entry, run_dir: Path) -> bool:
+    """dp_sync measured: a sync after the last backward is exposed whole (> 0); one overlapped with the
+    backward may be hidden whole by it (0 under a loaded machine's scheduling), never negative."""
+    overlapped = json.loads((run_dir / "run.json").read_text()).get("dp_overlap", False)
+    return entry.dp_sync_ms >= 0 if overlapped else entry.dp_sync_ms > 0
 
 
 def test_without_run_json_the_traces_process_groups_give_the_same_pipelines(dp_run, tmp_path):
@@ -57,4 +66,4 @@ def test_without_run_json_the_traces_process_groups_give_the_same_pipelines(dp_r
     listed = json.loads((dp_run / "run.json").read_text())["pipelines"]
     summary = analyze_job(read_run(bare)).summary
     assert [line.ranks for line in summary.pipelines] == listed
-    assert all(entry.dp_sync_ms > 0 for entry in summary.ranks)
+    assert all(_synced(entry, dp_run) for entry in summary.ranks)

@@ -17,7 +17,8 @@ from test_fuzz_commands import EDITS, FUZZ, SEEDS, _mutated, _run
 
 from analysis.pipeline import analyze_run, read_run
 from analysis.ranks import progress, workers
-from analysis.traces.load import read_trace, trace_files
+from analysis.traces.load import read_trace
+from analysis.traces.run_files import trace_files
 from runners.schedules import build
 from synthetic.generate import write_run
 
@@ -98,6 +99,23 @@ def test_pool_size_fits_the_memory(monkeypatch, tmp_path):
     small = tmp_path / "rank1.json"
     small.write_bytes(b"{}")
     assert workers.pool_size([small] * 4) == 1  # too little to pay for a pool
+
+
+def test_the_pool_server_starts_early_only_where_a_pool_will_read(monkeypatch, tmp_path):
+    started = []
+    monkeypatch.setattr(workers.forkserver, "ensure_running", lambda: started.append(True))
+    run = tmp_path / "run"
+    write_run(run, build("gpipe", 2, 2, 1), shape="cpu")
+    with workers.applied(2):
+        workers.start_server_early(run)  # a run that a pool of 2 reads
+        workers.start_server_early(tmp_path)  # a folder of runs: its run is chosen later, said in a warning
+        workers.start_server_early(tmp_path / "missing")  # the loader says what is wrong
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "empty" / "run.json").write_text("{}")
+        workers.start_server_early(tmp_path / "empty")  # a run without traces
+    with workers.applied(1):
+        workers.start_server_early(run)
+    assert started == [True]
 
 
 def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(tmp_path):

@@ -11,7 +11,8 @@ import polars as pl
 import pytest
 from conftest import REAL_FILES, REAL_TRACES, gunzipped, real_id
 
-from analysis.traces.load import load_trace, rank_from_name, read_trace
+from analysis.traces.load import load_trace, read_trace
+from analysis.traces.run_files import rank_from_name
 
 
 def write(path: Path, document, compress: bool = False) -> Path:

@@ -22,7 +22,6 @@ then gathered in file order; Ray: a `ray.remote` of it), the files on storage ev
 
 from __future__ import annotations
 
-import multiprocessing
 import sys
 import warnings
 from collections.abc import Iterator
@@ -239,10 +238,8 @@ class _Reader:
         return by_rank
 
     def start_pool(self) -> Any:
-        context = multiprocessing.get_context("forkserver")  # fork is unsafe once polars' threads run
-        context.set_forkserver_preload([__name__])
         with _main_not_rerun():
-            return context.Pool(self.size)
+            return workers.pool_context().Pool(self.size)
 
     def close(self) -> None:
         if self.handout is not None:

@@ -16,7 +16,7 @@ from analysis.pipeline import analysis_of
 from analysis.results import Analysis
 from analysis.schema import Summary
 from analysis.traces import limits
-from analysis.traces.load import is_run_directory
+from analysis.traces.run_files import is_run_directory
 from analysis.traces.source import read_text
 from analysis.traces.toplevel import NESTED_TOO_DEEPLY
 

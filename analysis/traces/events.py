@@ -225,8 +225,13 @@ def ids(values: list[Any]) -> pl.Series:
     try:
         return pl.Series(values, dtype=pl.Int64)
     except (TypeError, OverflowError):  # filtering in Python is ~3x faster than polars' strict=False
+        pass
+    ints = [v if v.__class__ is int else None for v in values]  # (not `type(v) is int and ...`: 2x slower)
+    try:
+        return pl.Series(ints, dtype=pl.Int64)
+    except (TypeError, OverflowError):  # past 64 bits: rare enough for the slower test
         return pl.Series(
-            [v if type(v) is int and _INT64_MIN <= v <= _INT64_MAX else None for v in values], dtype=pl.Int64
+            [v if v is not None and _INT64_MIN <= v <= _INT64_MAX else None for v in ints], dtype=pl.Int64
         )
 
 
