@@ -14,7 +14,6 @@ from dataclasses import replace
 import polars as pl
 
 from analysis.cells.labelled import RankCells
-from analysis.cells.spans import union
 from runners.schedules import COMPUTE_KINDS
 
 INTERVAL = ["rank", "step", "layer", "start_ns", "end_ns"]
@@ -182,8 +181,8 @@ def _head(cells: pl.DataFrame) -> pl.DataFrame:
 
 def timeline(rank: RankCells, waits: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Elementary segments of each step window with coverage of LAYERS (the work outside the schedule
-    counted as the union of its spans: only whether some runs matters, and nested operators are most
-    of a CPU trace's spans).
+    as the union of its spans per step, as the rank's cells keep it: only whether some runs matters,
+    and nested operators are most of a CPU trace's spans).
 
     `waits` are this rank's blocked intervals already split into WAIT_LAYERS (classify.split_waits),
     INTERVAL columns; `steps` its `windows`. A segment is idle when nothing busy covers it or a wait
@@ -199,7 +198,7 @@ def timeline(rank: RankCells, waits: pl.DataFrame, steps: pl.DataFrame) -> pl.Da
                 _active(rank.cells if rank.kernels is None else _compute_stream_work(rank.cells)), "active"
             ),
             layer(_head(rank.cells), "head"),
-            layer(union(rank.unscheduled, ["rank", "step"]), "unscheduled"),
+            layer(rank.unscheduled, "unscheduled"),  # (a union per step already: RankCells)
             waits.select(INTERVAL),
         ],
         how="vertical_relaxed",
