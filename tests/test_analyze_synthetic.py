@@ -155,6 +155,20 @@ def test_unlabelled_runs_are_inferred_with_their_parts_recovered(tmp_path, name,
         assert not misses, (entry.rank, misses)
 
 
+def test_a_p2p_call_that_took_no_time_still_cuts_the_op_stream(tmp_path):
+    """No host time between actions: each send is a span of no time starting with the next forward's
+    first op, which by Chrome's rule (the longer holds the rest) would swallow it and join the two
+    forwards into one cell."""
+    schedule = build("1f1b", 4, 8)
+    write_run(tmp_path, schedule, shape="cpu", labels=False)  # launch gaps of 0
+    frame = load_trace(tmp_path / "rank0.json.gz")
+    sends = frame.filter(pl.col("name") == "c10d::send")
+    assert sends.height and (sends["end_ns"] == sends["start_ns"]).all()
+    assert frame.join(sends.select("start_ns"), on="start_ns").filter(pl.col("name") == "aten::linear").height
+    result = analyze_run(read_run(tmp_path))
+    assert result.schedule.orders == schedule.orders
+
+
 def test_host_time_inside_a_cpu_action_is_launch_overhead_not_compute(tmp_path):
     """A 300 us host stall before each compute action's ops, inside its PP label (a sleep in the loop):
     the operators are the work, the stall is host overhead, and the truth is the run's without it."""

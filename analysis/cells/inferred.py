@@ -95,11 +95,21 @@ def _main_thread(frame: pl.DataFrame) -> pl.Expr:
 
 
 def _top_level_ops(events: RankEvents) -> pl.DataFrame:
-    """CPU ops on the main thread not nested in another op, with the async end of each p2p call."""
+    """CPU ops on the main thread not nested in another op, with the async end of each p2p call.
+
+    Of spans that start together the longer holds the others (Chrome's rule), except a p2p call that
+    took no time (whole microseconds, or a clock too coarse): it is taken to end where it starts, before
+    the op starting with it, so it still cuts the op stream there."""
     frame = events.frame
+    is_p2p = pl.col("name").is_in(RECV_OPS + SEND_OPS)
     ops = (
         events.ops.filter(_main_thread(frame))
-        .sort("start_ns", pl.col("end_ns"), descending=[False, True])
+        .sort(
+            "start_ns",
+            is_p2p & (pl.col("end_ns") == pl.col("start_ns")),
+            "end_ns",
+            descending=[False, True, True],
+        )
         .with_columns(outer_end=pl.col("end_ns").cum_max().shift(1))
         .filter(pl.col("outer_end").is_null() | (pl.col("start_ns") >= pl.col("outer_end")))
         .select("rank", "tid", "name", "sequence", "start_ns", "end_ns")
@@ -107,7 +117,6 @@ def _top_level_ops(events: RankEvents) -> pl.DataFrame:
     arrivals = rows(frame, pl.col("name").is_in(ARRIVALS), "rank", "tid", "start_ns", "end_ns").rename(
         {"start_ns": "arrival_start", "end_ns": "arrival_ns"}
     )
-    is_p2p = pl.col("name").is_in(RECV_OPS + SEND_OPS)
     return (
         ops.join_asof(
             arrivals.sort("arrival_start"),
@@ -177,7 +186,7 @@ def _runs(ops: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("B"))
         .otherwise(pl.lit("F"))
     )
-    ops = ops.sort("rank", "start_ns").with_columns(role=role)
+    ops = ops.sort("rank", "start_ns", "end_ns").with_columns(role=role)  # (a p2p call of no time first)
     changed = (
         (pl.col("role") != pl.col("role").shift(1))
         | pl.col("role").is_in(["RECV", "SEND"])
