@@ -35,16 +35,14 @@ def started() -> Started:
 
 
 def analyze(args: argparse.Namespace) -> tuple[Started, int, int]:
+    from analysis.job import analyze_job
+    from analysis.pipeline import read_run
     from analysis.ranks import workers
+    from analysis.results import write
+    from analysis.traces.run_files import trace_files
 
+    began = started()
     with workers.applied(args.jobs):
-        workers.start_server_early(args.directory)  # as `python -m analysis analyze` does
-        from analysis.job import analyze_job
-        from analysis.pipeline import read_run
-        from analysis.results import write
-        from analysis.traces.run_files import trace_files
-
-        began = started()
         processes = workers.pool_size(trace_files(args.directory))
         result = analyze_job(read_run(args.directory), schedule=args.schedule, m=args.m)
     write(args.directory, result)

@@ -101,23 +101,6 @@ def test_pool_size_fits_the_memory(monkeypatch, tmp_path):
     assert workers.pool_size([small] * 4) == 1  # too little to pay for a pool
 
 
-def test_the_pool_server_starts_early_only_where_a_pool_will_read(monkeypatch, tmp_path):
-    started = []
-    monkeypatch.setattr(workers.forkserver, "ensure_running", lambda: started.append(True))
-    run = tmp_path / "run"
-    write_run(run, build("gpipe", 2, 2, 1), shape="cpu")
-    with workers.applied(2):
-        workers.start_server_early(run)  # a run that a pool of 2 reads
-        workers.start_server_early(tmp_path)  # a folder of runs: its run is chosen later, said in a warning
-        workers.start_server_early(tmp_path / "missing")  # the loader says what is wrong
-        (tmp_path / "empty").mkdir()
-        (tmp_path / "empty" / "run.json").write_text("{}")
-        workers.start_server_early(tmp_path / "empty")  # a run without traces
-    with workers.applied(1):
-        workers.start_server_early(run)
-    assert started == [True]
-
-
 def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(tmp_path):
     write_run(tmp_path / "run", build("gpipe", 2, 2, 1), shape="cpu")
     script = tmp_path / "script.py"

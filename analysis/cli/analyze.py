@@ -10,8 +10,6 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.ranks import workers
-
 if TYPE_CHECKING:
     from analysis.schema import Summary
 
@@ -23,7 +21,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    workers.start_server_early(args.run_dir)
     from analysis.pipeline import analyze_dir  # (imported here: `analyze --help` needs no polars)
 
     summary = analyze_dir(args.run_dir, schedule=args.schedule, m=args.m).summary

@@ -22,6 +22,7 @@ then gathered in file order; Ray: a `ray.remote` of it), the files on storage ev
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 import warnings
 from collections.abc import Iterator
@@ -46,9 +47,9 @@ from analysis.traces.load import (
     load_run,
     read_run_config,
     read_trace,
-    trace_files,
     with_rank,
 )
+from analysis.traces.run_files import trace_files
 
 _UNBOUNDED = 1 << 62  # a worker's budget: the per-file limits bound it, the run's are charged here
 Warned = tuple[str, type[Warning]]
@@ -238,8 +239,10 @@ class _Reader:
         return by_rank
 
     def start_pool(self) -> Any:
+        context = multiprocessing.get_context("forkserver")  # fork is unsafe once polars' threads run
+        context.set_forkserver_preload([__name__])
         with _main_not_rerun():
-            return workers.pool_context().Pool(self.size)
+            return context.Pool(self.size)
 
     def close(self) -> None:
         if self.handout is not None:

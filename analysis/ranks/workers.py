@@ -6,32 +6,25 @@ pool (its server imports the analysis once, about half a second of a core) would
 pool saves.
 
 A command sets the number for its duration (`applied`), as it does the input limits
-(analysis.traces.limits); this module reads only /proc and the file sizes, so the CLI imports it cheaply,
-and can start the pool's server before its own imports (`start_server_early`): the server's imports then
-run beside the command's instead of after them.
+(analysis.traces.limits); this module reads only /proc and the file sizes, so the CLI imports it cheaply.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from multiprocessing import forkserver
 from pathlib import Path
 
 from analysis.traces import limits
-from analysis.traces.run_files import is_run_directory, trace_files
 from analysis.traces.source import GZIP_MAGIC
 
 # One rank's peak memory per byte of its JSON while it is read and reduced to its tables: the text,
 # its event frame and the tables made from it (measured about 2.5 on the bench's trace sets).
 FOOTPRINT_PER_BYTE = 3
 POOL_MIN_BYTES = 32_000_000
-# What the pool's server imports once for all its workers: the per-rank work.
-POOL_MODULE = "analysis.ranks.pool"
 _REQUESTED: ContextVar[int | None] = ContextVar("jobs", default=None)
 
 
@@ -66,28 +59,6 @@ def pool_size(files: list[Path]) -> int:
     if available is not None:
         wanted = min(wanted, available // footprint)
     return max(1, min(wanted, len(files)))
-
-
-def pool_context() -> multiprocessing.context.ForkServerContext:
-    """The pool's processes are forked from a server that has imported POOL_MODULE (fork from this
-    process is unsafe once polars' threads run; spawning would import it again in every worker)."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([POOL_MODULE])
-    return context
-
-
-def start_server_early(run_dir: Path) -> None:
-    """Start the pool's server (its imports, about 0.4 s of a core) now, where `run_dir` is a run that
-    a pool will read: the caller's own imports then overlap it. A folder of runs waits for its run to be
-    chosen (analysis.traces.run_files.run_in, which says which in a warning). Any failure here is left
-    to the loader and the pool's own start to report."""
-    try:
-        files = trace_files(run_dir) if is_run_directory(run_dir) else []
-        if files and pool_size(files) > 1:
-            pool_context()
-            forkserver.ensure_running()
-    except OSError:
-        pass
 
 
 def available_bytes() -> int | None:

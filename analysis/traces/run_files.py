@@ -1,7 +1,7 @@
 """Which files of a directory are a run's rank traces, and which directory is a run.
 
-Names and listings alone, nothing read: the loader (analysis.traces.load) and the pool's early start
-(analysis.ranks.workers) both need them, the second before the analysis's imports.
+Names and listings alone, nothing decoded (analysis.traces.load reads what these name), so a caller
+can list a run's traces without the loader's imports.
 """
 
 from __future__ import annotations
