@@ -23,7 +23,8 @@ The hooks act only inside `during_step`, so the calibration's passes between ste
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -83,8 +84,9 @@ class GradSync:
         self.waiting: list[int] = []  # per bucket, parameters not yet final
         self.in_flight: list[tuple[dist.Work, torch.Tensor]] = []
         if overlap:
+            hook = _weakly(self)
             for parameter in parameters:
-                parameter.register_post_accumulate_grad_hook(self.accumulated)
+                parameter.register_post_accumulate_grad_hook(hook)
 
     def accumulated(self, parameter: torch.Tensor) -> None:
         """One more accumulation into parameter.grad; at the step's last, launch what became ready."""
@@ -124,6 +126,21 @@ class GradSync:
         with record_function(DP_GRAD_SYNC):
             self._reduce()
         self.in_flight = []
+
+
+def _weakly(sync: GradSync) -> Callable[[torch.Tensor], None]:
+    """sync.accumulated as a hook that does not keep the sync alive. Its own method would close a cycle
+    (sync -> parameters -> hook -> sync) that only the garbage collector frees, at the interpreter's
+    exit, after destroy_process_group, where freeing gloo's group aborted a rank ("terminate called
+    without an active exception": 8 of 60 two-rank runs)."""
+    alive = weakref.ref(sync)
+
+    def accumulated(parameter: torch.Tensor) -> None:
+        owner = alive()
+        if owner is not None:
+            owner.accumulated(parameter)
+
+    return accumulated
 
 
 def during_step(sync: GradSync | None) -> contextlib.AbstractContextManager:
