@@ -3,6 +3,9 @@ launched in the last backward or after it."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -54,6 +57,13 @@ def _worker(rank: int, store: str, out: str) -> None:
             launched_in_backward = len(sync.in_flight)
         results[overlap] = (launched_in_backward, [p.grad.clone() for p in net.parameters()])
     torch.save(results, f"{out}/{rank}.pt")
+    # The hooks must not keep the sync (and its group) alive: a cycle freed only by the garbage collector
+    # at exit, after destroy_process_group, aborted ranks there.
+    gone = weakref.ref(sync)
+    gc.disable()
+    del net, sync
+    assert gone() is None, "the sync outlived its model: its hooks hold it in a cycle"
+    gc.enable()
     dist.destroy_process_group()
 
 
