@@ -43,10 +43,14 @@ def _fraction(start: str, end: str) -> pl.Expr:
     return pl.when(partnered).then(common / shorter).otherwise(0.0)
 
 
+def _partners(theirs: pl.DataFrame) -> pl.DataFrame:
+    """`theirs`'s steps under the names _fraction compares against (step_r, start_r, end_r)."""
+    return theirs.select(step_r="step", start_r="start_ns", end_r="end_ns")
+
+
 def _same(mine: pl.DataFrame, theirs: pl.DataFrame) -> pl.Series:
     """Per step of `mine`: the fraction of the shorter it shares with `theirs`'s step of the same number."""
-    other = theirs.select(step_r="step", start_r="start_ns", end_r="end_ns")
-    same = mine.join(other, left_on="step", right_on="step_r", how="left", maintain_order="left")
+    same = mine.join(_partners(theirs), left_on="step", right_on="step_r", how="left", maintain_order="left")
     return same.select(_fraction("start_r", "end_r")).to_series()
 
 
@@ -54,7 +58,7 @@ def _best(mine: pl.DataFrame, theirs: pl.DataFrame) -> pl.DataFrame:
     """Per step of `mine`: the step of `theirs` it overlaps most (theirs_step) and by what fraction of
     the shorter (best). A rank's steps follow each other, so the best is the last of theirs that starts
     before this one or the next."""
-    other = theirs.select(step_r="step", start_r="start_ns", end_r="end_ns")
+    other = _partners(theirs)
     before = mine.join_asof(other, left_on="start_ns", right_on="start_r", strategy="backward")
     after = mine.join_asof(other, left_on="start_ns", right_on="start_r", strategy="forward")
     scored = pl.DataFrame(
