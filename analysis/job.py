@@ -136,6 +136,7 @@ def _joined(analyses: list[Analysis], pipelines: list[list[int]], notes: list[st
         gaps=every("gaps").sort("rank", "start_ns"),
         parts=every("parts").sort("step", "rank"),
         ideal=every("ideal"),
+        critical=every("critical"),
         memory=memory,
     )
 

@@ -16,7 +16,9 @@ from pathlib import Path
 import polars as pl
 
 from analysis import results
-from analysis.attribution.model import StepModel
+from analysis.attribution.critical import composition, critical_table, with_slack
+from analysis.attribution.model import StepModel, fit
+from analysis.attribution.own_step import OwnSteps, measure
 from analysis.attribution.parts import (
     cell_parts,
     in_ms,
@@ -27,7 +29,8 @@ from analysis.attribution.parts import (
     with_contention,
 )
 from analysis.attribution.reference import Reference, reference
-from analysis.attribution.waterfall import Ladder, ideal_frame, ladder, step_model
+from analysis.attribution.replay import Replayed, replay
+from analysis.attribution.waterfall import Ladder, ideal_frame, ladder
 from analysis.caveats import flags, noise
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
 from analysis.cells.labelled import RankCells
@@ -37,7 +40,7 @@ from analysis.pipelines import Group
 from analysis.ranks.pool import read_ranks
 from analysis.ranks.tables import RankInput, rank_input
 from analysis.results import Analysis
-from analysis.schema import RANK_PARTS, Rules, Summary
+from analysis.schema import RANK_PARTS, Rules, StepReplay, Summary
 from analysis.timeline.classify import classify, split_waits
 from analysis.timeline.clock import ClockEstimate, on_one_clock, shifted_like_cells
 from analysis.timeline.dp_sync import skew_ns, with_dp_sync
@@ -183,6 +186,9 @@ class Measured:
     parts: pl.DataFrame  # every analysed step's rank_parts, ns
     spans: pl.DataFrame  # the ranks' step windows
     ref: Reference
+    own: OwnSteps  # every analysed step's own inputs (analysis.attribution.own_step)
+    replays: dict[int, Replayed]  # each analysed step replayed from them
+    origins: dict[int, int]  # each step's origin on the cells' clock: its first stage's window start
     model: StepModel
     memory: Memory
     clock: ClockEstimate | None
@@ -196,17 +202,17 @@ class Measured:
             step = median_step(self.parts)
         chosen = self.parts.filter(pl.col("step") == step)
         step_ns = float(chosen["step_ns"][0])
-        first_stage = (pl.col("step") == step) & (pl.col("rank") == self.shape.rank_of(0))
-        origin = self.spans.filter(first_stage)["start_ns"][0]
-        rungs = ladder(self.shape, self.model, self.ref, step_ns)
+        rungs = ladder(self.shape, self.model, self.ref, step_ns, self.replays[step].makespan)
         return Analysis(
             self._summary(chosen, step, step_ns, rungs),
             self.shape,
             self.cells,
             self.gaps,
             in_ms(self.parts),
-            ideal_frame(rungs.ideal, step, origin),
+            ideal_frame(rungs.ideal, self.shape, step, self.origins[step]),
             self.model,
+            critical_table(self.replays, self.origins),
+            self.own,
             self.memory,
         )
 
@@ -232,8 +238,11 @@ class Measured:
             bubble_formula=formula_bubble(shape),
             bubble_measured=1 - chosen["busy"].sum() / (shape.p * step_ns),
             bubble_seed=_seed_bubble(chosen, shape.p, step_ns),
-            simulated_step_time_ms=step_ns / 1e6 - rungs.waterfall.residual,
+            simulated_step_time_ms=rungs.typical_ns / 1e6,
             waterfall_ms=rungs.waterfall,
+            waterfall_shapley_ms=rungs.shapley,
+            replayed_steps=self._replayed_steps(),
+            critical_path=composition(self.replays[step]),
             parts=tuple(f"{part}_ms" for part in RANK_PARTS),
             ranks=rank_entries(chosen, shape, self.memory.peak_bytes(step)),
             rules=self.rules,
@@ -243,6 +252,18 @@ class Measured:
             flags=raised,
             notes=notes,
         )
+
+    def _replayed_steps(self) -> list[StepReplay]:
+        steps = self.parts.group_by("step").agg(pl.col("step_ns").first()).sort("step")
+        return [
+            StepReplay(
+                step=step,
+                step_time_ms=step_ns / 1e6,
+                replay_ms=self.replays[step].makespan / 1e6,
+                residual_ms=(step_ns - self.replays[step].makespan) / 1e6,
+            )
+            for step, step_ns in steps.iter_rows()
+        ]
 
 
 def measure_run(
@@ -268,11 +289,31 @@ def measure_run(
     ref = reference(cells, run.run_json, shape.m)
     cells = with_contention(cell_parts(cells, ref), shifted_like_cells(run.run_queue, clock, ("t_ns",)))
     parts = rank_parts(cells, gaps, spans, skews)
-    model = step_model(shape, cells, waits, spans, parts)
-    cells, gaps = cells.sort("rank", "start_ns"), gaps.sort("rank", "start_ns")
+    own = measure(shape, cells, waits, gaps, spans, on_gpu)
+    replays = {step: replay(shape, own.step(step, shape.p)) for step in parts["step"].unique().to_list()}
+    model = fit(own, median_step(parts), shape.p)
+    first_stage = spans.filter(pl.col("rank") == shape.rank_of(0))
+    origins = dict(first_stage.select("step", "start_ns").iter_rows())
+    cells = with_slack(cells, replays).sort("rank", "start_ns")
+    gaps = gaps.sort("rank", "start_ns")
     config = run.run_json or {}
     return Measured(
-        config, shape, nearest, cells, gaps, parts, spans, ref, model, run.memory, clock, on_gpu, rules
+        config,
+        shape,
+        nearest,
+        cells,
+        gaps,
+        parts,
+        spans,
+        ref,
+        own,
+        replays,
+        origins,
+        model,
+        run.memory,
+        clock,
+        on_gpu,
+        rules,
     )
 
 

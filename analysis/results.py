@@ -11,8 +11,14 @@ for the merge, the report and the benchmarks), so every page and track shows wha
     ranks.parquet         every analysed step's parts per rank, in ms
     ideal.parquet         the ideal timeline (analysis.attribution.waterfall): rank, stage, kind,
                           microbatch, start_ns, end_ns from the median step's origin
-    model.json            the step model the waterfall replays (analysis.attribution.model), which
-                          `predict` replays at other m
+    model.json            the typical step (analysis.attribution.model): per (stage, kind) its mean
+                          inputs, per rank its mean tail, the executed lowered orders; the waterfall
+                          and `predict` replay it
+    critical.parquet      each analysed step's critical path (analysis.attribution.critical): step,
+                          rank, start_ns, end_ns, part, stage, kind, microbatch
+    replay_inputs.parquet, replay_tails.parquet
+                          every analysed step's own inputs (analysis.attribution.own_step), which
+                          `predict` resamples for its intervals
     memory.parquet, memory_peaks.parquet
                           where the traces carry memory events (analysis.traces.memory)
 
@@ -35,6 +41,8 @@ import msgspec
 import polars as pl
 
 from analysis.attribution.model import StepModel
+from analysis.attribution.own_step import OwnSteps
+from analysis.attribution.replay import Inputs, Tail
 from analysis.errors import InputError
 from analysis.schema import Summary
 from analysis.traces.memory import Memory
@@ -54,6 +62,8 @@ class Analysis:
     parts: pl.DataFrame  # every analysed step's parts per rank, ms (ranks.parquet)
     ideal: pl.DataFrame
     model: StepModel
+    critical: pl.DataFrame  # each analysed step's critical path (analysis.attribution.critical)
+    own: OwnSteps  # every analysed step's own replay inputs
     memory: Memory | None = None  # None: the traces have no memory events
 
 
@@ -68,27 +78,36 @@ class _ScheduleFile(msgspec.Struct):
 
 
 class _ModelFile(msgspec.Struct):
-    kinds: list[tuple[int, str, float, float]]  # stage, kind, busy_ns, gap_ns
-    latency_ns: dict[str, float]  # hop direction (F, B) -> ns
-    tail_ns: float
+    # stage, kind, and its mean lead, pre, work, transfer, post (ns)
+    kinds: list[tuple[int, str, float, float, float, float, float]]
+    tails_ns: list[tuple[float, float, float]]  # per rank: dp_sync, other, launch_overhead
+    orders: list[list[str]]  # per rank, its lowered actions as the median step ran them
+    blocking_sends: bool
+    eager_receives: bool
 
 
 def _model_json(model: StepModel) -> bytes:
     kinds = [
-        (stage, kind, ns, model.gap.get((stage, kind), 0.0)) for (stage, kind), ns in model.duration.items()
+        (stage, kind, i.lead, i.pre, i.work, i.transfer, i.post) for (stage, kind), i in model.kinds.items()
     ]
-    return (
-        msgspec.json.format(msgspec.json.encode(_ModelFile(sorted(kinds), model.latency, model.tail))) + b"\n"
-    )
+    tails = [(t.dp_sync, t.other, t.launch_overhead) for t in model.tails]
+    orders = [[str(action) for action in order] for order in model.orders]
+    document = _ModelFile(sorted(kinds), tails, orders, model.blocking_sends, model.eager_receives)
+    return msgspec.json.format(msgspec.json.encode(document)) + b"\n"
 
 
 def _model(path: Path) -> StepModel:
     found = _decode(path, _ModelFile)
+    try:
+        orders = tuple(tuple(Action.parse(text) for text in order) for order in found.orders)
+    except ValueError as error:
+        raise InputError(path, f"not a step model: {error}") from None
     return StepModel(
-        {(stage, kind): busy for stage, kind, busy, _ in found.kinds},
-        {(stage, kind): gap for stage, kind, _, gap in found.kinds},
-        found.latency_ns,
-        found.tail_ns,
+        {(stage, kind): Inputs(*values) for stage, kind, *values in found.kinds},
+        tuple(Tail(*values) for values in found.tails_ns),
+        orders,
+        found.blocking_sends,
+        found.eager_receives,
     )
 
 
@@ -124,6 +143,9 @@ def write(run_dir: Path, analysis: Analysis) -> Path:
             "gaps": analysis.gaps,
             "ranks": analysis.parts,
             "ideal": analysis.ideal,
+            "critical": analysis.critical,
+            "replay_inputs": analysis.own.actions,
+            "replay_tails": analysis.own.tails,
         }
         for name, table in tables.items():
             table.write_parquet(staging / f"{name}.parquet")
@@ -197,6 +219,13 @@ def read(run_dir: Path) -> Analysis:
         gaps=_table(directory / "gaps.parquet"),
         parts=_table(directory / "ranks.parquet"),
         ideal=_table(directory / "ideal.parquet"),
-        model=_model(directory / "model.json"),
+        model=(model := _model(directory / "model.json")),
+        critical=_table(directory / "critical.parquet"),
+        own=OwnSteps(
+            _table(directory / "replay_inputs.parquet"),
+            _table(directory / "replay_tails.parquet"),
+            model.blocking_sends,
+            model.eager_receives,
+        ),
         memory=None if stash is None or peaks is None else Memory(stash, peaks),
     )

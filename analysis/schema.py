@@ -24,7 +24,9 @@ __all__ = [
     "GAP_CLASSES",
     "RANK_PARTS",
     "WATERFALL_TERMS",
+    "CriticalShare",
     "RankEntry",
+    "StepReplay",
     "Rules",
     "Summary",
     "Waterfall",
@@ -105,13 +107,15 @@ class RankEntry(Parts, kw_only=True):
 
 
 class Waterfall(msgspec.Struct, kw_only=True):
-    """The step time as a ladder of replays, rung by rung from the formula to the measurement (ms).
+    """The step time as replays of the typical step, from the formula to the measurement (ms;
+    analysis.attribution.waterfall).
 
-    ideal + formula_bubble is the formula's step time; the rungs after it add stage imbalance, small-GEMM
-    time, slowdown, host gaps, p2p latencies and the step's time after its last action (`other`: the
-    optimizer step); `residual` is the measured step minus the last rung.
-    The terms sum to the step time (None small_gemm and slowdown, no isolated calibration, count as 0:
-    they are folded into imbalance)."""
+    ideal + formula_bubble is the formula's step time; the terms after it add stage imbalance, small-GEMM
+    time, slowdown, host time, p2p transfers and each rank's time after its last action (`other`: the
+    optimizer step, the DP sync), which make the typical step (`simulated_step_time_ms`); `variability`
+    is the median step's own replay less the typical one, `residual` the measured step less its own
+    replay (the completeness residual). The terms sum to the step time (None small_gemm and slowdown,
+    no isolated calibration, count as 0: they are folded into imbalance)."""
 
     ideal: float
     formula_bubble: float
@@ -121,7 +125,26 @@ class Waterfall(msgspec.Struct, kw_only=True):
     launch_overhead: float
     p2p_wait: float
     other: float
+    variability: float
     residual: float
+
+
+class StepReplay(msgspec.Struct, kw_only=True):
+    """One analysed step against its own replay (ms)."""
+
+    step: int
+    step_time_ms: float
+    replay_ms: float  # the step replayed from its own measurements
+    residual_ms: float  # step_time_ms - replay_ms: the completeness residual
+
+
+class CriticalShare(msgspec.Struct, kw_only=True):
+    """Of the median step's critical path: the ms of one part on one stage (None: host time between
+    actions and the ranks' tails, which belong to no stage)."""
+
+    part: str  # a rank part's name without _ms, or "hop" for a transfer
+    stage: int | None
+    ms: float
 
 
 WATERFALL_TERMS = Waterfall.__struct_fields__
@@ -174,8 +197,11 @@ class Summary(msgspec.Struct, kw_only=True):
     # the seed's 1 - m*t_slot/step: 1 - the cells' work timed alone (compute + small_gemm) / (p * step);
     # None without the isolated calibration
     bubble_seed: float | None
-    simulated_step_time_ms: float  # the last rung of the replay ladder (step - residual)
-    waterfall_ms: Waterfall
+    simulated_step_time_ms: float  # the typical step's replay (analysis.attribution.model)
+    waterfall_ms: Waterfall  # the fixed ladder
+    waterfall_shapley_ms: Waterfall  # the same terms, each effect at its Shapley value
+    replayed_steps: list[StepReplay]  # every analysed step against its own replay
+    critical_path: list[CriticalShare]  # the median step's, by part and stage
     parts: tuple[str, ...]  # the rank-entry keys that sum to the step time
     ranks: list[RankEntry]
     rules: Rules  # the classification thresholds used

@@ -29,6 +29,9 @@ SUMMARY_KEYS = {
     "bubble_seed",
     "simulated_step_time_ms",
     "waterfall_ms",
+    "waterfall_shapley_ms",
+    "replayed_steps",
+    "critical_path",
     "ranks",
     "rules",
     "dp",
@@ -62,10 +65,13 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
     written = sorted(p.name for p in (run / "analysis").iterdir())
     assert written == [
         "cells.parquet",
+        "critical.parquet",
         "gaps.parquet",
         "ideal.parquet",
         "model.json",
         "ranks.parquet",
+        "replay_inputs.parquet",
+        "replay_tails.parquet",
         "schedule.json",
         "summary.json",
     ]
@@ -101,6 +107,7 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         "small_gemm_ns",
         "slowdown_ns",
         "cpu_contention_ns",
+        "slack_ns",
     ]
     # no run.json here, so no calibration: the split of busy time is unknown
     assert cells["small_gemm_ns"].null_count() == cells["slowdown_ns"].null_count() == cells.height

@@ -7,14 +7,15 @@ import polars as pl
 import pytest
 from test_cells import gpipe_m1_run, span
 
-from analysis.attribution.model import StepModel, fit
+from analysis.attribution.model import StepModel
+from analysis.attribution.own_step import measure
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
-from analysis.attribution.replay import Measured, measure, replay
+from analysis.attribution.replay import Inputs, Step, Tail, replay
 from analysis.attribution.waterfall import ladder
 from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
 from analysis.pipeline import analyze_run, read_run
 from analysis.schema import RANK_PARTS, WATERFALL_TERMS
-from runners.schedules import build, simulate
+from runners.schedules import Action, Kind, build, lower, simulate
 from runners.schedules.trace_names import RUN_QUEUE_COUNTER
 
 CALIBRATION = {"0": {"F_ms": 0.008, "B_ms": 0.016}, "1": {"F_ms": 0.016, "B_ms": 0.024}}
@@ -34,7 +35,11 @@ RUN_JSON = {
 def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
     summary = analyze_run(read_run(gpipe_m1_run(tmp_path))).summary
     # ideal (10+20 + 20+30)/2 = 40 us; equal slots F=15, B=25 in a serial m=1 chain = 80; the measured
-    # chain is also 80 (no imbalance at m=1); gaps 2,2,1,2 push it to 87, latencies 3 and 1 to 91
+    # chain is also 80 (no imbalance at m=1); host time 2+1 on rank 0 and 1+1+1 on rank 1 on the chain
+    # pushes it to 87, the transfers after both sides posted (1RECV_F0 3 us after 0SEND_F0 began, the
+    # senders' own 1 us each, 0RECV_B0 1 us after 1SEND_B0 began) to 91. The step goes on 9 us after the
+    # last backward with nothing recorded there (drain): no measured input explains it, so it is the
+    # completeness residual, not a tail.
     expected = {
         "ideal": 0.040,
         "formula_bubble": 0.040,
@@ -43,14 +48,17 @@ def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
         "slowdown": None,
         "launch_overhead": 0.007,
         "p2p_wait": 0.004,
-        "other": 0.009,  # the step goes on 9 us after the last backward
-        "residual": 0.0,
+        "other": 0.0,
+        "variability": 0.0,  # one step of one microbatch: its own inputs are the typical ones
+        "residual": 0.009,
     }
     assert list(expected) == list(WATERFALL_TERMS)
     assert msgspec.structs.asdict(summary.waterfall_ms) == {
         term: pytest.approx(ms, abs=1e-9) if ms is not None else None for term, ms in expected.items()
     }
-    assert summary.simulated_step_time_ms == pytest.approx(0.091 + 0.009)  # the replay, then the tail
+    assert summary.simulated_step_time_ms == pytest.approx(0.091)
+    (replayed,) = summary.replayed_steps
+    assert (replayed.replay_ms, replayed.residual_ms) == pytest.approx((0.091, 0.009))
     assert summary.bubble_measured == pytest.approx(1 - 80 / 200)
     assert summary.bubble_seed is None  # no isolated calibration
 
@@ -103,14 +111,19 @@ def test_each_ranks_parts_sum_to_the_step_time(tmp_path, with_run_json):
     assert result.summary.step_time_ms == pytest.approx(0.1)
 
 
+def _unit_step(orders, blocking=False) -> Step:
+    inputs = {a: Inputs(work=1.0 if a.kind.is_compute else 0.0) for order in orders for a in order}
+    return Step(orders, inputs, [Tail()] * len(orders), blocking)
+
+
 @pytest.mark.parametrize(
     "name,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zb", 3, 6, 1)]
 )
-def test_unit_replay_reproduces_the_schedule_simulator(name, p, m, v):
+def test_unit_replay_reproduces_the_schedule_simulator_lowered_or_not(name, p, m, v):
     schedule = build(name, p, m, v)
-    unit = Measured({a: 1.0 for order in schedule.orders for a in order})
     expected = max(end for *_, end in simulate(schedule).rows)
-    assert replay(schedule, unit).makespan == expected
+    assert replay(schedule, _unit_step(schedule.orders)).makespan == expected
+    assert replay(schedule, _unit_step(lower(schedule).orders)).makespan == expected
 
 
 @pytest.mark.parametrize("name,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 4, 1), ("interleaved", 2, 4, 2)])
@@ -120,12 +133,17 @@ def test_equal_slots_give_the_formula_bubble(name, p, m, v):
     unit = {a: 1.0 if a.kind.value == "F" else 2.0 for a in actions}
     rows = [(a.stage, a.kind.value, a.microbatch, ns, ns) for a, ns in unit.items()]
     ref = Reference(pl.DataFrame(rows, schema=REFERENCE_SCHEMA, orient="row"), calibrated=True)
-    model = StepModel({(a.stage, a.kind.value): ns for a, ns in unit.items()}, gap={}, latency={}, tail=0.0)
-    terms = ladder(schedule, model, ref, step_ns=1e6).waterfall
+    kinds = {(a.stage, a.kind.value): Inputs(work=ns) for a, ns in unit.items()}
+    model = StepModel(
+        kinds, (Tail(),) * p, lower(schedule).orders, blocking_sends=False, eager_receives=False
+    )
+    rungs = ladder(schedule, model, ref, step_ns=1e6, own_ns=1e6)
+    terms = rungs.waterfall
     step = terms.ideal + terms.formula_bubble
     assert terms.formula_bubble / step == pytest.approx((p - 1) / (v * m + p - 1))
     assert terms.imbalance == 0 and terms.small_gemm == 0 and terms.slowdown == 0
     assert sum(msgspec.structs.asdict(terms).values()) == pytest.approx(1.0)  # ms
+    assert sum(msgspec.structs.asdict(rungs.shapley).values()) == pytest.approx(1.0)
 
 
 def run_queue(t_us: float, delay_ns: int) -> dict:
@@ -155,54 +173,147 @@ def test_cpu_contention_is_the_run_queue_delay_across_compute_cells_on_their_bus
     assert [r.cpu_contention_ms for r in bare] == [None, None]  # no counter: unknown, not zero
 
 
-def test_the_measured_gaps_are_exact_nanoseconds_at_epoch_times():
-    """Cells carry nanoseconds since the epoch (~1.8e18, where a double resolves only 256 ns): gaps of
-    3 and 37 ns must come out as 3 and 37."""
+def _cells(rows, step=0):
+    """A cells table (with busy_ns: the whole span of a compute cell) from (rank, stage, kind, mb, start,
+    end) rows."""
+    frame = pl.DataFrame(
+        [(rank, step, stage, kind, mb, start, end, 0, False) for rank, stage, kind, mb, start, end in rows],
+        schema=CELL_SCHEMA,
+        orient="row",
+    )
+    compute = pl.col("kind").is_in(["F", "B", "I", "W"])
+    return frame.with_columns(
+        busy_ns=pl.when(compute).then(pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)
+    )
+
+
+def _waits(rows, step=0):
+    schema = {name: CELL_SCHEMA[name] for name in (*CELL_KEY, "start_ns", "end_ns")}
+    return pl.DataFrame(
+        [(r, step, s, k, mb, a, b) for r, s, k, mb, a, b in rows], schema=schema, orient="row"
+    )
+
+
+def _gaps(rows, step=0):
+    schema = {"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "class": pl.Utf8}
+    return pl.DataFrame([(r, step, a, b, c) for r, a, b, c in rows], schema=schema, orient="row")
+
+
+def _windows(ends, step=0, start=0):
+    return pl.DataFrame({"rank": list(range(len(ends))), "step": step, "start_ns": start, "end_ns": ends})
+
+
+def test_host_time_between_actions_is_measured_in_exact_nanoseconds_at_epoch_times():
+    """Cells carry nanoseconds since the epoch (~1.8e18, where a double resolves only 256 ns): host gaps
+    of 3 and 37 ns before an action come out as 3 and 37."""
     schedule = build("gpipe", 2, 1)
     t0 = 1_764_000_000_123_456_789
-    rows = [  # rank, stage, kind, start, end: F0, 3 ns later F1, B1, 37 ns later B0 (no RECV cells: no hops)
-        (0, 0, "F", t0, t0 + 1000),
-        (1, 1, "F", t0 + 1003, t0 + 2003),
-        (1, 1, "B", t0 + 2003, t0 + 3003),
-        (0, 0, "B", t0 + 3040, t0 + 4040),
-    ]
-    cells = pl.DataFrame(
-        [(rank, 0, stage, kind, 0, start, end, 0, False) for rank, stage, kind, start, end in rows],
-        schema=CELL_SCHEMA,
-        orient="row",
+    cells = _cells(
+        [  # F0, 3 ns later F1, B1, 37 ns later B0 (no RECV cells: compute waits for compute)
+            (0, 0, "F", 0, t0, t0 + 1000),
+            (1, 1, "F", 0, t0 + 1003, t0 + 2003),
+            (1, 1, "B", 0, t0 + 2003, t0 + 3003),
+            (0, 0, "B", 0, t0 + 3040, t0 + 4040),
+        ]
     )
-    waits = pl.DataFrame(schema={name: CELL_SCHEMA[name] for name in (*CELL_KEY, "start_ns", "end_ns")})
-    measured = measure(schedule, cells, waits, pl.DataFrame({"step": [0], "origin_ns": [t0]}))
-    assert sorted(measured.actions["gap"]) == [0.0, 0.0, 3.0, 37.0]
+    gaps = _gaps([(1, t0 + 1000, t0 + 1003, "launch_overhead"), (0, t0 + 3003, t0 + 3040, "launch_overhead")])
+    own = measure(schedule, cells, _waits([]), gaps, _windows([t0 + 4040] * 2, start=t0), on_gpu=False)
+    assert sorted(own.actions["lead"]) == [0.0, 0.0, 3.0, 37.0]
+    assert replay(schedule, own.step(0, 2)).makespan == 4040  # nothing else: exact
 
 
-def test_a_hop_latency_is_seen_where_the_receiver_waited_first_and_else_a_bound():
-    """gpipe p=2 m=1 in ns from 0: rank 1 waits in 1RECV_F0 from 600, before 0F0 ends at 1000, and its
-    wait ends at 1300: latency 300, seen. Rank 0's 0RECV_B0 starts at 4500 without a wait, after 1B0
-    ended at 4300: the gradient was there by 4500, a bound of 200. 0B0 starts 100 after that arrival."""
+def _rendezvous_run(recv_b_post: int):
+    """gpipe p=2 m=1 in ns: rank 1 posts 1RECV_F0 at 500, before 0SEND_F0 begins at 1000, and its wait
+    ends at 1300; rank 0 posts 0RECV_B0 at `recv_b_post` and waits until 300 ns after the later of that
+    and 1SEND_B0's start at 4300 (a late receiver still pays the transfer: gloo's rendezvous)."""
+    arrival = max(recv_b_post, 4300) + 300
+    rows = [
+        (0, 0, "F", 0, 0, 1000),
+        (0, 0, "SEND_F", 0, 1000, 1100),
+        (1, 1, "RECV_F", 0, 500, 1300),
+        (1, 1, "F", 0, 1300, 2300),
+        (1, 1, "B", 0, 2300, 4300),
+        (1, 1, "SEND_B", 0, 4300, 4400),
+        (0, 0, "RECV_B", 0, recv_b_post, arrival),
+        (0, 0, "B", 0, arrival, arrival + 2000),
+    ]
+    waits = _waits([(1, 1, "RECV_F", 0, 500, 1300), (0, 0, "RECV_B", 0, recv_b_post, arrival)])
+    host = _gaps([(0, 1100, recv_b_post, "launch_overhead")])  # rank 0's host time before it posts
+    return rows, waits, host, arrival + 2000
+
+
+@pytest.mark.parametrize("recv_b_post", [1200, 4500])  # early, and after the send began
+def test_a_rendezvous_receive_posted_early_or_late_replays_to_the_measured_step(recv_b_post):
     schedule = build("gpipe", 2, 1)
-    rows = [  # rank, stage, kind, start, end
-        (0, 0, "F", 0, 1000),
-        (0, 0, "SEND_F", 1000, 1100),
-        (1, 1, "RECV_F", 500, 1300),
-        (1, 1, "F", 1300, 2300),
-        (1, 1, "B", 2300, 4300),
-        (1, 1, "SEND_B", 4300, 4400),
-        (0, 0, "RECV_B", 4500, 4600),
-        (0, 0, "B", 4600, 6600),
-    ]
-    cells = pl.DataFrame(
-        [(rank, 0, stage, kind, 0, start, end, 0, False) for rank, stage, kind, start, end in rows],
-        schema=CELL_SCHEMA,
-        orient="row",
+    rows, waits, gaps, end = _rendezvous_run(recv_b_post)
+    own = measure(schedule, _cells(rows), waits, gaps, _windows([end, 4400]), on_gpu=False)
+    transfers = dict(
+        own.actions.filter(pl.col("kind").str.starts_with("RECV")).select("kind", "transfer").iter_rows()
     )
-    waits = pl.DataFrame(
-        [(1, 0, 1, "RECV_F", 0, 600, 1300)], schema=cells.drop("blocked_ns", "inferred").schema, orient="row"
-    )
-    measured = measure(schedule, cells, waits, pl.DataFrame({"step": [0], "origin_ns": [0]}))
-    assert sorted(measured.hops.select("direction", "latency", "seen").rows()) == [
-        ("B", 200.0, False),
-        ("F", 300.0, True),
+    assert transfers == {"RECV_F": 300.0, "RECV_B": 300.0}
+    replayed = replay(schedule, own.step(0, 2))
+    assert replayed.makespan == end  # the late receiver's 300 ns are in the replay, not a residual
+    assert replayed.spans[Action(0, Kind.B, 0)] == (end - 2000, end)
+
+
+def test_a_blocking_send_waits_for_its_receiver_in_the_replay():
+    """A c10d::send that blocks: 0SEND_F0 begins at 1000 and ends at 2300, 300 ns after rank 1 began
+    waiting in 1RECV_F0 at 2000 (its host was busy before). Its transfer is those 300 ns; posting the
+    receive earlier would end the send earlier."""
+    schedule = build("gpipe", 2, 1)
+    rows = [
+        (0, 0, "F", 0, 0, 1000),
+        (0, 0, "SEND_F", 0, 1000, 2300),
+        (1, 1, "RECV_F", 0, 2000, 2300),
+        (1, 1, "F", 0, 2300, 3300),
+        (1, 1, "B", 0, 3300, 5300),
+        (1, 1, "SEND_B", 0, 5300, 5400),
+        (0, 0, "RECV_B", 0, 2300, 5700),
+        (0, 0, "B", 0, 5700, 7700),
     ]
-    assert sorted(measured.actions["gap"]) == [0.0, 0.0, 0.0, 100.0]
-    assert fit(measured, [0.0]).latency == {"F": 300.0, "B": 200.0}
+    waits = _waits(
+        [(1, 1, "RECV_F", 0, 2000, 2300), (0, 0, "RECV_B", 0, 2300, 5700), (0, 0, "SEND_F", 0, 1000, 2300)]
+    )
+    gaps = _gaps([(1, 0, 2000, "launch_overhead"), (0, 1000, 2000, "bubble"), (0, 2000, 2300, "p2p_wait")])
+    own = measure(schedule, _cells(rows), waits, gaps, _windows([7700, 5400]), on_gpu=False)
+    assert own.blocking_sends
+    send = own.actions.filter(pl.col("kind") == "SEND_F").row(0, named=True)
+    assert (send["pre"], send["transfer"]) == (0.0, 300.0)
+    step = own.step(0, 2)
+    assert replay(schedule, step).makespan == 7700
+    earlier = dict(step.inputs)
+    earlier[Action(1, Kind.RECV_F, 0)] = Inputs(lead=1000.0, transfer=300.0)
+    sooner = replay(schedule, Step(step.orders, earlier, step.tails, step.blocking_sends))
+    assert sooner.spans[Action(0, Kind.SEND_F, 0)][1] == 1300  # 1000 + 300: it no longer waits
+
+
+def test_the_critical_path_crosses_ranks_and_tiles_the_replay(tmp_path):
+    analysis = analyze_run(read_run(gpipe_m1_run(tmp_path)))
+    path = analysis.critical.sort("start_ns")
+    assert (path["end_ns"] - path["start_ns"]).sum() == 91_000  # the own replay: the step less 9 us
+    assert (path["start_ns"].slice(1) == path["end_ns"].slice(0, path.height - 1)).all()  # no holes
+    work = path.filter(pl.col("part") == "compute")
+    assert [f"{s}{k}{mb}" for s, k, mb in work.select("stage", "kind", "microbatch").iter_rows()] == [
+        "0F0",
+        "1F0",
+        "1B0",
+        "0B0",
+    ]
+    hops = path.filter(pl.col("part") == "hop").select("kind", d=pl.col("end_ns") - pl.col("start_ns"))
+    assert hops.rows() == [("RECV_F", 3000), ("RECV_B", 1000)]  # after the partners posted
+    assert analysis.cells.filter(pl.col("kind").is_in(["F", "B"]))["slack_ns"].to_list() == [0.0] * 4
+
+
+def test_a_cell_off_the_critical_path_has_slack():
+    """gpipe p=2 m=2, stage 1's backwards 2 units, the rest 1: 1B0 ends at 5 and 1B1 at 7, so 0B0 runs
+    [5, 6] while 0B1 waits for 1B1 until 7: 0B0 could grow by 1 before the step does, 0B1 not at all."""
+    schedule = build("gpipe", 2, 2)
+    step = _unit_step(lower(schedule).orders)
+    inputs = dict(step.inputs)
+    for action in inputs:
+        if action.kind is Kind.B and action.stage == 1:
+            inputs[action] = Inputs(work=2.0)
+    replayed = replay(schedule, Step(step.orders, inputs, step.tails))
+    assert replayed.makespan == 8
+    assert replayed.slack[Action(0, Kind.B, 0)] == 1
+    assert replayed.slack[Action(0, Kind.B, 1)] == 0

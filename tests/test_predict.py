@@ -10,13 +10,15 @@ import polars as pl
 import pytest
 
 from analysis.attribution.model import StepModel
+from analysis.attribution.own_step import OwnSteps
 from analysis.attribution.predict import Unpredictable, predict
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
+from analysis.attribution.replay import Inputs, Tail
 from analysis.cli import main
 from analysis.pipeline import analysis_of, analyze_run, read_run
 from analysis.report import build_report
 from analysis.report.sweeps import predicted_steps
-from runners.schedules import build, formula_bubble
+from runners.schedules import build, formula_bubble, lower
 from synthetic import write_run
 
 # no launch gaps: a synthetic rank's first action spares its gap, which a model of medians charges
@@ -41,22 +43,52 @@ def test_a_prediction_at_another_m_is_that_m_s_step(tmp_path, name, p, v):
 
 
 def test_busy_time_scales_with_the_isolated_calibration_and_the_rest_is_kept():
-    """One rank, gpipe: the step is every action's busy time, gap and the tail in a row. Busy F was 1.5x
-    its isolated 2 ms at m=2 (1 ms at m=4's 16 rows): at m=4 each F takes 1.5 ms."""
-    model = StepModel({(0, "F"): 3e6, (0, "B"): 8e6}, {(0, "F"): 1e5, (0, "B"): 2e5}, {}, tail=5e5)
-    own = [(0, kind, mb, 0.0, ns) for kind, ns in (("F", 2e6), ("B", 4e6)) for mb in range(2)]
-    ref = Reference(pl.DataFrame(own, schema=REFERENCE_SCHEMA, orient="row"), calibrated=True)
+    """One rank, gpipe: the step is every action's busy time, host time and the tail in a row. Busy F
+    was 1.5x its isolated 2 ms at m=2 (1 ms at m=4's 16 rows): at m=4 each F takes 1.5 ms. Every
+    measured cell alike: the interval is the point."""
+    schedule = build("gpipe", 1, 2)
+    kinds = {(0, "F"): Inputs(lead=1e5, work=3e6), (0, "B"): Inputs(lead=2e5, work=8e6)}
+    model = StepModel(
+        kinds, (Tail(other=5e5),), lower(schedule).orders, blocking_sends=False, eager_receives=False
+    )
+    cells = pl.DataFrame(
+        [
+            (0, 0, position, 0, kind, mb, *kinds[(0, kind)].__dict__.values())
+            for position, (kind, mb) in enumerate([("F", 0), ("F", 1), ("B", 0), ("B", 1)])
+        ],
+        schema=[
+            "step",
+            "rank",
+            "position",
+            "stage",
+            "kind",
+            "microbatch",
+            "lead",
+            "pre",
+            "work",
+            "transfer",
+            "post",
+        ],
+        orient="row",
+    )
+    tails = pl.DataFrame(
+        {"step": [0], "rank": [0], "dp_sync": [0.0], "other": [5e5], "launch_overhead": [0.0]}
+    )
+    own = OwnSteps(cells, tails, blocking_sends=False, eager_receives=False)
+    isolated = [(0, kind, mb, 0.0, ns) for kind, ns in (("F", 2e6), ("B", 4e6)) for mb in range(2)]
+    ref = Reference(pl.DataFrame(isolated, schema=REFERENCE_SCHEMA, orient="row"), calibrated=True)
     config = {
         "dims": {"rows": 64, "microbatch_rows": [32, 32]},
         "calibration": {"0": {"F_ms": 3.0, "B_ms": 6.0}},
         "calibration_by_rows": {"0": {"32": {"F_ms": 2.0, "B_ms": 4.0}, "16": {"F_ms": 1.0, "B_ms": 2.5}}},
     }
-    found = predict(build("gpipe", 1, 2), model, ref, config, 4, "run.json")
+    found = predict(schedule, model, own, ref, config, 4, "run.json")
     busy_ms = 4 * (1.5 + 2.5 * 2)  # F: 3/2 x 1 ms, B: 8/4 x 2.5 ms
     assert found.step_time_ms == pytest.approx(busy_ms + 4 * (0.1 + 0.2) + 0.5)
+    assert (found.step_time_low_ms, found.step_time_high_ms) == pytest.approx((found.step_time_ms,) * 2)
     assert found.bubble_predicted == pytest.approx(1 - busy_ms / found.step_time_ms)
     with pytest.raises(Unpredictable, match=r"no entry for m=8's microbatch rows \[8\]"):
-        predict(build("gpipe", 1, 2), model, ref, config, 8, "run.json")
+        predict(schedule, model, own, ref, config, 8, "run.json")
 
 
 def test_without_the_isolated_calibration_predict_says_so(tmp_path, capsys):

@@ -1,67 +1,78 @@
-"""The model of a step that the waterfall's last rung and `predict` replay: medians, no start times.
+"""The typical step: every analysed step's own inputs (analysis.attribution.own_step) at their typical
+values, replayed on the executed lowered order (analysis.attribution.replay).
 
-From every analysed step's measurements (analysis.attribution.replay.measure) the model keeps, per
-(stage, kind), the median busy time of its cells and the median host gap before them (the host time
-before and inside an action that is not work), and per direction of a hop (activations, gradients)
-the median latency from the producer's end to the data's arrival, over the hops whose arrival was seen
-(the receiver was already waiting; where it came later, the data had been there for an unknown time);
-and the median time the step goes on after the schedule's last action (the optimizer step, waiting for
-pending sends, on GPU the host's turn to the next step). Replayed on the executed order
-(runners.schedules.simulate), it predicts the step: whatever it does not explain (jitter, order
-effects, one slow microbatch) is the waterfall's residual. Like torch.distributed.pipelining's
-simulator it is not high-fidelity: it does not model compute and communication overlapping beyond
-what the order allows, contention between ranks, or message sizes (a hop's latency is taken as it was
-measured, whatever the microbatch size).
+Per (stage, kind) each input (lead, pre, work, transfer, post) is its mean over every analysed step
+and microbatch, and per rank each tail part its mean over the steps: a typical value of times that
+add is their mean (a sum of medians understates a sum of times whose spread is skewed, as a hop's is).
+Replayed at the measured m it is `simulated_step_time_ms`; `predict` replays it at other m, and the
+waterfall's rungs replay it with effects left out. What the spread around these means costs on the
+critical path is the waterfall's `variability`: the median step's own replay less this one.
 """
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import polars as pl
 
-from analysis.attribution.replay import Measured, Measurements, direction
-from runners.schedules import Schedule, dependencies
+from analysis.attribution.own_step import INPUT_COLUMNS, TAIL_PARTS, OwnSteps
+from analysis.attribution.replay import Inputs, Step, Tail
+from runners.schedules import Action
 
 Key = tuple[int, str]  # (stage, kind)
 
 
 @dataclass(frozen=True)
 class StepModel:
-    duration: dict[Key, float]  # median busy ns of a (stage, kind)'s cells
-    gap: dict[Key, float]  # median host ns before (and inside) them
-    latency: dict[str, float]  # direction -> median ns from the producer's end to the data's arrival
-    tail: float  # median ns of the step after its last action
+    kinds: dict[Key, Inputs]  # (stage, kind) -> its mean inputs, ns
+    tails: tuple[Tail, ...]  # per rank, its mean tail, ns
+    orders: tuple[tuple[Action, ...], ...]  # each rank's lowered order, as the median step ran it
+    blocking_sends: bool
+    eager_receives: bool
 
-    def measured(self, schedule: Schedule, duration: dict[Key, float] | None = None) -> Measured:
-        """The model as the measurements of one step of `schedule` (any m); `duration` replaces the busy
-        times (a rung of the waterfall)."""
-        per_key = self.duration if duration is None else duration
-        actions = [a for order in schedule.orders for a in order if a.kind.is_compute]
-        hops = {
-            (dep, a): self.latency.get(direction(dep), 0.0)
-            for a in actions
-            for dep in dependencies(schedule, a)
-            if schedule.rank_of(dep.stage) != schedule.rank_of(a.stage)
-        }
-        return Measured(
-            {a: per_key.get((a.stage, a.kind.value), 0.0) for a in actions},
-            hops,
-            {a: self.gap.get((a.stage, a.kind.value), 0.0) for a in actions},
-        )
+    def step(
+        self,
+        orders: tuple[tuple[Action, ...], ...] | None = None,
+        work: Callable[[Action], float] | None = None,
+        host: bool = True,
+        transfers: bool = True,
+        tail: bool = True,
+    ) -> Step:
+        """The model as one step's replay inputs on `orders` (default: the executed ones; any m's lowered
+        orders for a prediction); `work` replaces the busy times, and host time, transfers and the tail
+        are left out where asked (the waterfall's rungs)."""
+        orders = self.orders if orders is None else orders
+        inputs = {}
+        for order in orders:
+            for action in order:
+                typical = self.kinds.get((action.stage, action.kind.value), Inputs())
+                if work is not None and action.kind.is_compute:
+                    typical = replace(typical, work=work(action))
+                if not host:
+                    typical = replace(typical, lead=0.0, pre=0.0, post=0.0)
+                if not transfers:
+                    typical = replace(typical, transfer=0.0)
+                inputs[action] = typical
+        tails = self.tails if tail else tuple(Tail() for _ in self.tails)
+        return Step(orders, inputs, tails, self.blocking_sends, self.eager_receives)
+
+    @property
+    def busy(self) -> dict[Key, float]:
+        """(stage, kind) -> mean busy time of its compute cells."""
+        return {key: inputs.work for key, inputs in self.kinds.items() if inputs.work}
 
 
-def fit(measured: Measurements, tails: list[float]) -> StepModel:
-    """The medians over every analysed step's measurements and the time after their last action."""
-    kinds = measured.actions.group_by("stage", "kind").agg("duration", pl.col("gap").drop_nulls())
-    hops = measured.hops.group_by("direction").agg(
-        seen=pl.col("latency").filter("seen"), bounds=pl.col("latency").filter(~pl.col("seen"))
-    )
-    # a direction whose data always arrived before its receiver looked is bounded by its quickest hop
+def fit(own: OwnSteps, median_step: int, p: int) -> StepModel:
+    """The means over every analysed step, on the median step's orders (an eager receive's transfer
+    over the receives that saw it)."""
+    kinds = own.actions.group_by("stage", "kind").agg(pl.col(c).mean() for c in INPUT_COLUMNS)
+    tails = own.tails.group_by("rank").agg(pl.col(c).mean() for c in TAIL_PARTS)
+    per_rank = {rank: Tail(*values) for rank, *values in tails.iter_rows()}
     return StepModel(
-        {(stage, kind): statistics.median(ns) for stage, kind, ns, _ in kinds.iter_rows()},
-        {(stage, kind): statistics.median(ns) for stage, kind, _, ns in kinds.iter_rows() if ns},
-        {d: statistics.median(seen) if seen else min(bounds) for d, seen, bounds in hops.iter_rows()},
-        statistics.median(tails),
+        {(stage, kind): Inputs(*values) for stage, kind, *values in kinds.iter_rows()},
+        tuple(per_rank.get(rank, Tail()) for rank in range(p)),
+        own.step(median_step, p).orders,
+        own.blocking_sends,
+        own.eager_receives,
     )

@@ -28,7 +28,7 @@ NS_PER_MS = 1e6
 SUB_PARTS = ("cpu_contention", "dp_skew")  # of slowdown, of dp_sync
 
 
-def _idle_before(times: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
+def idle_before(times: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
     """Per row of `times` (rank, t_ns): the rank's idle ns before t_ns, in row order.
 
     Gaps of a rank are disjoint, so a running sum of their lengths and one as-of join answer it.
@@ -58,7 +58,7 @@ def with_busy(cells: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) ->
         a=pl.max_horizontal("start_ns", "w0"), b=pl.min_horizontal("end_ns", "w1")
     )
     # the idle time before each cell's clipped start, then before its end: one as-of join for both
-    idle_at = _idle_before(pl.concat([clipped.select("rank", t_ns=end) for end in ("a", "b")]), gaps)
+    idle_at = idle_before(pl.concat([clipped.select("rank", t_ns=end) for end in ("a", "b")]), gaps)
     idle = idle_at.slice(cells.height) - idle_at.slice(0, cells.height)
     compute = pl.col("kind").is_in(COMPUTE_KINDS)
     busy = pl.when(compute).then((pl.col("b") - pl.col("a")).clip(lower_bound=0) - idle)

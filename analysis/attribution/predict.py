@@ -1,28 +1,39 @@
-"""The step at other microbatch counts, predicted from one run's step model.
+"""The step at other microbatch counts, predicted from one run's typical step (analysis.attribution.model).
 
-At m' the executed schedule is rebuilt (runners.schedules.build: same name, p, v) and the step model
-(analysis.attribution.model) replayed on it with three changes of size: each (stage, kind)'s busy time
-is its isolated time at the m' microbatch's rows (run.json calibration_by_rows) times the ratio of
-busy to isolated measured at the run's own m (the slowdown carried over), while the host gap before
-each action, the latency of each hop and the time after the last action stay as measured. The
-microbatch sizes at m' split the same batch (runners.presets.microbatch_rows), or keep the run's
-size where it fixed one (`--rows-per-mb`). It does not model latency growing with message size, nor
-a slowdown that changes with m (more microbatches in flight, more memory).
+At m' the executed schedule is rebuilt (runners.schedules.build: same name, p, v), lowered (its SEND and
+RECV placed as runners.schedules.lower places them; at the run's own m the executed orders are kept)
+and replayed (analysis.attribution.replay) with one change of size: each (stage, kind)'s work is its
+isolated time at the m' microbatch's rows (run.json calibration_by_rows) times the ratio of its mean
+busy time to its isolated time at the run's own m (the slowdown carried over); its host time, its
+transfers and each rank's tail stay as measured. The microbatch sizes at m' split the same batch
+(runners.presets.microbatch_rows), or keep the run's size where it fixed one (`--rows-per-mb`).
+
+The interval resamples the run's own inputs: each of SAMPLES replays draws every action's inputs from
+one measured cell of its (stage, kind) (its work scaled the same way) and every rank's tail from one
+analysed step, and the interval is the middle COVERAGE of those replays' steps: the spread that the
+measured steps' variability gives a step at m'. It does not model latency growing with message size,
+nor a slowdown that changes with m (more microbatches in flight, more memory).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
+
+import polars as pl
 
 from analysis.attribution.model import StepModel
+from analysis.attribution.own_step import INPUT_COLUMNS, TAIL_PARTS, OwnSteps
 from analysis.attribution.reference import Reference, reference, reference_at
-from analysis.attribution.replay import Measured, replay
+from analysis.attribution.replay import Inputs, Step, Tail, replay
 from analysis.errors import InputError
 from analysis.results import Analysis
 from runners.presets import microbatch_rows
-from runners.schedules import Schedule, ScheduleError, build, formula_bubble
+from runners.schedules import Action, Kind, Schedule, ScheduleError, build, formula_bubble, lower
 
 NS_PER_MS = 1e6
+SAMPLES = 64  # resampled replays per m
+COVERAGE = 0.9  # of them, the middle share the interval holds
 
 
 class Unpredictable(Exception):
@@ -33,6 +44,8 @@ class Unpredictable(Exception):
 class Prediction:
     m: int
     step_time_ms: float
+    step_time_low_ms: float
+    step_time_high_ms: float
     bubble_formula: float
     bubble_predicted: float  # 1 - busy / (p * step), the busy-time bubble of the predicted step
 
@@ -46,7 +59,52 @@ def rows_at(config: dict, m: int) -> list[int]:
     return microbatch_rows(sum(dims["microbatch_rows"]), m)
 
 
-def predict(schedule: Schedule, model: StepModel, ref: Reference, config: dict, m: int, where) -> Prediction:
+def _scale(model: StepModel, ref: Reference, config: dict, target: Schedule) -> dict:
+    """Each compute action of `target` -> the factor from its (stage, kind)'s isolated time at the run's
+    m to its own isolated time at its microbatch's rows; Unpredictable without those rows."""
+    keys = [
+        (a.stage, a.kind.value, a.microbatch) for order in target.orders for a in order if a.kind.is_compute
+    ]
+    at_m = reference_at(keys, model.busy, config, target.m, rows_at(config, target.m))
+    if not at_m.isolated:
+        rows = sorted(set(rows_at(config, target.m)))
+        raise Unpredictable(
+            f"run.json calibration_by_rows has no entry for m={target.m}'s microbatch rows {rows}"
+        )
+    own = ref.isolated_medians()
+    return {
+        Action(stage, Kind(kind), mb): ns / own[(stage, kind)] if own.get((stage, kind)) else 1.0
+        for stage, kind, mb, ns in at_m.table.select("stage", "kind", "microbatch", "isolated_ns").iter_rows()
+    }
+
+
+class _Pools:
+    """The run's own inputs to draw from: every measured cell's per (stage, kind), every step's tails."""
+
+    def __init__(self, own: OwnSteps, p: int) -> None:
+        cells = own.actions.group_by("stage", "kind").agg(pl.col(c) for c in INPUT_COLUMNS)
+        self.cells = {(stage, kind): list(zip(*values)) for stage, kind, *values in cells.iter_rows()}
+        self.tails: dict[int, list[Tail]] = {}
+        for step, rank, *values in own.tails.select("step", "rank", *TAIL_PARTS).iter_rows():
+            self.tails.setdefault(step, [Tail()] * p)[rank] = Tail(*values)
+        self.transport = (own.blocking_sends, own.eager_receives)
+
+    def step(self, orders, scale: dict, rng: random.Random) -> Step:
+        """One step whose every action takes the inputs of a random measured cell of its (stage, kind)
+        and whose ranks take the tails of a random analysed step."""
+        inputs = {}
+        for order in orders:
+            for action in order:
+                values = rng.choice(self.cells.get((action.stage, action.kind.value), [(0.0,) * 5]))
+                drawn = Inputs(*(0.0 if value is None else value for value in values))
+                inputs[action] = replace(drawn, work=drawn.work * scale.get(action, 1.0))
+        tails = self.tails[rng.choice(sorted(self.tails))] if self.tails else []
+        return Step(orders, inputs, tails, *self.transport)
+
+
+def predict(
+    schedule: Schedule, model: StepModel, own: OwnSteps, ref: Reference, config: dict, m: int, where
+) -> Prediction:
     """The step of `schedule` rebuilt at m microbatches; `ref` is the run's own (isolated times at its m),
     `config` its run.json; InputError naming `where` when the run cannot predict at all, Unpredictable
     when this m cannot be."""
@@ -56,32 +114,21 @@ def predict(schedule: Schedule, model: StepModel, ref: Reference, config: dict, 
         target = build(schedule.name, schedule.p, m, schedule.v)
     except ScheduleError as error:
         raise Unpredictable(f"{schedule.name} cannot run m={m}: {str(error).splitlines()[0]}") from None
-    rows = rows_at(config, m)
-    keys = [
-        (a.stage, a.kind.value, a.microbatch) for order in target.orders for a in order if a.kind.is_compute
-    ]
-    at_m = reference_at(keys, model.duration, config, m, rows)
-    if not at_m.isolated:
-        raise Unpredictable(
-            f"run.json calibration_by_rows has no entry for m={m}'s microbatch rows {sorted(set(rows))}"
-        )
-    own = ref.isolated_medians()
-    ratio = {key: ns / own[key] if own.get(key) else 1.0 for key, ns in model.duration.items()}
-    duration = {
-        (stage, kind, microbatch): ns * ratio[(stage, kind)]
-        for stage, kind, microbatch, ns in at_m.table.select(
-            "stage", "kind", "microbatch", "isolated_ns"
-        ).iter_rows()
-    }
-    kept = model.measured(target)  # gaps and latencies as measured
-    measured = Measured(
-        {a: duration[(a.stage, a.kind.value, a.microbatch)] for a in kept.duration}, kept.latency, kept.gap
-    )
-    step_ns = replay(target, measured).makespan + model.tail
-    busy_ns = sum(measured.duration.values())
+    scale = _scale(model, ref, config, target)
+    orders = model.orders if m == schedule.m else lower(target).orders
+    typical = model.step(orders)
+    scaled = {a: replace(i, work=i.work * scale.get(a, 1.0)) for a, i in typical.inputs.items()}
+    step_ns = replay(target, replace(typical, inputs=scaled)).makespan
+    rng = random.Random(m)  # the same interval on every call
+    pools = _Pools(own, schedule.p)
+    samples = sorted(replay(target, pools.step(orders, scale, rng)).makespan for _ in range(SAMPLES))
+    cut = round(SAMPLES * (1 - COVERAGE) / 2)
+    busy_ns = sum(i.work for a, i in scaled.items() if a.kind.is_compute)
     return Prediction(
         m=m,
         step_time_ms=step_ns / NS_PER_MS,
+        step_time_low_ms=min(samples[cut], step_ns) / NS_PER_MS,
+        step_time_high_ms=max(samples[-1 - cut], step_ns) / NS_PER_MS,
         bubble_formula=formula_bubble(target),
         bubble_predicted=1 - busy_ns / (target.p * step_ns),
     )
@@ -95,7 +142,7 @@ def predict_each(
     found, skipped = [], {}
     for m in ms:
         try:
-            found.append(predict(analysis.schedule, analysis.model, ref, config, m, where))
+            found.append(predict(analysis.schedule, analysis.model, analysis.own, ref, config, m, where))
         except Unpredictable as why:
             skipped[m] = str(why)
     return found, skipped

@@ -1,190 +1,224 @@
-"""Replay a run's schedule with what its measured steps did (runners.schedules.simulate).
+"""A step as a max-plus graph of its lowered actions, replayed from measured or typical inputs.
 
-From the cells of each step (all ranks, one clock) come, per compute action: its duration (its busy
-time: analysis.attribution.parts), the latency of each cross-rank input (when the data was there on the
-consumer, minus when the producer finished) and the gap (how long after it could have started it did
-start, plus the host time inside the cell, which is not work).
-With all three the replay reproduces the measured compute starts; dropping some of them gives the
-counterfactual rungs of the waterfall (analysis.attribution.waterfall).
+Each rank runs its lowered order (compute, SEND, RECV) on one lane: the thread on CPU, the compute
+stream on GPU. An action is posted once the lane is free plus its `lead` (host time before it), then:
+
+- compute: `pre` host time inside it, then its `work` (busy time); where its cross-rank input has no
+  RECV in the order (a trace without comm cells) the work also waits for the producer's end;
+- RECV: `pre`, then it waits until its partner has posted (the matching SEND's post, or the producer's
+  end where the trace has no SEND), then its `transfer`, then `post` host time. This is a rendezvous
+  (gloo's tcp pairs): a receiver that posts late still pays the transfer. An eager transport (NCCL's
+  small messages) instead delivers `transfer` after the partner's post whenever the receiver is there;
+- SEND: `pre`, then its own time in the transfer. Asynchronous (isend, an NCCL kernel on a comm stream)
+  it holds the lane for no more; blocking (a c10d::send that waits for its receiver, Megatron's) its
+  transfer starts no earlier than the receiver's wait.
+
+Each rank then waits for its sends to be delivered and runs its tail (the DP sync, the work outside
+the schedule such as the optimizer step, host time), and the step ends when the last rank's tail does:
+the step-end barrier, as a max over ranks. No start time is an input: every time follows from the
+inputs and the dependencies, so a dependency the graph lacks shows up as the difference from the
+measured step (the completeness residual). Like torch.distributed.pipelining's simulator it is not
+high-fidelity about what it does not see: compute overlapping communication beyond what the order
+allows, contention between ranks, message sizes.
+
+The graph gives the replay (earliest times), its critical path (the chain of inputs whose sum is the
+makespan, across ranks) and each cell's slack (how much its work could grow before the step does).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-import polars as pl
-
-from runners.schedules import Action, Kind, Schedule, Timeline, dependencies, simulate
-from runners.schedules.dependencies import matching_send, receiving
-
-KEY = ["stage", "kind", "microbatch"]  # an action as the cells name it
-_KEY_SCHEMA = {"stage": pl.Int64, "kind": pl.Utf8, "microbatch": pl.Int64}
+from runners.schedules import Action, Kind, Schedule, dependencies
+from runners.schedules.dependencies import matching_recv, matching_send, receiving
 
 
 @dataclass(frozen=True)
-class Measured:
-    """One step's measurements in ns, keyed by the schedule's compute actions (what `replay` replays)."""
+class Inputs:
+    """One action's inputs in ns: host time before it on the lane, host time inside it before and after
+    it waits, its work (compute) and its time in a transfer after both sides posted (SEND, RECV)."""
 
-    duration: dict[Action, float]
-    latency: dict[tuple[Action, Action], float] = field(default_factory=dict)  # (producer, consumer)
-    gap: dict[Action, float] = field(default_factory=dict)
-
-
-class Measurements(NamedTuple):
-    """Every analysed step's measurements in ns: `actions` (step, KEY, duration, gap: null where the
-    step has no cell of the action) and `hops` (step, direction, latency, seen: False where the arrival
-    was not seen, so the latency is a bound)."""
-
-    actions: pl.DataFrame
-    hops: pl.DataFrame
+    lead: float = 0.0
+    pre: float = 0.0
+    work: float = 0.0
+    transfer: float = 0.0
+    post: float = 0.0
 
 
-def direction(producer: Action) -> str:
-    """The kind of hop a producer's output makes: activations (F) or gradients (B)."""
-    return "F" if producer.kind is Kind.F else "B"
+@dataclass(frozen=True)
+class Tail:
+    """A rank's time after its last action and its sends' delivery, ns, in the order it runs."""
+
+    dp_sync: float = 0.0  # exposed data-parallel collectives
+    other: float = 0.0  # work outside the schedule: the optimizer step, data loading
+    launch_overhead: float = 0.0  # host time
 
 
-class _Plan(NamedTuple):
-    """The schedule as tables, the same for every step. Each action the measurement looks up has an id
-    (`ids`: id, KEY), so the lookups are joins on integers."""
+@dataclass(frozen=True)
+class Step:
+    """What one replay needs: each rank's lowered order, every action's inputs, each rank's tail."""
 
-    order: pl.DataFrame  # per rank its executed order: rank, position, id, KEY
-    # each action's inputs: id; its producer (p_id) and direction; where that is on another rank, the RECV
-    # that brings it (r_id) and the peer's SEND that RECV waits for (s_id)
-    inputs: pl.DataFrame
-    ids: pl.DataFrame
-
-
-def _plan(schedule: Schedule) -> _Plan:
-    ids: dict[Action, int] = {}
-
-    def id_of(action: Action) -> int:
-        return ids.setdefault(action, len(ids))
-
-    order, inputs = [], []
-    for rank, actions in enumerate(schedule.orders):
-        for position, action in enumerate(actions):
-            order.append((rank, position, id_of(action)))
-            for dep in dependencies(schedule, action):
-                recv = send = None
-                if schedule.rank_of(dep.stage) != rank:
-                    receiver = receiving(action)
-                    recv, send = id_of(receiver), id_of(matching_send(receiver))
-                inputs.append((id_of(action), id_of(dep), direction(dep), recv, send))
-    keyed = pl.DataFrame(
-        [(n, a.stage, a.kind.value, a.microbatch) for a, n in ids.items()],
-        schema={"id": pl.Int64, **_KEY_SCHEMA},
-        orient="row",
-    )
-    order = pl.DataFrame(order, schema=["rank", "position", "id"], orient="row").join(
-        keyed, on="id", maintain_order="left"
-    )
-    columns = {"id": pl.Int64, "p_id": pl.Int64, "direction": pl.Utf8, "r_id": pl.Int64, "s_id": pl.Int64}
-    return _Plan(order, pl.DataFrame(inputs, schema=columns, orient="row"), keyed)
+    orders: tuple[tuple[Action, ...], ...]
+    inputs: Mapping[Action, Inputs]
+    tails: Sequence[Tail]
+    blocking_sends: bool = False
+    eager_receives: bool = False  # a receive posted after the data left does not pay the transfer
 
 
-def _at(frame: pl.DataFrame, prefix: str, **values: str) -> pl.DataFrame:
-    """step, id as prefix+id, and `values` (new name -> column) of `frame`."""
-    return frame.select("step", pl.col("id").alias(f"{prefix}id"), **values)
+@dataclass(frozen=True)
+class Segment:
+    """One input on the critical path: ns from the step's origin, the part it is (a rank part's name,
+    or `hop` for a transfer) and the action it belongs to (None for host time between actions and the
+    tail)."""
+
+    rank: int
+    start: float
+    end: float
+    part: str
+    action: Action | None
 
 
-def _inputs(
-    present: pl.DataFrame, inputs: pl.DataFrame, rows: pl.DataFrame, spans: pl.DataFrame
-) -> pl.DataFrame:
-    """Each input of an action with a cell whose producer has one: made_ns (the producer's end) and,
-    across ranks, the latency to its arrival and whether that was seen. The arrival is the end of the
-    RECV's wait if the receiver was waiting before the data was sent; else at the latest that end, or the
-    RECV's start (an upper bound: the data may have been there for a while), or the send without a RECV."""
-    joined = (
-        present.select("step", "id")
-        .join(inputs, on="id")
-        .join(_at(rows, "p_", made_ns="end_ns"), on=["step", "p_id"])
-        .join(_at(rows, "s_", sent_ns="start_ns"), on=["step", "s_id"], how="left")
-        .join(_at(rows, "r_", recv_ns="start_ns"), on=["step", "r_id"], how="left")
-        .join(_at(spans, "r_", wait_start="start_ns", wait_end="end_ns"), on=["step", "r_id"], how="left")
-    )
-    sent = pl.max_horizontal("made_ns", "sent_ns")
-    arrival = (
-        pl.when(pl.col("recv_ns").is_null())
-        .then(sent)
-        .when(pl.col("wait_end").is_null())
-        .then("recv_ns")
-        .otherwise("wait_end")
-    )
-    seen = pl.col("recv_ns").is_not_null() & (pl.col("wait_start") <= sent).fill_null(False)
-    latency = pl.when(pl.col("r_id").is_not_null()).then((arrival - pl.col("made_ns")).clip(lower_bound=0))
-    return joined.select("step", "id", "direction", "made_ns", latency=latency, seen=seen)
+@dataclass(frozen=True)
+class Replayed:
+    makespan: float
+    spans: dict[Action, tuple[float, float]]  # each action's start (its work's, for compute) and end
+    path: tuple[Segment, ...]  # the critical path, in time order, tiling [0, makespan]
+    slack: dict[Action, float]  # each compute action: how much its work could grow before the step does
 
 
-def measure(
-    schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, origins: pl.DataFrame
-) -> Measurements:
-    """The measurements of each step of `origins` (step, origin_ns) from the cells and waits of all
-    ranks (the last cell where an action has several): in each rank's order an action is ready once the
-    rank is free and its inputs are there, and the rank is free again its occupied time after the later
-    of that and the action's start. Times stay integer ns: a float at ~1.8e18 ns since the epoch
-    resolves only 256 ns."""
-    plan = _plan(schedule)
-    busy = pl.col("busy_ns") if "busy_ns" in cells.columns else pl.lit(None, pl.Float64).alias("busy_ns")
-    rows = (
-        cells.filter(pl.col("step").is_in(origins["step"].implode()))
-        .join(plan.ids, on=KEY, maintain_order="left")
-        .select("step", "id", "start_ns", "end_ns", "blocked_ns", busy)
-        .unique(["step", "id"], keep="last")
-    )
-    spans = (
-        waits.join(plan.ids, on=KEY)
-        .group_by("step", "id")
-        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-    )
-    # kept in each rank's order within a step, as _timed reads them
-    every = origins.join(plan.order, how="cross", maintain_order="left_right").join(
-        rows, on=["step", "id"], how="left", maintain_order="left"
-    )
-    present = every.filter(pl.col("start_ns").is_not_null())
-    found = _inputs(present, plan.inputs, rows, spans)
-    ready = found.group_by("step", "id").agg(
-        inputs_ns=(pl.col("made_ns") + pl.col("latency").fill_null(0)).max()
-    )
-    timed = _timed(present.join(ready, on=["step", "id"], how="left", maintain_order="left"))
-    actions = every.join(timed, on=["step", "id"], how="left").select(
-        "step", *KEY, pl.col("duration").fill_null(0.0), "gap"
-    )
-    hops = found.filter(pl.col("latency").is_not_null()).select(
-        "step", "direction", pl.col("latency").cast(pl.Float64), "seen"
-    )
-    return Measurements(actions, hops)
+class Deadlock(ValueError):
+    """The inputs' orders cannot run: a rank waits for an action that waits for it."""
 
 
-def _timed(present: pl.DataFrame) -> pl.DataFrame:
-    """Per action with a cell its duration (the work: the cell's busy time) and gap (after it was ready,
-    plus the host time inside the cell). The rank's free time follows free_i = max(free_i-1, max(inputs_i,
-    start_i)) + occupied_i from the step's origin, which is C_i + the running max of max(inputs_j,
-    start_j) - C_j-1 (C: the running sum of occupied), so one pass of cumulative sums. `present` is in
-    each rank's order within each step."""
-    rank_step = ("step", "rank")
-    occupied = pl.col("end_ns") - pl.col("start_ns") - pl.col("blocked_ns")
-    before = pl.col("total") - pl.col("occupied")  # C_i-1
-    opens = pl.max_horizontal("origin_ns", pl.max_horizontal("inputs_ns", "start_ns") - before)
-    freed = pl.col("free").shift(1).over(rank_step).fill_null(pl.col("origin_ns"))
-    ready = pl.max_horizontal(freed, "inputs_ns")
-    work = pl.min_horizontal("busy_ns", pl.col("occupied").cast(pl.Float64))
-    gap = (pl.col("start_ns") - ready).clip(lower_bound=0).cast(pl.Float64) + pl.col("occupied") - work
-    return (
-        present.with_columns(occupied=occupied)
-        .with_columns(total=pl.col("occupied").cum_sum().over(rank_step))
-        .with_columns(free=pl.col("total") + opens.cum_max().over(rank_step))
-        .select("step", "id", duration=work, gap=gap)
-    )
+class _Graph:
+    """Nodes are moments; an edge (src, weight, part, rank, action) says a node is no earlier than its
+    source plus the weight. Node 0 is the step's origin."""
+
+    def __init__(self) -> None:
+        self.incoming: list[list[tuple[int, float, str, int, Action | None]]] = [[]]
+
+    def node(self) -> int:
+        self.incoming.append([])
+        return len(self.incoming) - 1
+
+    def edge(self, dst: int, src: int, weight: float, part: str, rank: int, action: Action | None) -> None:
+        self.incoming[dst].append((src, weight, part, rank, action))
 
 
-def replay(schedule: Schedule, measured: Measured, gaps: bool = True, latencies: bool = True) -> Timeline:
-    """The schedule replayed with the measured durations, and with the measured gaps and latencies
-    where asked; times in ns from the step's origin."""
-    return simulate(
-        schedule,
-        duration=lambda _rank, action: measured.duration.get(action, 0.0),
-        latency=(lambda dep, action: measured.latency.get((dep, action), 0.0)) if latencies else None,
-        gap=(lambda _rank, action: measured.gap.get(action, 0.0)) if gaps else None,
-    )
+def _build(schedule: Schedule, step: Step) -> tuple[_Graph, dict[Action, dict[str, int]], int]:
+    """The graph of `step` on `schedule`'s placement and data flow: each action's nodes (posted, begun,
+    end and, for a RECV, delivered) and the finish."""
+    graph, at, lane_ends = _Graph(), {}, []
+    for rank, order in enumerate(step.orders):
+        free = 0
+        for action in order:
+            got = step.inputs.get(action, Inputs())
+            nodes = at[action] = {"posted": graph.node(), "begun": graph.node(), "end": graph.node()}
+            graph.edge(nodes["posted"], free, got.lead, "launch_overhead", rank, None)
+            graph.edge(nodes["begun"], nodes["posted"], got.pre, "launch_overhead", rank, action)
+            free = nodes["end"]
+        lane_ends.append(free)
+    for rank, order in enumerate(step.orders):
+        for action in order:
+            _action_edges(schedule, step, graph, at, rank, action)
+    finish = graph.node()
+    for rank, order in enumerate(step.orders):
+        tail = step.tails[rank] if rank < len(step.tails) else Tail()
+        after = graph.node()
+        graph.edge(after, lane_ends[rank], 0.0, "hop", rank, None)
+        for send in (a for a in order if a.kind in (Kind.SEND_F, Kind.SEND_B)):
+            if matching_recv(send) in at:  # the rank waits for its sends to be delivered
+                graph.edge(after, at[matching_recv(send)]["delivered"], 0.0, "hop", rank, send)
+        for part in ("dp_sync", "other", "launch_overhead"):
+            done = graph.node()
+            graph.edge(done, after, getattr(tail, part), part, rank, None)
+            after = done
+        graph.edge(finish, after, 0.0, "other", rank, None)
+    return graph, at, finish
+
+
+def _action_edges(
+    schedule: Schedule, step: Step, graph: _Graph, at: dict[Action, dict[str, int]], rank: int, action: Action
+) -> None:
+    got, nodes = step.inputs.get(action, Inputs()), at[action]
+    if action.kind.is_compute:
+        graph.edge(nodes["end"], nodes["begun"], got.work, "compute", rank, action)
+        for dep in dependencies(schedule, action):
+            local = schedule.rank_of(dep.stage) == rank
+            if dep in at and local:
+                graph.edge(nodes["begun"], at[dep]["end"], got.pre, "launch_overhead", rank, action)
+            elif dep in at and receiving(action) not in at:  # no RECV cell: the host time follows the wait
+                graph.edge(
+                    nodes["begun"], at[dep]["end"], got.lead + got.pre, "launch_overhead", rank, action
+                )
+    elif action.kind in (Kind.RECV_F, Kind.RECV_B):
+        delivered = nodes["delivered"] = graph.node()
+        own_wait = 0.0 if step.eager_receives else got.transfer
+        graph.edge(delivered, nodes["begun"], own_wait, "hop", rank, action)
+        send, producer = matching_send(action), dependencies(schedule, action)[0]
+        partner = at[send]["posted"] if send in at else at[producer]["end"] if producer in at else None
+        if partner is not None:
+            graph.edge(delivered, partner, got.transfer, "hop", rank, action)
+        graph.edge(nodes["end"], delivered, got.post, "launch_overhead", rank, action)
+    else:  # a SEND
+        graph.edge(nodes["end"], nodes["begun"], got.transfer, "hop", rank, action)
+        receiver = matching_recv(action)
+        if step.blocking_sends and receiver in at:
+            graph.edge(nodes["end"], at[receiver]["begun"], got.transfer, "hop", rank, action)
+
+
+def _earliest(graph: _Graph) -> tuple[list[float], list[int]]:
+    """Each node's earliest time (the longest path from the origin) and a topological order; Deadlock
+    where some node can never be reached (a cycle)."""
+    n = len(graph.incoming)
+    outgoing: list[list[int]] = [[] for _ in range(n)]
+    waiting = [len(edges) for edges in graph.incoming]
+    for dst, edges in enumerate(graph.incoming):
+        for src, *_ in edges:
+            outgoing[src].append(dst)
+    time = [float("-inf")] * n
+    time[0] = 0.0
+    ready, order = deque(i for i in range(n) if waiting[i] == 0), []
+    while ready:
+        node = ready.popleft()
+        order.append(node)
+        for src, weight, *_ in graph.incoming[node]:
+            time[node] = max(time[node], time[src] + weight)
+        for dst in outgoing[node]:
+            waiting[dst] -= 1
+            if waiting[dst] == 0:
+                ready.append(dst)
+    if len(order) < n:
+        raise Deadlock("the orders cannot run: an action waits, through its partners, for itself")
+    return time, order
+
+
+def replay(schedule: Schedule, step: Step) -> Replayed:
+    """The step replayed on `schedule`'s data flow (its stages' placement and dependencies): earliest
+    times, the critical path and the compute actions' slack."""
+    graph, at, finish = _build(schedule, step)
+    time, order = _earliest(graph)
+    latest = [float("inf")] * len(time)
+    latest[finish] = time[finish]
+    for node in reversed(order):
+        for src, weight, *_ in graph.incoming[node]:
+            latest[src] = min(latest[src], latest[node] - weight)
+    spans = {a: (time[nodes["begun"]], time[nodes["end"]]) for a, nodes in at.items()}
+    slack = {a: latest[nodes["end"]] - time[nodes["end"]] for a, nodes in at.items() if a.kind.is_compute}
+    return Replayed(time[finish], spans, _critical_path(graph, time, finish), slack)
+
+
+def _critical_path(graph: _Graph, time: list[float], finish: int) -> tuple[Segment, ...]:
+    """From the finish back to the origin along the edges that set each node's time (the latest-starting
+    one where several do), the inputs with time in them."""
+    segments, node = [], finish
+    while node != 0:
+        src, weight, part, rank, action = max(
+            graph.incoming[node], key=lambda edge: (time[edge[0]] + edge[1], time[edge[0]])
+        )
+        if weight > 0:
+            segments.append(Segment(rank, time[src], time[src] + weight, part, action))
+        node = src
+    return tuple(reversed(segments))

@@ -1,44 +1,55 @@
-"""The waterfall: a ladder of replays of the executed schedule, from the formula to the measurement.
+"""The waterfall: replays of the executed lowered schedule, from the formula to the measurement.
 
-Rungs, each a replay (analysis.attribution.replay) of the step model (analysis.attribution.model: the
-medians over every analysed step) with one more measured effect: equal slots at full-batch efficiency
-(its excess over the even split of the work, `ideal`, is the formula bubble) -> per-stage full-batch
-durations (imbalance) -> each (stage, kind)'s work timed in isolation at its microbatch size
-(small_gemm) -> its measured busy time (slowdown) -> plus the measured host gaps (launch_overhead) ->
-plus the measured p2p latencies (p2p_wait) -> plus the step's time after its last action (other: the
-optimizer step, pending sends). Each rung's increase over the one before is one term; the median step
-minus the last rung is the residual: what medians do not explain (jitter, a rank's first action
-sparing its launch gap, one slow microbatch). Without the
-isolated calibration small_gemm and slowdown are unknown and the cells' rung stands for the
-reference (their time is in imbalance).
+The typical step (analysis.attribution.model) is replayed (analysis.attribution.replay) with some of
+its effects: equal slots at full-batch efficiency with no host time, transfers or tail (its excess
+over the even split of the work, `ideal`, is the formula bubble), plus per-stage full-batch durations
+(imbalance), each (stage, kind)'s work timed alone at its microbatch size (small_gemm), its measured
+mean busy time (slowdown), its host time (launch_overhead), its transfers (p2p_wait) and each rank's
+tail (other: the optimizer step, the DP sync). With all of them it is the typical step. Then
+`variability` is the median step's own replay less the typical one (what the spread of its inputs
+around their means costs on the critical path), and `residual` the measured step less its own replay
+(the completeness residual: what no measured input explains). The terms sum to the measured step.
 
-The rung at full-batch durations (no small-GEMM loss, no slowdown, no host gaps, no p2p latency) is
-the ideal timeline that the report and the merged trace draw: `ideal` + `formula_bubble` + `imbalance`
-is its makespan.
+Under max-plus the effects interact, so a fixed ladder gives the interactions to whichever rung comes
+later. `waterfall_ms` keeps the ladder in the order above (it reads as the seed's story: geometry,
+then the work's efficiency, then the host, the network and the tail); `waterfall_shapley_ms` gives
+each effect its Shapley value over the 2^k replays of the k effects, which no order decides. Both
+have the same ideal, formula bubble, variability and residual, and both sum to the step. Without the
+isolated calibration small_gemm and slowdown are unknown (None) and imbalance carries the measured
+busy times.
+
+The rung at full-batch durations alone is the ideal timeline the report and the merged trace draw:
+`ideal` + `formula_bubble` + `imbalance` (the ladder's) is its makespan.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
+from itertools import combinations
 
 import polars as pl
 
-from analysis.attribution.model import StepModel, fit
+from analysis.attribution.model import StepModel
 from analysis.attribution.reference import Reference
-from analysis.attribution.replay import measure, replay
+from analysis.attribution.replay import Replayed, replay
 from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
 from analysis.schema import Waterfall
-from runners.schedules import COMPUTE_KINDS, Schedule, Timeline
+from runners.schedules import Schedule
 
 NS_PER_MS = 1e6
 IDEAL_SCHEMA = {name: CELL_SCHEMA[name] for name in (*CELL_KEY, "start_ns", "end_ns")}
+# the effects in the ladder's order; the first three change the work, the others add inputs
+EFFECTS = ("imbalance", "small_gemm", "slowdown", "launch_overhead", "p2p_wait", "other")
 
 
 @dataclass(frozen=True)
 class Ladder:
-    waterfall: Waterfall  # ms
-    ideal: Timeline  # the reference rung, ns from the step's origin
+    waterfall: Waterfall  # ms, the fixed ladder
+    shapley: Waterfall  # ms, each effect's Shapley value
+    ideal: Replayed  # the reference rung, ns from the step's origin
+    typical_ns: float  # the typical step's replay: simulated_step_time_ms
 
 
 def _equal_slots(full: dict[tuple[int, str], float]) -> dict[tuple[int, str], float]:
@@ -49,61 +60,108 @@ def _equal_slots(full: dict[tuple[int, str], float]) -> dict[tuple[int, str], fl
     return {(stage, kind): mean[kind] for stage, kind in full}
 
 
-def ladder(schedule: Schedule, model: StepModel, ref: Reference, step_ns: float) -> Ladder:
-    """The waterfall (its terms sum to `step_ns`, the measured step) and the ideal timeline, from the
-    step model (analysis.attribution.model) and the reference durations."""
-    full = ref.full()
-    ideal = (
-        sum(full.get((a.stage, a.kind.value), 0.0) for order in schedule.orders for a in order) / schedule.p
+class _Rungs:
+    """The typical step replayed with any set of effects, each set replayed once."""
+
+    def __init__(self, schedule: Schedule, model: StepModel, ref: Reference) -> None:
+        full = ref.full()
+        self.equal = _equal_slots(full)
+        busy = model.busy
+        if ref.isolated:
+            isolated = ref.isolated_medians()
+            self.deltas = {
+                "imbalance": {k: full[k] - self.equal[k] for k in full},
+                "small_gemm": {k: isolated[k] - full[k] for k in full},
+                "slowdown": {k: busy.get(k, 0.0) - isolated[k] for k in full},
+            }
+        else:  # the split of busy time is unknown: imbalance carries the measured busy times
+            self.deltas = {"imbalance": {k: busy.get(k, 0.0) - self.equal[k] for k in full}}
+        self.effects = tuple(e for e in EFFECTS if e in self.deltas or e not in ("small_gemm", "slowdown"))
+        self.schedule, self.model = schedule, model
+        self._seen: dict[frozenset, Replayed] = {}
+
+    def work_of(self, effects) -> dict[tuple[int, str], float]:
+        """(stage, kind) -> its work with the work effects among `effects`."""
+        return {
+            k: ns + sum(self.deltas[e][k] for e in effects if e in self.deltas)
+            for k, ns in self.equal.items()
+        }
+
+    def replayed(self, effects) -> Replayed:
+        key = frozenset(effects)
+        if key not in self._seen:
+            work = self.work_of(key)
+            step = self.model.step(
+                work=lambda a: work.get((a.stage, a.kind.value), 0.0),
+                host="launch_overhead" in key,
+                transfers="p2p_wait" in key,
+                tail="other" in key,
+            )
+            self._seen[key] = replay(self.schedule, step)
+        return self._seen[key]
+
+    def value(self, effects) -> float:
+        return self.replayed(effects).makespan
+
+
+def _ideal_work(rungs: _Rungs, schedule: Schedule) -> float:
+    """The even split of the full-batch work over the ranks, ns."""
+    return (
+        sum(rungs.equal.get((a.stage, a.kind.value), 0.0) for order in schedule.orders for a in order)
+        / schedule.p
     )
 
-    def rung(duration: dict | None = None, gaps: bool = False, latencies: bool = False) -> Timeline:
-        return replay(schedule, model.measured(schedule, duration), gaps, latencies)
 
-    formula, cells = rung(_equal_slots(full)), rung()
-    if ref.isolated:
-        reference_rung, isolated = rung(full), rung(ref.isolated_medians())
-    else:  # the split of busy time is unknown: the cells' own rung stands for the reference
-        reference_rung = isolated = cells
-    launched = rung(gaps=True).makespan
-    scheduled = rung(gaps=True, latencies=True).makespan
-    terms_ns = {
+def ladder(schedule: Schedule, model: StepModel, ref: Reference, step_ns: float, own_ns: float) -> Ladder:
+    """The waterfall both ways (its terms sum to `step_ns`, the measured step; `own_ns` is that step's
+    own replay) and the ideal timeline."""
+    rungs = _Rungs(schedule, model, ref)
+    ideal = _ideal_work(rungs, schedule)
+    chain, climbed = {}, []
+    for effect in rungs.effects:
+        before = rungs.value(climbed)
+        climbed.append(effect)
+        chain[effect] = rungs.value(climbed) - before
+    typical = rungs.value(rungs.effects)
+    k = len(rungs.effects)
+    shapley = {e: 0.0 for e in rungs.effects}
+    for size in range(k):
+        weight = math.factorial(size) * math.factorial(k - size - 1) / math.factorial(k)
+        for subset in combinations(rungs.effects, size):
+            base = rungs.value(subset)
+            for effect in rungs.effects:
+                if effect not in subset:
+                    shapley[effect] += weight * (rungs.value((*subset, effect)) - base)
+    common = {
         "ideal": ideal,
-        "formula_bubble": formula.makespan - ideal,
-        "imbalance": reference_rung.makespan - formula.makespan,
-        "small_gemm": isolated.makespan - reference_rung.makespan if ref.isolated else None,
-        "slowdown": cells.makespan - isolated.makespan if ref.isolated else None,
-        "launch_overhead": launched - cells.makespan,
-        "p2p_wait": scheduled - launched,
-        "other": model.tail,
-        "residual": step_ns - scheduled - model.tail,
+        "formula_bubble": rungs.value(()) - ideal,
+        "variability": own_ns - typical,
+        "residual": step_ns - own_ns,
     }
-    terms = Waterfall(**{term: None if ns is None else ns / NS_PER_MS for term, ns in terms_ns.items()})
-    return Ladder(terms, reference_rung)
+
+    def terms(values: dict[str, float]) -> Waterfall:
+        found = {e: values.get(e) for e in EFFECTS} | common
+        return Waterfall(**{t: None if ns is None else ns / NS_PER_MS for t, ns in found.items()})
+
+    return Ladder(terms(chain), terms(shapley), rungs.replayed(("imbalance",)), typical)
 
 
-def step_model(
-    schedule: Schedule, cells: pl.DataFrame, waits: pl.DataFrame, windows: pl.DataFrame, parts: pl.DataFrame
-) -> StepModel:
-    """The model fitted to every analysed step (`parts`: their step_ns), each measured from its first
-    stage's window start."""
-    origins = windows.filter(pl.col("rank") == schedule.rank_of(0)).select("step", "start_ns")
-    ends = (
-        cells.filter(pl.col("kind").is_in(COMPUTE_KINDS)).group_by("step").agg(last_ns=pl.col("end_ns").max())
-    )
-    steps = (
-        parts.group_by("step").agg(pl.col("step_ns").first()).join(origins, on="step").join(ends, on="step")
-    )
-    measured = measure(schedule, cells, waits, steps.select("step", origin_ns="start_ns"))
-    rows = steps.select("step_ns", "start_ns", "last_ns").rows()
-    return fit(measured, [step_ns - (last - origin) for step_ns, origin, last in rows])
-
-
-def ideal_frame(timeline: Timeline, step: int, origin_ns: int) -> pl.DataFrame:
-    """The ideal timeline as a table on the analysis's clock, from the step's origin: rank, step, stage,
-    kind, microbatch, start_ns, end_ns."""
+def ideal_frame(ideal: Replayed, schedule: Schedule, step: int, origin_ns: int) -> pl.DataFrame:
+    """The ideal timeline's compute actions as a table on the analysis's clock, from the step's origin:
+    rank, step, stage, kind, microbatch, start_ns, end_ns."""
     rows = [
-        (rank, step, a.stage, a.kind.value, a.microbatch, origin_ns + round(start), origin_ns + round(end))
-        for rank, a, start, end in timeline.rows
+        (
+            schedule.rank_of(a.stage),
+            step,
+            a.stage,
+            a.kind.value,
+            a.microbatch,
+            origin_ns + round(s),
+            origin_ns + round(e),
+        )
+        for a, (s, e) in sorted(
+            ideal.spans.items(), key=lambda item: (schedule.rank_of(item[0].stage), item[1])
+        )
+        if a.kind.is_compute
     ]
     return pl.DataFrame(rows, schema=IDEAL_SCHEMA, orient="row")

@@ -1,8 +1,9 @@
 """`python -m analysis predict RUN --ms 1,2,4,8,16,32`: the profiled step time and the bubble at other m.
 
 Replays the run's step model at each m (analysis.attribution.predict), prints a table beside the run's
-own measured step, and writes RUN/predict.json: a list of {m, step_time_ms, bubble_formula,
-bubble_predicted} (beside analysis/, which `analyze` replaces as a whole).
+own measured step, and writes RUN/predict.json: a list of {m, step_time_ms, step_time_low_ms,
+step_time_high_ms, bubble_formula, bubble_predicted} (beside analysis/, which `analyze` replaces as a
+whole).
 """
 
 from __future__ import annotations
@@ -77,11 +78,15 @@ def run(args: argparse.Namespace) -> int:
         f"{summary.schedule} p={summary.p} v={summary.v}: measured at m={summary.m}, "
         f"{summary.step_time_ms:.3f} ms a step (the model replays it as {summary.simulated_step_time_ms:.3f})"
     )
-    print(f"  {'m':>4}  {'step ms':>10}  {'bubble formula':>14}  {'bubble predicted':>16}")
+    print(
+        f"  {'m':>4}  {'step ms':>10}  {'interval ms':>19}  {'bubble formula':>14}  {'bubble predicted':>16}"
+    )
     for p in found:
         own = "   <- measured run" if p.m == summary.m else ""
+        interval = f"{p.step_time_low_ms:.1f} - {p.step_time_high_ms:.1f}"
         print(
-            f"  {p.m:>4}  {p.step_time_ms:>10.3f}  {p.bubble_formula:>14.3f}  {p.bubble_predicted:>16.3f}{own}"
+            f"  {p.m:>4}  {p.step_time_ms:>10.3f}  {interval:>19}  {p.bubble_formula:>14.3f}"
+            f"  {p.bubble_predicted:>16.3f}{own}"
         )
     best = min(found, key=lambda p: p.step_time_ms)
     print(f"  predicted best m: {best.m} ({best.step_time_ms:.3f} ms)")

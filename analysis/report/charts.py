@@ -31,6 +31,7 @@ _COLOURS = {
     "p2p_wait": "#b279a2",
     "dp_sync": "#54a24b",
     "other": "#e0e0e0",
+    "variability": "#ff9da6",
     "residual": "#eeca3b",
     "measured": "#333333",
 }

@@ -102,10 +102,13 @@ def waterfall_figure(summary: Summary) -> Figure:
         "Where the step time went, in ms: ideal (the work at reference efficiency, evenly split) plus the "
         "formula bubble is the formula's step time; imbalance (unequal stages), small_gemm (a microbatch's "
         "work timed alone, beyond its full-batch share), slowdown (busy time beyond that isolated work), "
-        "launch_overhead (host gaps), p2p_wait (hop latencies) and other (the step after its last action: "
-        "the optimizer) take it to the model's step time; the residual, what the model of per-(stage, kind) "
-        "medians does not explain, to the measured step time, the last bar. Each term is the difference "
-        f"between two rungs of a ladder of replays of the schedule.{largest}"
+        "launch_overhead (host time), p2p_wait (transfers after both sides posted) and other (each rank's "
+        "time after its last action: the optimizer, the DP sync) take it to the typical step, every input "
+        "at its mean (the model's step time); variability, the median step replayed from its own "
+        "measurements less the typical one; the residual, the measured step less that own replay (the "
+        "completeness residual: what no measured input explains), to the measured step time, the last "
+        "bar. Each term is the difference between two replays of the lowered schedule in the ladder's "
+        f"order; summary.json's waterfall_shapley_ms gives the same terms at their order-free Shapley values.{largest}"
     )
     if summary.waterfall_ms.small_gemm is None:
         caption += (

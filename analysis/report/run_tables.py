@@ -66,9 +66,9 @@ def figures_html(summary: Summary) -> str:
             "model prediction",
             summary.simulated_step_time_ms,
             " ms",
-            "the step model (per stage and kind: median busy time and host gap; per hop direction: median "
-            "latency; the median time after the last action) replayed on the schedule; its difference from "
-            "the profiled step is the waterfall's residual",
+            "the typical step (per stage and kind the mean of every input: host time, busy time, transfer; "
+            "per rank the mean time after the last action) replayed on the lowered schedule; the profiled "
+            "step less it is the waterfall's variability plus its residual",
         ),
         (
             "bubble (formula)",

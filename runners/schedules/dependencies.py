@@ -40,6 +40,15 @@ def matching_send(action: Action) -> Action:
     raise ValueError(f"{action} is not a RECV")
 
 
+def matching_recv(action: Action) -> Action:
+    """The peer's RECV that a SEND delivers to: SEND_F(s) -> RECV_F(s+1), SEND_B(s) -> RECV_B(s-1)."""
+    if action.kind is Kind.SEND_F:
+        return Action(action.stage + 1, Kind.RECV_F, action.microbatch)
+    if action.kind is Kind.SEND_B:
+        return Action(action.stage - 1, Kind.RECV_B, action.microbatch)
+    raise ValueError(f"{action} is not a SEND")
+
+
 def receiving(action: Action) -> Action:
     """The RECV that brings a compute action its cross-rank input (F <- RECV_F, B/I <- RECV_B)."""
     kind = Kind.RECV_F if action.kind is Kind.F else Kind.RECV_B
