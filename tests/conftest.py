@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from analysis.schema import Noise, RankEntry, Rules, Summary, Waterfall
+from analysis.schema import CriticalShare, Noise, RankEntry, Rules, StepReplay, Summary, Waterfall
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -62,7 +62,7 @@ def trace_run(traces: Path, *options: str, timeout: float = 300) -> Path:
 
 
 def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
-    """A gpipe p=2 m=4 summary (waterfall 6 + 2 + 0.5 + 1 + 1 + 0.25 - 0.75 = 10 ms) with `fields` changed; with
+    """A gpipe p=2 m=4 summary (waterfall 6 + 2 + 0.5 + 1 + 1 + 0.25 + 0.5 - 1.25 = 10 ms) with `fields` changed; with
     `peak_bytes`, one rank entry holding that peak (for what reads summaries: the index, the sweeps)."""
     waterfall = Waterfall(
         ideal=6.0,
@@ -73,7 +73,8 @@ def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
         launch_overhead=1.0,
         p2p_wait=1.0,
         other=0.25,
-        residual=-0.75,
+        variability=0.5,
+        residual=-1.25,
     )
     ranks = (
         []
@@ -112,6 +113,9 @@ def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
         bubble_seed=None,
         simulated_step_time_ms=10.5,
         waterfall_ms=waterfall,
+        waterfall_shapley_ms=waterfall,
+        replayed_steps=[StepReplay(step=0, step_time_ms=10.0, replay_ms=11.25, residual_ms=-1.25)],
+        critical_path=[CriticalShare(part="compute", stage=0, ms=11.25)],
         parts=(),
         ranks=ranks,
         rules=Rules(),

@@ -293,7 +293,13 @@ def test_slow_recovery_reads_the_waterfall_and_the_baseline_calibration():
 
     def run(imbalance, small_gemm, slowdown):
         terms = dict(
-            ideal=80.0, formula_bubble=20.0, launch_overhead=5.0, p2p_wait=1.0, other=2.0, residual=0.0
+            ideal=80.0,
+            formula_bubble=20.0,
+            launch_overhead=5.0,
+            p2p_wait=1.0,
+            other=2.0,
+            variability=0.0,
+            residual=0.0,
         )
         waterfall = Waterfall(imbalance=imbalance, small_gemm=small_gemm, slowdown=slowdown, **terms)
         return summary_of(waterfall_ms=waterfall), {"calibration": {"1": {"F_ms": 30.0, "B_ms": 50.0}}}

@@ -66,7 +66,8 @@ class StepModel:
 def fit(own: OwnSteps, median_step: int, p: int) -> StepModel:
     """The means over every analysed step, on the median step's orders (an eager receive's transfer
     over the receives that saw it)."""
-    kinds = own.actions.group_by("stage", "kind").agg(pl.col(c).mean() for c in INPUT_COLUMNS)
+    # an eager receive of a (stage, kind) that always found its data there has no transfer seen: 0
+    kinds = own.actions.group_by("stage", "kind").agg(pl.col(c).mean().fill_null(0.0) for c in INPUT_COLUMNS)
     tails = own.tails.group_by("rank").agg(pl.col(c).mean() for c in TAIL_PARTS)
     per_rank = {rank: Tail(*values) for rank, *values in tails.iter_rows()}
     return StepModel(
