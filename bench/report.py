@@ -258,27 +258,36 @@ def _inject(part: dict) -> list[str]:
 def _predict(part: dict) -> list[str]:
     configs = part["configs"]
     rows = [
-        f"| abs(predicted / measured - 1), {c['schedule']} m={c['m']} | {_figure(c['error'])} | "
-        f"{c['error']['target']} | {c['error']['verdict']} |"
+        f"| abs(median predicted / median measured - 1), {c['schedule']} m={c['m']} | {c['median_error']:.3f} | "
+        f"{c['error']['target']} | {c['median_verdict']} |"
         for c in configs
     ]
+    coverage = part["coverage"]
+    share = coverage["held"] / coverage["of"] if coverage["of"] else 0.0
+    rows.append(
+        f"| intervals holding the measured median | {coverage['held']} of {coverage['of']} ({share:.0%}) | "
+        f"{coverage['target']:.0%} | {'meets' if share >= coverage['target'] else 'misses'} |"
+    )
     source = ", ".join(f"{s} {_figure(e)}" for s, e in part["source_simulated_error"].items())
     return [
         *_verdicts(rows),
         f"Each of {part['repeats']} repeats: one run at m={part['source_m']} per schedule, "
         "`python -m analysis predict RUN --ms ...` from it, then a run at each m; measured is that run's profiled "
-        "step (summary.json step_time_ms), compared with the prediction of its own repeat.",
+        "step (summary.json step_time_ms). The error is the median prediction against the median run; the "
+        "interval of each repeat's prediction (step_time_low_ms, step_time_high_ms) holds the median run or not.",
         "",
-        "| schedule | m | predicted ms | measured ms | abs(predicted / measured - 1) | verdict |",
+        "| schedule | m | predicted ms | measured ms | pairwise abs(predicted / measured - 1) | intervals ms |",
         "|---|---|---|---|---|---|",
         *(
             f"| {c['schedule']} | {c['m']} | {_figure(c['predicted_ms'], 1)} | {_figure(c['measured_ms'], 1)} "
-            f"| {_figure(c['error'])} | {c['error']['verdict']} |"
+            f"| {_figure(c['error'])} | "
+            + ", ".join(f"{low:.1f}-{high:.1f}" for low, high in c["intervals_ms"])
+            + " |"
             for c in configs
         ),
         "",
-        f"The m={part['source_m']} runs' own simulated / measured - 1 (the waterfall's residual, which every "
-        f"prediction inherits): {source or 'none'}.",
+        f"The m={part['source_m']} runs' own typical step / measured - 1 (the variability and residual, which "
+        f"every prediction inherits): {source or 'none'}.",
         "",
         *([*(f"Failed: {reason}" for reason in part["failed"]), ""] if part["failed"] else []),
     ]

@@ -83,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--p4-ms", default="1 2 4 8 16", help="microbatch counts of the seed's p=4 sweep")
     parser.add_argument("--bubble-runs", type=int, default=6, help="gpipe p=2 m=1 runs of the bubble part")
     parser.add_argument("--inject-pairs", type=int, default=5, help="A/B pairs per case of the inject part")
-    parser.add_argument("--predict-ms", default="2 8 16", help="microbatch counts the predict part predicts")
+    parser.add_argument(
+        "--predict-ms", default="1 2 8 16", help="microbatch counts the predict part predicts"
+    )
     parser.add_argument(
         "--dp-mesh",
         type=int,

@@ -317,13 +317,18 @@ def test_slow_recovery_reads_the_waterfall_and_the_baseline_calibration():
 def test_predict_accuracy_pairs_each_prediction_with_its_repeat():
     from bench.predict import PREDICT_TARGET, accuracy
 
-    figure = accuracy("gpipe", 8, [105.0, 99.0, 120.0], [100.0, 110.0, 100.0])
+    intervals = [(95.0, 101.0), (99.0, 99.5), (110.0, 130.0)]
+    figure = accuracy("gpipe", 8, [105.0, 99.0, 120.0], [100.0, 110.0, 100.0], intervals)
     assert figure["error"]["median"] == pytest.approx(0.1)  # 0.05, 0.1, 0.2: repeat by repeat
+    assert figure["median_error"] == pytest.approx(
+        0.05
+    )  # the median prediction 105 against the median run 100
+    assert figure["intervals_holding_the_median"] == 1  # only 95-101 holds 100
     assert figure["error"]["min"] == pytest.approx(0.05) and figure["error"]["max"] == pytest.approx(0.2)
     assert figure["error"]["target"] == PREDICT_TARGET and figure["error"]["verdict"].startswith(
         "inconclusive"
     )
-    assert accuracy("1f1b", 2, [101.0], [100.0])["error"]["verdict"] == "meets (one sample)"
+    assert accuracy("1f1b", 2, [101.0], [100.0], [(99.0, 102.0)])["error"]["verdict"] == "meets (one sample)"
 
 
 def test_a_partial_run_replaces_its_sections_and_keeps_the_others():
@@ -397,4 +402,5 @@ def test_bench_predict_smoke(tmp_path):
         assert config["error"]["median"] == pytest.approx(abs(predicted / measured - 1))
     assert set(part["source_simulated_error"]) == {"gpipe", "1f1b"}
     text = (out / "RESULTS.md").read_text()
-    assert "## 8. predict" in text and "abs(predicted / measured - 1), 1f1b m=2" in text
+    assert "## 8. predict" in text and "abs(median predicted / median measured - 1), 1f1b m=2" in text
+    assert part["coverage"]["of"] == 2 and "intervals holding the measured median" in text
