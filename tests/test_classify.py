@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from test_cells import gpipe_m1_run, gpu_action, span, trace, write_trace
+from test_cells import cpu_action, gpipe_m1_run, gpu_action, span, trace, write_trace
 
 from analysis.cells.labelled import CELL_KEY
 from analysis.pipeline import analyze_run, read_run
@@ -69,6 +69,76 @@ def test_the_wait_for_pending_sends_is_p2p_once_the_receiver_posted_and_bubble_b
         (0, "bubble_wait", 91, 95),
         (1, "bubble_wait", 69, 75),
         (1, "p2p_wait", 75, 90),
+    ]
+
+
+def blocking_send_run(directory, send_end_ms: float):
+    """Two CPU ranks, GPipe, m = 1, times in ms: rank 0's SEND_F0 opens at 10, rank 1 (late) posts its
+    RECV_F0 at 15; a blocking send (`send_end_ms` 16) stays in its cell until the transfer is done, an
+    isend's host call (11) returns before the receiver came.
+
+    rank 0: 0F0 [1,10]  0SEND_F0 [10,send_end]  0RECV_B0 [16.5,70] waits (17,69.5)  0B0 [70.5,90]
+    rank 1: 1RECV_F0 [15,17] waits (15.2,16.8)  1F0 [17.5,37]  1B0 [37.5,68]  1SEND_B0 [68,69]
+    """
+    ms = 1000  # the trace's us
+    rank0 = [
+        *cpu_action("0F0", 1 * ms, 10 * ms),
+        *cpu_action("0SEND_F0", 10 * ms, send_end_ms * ms),
+        *cpu_action("0RECV_B0", 16.5 * ms, 70 * ms, wait=(17 * ms, 69.5 * ms)),
+        *cpu_action("0B0", 70.5 * ms, 90 * ms),
+    ]
+    rank1 = [
+        *cpu_action("1RECV_F0", 15 * ms, 17 * ms, wait=(15.2 * ms, 16.8 * ms)),
+        *cpu_action("1F0", 17.5 * ms, 37 * ms),
+        *cpu_action("1B0", 37.5 * ms, 68 * ms),
+        *cpu_action("1SEND_B0", 68 * ms, 69 * ms),
+    ]
+    directory.mkdir()
+    write_trace(directory, trace(0, [(0, 100 * ms)], rank0))
+    write_trace(directory, trace(1, [(0, 100 * ms)], rank1))
+    return directory
+
+
+def test_a_blocking_send_waits_for_its_receiver_as_bubble_then_transfers_as_p2p(tmp_path):
+    ms = 1_000_000  # ns
+    gaps = analyze_run(read_run(blocking_send_run(tmp_path / "blocking", 16))).gaps
+    sending = gaps.filter(
+        (pl.col("rank") == 0) & (pl.col("start_ns") >= 10 * ms) & (pl.col("end_ns") <= 16 * ms)
+    )
+    # 5 ms before rank 1 posted its receive: the partner was not ready; 1 ms after: the transfer
+    assert sending.select("class", "start_ns", "end_ns").rows() == [
+        ("bubble", 10 * ms, 15 * ms),
+        ("p2p_wait", 15 * ms, 16 * ms),
+    ]
+    # the receiver's side is unchanged: its producer had begun sending at 10, so its wait is transfer
+    assert totals(gaps, 1)["p2p_wait"] == 1.6 * ms + 1 * ms  # (15.2,16.8) and its own SEND_B0 (68,69)
+    # an isend's host call that returned before its receiver posted did not wait for it: p2p as before
+    gaps = analyze_run(read_run(blocking_send_run(tmp_path / "isend", 11))).gaps
+    sending = gaps.filter(
+        (pl.col("rank") == 0) & (pl.col("start_ns") >= 10 * ms) & (pl.col("end_ns") <= 11 * ms)
+    )
+    assert sending.select("class", "start_ns", "end_ns").rows() == [("p2p_wait", 10 * ms, 11 * ms)]
+
+
+def test_a_wait_inside_a_send_splits_at_its_receivers_posting():
+    # rank 0's SEND_F0 (10,16) blocks in (11,16); rank 1 posts its RECV_F0 at 15; rank 1's SEND_B0 (68,69)
+    # came after its receiver had posted (14): no unposted stretch
+    cells = pl.DataFrame(
+        [
+            (0, 0, 0, "SEND_F", 0, 10, 16),
+            (1, 0, 1, "RECV_F", 0, 15, 17),
+            (1, 0, 1, "SEND_B", 0, 68, 69),
+            (0, 0, 0, "RECV_B", 0, 14, 70),
+        ],
+        schema=["rank", "step", "stage", "kind", "microbatch", "start_ns", "end_ns"],
+        orient="row",
+    )
+    waits = cells.head(1).with_columns(start_ns=pl.lit(11, pl.Int64)).select(*CELL_KEY, "start_ns", "end_ns")
+    layers = split_waits(cells, waits).sort("rank", "start_ns", "layer")
+    assert layers.select("rank", "layer", "start_ns", "end_ns").rows() == [
+        (0, "unposted", 10, 15),
+        (0, "bubble_wait", 11, 15),
+        (0, "p2p_wait", 15, 16),
     ]
 
 

@@ -111,6 +111,17 @@ def test_unannotated_gpipe_is_analysed_from_inferred_cells(seed_run):
     assert summary.bubble_measured > (P - 1) / P - 0.01, summary
 
 
+def test_the_last_stages_tail_without_a_barrier_is_drain_bubble(seed_run):
+    """The loop ends no step with a barrier: rank 1's ProfilerStep closes after its send and optimizer
+    step while rank 0 still runs its backward, a third of the step. That stretch is drain bubble; rank 1's
+    other is its optimizer step alone (0.5 ms of 288 measured; 104 ms when the stretch was other)."""
+    summary = analyze_run(read_run(seed_run)).summary
+    first, last = sorted(summary.ranks, key=lambda entry: entry.rank)
+    assert last.other_ms < 0.05 * summary.step_time_ms, last
+    # rank 1 waits while rank 0 works: its forward (fill) and its backward (drain; a third before)
+    assert last.bubble_ms > 0.9 * first.busy_ms, (first, last)
+
+
 def test_hints_must_agree_with_the_traces(seed_run):
     assert analyze_run(read_run(seed_run), schedule="gpipe", m=1).summary.schedule == "gpipe"
     with pytest.raises(InputError, match="--m 8"):

@@ -2,8 +2,9 @@
 
 A wait on a peer (a RECV's blocked interval) is matched to the peer's SEND of the same microbatch on
 the other rank: the part of the wait before the SEND started is bubble (the producer had not produced
-yet), the rest is p2p_wait (transfer and latency); so is a CPU sender's own time inside its SEND
-(gloo copies the payload there). Idle
+yet), the rest is p2p_wait (transfer and latency). A CPU sender's own time inside a blocking SEND is
+split at its receiver's posting of the RECV: bubble before (the partner was not ready), p2p_wait after
+(the transfer); an isend's host call, over before its receiver posted, stays p2p_wait. Idle
 time that is not a wait is launch overhead when the host had not yet issued the next work (GPU: no
 launched kernel pending, HTA's host-wait rule; CPU: framework time inside RECV actions or between
 actions up to a threshold), else other. Idle before a rank's first action of the step or after its
@@ -83,6 +84,21 @@ def _receivers_posted(sends: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _send_posted(cells: pl.DataFrame) -> pl.DataFrame:
+    """Per SEND cell (CELL_KEY): ready_ns, when its receiver posted its RECV."""
+    sends = cells.filter(pl.col("kind").is_in(list(_RECEIVER))).select(
+        "rank", "step", send_stage="stage", send_kind="kind", send_mb="microbatch"
+    )
+    return (
+        _receivers_posted(sends, cells)
+        .select(
+            "rank", "step", stage="send_stage", kind="send_kind", microbatch="send_mb", ready_ns="posted_ns"
+        )
+        .group_by(CELL_KEY)
+        .agg(pl.col("ready_ns").max())
+    )
+
+
 def _batched_ready(cells: pl.DataFrame, kernels: pl.DataFrame | None) -> pl.DataFrame:
     """Per RECV cell carried by one kernel with a SEND of its rank (batch_isend_irecv): when that send's
     receiver posted its receive. The kernel, and the rank's compute after it, waits for both halves, so
@@ -97,6 +113,21 @@ def _batched_ready(cells: pl.DataFrame, kernels: pl.DataFrame | None) -> pl.Data
     )
     paired = recvs.join(sends, on=["rank", "step", "correlation"])
     return _receivers_posted(paired, cells).group_by(CELL_KEY).agg(pl.col("posted_ns").max())
+
+
+def _unposted_sends(cells: pl.DataFrame) -> pl.DataFrame:
+    """The `unposted` layer: a SEND cell from its start until its receiver posted the RECV, where the
+    cell was still open then. A blocking send (Megatron's, a hand-written loop's c10d::send; gloo's send
+    is a rendezvous) stays in its cell until the transfer is done, so it was open when its receiver came
+    and waited for it until then: the partner not ready, bubble. A SEND that had ended before its
+    receiver posted did not wait for it (the native executor's isend returns, its wait for the transfer
+    is `PP wait for sends`): the layer leaves it alone."""
+    return (
+        cells.join(_send_posted(cells), on=CELL_KEY)
+        .filter(pl.col("ready_ns") < pl.col("end_ns"))
+        .with_columns(end_ns="ready_ns", layer=pl.lit("unposted"))
+        .select(INTERVAL)
+    )
 
 
 def _send_wait_layers(cells: pl.DataFrame, send_waits: pl.DataFrame) -> pl.DataFrame:
@@ -124,15 +155,18 @@ def split_waits(
 ) -> pl.DataFrame:
     """Blocked intervals of all ranks as wait layers: bubble_wait before the peer sent, p2p_wait after.
 
-    Waits inside SEND cells (the peer was not receiving yet) are p2p_wait; a RECV wait whose producer
-    is not in the traces is unmatched_wait (classed `other`). A RECV coalesced with a SEND in one kernel
-    (`kernels`: GPU, every rank's) waits as bubble also until that send's receiver had posted; so does
-    the executor's wait for its pending sends after its last action (`send_waits`, CPU). `cells`,
-    `waits`, `kernels` and `send_waits` of all ranks, with times already on one clock
+    Waits inside SEND cells are bubble_wait before the receiver posted its RECV (the peer was not
+    receiving yet), p2p_wait after; a RECV wait whose producer is not in the traces is unmatched_wait
+    (classed `other`). Every SEND cell still open when its receiver posted also gives the `unposted`
+    layer until then (_unposted_sends), which the CPU rules class bubble. A RECV coalesced with a SEND
+    in one kernel (`kernels`: GPU, every rank's) waits as bubble also until that send's receiver had
+    posted; so does the executor's wait for its pending sends after its last action (`send_waits`, CPU).
+    `cells`, `waits`, `kernels` and `send_waits` of all ranks, with times already on one clock
     (analysis.timeline.clock).
     """
     sent = (
         waits.join(_producer_starts(cells), on=CELL_KEY, how="left")
+        .join(_send_posted(cells), on=CELL_KEY, how="left")
         .join(_batched_ready(cells, kernels), on=CELL_KEY, how="left")
         .with_columns(
             sent_ns=pl.when(pl.col("sent_ns").is_not_null()).then(pl.max_horizontal("sent_ns", "posted_ns"))
@@ -144,11 +178,15 @@ def split_waits(
     matched = sent.filter(is_recv & pl.col("sent_ns").is_not_null())
     bubble = matched.with_columns(end_ns=cut, layer=pl.lit("bubble_wait"))
     after = matched.with_columns(start_ns=cut, layer=pl.lit("p2p_wait"))
-    sends = sent.filter(~is_recv).with_columns(layer=pl.lit("p2p_wait"))
+    sending = sent.filter(~is_recv)
+    ready = pl.col("ready_ns").fill_null(pl.col("start_ns")).clip(pl.col("start_ns"), pl.col("end_ns"))
+    send_bubble = sending.with_columns(end_ns=ready, layer=pl.lit("bubble_wait"))
+    sends = sending.with_columns(start_ns=ready, layer=pl.lit("p2p_wait"))
     unmatched = sent.filter(is_recv & pl.col("sent_ns").is_null()).with_columns(
         layer=pl.lit("unmatched_wait")
     )
-    parts = [frame.select(INTERVAL) for frame in (bubble, after, sends, unmatched)]
+    parts = [frame.select(INTERVAL) for frame in (bubble, after, send_bubble, sends, unmatched)]
+    parts.append(_unposted_sends(cells))
     if send_waits is not None:
         parts.append(_send_wait_layers(cells, send_waits))
     return pl.concat(parts).filter(pl.col("end_ns") > pl.col("start_ns"))
@@ -200,10 +238,13 @@ def _gpu_idle() -> pl.Expr:
 
 
 def _cpu_idle() -> pl.Expr:
-    """The main thread: sending is p2p, framework time inside actions is launch overhead, stretches
-    between actions (`between`) are resolved by length."""
+    """The main thread: in a blocking send before its receiver posted (`unposted`) it waits for a partner
+    not ready, bubble; sending after that is p2p; framework time inside actions is launch overhead,
+    stretches between actions (`between`) are resolved by length."""
     return (
-        pl.when(pl.col("sending") > 0)
+        pl.when(pl.col("unposted") > 0)
+        .then(_class("bubble"))
+        .when(pl.col("sending") > 0)
         .then(_class("p2p_wait"))
         .when(pl.col("action") > 0)
         .then(_class("launch_overhead"))

@@ -123,7 +123,9 @@ def runs(labelled: pl.DataFrame, column: str, keys: tuple[str, ...] = ("rank", "
 
 
 WAIT_LAYERS = ("bubble_wait", "p2p_wait", "unmatched_wait")
-LAYERS = ("busy", "issued", "action", "sending", "active", "head", "unscheduled", *WAIT_LAYERS)
+# unposted (classify.split_waits): a blocking SEND before its receiver posted; not a wait layer, it makes
+# nothing idle (a SEND cell is idle on CPU anyway)
+LAYERS = ("busy", "issued", "action", "sending", "unposted", "active", "head", "unscheduled", *WAIT_LAYERS)
 
 
 def windows(rank: RankCells) -> pl.DataFrame:
