@@ -1,0 +1,199 @@
+"""A run directory from synthetic.executor_sim: CPU-shaped Kineto traces of the native executor's steps,
+run.json with the calibration, and truth.json with each step's true times.
+
+    run = write_executor_run(DIR, build("gpipe", 2, 16), durations_us={"F": 1000, "B": 2000},
+                             transport=Transport(RENDEZVOUS, transfer_ns=50_000), host=HostTime(tail_ns=300_000))
+
+Each step is one simulate_step (every step alike), steps back to back, every rank's ProfilerStep the
+step's length (the barrier). What a rank's thread records, as the native executor's gloo traces do
+(shapes.cpu_cell): a `PP:` span per action; inside a compute span its two operators from its work's
+start; inside a RECV span `c10d::recv_` and `gloo:recv` over the blocked time (the whole span: a RECV is
+posted when it begins); inside a SEND span `c10d::send`; after the last action `PP wait for sends`
+until the sends are released, then `optimizer_step` holding an `aten::add_` over the tail.
+
+truth.json: {"transport", "steps": [{"step", "step_ns", "ranks": {rank: {"actions": [[label, start_ns,
+end_ns], ...] in order, "lane_end_ns", "sends_done_ns", "parts_ns": {...}}}}]}, times from the step's
+start. A rank's parts sum to the step: compute (work), launch_overhead (host time between actions,
+inside compute spans before the work, in asynchronous SEND calls), bubble (a RECV's or blocking SEND's
+wait before the partner posted; the wait for sends before their last receiver posted, with a
+rendezvous; idle after the tail until the barrier), p2p_wait (those waits after the partner posted),
+other (the tail).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from runners.schedules import Action, Schedule, lower
+from runners.schedules.trace_names import OPTIMIZER_STEP, WAIT_SENDS, label
+from synthetic import shapes
+from synthetic.executor_sim import RECVS, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
+from synthetic.truth import (
+    DEFAULT_US,
+    ROWS_PER_MICROBATCH,
+    Durations,
+    Work,
+    calibration,
+    calibration_by_rows,
+    dims,
+)
+
+BASE_TIME_NS = 1_700_000_000 * 10**9  # baseTimeNanoseconds; event times count from ORIGIN_NS after it
+ORIGIN_NS = 10 * 10**9
+STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step spans
+OPTIMIZER_OP = "aten::add_"  # the SGD update's operator inside optimizer_step
+
+
+def rank_parts(run: StepRun, rank: int, transport: Transport, host: HostTime) -> dict[str, int]:
+    """The true parts of one rank's step (module docstring), ns; they sum to run.step_ns."""
+    parts = dict.fromkeys(("compute", "launch_overhead", "bubble", "p2p_wait", "other"), 0)
+    free = 0
+    for done in run.actions[rank]:
+        parts["launch_overhead"] += done.start - free
+        free = done.end
+        if done.action.kind.is_compute:
+            parts["launch_overhead"] += done.work_start - done.start
+            parts["compute"] += done.end - done.work_start
+        elif done.partner_posted is None:  # an asynchronous SEND's call
+            parts["launch_overhead"] += done.end - done.start
+        else:
+            ready = min(max(done.start, done.partner_posted), done.end)
+            parts["bubble"] += ready - done.start
+            parts["p2p_wait"] += done.end - ready
+    end = run.ends[rank]
+    posted = end.last_receiver_post if transport.semantics == RENDEZVOUS else None
+    ready = min(max(end.lane_end, posted if posted is not None else end.lane_end), end.sends_done)
+    parts["bubble"] += ready - end.lane_end + run.step_ns - end.tail_end
+    parts["p2p_wait"] += end.sends_done - ready
+    parts["other"] += end.tail_end - end.sends_done
+    return parts
+
+
+def _rank_events(run: StepRun, rank: int, steps: int) -> list[dict[str, Any]]:
+    """Every step's events of one rank's thread (pid = tid), on the trace's clock."""
+    pid = 4000 + rank
+    events = shapes.metadata(pid, pid, "python", f"thread {pid} (python)")
+    end = run.ends[rank]
+    for step in range(steps):
+        shift = ORIGIN_NS + step * run.step_ns
+        events.append(
+            shapes.span(f"{STEP_PREFIX}{step}", "user_annotation", pid, pid, shift, shift + run.step_ns)
+        )
+        for done in run.actions[rank]:
+            kind = done.action.kind
+            start = done.work_start if kind.is_compute else done.end if kind in RECVS else done.start
+            cell = shapes.Cell(done.action, done.start + shift, start + shift, done.end + shift, True)
+            events += shapes.cpu_cell(cell, pid, host_in_label=True)
+        events.append(
+            shapes.span(WAIT_SENDS, "user_annotation", pid, pid, end.lane_end + shift, end.sends_done + shift)
+        )
+        if end.tail_end > end.sends_done:
+            tail = (end.sends_done + shift, end.tail_end + shift)
+            events.append(shapes.span(OPTIMIZER_STEP, "user_annotation", pid, pid, *tail))
+            events.append(shapes.span(OPTIMIZER_OP, "cpu_op", pid, pid, *tail))
+    return events
+
+
+def _document(run: StepRun, rank: int, p: int, steps: int, run_id: str) -> dict[str, Any]:
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [],
+        "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": p},
+        "run_id": run_id,
+        "baseTimeNanoseconds": BASE_TIME_NS,
+        "traceName": f"synthetic executor rank{rank}",
+        "traceEvents": _rank_events(run, rank, steps),
+    }
+
+
+def truth_document(run: StepRun, transport: Transport, host: HostTime, steps: int) -> dict[str, Any]:
+    """truth.json's content (module docstring)."""
+    ranks = {
+        str(rank): {
+            "actions": [[label(d.action), d.start, d.end] for d in run.actions[rank]],
+            "lane_end_ns": run.ends[rank].lane_end,
+            "sends_done_ns": run.ends[rank].sends_done,
+            "parts_ns": rank_parts(run, rank, transport, host),
+        }
+        for rank in run.actions
+    }
+    return {
+        "transport": asdict(transport),
+        "steps": [{"step": step, "step_ns": run.step_ns, "ranks": ranks} for step in range(steps)],
+    }
+
+
+def run_config(
+    schedule: Schedule, work: Work, step_ns: int, transport: Transport, run_id: str
+) -> dict[str, Any]:
+    """run.json: the keys synthetic.generate writes for a CPU run, and the transport."""
+    step_ms = step_ns / 1e6
+    return {
+        "schedule": schedule.name,
+        "p": schedule.p,
+        "m": schedule.m,
+        "v": schedule.v,
+        "engine": "synthetic",
+        "preset": None,
+        "device": "cpu",
+        "backend": "gloo",
+        "mode": "processes",
+        "dtype": "float32",
+        "run_id": run_id,
+        "dims": dims(schedule),
+        "rows_per_microbatch": ROWS_PER_MICROBATCH,
+        "calibration": calibration(schedule, work),
+        "calibration_by_rows": calibration_by_rows(schedule, work),
+        "step_time_unprofiled_ms": step_ms,
+        "step_times_unprofiled_ms": [step_ms] * 3,
+        "synthetic_transport": transport.semantics,
+        "complete": True,
+    }
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Write beside `path`, then rename over it: a reader never sees half a file."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(handle, "wb") as file:
+        file.write(data)
+    os.replace(temporary, path)
+
+
+def write_executor_run(
+    directory: str | Path,
+    schedule: Schedule,
+    *,
+    durations_us: Durations = DEFAULT_US,
+    transport: Transport | None = None,
+    host: HostTime | None = None,
+    steps: int = 3,
+    run_id: str = "synthetic-executor",
+) -> StepRun:
+    """rank{r}.json.gz, truth.json and run.json (last, with complete) of `steps` simulated steps; by
+    default a rendezvous without transfer time and no host time."""
+    transport, host = transport or Transport(), host or HostTime()
+    lowered = schedule if schedule.lowered else lower(schedule)
+    work = Work(durations_us)
+    run = simulate_step(lowered, lambda action: work.measured_ns(action, lowered.m), transport, host)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for rank in range(lowered.p):
+        document = _document(run, rank, lowered.p, steps, run_id)
+        _write(directory / f"rank{rank}.json.gz", gzip.compress(json.dumps(document).encode(), 6))
+    truth = truth_document(run, transport, host, steps)
+    _write(directory / "truth.json", json.dumps(truth, indent=1).encode())
+    config = run_config(schedule, work, run.step_ns, transport, run_id)
+    _write(directory / "run.json", json.dumps(config, indent=1).encode())
+    return run
+
+
+def stalls_before(actions: Mapping[str, int]) -> dict[Action, int]:
+    """HostTime.stalls from compact labels: {"0RECV_B0": ns} -> {Action(0, RECV_B, 0): ns}."""
+    return {Action.parse(text): ns for text, ns in actions.items()}
