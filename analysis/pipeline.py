@@ -254,15 +254,28 @@ class Measured:
         )
 
     def _replayed_steps(self) -> list[StepReplay]:
-        steps = self.parts.group_by("step").agg(pl.col("step_ns").first()).sort("step")
+        ends = self.own.tails.group_by("step").agg(
+            opened=pl.col("w_start").max() - pl.col("w_start").min(), active_end=pl.col("active_end").max()
+        )
+        steps = (
+            self.parts.group_by("step")
+            .agg(pl.col("step_ns").first())
+            .join(self.spans.group_by("step").agg(pl.col("end_ns").max()), on="step")
+            .join(ends, on="step")
+            .sort("step")
+        )
         return [
             StepReplay(
                 step=step,
                 step_time_ms=step_ns / 1e6,
                 replay_ms=self.replays[step].makespan / 1e6,
                 residual_ms=(step_ns - self.replays[step].makespan) / 1e6,
+                opened_late_ms=opened / 1e6,
+                ran_on_ms=max(0, end_ns - active_end) / 1e6,
             )
-            for step, step_ns in steps.iter_rows()
+            for step, step_ns, end_ns, opened, active_end in steps.select(
+                "step", "step_ns", "end_ns", "opened", "active_end"
+            ).iter_rows()
         ]
 
 

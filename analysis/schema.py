@@ -136,6 +136,12 @@ class StepReplay(msgspec.Struct, kw_only=True):
     step_time_ms: float
     replay_ms: float  # the step replayed from its own measurements
     residual_ms: float  # step_time_ms - replay_ms: the completeness residual
+    # two waits no measured activity explains, named (they are in the residual, not beside it): the
+    # latest rank's step opened this long after the first's, nothing recorded before it (the previous
+    # step still holding it, a descheduled thread); the step ran on this long after every rank's last
+    # recorded activity (the step-end barrier's own cost, the profiler closing the step)
+    opened_late_ms: float
+    ran_on_ms: float
 
 
 class CriticalShare(msgspec.Struct, kw_only=True):

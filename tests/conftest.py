@@ -114,7 +114,16 @@ def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
         simulated_step_time_ms=10.5,
         waterfall_ms=waterfall,
         waterfall_shapley_ms=waterfall,
-        replayed_steps=[StepReplay(step=0, step_time_ms=10.0, replay_ms=11.25, residual_ms=-1.25)],
+        replayed_steps=[
+            StepReplay(
+                step=0,
+                step_time_ms=10.0,
+                replay_ms=11.25,
+                residual_ms=-1.25,
+                opened_late_ms=0.0,
+                ran_on_ms=0.0,
+            )
+        ],
         critical_path=[CriticalShare(part="compute", stage=0, ms=11.25)],
         parts=(),
         ranks=ranks,

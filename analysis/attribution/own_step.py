@@ -176,11 +176,26 @@ def measure(
     blocking = not on_gpu and _sends_block(timed)
     eager = _receives_eager(timed)
     actions = timed.select("step", "rank", "position", *KEY, **_inputs(blocking, eager))
-    last = timed.group_by(per_lane).agg(pl.col("lane_end").max(), pl.col("w_end").first())
-    tails = last.select(per_lane).with_columns(
+    last = timed.group_by(per_lane).agg(pl.col("lane_end").max(), pl.col("w_start", "w_end").first())
+    tails = last.select(*per_lane, "w_start", active_end=_active_end(last, gaps)).with_columns(
         **{part: _class_time(gaps, (part,), last, ("lane_end", "w_end")) for part in TAIL_PARTS}
     )
     return OwnSteps(actions, tails.sort(per_lane), blocking, eager)
+
+
+def _active_end(last: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
+    """Per row of `last` (rank, step, lane_end, w_end): when the rank's last recorded activity of the step
+    ended: its last action, or the last stretch of its own time (HOST_CLASSES) after it."""
+    own = gaps.filter(pl.col("class").is_in(HOST_CLASSES)).select("rank", "step", gap_end="end_ns")
+    after = (
+        last.with_row_index("row")
+        .join(own, on=["rank", "step"], how="left")
+        .filter(pl.col("gap_end").is_null() | (pl.col("gap_end") <= pl.col("w_end")))
+        .group_by("row")
+        .agg(pl.max_horizontal("lane_end", pl.col("gap_end").max()).first().alias("active_end"))
+        .sort("row")
+    )
+    return after["active_end"]
 
 
 def _sends_block(timed: pl.DataFrame) -> bool:

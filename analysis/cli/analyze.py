@@ -52,11 +52,25 @@ def table(summary: Summary) -> str:
             f"{late.pipeline} {late.slower_ms:.3f} ms ({late.slower_fraction:.1%}) slower than the fastest; "
             f"dp_sync up to {max(r.dp_sync_ms for r in summary.ranks):.3f} ms a rank"
         )
-    lines.append("  waterfall")
+    lines.append("  waterfall (ladder, Shapley)")
     for term in WATERFALL_TERMS:
-        value = getattr(summary.waterfall_ms, term)
+        value, fair = getattr(summary.waterfall_ms, term), getattr(summary.waterfall_shapley_ms, term)
         shown = "   unknown (no calibration)" if value is None else f"{value:10.3f} ms  {value / step:6.1%}"
+        if value is not None and fair != value:
+            shown += f"  {fair:10.3f} ms"
         lines.append(f"    {term:16s}{shown}")
+    lines.append(
+        "  completeness residual by step: "
+        + ", ".join(
+            f"{r.step} {r.residual_ms / r.step_time_ms:+.1%}"
+            + (
+                f" (opened late {r.opened_late_ms:.1f}, ran on {r.ran_on_ms:.1f} ms)"
+                if r.residual_ms > 0
+                else ""
+            )
+            for r in summary.replayed_steps
+        )
+    )
     return "\n".join(lines)
 
 
