@@ -59,6 +59,8 @@ def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
     assert summary.simulated_step_time_ms == pytest.approx(0.091)
     (replayed,) = summary.replayed_steps
     assert (replayed.replay_ms, replayed.residual_ms) == pytest.approx((0.091, 0.009))
+    # named: both ranks' steps opened together, and the step ran on 9 us after rank 0's last backward
+    assert (replayed.opened_late_ms, replayed.ran_on_ms) == pytest.approx((0.0, 0.009))
     assert summary.bubble_measured == pytest.approx(1 - 80 / 200)
     assert summary.bubble_seed is None  # no isolated calibration
 
