@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 
+import polars as pl
 import pytest
 from conftest import trace_run
 
+from analysis.pipeline import analyze_dir
 from bench.inject import HOST, SLOW, Case, measured, recovery
 
 pytestmark = pytest.mark.slow
@@ -54,3 +56,18 @@ def test_a_slow_stage_is_imbalance_not_small_gemm_or_slowdown(tmp_path):
     and slowdown by no more than theirs (bench.inject says how each bound was measured)."""
     result = paired_runs(tmp_path, SLOW, pairs=3)
     assert not missed(result), json.dumps(result, indent=1)
+
+
+def test_the_stalled_forwards_lie_on_the_critical_path(tmp_path):
+    """host:0:20 on gpipe m=4: rank 0's every forward sleeps 20 ms first, and rank 1 waits for each, so
+    the median step's critical path holds that host time inside rank 0's forwards: all four stalls, no
+    less than 85% of the 80 ms each (the path takes what the replay took; a stall off the path, or the
+    path skipping rank 0's forwards, fails)."""
+    analysis = analyze_dir(trace_run(tmp_path, *HOST.options(injected=True)))
+    path = analysis.critical.filter(pl.col("step") == analysis.summary.median_step)
+    stalls = path.filter(
+        (pl.col("rank") == 0) & (pl.col("kind") == "F") & (pl.col("part") == "launch_overhead")
+    )
+    assert stalls.height == HOST.m
+    stalled_ms = (stalls["end_ns"] - stalls["start_ns"]).sum() / 1e6
+    assert stalled_ms >= 0.85 * HOST.m * HOST.injected.amount, path
