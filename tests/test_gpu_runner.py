@@ -12,10 +12,14 @@ import pytest
 import torch
 from conftest import REPO, trace_command, trace_run
 
+from analysis import pipeline
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.slow,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA: torch.cuda.is_available() is False"
+    ),
 ]
 
 
@@ -42,7 +46,10 @@ def test_one_rank_on_cuda_labels_host_and_device(tmp_path):
     assert any(e.get("cat") == "kernel" for e in trace)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for an NCCL pipeline")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason=f"needs 2 CUDA devices for an NCCL pipeline: torch.cuda.device_count() is {torch.cuda.device_count()}",
+)
 def test_two_ranks_exchange_over_nccl(tmp_path):
     run = cuda_run(tmp_path, 2)
     trace = events(run / "rank1.json.gz")
@@ -69,6 +76,5 @@ def test_two_ranks_on_one_gpu_run_as_streams_of_one_process_and_analyse_as_two_r
     trace = events(run / "rank0.json.gz")
     assert len({e["args"]["stream"] for e in trace if e.get("cat") == "kernel"}) >= 2  # a stream per rank
     assert any(e.get("cat") == "gpu_memcpy" for e in trace)  # the hops
-    pipeline = pytest.importorskip("analysis.pipeline")
     summary = pipeline.analyze_run(pipeline.read_run(run)).summary
     assert summary.p == 2 and all(rank.busy_ms > 0 for rank in summary.ranks)

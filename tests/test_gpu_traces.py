@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import PIPELINE_GPU
 
+import synthetic.generate as synthetic
+from analysis.traces import load
 from runners.schedules import build, lower
-
-load = pytest.importorskip("analysis.traces.load")
-synthetic = pytest.importorskip("synthetic.generate")
 
 
 def device_labels(run) -> dict[int, set[str]]:

@@ -17,6 +17,14 @@ from analysis.pipeline import analyze_run, read_run
 
 pytestmark = pytest.mark.slow
 P = 2
+# The m = 1 bubble's departure from the formula's (P - 1) / P, as (below, above). At m = 1 the ranks run
+# one after another, so their busy times cannot sum past the step: the bubble is the formula's or more
+# (hops and host time add to it), less only by the timing's rounding; busy time counted twice or on the
+# wrong rank would go below. Above: measured +0.015 to +0.036 in 5 runs at load 1.6-2.0 on 2 cores
+# (0.5146-0.5363; +0.007 to +0.009 on a quiet machine, +0.020 on a loaded CI run), so +0.10 leaves about
+# three times that spread above its top; losing a fifth of the busy time (a rank's B's, say) goes past it.
+# The machine's own figure is `make bench`'s bubble part's, not this test's.
+BUBBLE_BAND = (-0.01, 0.10)
 
 SEED_GPIPE = textwrap.dedent("""
     import os, sys
@@ -105,10 +113,8 @@ def test_unannotated_gpipe_is_analysed_from_inferred_cells(seed_run):
     compute = result.cells.filter(pl.col("kind").is_in(["F", "B"]))
     per_step = compute.group_by("rank", "step").agg(pl.col("kind").sort().str.join(","))
     assert set(per_step["kind"]) == {"B,F"}  # one F and one B per rank and step, nothing else
-    # At m = 1 the ranks run one after another, so their busy times cannot sum past the step: the bubble
-    # is the formula's or more (hops and host time add to it; how much is the machine's, measured by
-    # `make bench`'s bubble part, not here). Busy time counted twice or on the wrong rank would go below.
-    assert summary.bubble_measured > (P - 1) / P - 0.01, summary
+    low, high = BUBBLE_BAND
+    assert low < summary.bubble_measured - (P - 1) / P < high, summary
 
 
 def test_the_last_stages_tail_without_a_barrier_is_drain_bubble(seed_run):

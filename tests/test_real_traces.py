@@ -74,6 +74,92 @@ def test_dlrm_eight_ranks_merge_into_eight_processes_on_aligned_clocks():
 ANALYSIS_SPACE_BYTES = 2 << 30
 ANALYSIS_SECONDS = 120
 REAL_RUNS = sorted({path.parent for path in REAL_FILES})
+# ../shared/real-traces (beside the checkout; absent from a fresh clone and CI, where its cases skip): the
+# sources of tests/data/real-traces. Only its files that are not byte-identical copies there are run here:
+# the ones never copied and the untrimmed originals of the trimmed ones, each alone and in its folder.
+SHARED_TRACES = REPO.parent / "shared" / "real-traces"
+SHARED_REASON = f"{SHARED_TRACES} is absent (it sits beside the checkout on the project's machines only)"
+
+# What `analyze` does with each real trace, alone (its id) and in its folder (the folder's id + "/"):
+# ANALYSED (exit 0), or refused (exit 2) in one line that holds the reason given here. Recorded by
+# running each one (at commit ce8ea69); a change of outcome, either way, fails its case. None of these is
+# a pipeline-parallel trace; the refusals are for missing ranks, absent PP: labels, an order that cannot
+# run, or a rank that cannot be told.
+ANALYSED = None
+NO_LABELS = "no PP:<action> labels inside a profiled step"
+NO_0B0 = "the traces' order cannot run: custom: 1 action(s) never scheduled: 0B0"
+NO_0F0 = "the traces' order cannot run: custom: 1 action(s) never scheduled: 0F0"
+OUTCOMES: dict[str, str | None] = {
+    "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz": ANALYSED,
+    "hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz": "missing rank(s) 0-33, 35-299 (found 34)",
+    "hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz": NO_0B0,
+    "hta/critical_path/cuda_event_sync/event_sync_trace.json.gz": NO_LABELS,
+    "hta/critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz": NO_0B0,
+    "hta/rank_non_gpu/rank_non_gpu.json.gz": ANALYSED,
+    "hta/trace_diff/test/test.json.gz": "missing rank(s) 0 (found 1)",
+    "hta/trace_filter/sampled_rank-0.json.gz": "missing rank(s) 1-127 (found 0)",
+    "hta/trace_filter/sampled_rank-1.json.gz": "missing rank(s) 0, 2-127 (found 1)",
+    "hta/with_gpu_user_annotation/step_based_trace_2543932.json.gz": ANALYSED,
+    "kineto_tb_plugin/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz": NO_LABELS,
+    "param_dlrm_8rank/worker0_step_12.1694128201545.pt.trace.json.gz": "missing rank(s) 1-7 (found 0)",
+    "param_dlrm_8rank/worker1_step_12.1694128201556.pt.trace.json.gz": "missing rank(s) 0, 2-7 (found 1)",
+    "param_dlrm_8rank/worker2_step_12.1694128201554.pt.trace.json.gz": "missing rank(s) 0-1, 3-7 (found 2)",
+    "param_dlrm_8rank/worker3_step_12.1694128201557.pt.trace.json.gz": "missing rank(s) 0-2, 4-7 (found 3)",
+    "param_dlrm_8rank/worker4_step_12.1694128201547.pt.trace.json.gz": "missing rank(s) 0-3, 5-7 (found 4)",
+    "param_dlrm_8rank/worker5_step_12.1694128201549.pt.trace.json.gz": "missing rank(s) 0-4, 6-7 (found 5)",
+    "param_dlrm_8rank/worker6_step_12.1694128201553.pt.trace.json.gz": "missing rank(s) 0-5, 7 (found 6)",
+    "param_dlrm_8rank/worker7_step_12.1694128201553.pt.trace.json.gz": "missing rank(s) 0-6 (found 7)",
+    "pippy/local_test_forward_hf_gpt2.json.gz": NO_LABELS,
+    "pippy/pipe_visualized.json.gz": NO_LABELS,
+    "pippy/ref.json.gz": NO_0F0,
+    "tracelens/b200/eager_trace.json.gz": "missing rank(s) 1-7 (found 0)",
+    "tracelens/mi300/resnet_act_checkpoint.json.gz": "missing rank(s) 1-7 (found 0)",
+    "hta/amd_trace/": ANALYSED,
+    "hta/cpu_only/": "missing rank(s) 0-33, 35-299 (found 34)",
+    "hta/critical_path/alexnet/": NO_0B0,
+    "hta/critical_path/cuda_event_sync/": NO_LABELS,
+    "hta/critical_path/cuda_event_sync_multi_stream/": NO_0B0,
+    "hta/rank_non_gpu/": ANALYSED,
+    "hta/trace_diff/test/": "missing rank(s) 0 (found 1)",
+    "hta/trace_filter/": "missing rank(s) 2-127 (found 0-1)",
+    "hta/with_gpu_user_annotation/": ANALYSED,
+    "kineto_tb_plugin/resnet50_num_workers_0/": NO_LABELS,
+    "param_dlrm_8rank/": ANALYSED,
+    "pippy/": "cannot tell the rank: no distributedInfo.rank and no rank number in the name",
+    "tracelens/b200/": "missing rank(s) 1-7 (found 0)",
+    "tracelens/mi300/": "missing rank(s) 1-7 (found 0)",
+}
+SHARED_OUTCOMES: dict[str, str | None] = {
+    "hta/df_index_resolver/df_index_resolver.json.gz": "missing rank(s) 0 (found 1)",
+    "hta/nccl_parser_config/nccl_data.json.gz": "missing rank(s) 1 (found 0)",
+    "hta/negative_queue_length_values_check/rank0.json.gz": "missing rank(s) 1-15 (found 0)",
+    "hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz": ANALYSED,
+    "hta/trace_diff/control/control.json.gz": "missing rank(s) 0-2, 4-7 (found 3)",
+    "hta/trace_diff/test/test.json.gz": "missing rank(s) 0 (found 1)",
+    "kineto_tb_plugin/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz": NO_LABELS,
+    "tracelens/b200/eager_trace.json.gz": "missing rank(s) 1-7 (found 0)",
+    "tracelens/mi300/resnet_act_checkpoint.json.gz": "missing rank(s) 1-7 (found 0)",
+    "hta/df_index_resolver/": "missing rank(s) 0 (found 1)",
+    "hta/nccl_parser_config/": "missing rank(s) 1 (found 0)",
+    "hta/negative_queue_length_values_check/": "missing rank(s) 1-15 (found 0)",
+    "hta/ns_resolution_trace/": ANALYSED,
+    "hta/trace_diff/control/": "missing rank(s) 0-2, 4-7 (found 3)",
+    "hta/trace_diff/test/": "missing rank(s) 0 (found 1)",
+    "kineto_tb_plugin/resnet50_num_workers_0/": NO_LABELS,
+    "tracelens/b200/": "missing rank(s) 1-7 (found 0)",
+    "tracelens/mi300/": "missing rank(s) 1-7 (found 0)",
+}
+
+
+def _folder_id(folder, root) -> str:
+    return f"{folder.relative_to(root)}/"
+
+
+def test_every_real_trace_and_folder_has_its_outcome_recorded():
+    ran = [real_id(path) for path in REAL_FILES] + [_folder_id(folder, REAL_TRACES) for folder in REAL_RUNS]
+    assert sorted(OUTCOMES) == sorted(ran)
+    # and the outcomes are not all one: the table tells analysed from refused
+    assert ANALYSED in OUTCOMES.values() and set(OUTCOMES.values()) - {ANALYSED}
 
 
 def _analysed(run) -> subprocess.CompletedProcess:
@@ -91,24 +177,58 @@ def _analysed(run) -> subprocess.CompletedProcess:
     )
 
 
-def _analysed_or_refused_in_one_line(done: subprocess.CompletedProcess, run) -> None:
-    assert done.returncode in (0, 2), done.stderr[-2000:]
-    if done.returncode == 2:
-        lines = done.stderr.splitlines()
-        assert len(lines) == 1 and lines[0].startswith(f"error: {run}"), done.stderr[-2000:]
+def _as_recorded(done: subprocess.CompletedProcess, run, reason: str | None) -> None:
+    """Analysed (exit 0) where `reason` is ANALYSED; else refused (exit 2) in one line naming `run` and
+    holding `reason`."""
+    if reason is ANALYSED:
+        assert done.returncode == 0, done.stderr[-2000:]
+        return
+    assert done.returncode == 2, (reason, done.returncode, done.stderr[-2000:])
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {run}"), done.stderr[-2000:]
+    assert reason in lines[0], (reason, lines[0])
+
+
+def _alone(path, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(path, run / path.name)
+    return _analysed(run), run
+
+
+def _in_its_folder(folder, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(folder, run, ignore=shutil.ignore_patterns("*.md"))
+    return _analysed(run), run
 
 
 @pytest.mark.parametrize("path", REAL_FILES, ids=real_id)
 def test_every_real_trace_alone_is_analysed_or_refused_within_bounds(path, tmp_path):
     """Each file alone: its rank's cells and tables are made before the run is found incomplete."""
-    run = tmp_path / "run"
-    run.mkdir()
-    shutil.copy(path, run / path.name)
-    _analysed_or_refused_in_one_line(_analysed(run), run)
+    _as_recorded(*_alone(path, tmp_path), OUTCOMES[real_id(path)])
 
 
-@pytest.mark.parametrize("folder", REAL_RUNS, ids=lambda folder: str(folder.relative_to(REAL_TRACES)))
+@pytest.mark.parametrize("folder", REAL_RUNS, ids=lambda folder: _folder_id(folder, REAL_TRACES))
 def test_every_real_trace_folder_is_analysed_or_refused_within_bounds(folder, tmp_path):
-    run = tmp_path / "run"
-    shutil.copytree(folder, run, ignore=shutil.ignore_patterns("*.md"))
-    _analysed_or_refused_in_one_line(_analysed(run), run)
+    _as_recorded(*_in_its_folder(folder, tmp_path), OUTCOMES[_folder_id(folder, REAL_TRACES)])
+
+
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason=SHARED_REASON)
+@pytest.mark.parametrize("name", sorted(SHARED_OUTCOMES))
+def test_every_shared_real_trace_is_analysed_or_refused_within_bounds(name, tmp_path):
+    source = SHARED_TRACES / name
+    assert source.exists(), f"{source}: recorded in SHARED_OUTCOMES but gone"
+    ran = _in_its_folder(source, tmp_path) if name.endswith("/") else _alone(source, tmp_path)
+    _as_recorded(*ran, SHARED_OUTCOMES[name])
+
+
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason=SHARED_REASON)
+def test_every_shared_real_trace_not_copied_as_it_is_has_its_outcome_recorded():
+    def copied(path) -> bool:
+        copy = REAL_TRACES / path.relative_to(SHARED_TRACES)
+        return copy.exists() and copy.read_bytes() == path.read_bytes()
+
+    files = [path for path in sorted(SHARED_TRACES.rglob("*.json.gz")) if not copied(path)]
+    folders = sorted({path.parent for path in files})
+    expected = [str(path.relative_to(SHARED_TRACES)) for path in files]
+    assert sorted(SHARED_OUTCOMES) == sorted(expected + [_folder_id(f, SHARED_TRACES) for f in folders])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, trace_command
 
+from analysis.traces import load
 from runners.schedules import build, lower
 
 STEPS = 2
@@ -67,7 +68,6 @@ def test_every_action_of_every_rank_is_in_its_trace(finished_run):
 
 def test_the_analysis_loader_reads_the_run(finished_run):
     """The contract between the halves: analysis.traces.load reads what the runner wrote."""
-    load = pytest.importorskip("analysis.traces.load")
     _, result, traces = finished_run
     assert result.returncode == 0, result.stderr
     run = load.load_run(traces / "latest")

@@ -9,11 +9,14 @@ import os
 import time
 import timeit
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
+from runners import execute
 from runners.execute import StepContext, run_step
 from runners.model import build_stages, loss_of, split_microbatches, stage_input
 from runners.p2p import open_links
@@ -85,8 +88,12 @@ def test_every_action_is_a_labelled_span():
     assert labels == [f"PP:{action}" for action in schedule.orders[0]]
 
 
+SEND_WAITED = "test:send_waited"
+
+
 class SlowSends:
-    """Links whose sends take SEND_S to complete and whose receives get random data at once."""
+    """Links whose sends take SEND_S to complete, each wait a SEND_WAITED span of its own, and whose
+    receives get random data at once."""
 
     SEND_S = 0.005
 
@@ -94,10 +101,19 @@ class SlowSends:
         return self
 
     def wait(self) -> None:
-        time.sleep(self.SEND_S)
+        with record_function(SEND_WAITED):
+            time.sleep(self.SEND_S)
 
     def recv(self, buffer, src, tag, is_gradient):
         return buffer.normal_()
+
+
+def inside(event, span) -> bool:
+    return span.time_range.start <= event.time_range.start and event.time_range.end <= span.time_range.end
+
+
+def overlaps(event, span) -> bool:
+    return event.time_range.start < span.time_range.end and span.time_range.start < event.time_range.end
 
 
 def test_sends_are_awaited_in_their_own_span_before_the_optimizer_step():
@@ -114,8 +130,11 @@ def test_sends_are_awaited_in_their_own_span_before_the_optimizer_step():
     assert sends == 2 and [event.name for event in actions] == [f"PP:{a}" for a in schedule.orders[0]]
     assert max(event.time_range.end for event in actions) <= wait.time_range.start
     assert wait.time_range.end <= optimizer.time_range.start  # one after the other, neither inside the other
+    # every send is waited for inside WAIT_SENDS: none before it, none inside the optimizer's span
+    waited = [event for event in events if event.name == SEND_WAITED]
+    assert len(waited) == sends
+    assert all(inside(event, wait) and not overlaps(event, optimizer) for event in waited)
     assert wait.time_range.elapsed_us() >= sends * SlowSends.SEND_S * 1e6
-    assert optimizer.time_range.elapsed_us() < SlowSends.SEND_S * 1e6
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstat only")
@@ -153,18 +172,31 @@ def test_a_run_queue_sample_costs_microseconds():
     assert run_delay_ns(b"19137413 221357 4\n") == 221357
 
 
-def test_an_injected_host_stall_sits_inside_every_forward():
-    stall_s = 0.02
+STALLED = "test:stalled"
+
+
+def test_an_injected_host_stall_sits_inside_every_forward(monkeypatch):
+    """The executor's sleeps, each seen as a STALLED span: one per forward, inside it, none in a backward."""
+    stall_s, sleep = 0.02, time.sleep
+
+    def marked_sleep(seconds: float) -> None:
+        with record_function(STALLED):
+            sleep(seconds)
+
+    monkeypatch.setattr(execute, "time", SimpleNamespace(sleep=marked_sleep))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
         executed("gpipe", 2, host_stall_s=stall_s)
-    spans = {
-        event.name: event.time_range.elapsed_us()
-        for event in profiler.events()
-        if event.name.startswith("PP:")
-    }
+    spans = {event.name: event for event in profiler.events() if event.name.startswith("PP:")}
+    stalls = sorted(
+        (event for event in profiler.events() if event.name == STALLED),
+        key=lambda event: event.time_range.start,
+    )
     assert sorted(spans) == ["PP:0B0", "PP:0B1", "PP:0F0", "PP:0F1"]
-    assert all(spans[name] >= stall_s * 1e6 for name in ("PP:0F0", "PP:0F1"))
-    assert all(spans[name] < stall_s * 1e6 for name in ("PP:0B0", "PP:0B1"))
+    assert [[inside(stall, spans[name]) for name in sorted(spans)] for stall in stalls] == [
+        [False, False, True, False],
+        [False, False, False, True],
+    ]  # in sorted(spans)'s order: 0B0, 0B1, 0F0, 0F1
+    assert all(spans[name].time_range.elapsed_us() >= stall_s * 1e6 for name in ("PP:0F0", "PP:0F1"))
 
 
 def test_an_order_that_leaves_work_undone_is_an_error():
