@@ -29,7 +29,7 @@ from analysis.attribution.parts import (
     with_contention,
 )
 from analysis.attribution.reference import Reference, reference
-from analysis.attribution.replay import Replayed, replay
+from analysis.attribution.replay import Replayed, replay_all
 from analysis.attribution.waterfall import Ladder, ideal_frame, ladder
 from analysis.caveats import flags, noise
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
@@ -303,7 +303,8 @@ def measure_run(
     cells = with_contention(cell_parts(cells, ref), shifted_like_cells(run.run_queue, clock, ("t_ns",)))
     parts = rank_parts(cells, gaps, spans, skews)
     own = measure(shape, cells, waits, gaps, spans, on_gpu)
-    replays = {step: replay(shape, own.step(step, shape.p)) for step in parts["step"].unique().to_list()}
+    steps = parts["step"].unique().sort().to_list()
+    replays = dict(zip(steps, replay_all(shape, [own.step(step, shape.p) for step in steps])))
     model = fit(own, median_step(parts), shape.p)
     first_stage = spans.filter(pl.col("rank") == shape.rank_of(0))
     origins = dict(first_stage.select("step", "start_ns").iter_rows())

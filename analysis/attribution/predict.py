@@ -25,7 +25,7 @@ import polars as pl
 from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import INPUT_COLUMNS, TAIL_PARTS, OwnSteps
 from analysis.attribution.reference import Reference, reference, reference_at
-from analysis.attribution.replay import Inputs, Step, Tail, replay
+from analysis.attribution.replay import Inputs, Step, Tail, replay, replay_all
 from analysis.errors import InputError
 from analysis.results import Analysis
 from runners.presets import microbatch_rows
@@ -121,7 +121,9 @@ def predict(
     step_ns = replay(target, replace(typical, inputs=scaled)).makespan
     rng = random.Random(m)  # the same interval on every call
     pools = _Pools(own, schedule.p)
-    samples = sorted(replay(target, pools.step(orders, scale, rng)).makespan for _ in range(SAMPLES))
+    samples = sorted(
+        r.makespan for r in replay_all(target, [pools.step(orders, scale, rng) for _ in range(SAMPLES)])
+    )
     cut = round(SAMPLES * (1 - COVERAGE) / 2)
     busy_ns = sum(i.work for a, i in scaled.items() if a.kind.is_compute)
     return Prediction(

@@ -31,6 +31,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from runners.schedules import Action, Kind, Schedule, dependencies
 from runners.schedules.dependencies import matching_recv, matching_send, receiving
 
@@ -92,133 +94,203 @@ class Deadlock(ValueError):
     """The inputs' orders cannot run: a rank waits for an action that waits for it."""
 
 
-class _Graph:
-    """Nodes are moments; an edge (src, weight, part, rank, action) says a node is no earlier than its
-    source plus the weight. Node 0 is the step's origin."""
+_FIELDS = ("lead", "pre", "work", "transfer", "post")  # Inputs', in the weight table's blocks
+_TAIL_PARTS = ("dp_sync", "other", "launch_overhead")  # Tail's, in the order a rank runs them
 
-    def __init__(self) -> None:
-        self.incoming: list[list[tuple[int, float, str, int, Action | None]]] = [[]]
+
+class _Graph:
+    """Nodes are moments; an edge (src, row, part, rank, action) says a node is no earlier than its
+    source plus the weight in row `row` of the weight table. Node 0 is the step's origin. The graph
+    depends only on the orders and the transport, so one serves every step that ran them: the weights
+    of many steps are evaluated at once, one column each."""
+
+    def __init__(self, n_actions: int, p: int) -> None:
+        self.incoming: list[list[tuple[int, int, str, int, Action | None]]] = [[]]
+        self.n, self.p = n_actions, p
+        self.zero = 6 * n_actions + 3 * p  # the weight table's last row is 0
 
     def node(self) -> int:
         self.incoming.append([])
         return len(self.incoming) - 1
 
-    def edge(self, dst: int, src: int, weight: float, part: str, rank: int, action: Action | None) -> None:
-        self.incoming[dst].append((src, weight, part, rank, action))
+    def edge(self, dst: int, src: int, row: int, part: str, rank: int, action: Action | None) -> None:
+        self.incoming[dst].append((src, row, part, rank, action))
+
+    def row(self, field: str, index: int) -> int:
+        """An action's input (`lead+pre`: their sum) or a rank's tail part (`tail:<part>`)."""
+        if field == "lead+pre":
+            return 5 * self.n + index
+        if field.startswith("tail:"):
+            return 6 * self.n + _TAIL_PARTS.index(field[5:]) * self.p + index
+        return _FIELDS.index(field) * self.n + index
 
 
-def _build(schedule: Schedule, step: Step) -> tuple[_Graph, dict[Action, dict[str, int]], int]:
-    """The graph of `step` on `schedule`'s placement and data flow: each action's nodes (posted, begun,
+class _Compiled:
+    """A graph, its topological order, and each node's incoming sources and weight rows as arrays."""
+
+    def __init__(self, schedule: Schedule, orders, blocking: bool, eager: bool) -> None:
+        self.actions = [a for order in orders for a in order]
+        self.index = {a: i for i, a in enumerate(self.actions)}
+        self.p = len(orders)
+        self.graph, self.at, self.finish = _build(schedule, orders, self.index, blocking, eager)
+        self.order = _topological(self.graph)
+        self.sources = [np.array([e[0] for e in edges], dtype=np.int64) for edges in self.graph.incoming]
+        self.rows = [np.array([e[1] for e in edges], dtype=np.int64) for edges in self.graph.incoming]
+
+    def weights(self, steps: Sequence[Step]) -> np.ndarray:
+        """The weight table of `steps`, one column each."""
+        table = np.zeros((self.graph.zero + 1, len(steps)))
+        n = len(self.actions)
+        for column, step in enumerate(steps):
+            for i, action in enumerate(self.actions):
+                got = step.inputs.get(action)
+                if got is not None:
+                    table[i, column], table[n + i, column] = got.lead, got.pre
+                    table[2 * n + i, column], table[3 * n + i, column] = got.work, got.transfer
+                    table[4 * n + i, column] = got.post
+            for rank, tail in enumerate(step.tails[: self.p]):
+                for k, part in enumerate(_TAIL_PARTS):
+                    table[6 * n + k * self.p + rank, column] = getattr(tail, part)
+        table[5 * n : 6 * n] = table[:n] + table[n : 2 * n]
+        return table
+
+    def run(self, steps: Sequence[Step]) -> list[Replayed]:
+        table = self.weights(steps)
+        time = np.full((len(self.graph.incoming), len(steps)), -np.inf)
+        time[0] = 0.0
+        for node in self.order[1:]:
+            time[node] = np.max(time[self.sources[node]] + table[self.rows[node]], axis=0)
+        latest = np.full_like(time, np.inf)
+        latest[self.finish] = time[self.finish]
+        for node in reversed(self.order):
+            if len(self.sources[node]):
+                np.minimum.at(latest, self.sources[node], latest[node] - table[self.rows[node]])
+        found = []
+        for column in range(len(steps)):
+            at_time, late = time[:, column], latest[:, column]
+            spans = {a: (at_time[nodes["begun"]], at_time[nodes["end"]]) for a, nodes in self.at.items()}
+            slack = {
+                a: late[nodes["end"]] - at_time[nodes["end"]]
+                for a, nodes in self.at.items()
+                if a.kind.is_compute
+            }
+            path = _critical_path(self.graph, at_time, table[:, column], self.finish)
+            found.append(Replayed(float(at_time[self.finish]), spans, path, slack))
+        return found
+
+
+def _build(schedule: Schedule, orders, index: dict[Action, int], blocking: bool, eager: bool):
+    """The graph of `orders` on `schedule`'s placement and data flow: each action's nodes (posted, begun,
     end and, for a RECV, delivered) and the finish."""
-    graph, at, lane_ends = _Graph(), {}, []
-    for rank, order in enumerate(step.orders):
+    graph, at, lane_ends = _Graph(len(index), len(orders)), {}, []
+    for rank, order in enumerate(orders):
         free = 0
         for action in order:
-            got = step.inputs.get(action, Inputs())
+            i = index[action]
             nodes = at[action] = {"posted": graph.node(), "begun": graph.node(), "end": graph.node()}
-            graph.edge(nodes["posted"], free, got.lead, "launch_overhead", rank, None)
-            graph.edge(nodes["begun"], nodes["posted"], got.pre, "launch_overhead", rank, action)
+            graph.edge(nodes["posted"], free, graph.row("lead", i), "launch_overhead", rank, None)
+            graph.edge(nodes["begun"], nodes["posted"], graph.row("pre", i), "launch_overhead", rank, action)
             free = nodes["end"]
         lane_ends.append(free)
-    for rank, order in enumerate(step.orders):
+    for rank, order in enumerate(orders):
         for action in order:
-            _action_edges(schedule, step, graph, at, rank, action)
+            _action_edges(schedule, graph, at, index, rank, action, blocking, eager)
     finish = graph.node()
-    for rank, order in enumerate(step.orders):
-        tail = step.tails[rank] if rank < len(step.tails) else Tail()
+    for rank, order in enumerate(orders):
         after = graph.node()
-        graph.edge(after, lane_ends[rank], 0.0, "hop", rank, None)
+        graph.edge(after, lane_ends[rank], graph.zero, "hop", rank, None)
         for send in (a for a in order if a.kind in (Kind.SEND_F, Kind.SEND_B)):
             if matching_recv(send) in at:  # the rank waits for its sends to be delivered
-                graph.edge(after, at[matching_recv(send)]["delivered"], 0.0, "hop", rank, send)
-        for part in ("dp_sync", "other", "launch_overhead"):
+                graph.edge(after, at[matching_recv(send)]["delivered"], graph.zero, "hop", rank, send)
+        for part in _TAIL_PARTS:
             done = graph.node()
-            graph.edge(done, after, getattr(tail, part), part, rank, None)
+            graph.edge(done, after, graph.row(f"tail:{part}", rank), part, rank, None)
             after = done
-        graph.edge(finish, after, 0.0, "other", rank, None)
+        graph.edge(finish, after, graph.zero, "other", rank, None)
     return graph, at, finish
 
 
-def _action_edges(
-    schedule: Schedule, step: Step, graph: _Graph, at: dict[Action, dict[str, int]], rank: int, action: Action
-) -> None:
-    got, nodes = step.inputs.get(action, Inputs()), at[action]
+def _action_edges(schedule, graph: _Graph, at, index, rank: int, action: Action, blocking: bool, eager: bool):
+    nodes, i = at[action], index[action]
     if action.kind.is_compute:
-        graph.edge(nodes["end"], nodes["begun"], got.work, "compute", rank, action)
+        graph.edge(nodes["end"], nodes["begun"], graph.row("work", i), "compute", rank, action)
         for dep in dependencies(schedule, action):
             local = schedule.rank_of(dep.stage) == rank
             if dep in at and local:
-                graph.edge(nodes["begun"], at[dep]["end"], got.pre, "launch_overhead", rank, action)
+                graph.edge(
+                    nodes["begun"], at[dep]["end"], graph.row("pre", i), "launch_overhead", rank, action
+                )
             elif dep in at and receiving(action) not in at:  # no RECV cell: the host time follows the wait
                 graph.edge(
-                    nodes["begun"], at[dep]["end"], got.lead + got.pre, "launch_overhead", rank, action
+                    nodes["begun"], at[dep]["end"], graph.row("lead+pre", i), "launch_overhead", rank, action
                 )
     elif action.kind in (Kind.RECV_F, Kind.RECV_B):
         delivered = nodes["delivered"] = graph.node()
-        own_wait = 0.0 if step.eager_receives else got.transfer
+        own_wait = graph.zero if eager else graph.row("transfer", i)
         graph.edge(delivered, nodes["begun"], own_wait, "hop", rank, action)
         send, producer = matching_send(action), dependencies(schedule, action)[0]
         partner = at[send]["posted"] if send in at else at[producer]["end"] if producer in at else None
         if partner is not None:
-            graph.edge(delivered, partner, got.transfer, "hop", rank, action)
-        graph.edge(nodes["end"], delivered, got.post, "launch_overhead", rank, action)
+            graph.edge(delivered, partner, graph.row("transfer", i), "hop", rank, action)
+        graph.edge(nodes["end"], delivered, graph.row("post", i), "launch_overhead", rank, action)
     else:  # a SEND
-        graph.edge(nodes["end"], nodes["begun"], got.transfer, "hop", rank, action)
+        graph.edge(nodes["end"], nodes["begun"], graph.row("transfer", i), "hop", rank, action)
         receiver = matching_recv(action)
-        if step.blocking_sends and receiver in at:
-            graph.edge(nodes["end"], at[receiver]["begun"], got.transfer, "hop", rank, action)
+        if blocking and receiver in at:
+            graph.edge(nodes["end"], at[receiver]["begun"], graph.row("transfer", i), "hop", rank, action)
 
 
-def _earliest(graph: _Graph) -> tuple[list[float], list[int]]:
-    """Each node's earliest time (the longest path from the origin) and a topological order; Deadlock
-    where some node can never be reached (a cycle)."""
+def _topological(graph: _Graph) -> list[int]:
+    """The nodes in an order where every edge's source comes first; Deadlock where some node can never
+    be reached (a cycle)."""
     n = len(graph.incoming)
     outgoing: list[list[int]] = [[] for _ in range(n)]
     waiting = [len(edges) for edges in graph.incoming]
     for dst, edges in enumerate(graph.incoming):
         for src, *_ in edges:
             outgoing[src].append(dst)
-    time = [float("-inf")] * n
-    time[0] = 0.0
     ready, order = deque(i for i in range(n) if waiting[i] == 0), []
     while ready:
         node = ready.popleft()
         order.append(node)
-        for src, weight, *_ in graph.incoming[node]:
-            time[node] = max(time[node], time[src] + weight)
         for dst in outgoing[node]:
             waiting[dst] -= 1
             if waiting[dst] == 0:
                 ready.append(dst)
     if len(order) < n:
         raise Deadlock("the orders cannot run: an action waits, through its partners, for itself")
-    return time, order
+    return order
+
+
+def replay_all(schedule: Schedule, steps: Sequence[Step]) -> list[Replayed]:
+    """Every step replayed on `schedule`'s data flow (its stages' placement and dependencies): earliest
+    times, the critical path and the compute actions' slack; steps that ran the same orders share one
+    graph and are evaluated together."""
+    groups: dict[tuple, list[int]] = {}
+    for i, step in enumerate(steps):
+        groups.setdefault((step.orders, step.blocking_sends, step.eager_receives), []).append(i)
+    found: list[Replayed | None] = [None] * len(steps)
+    for (orders, blocking, eager), members in groups.items():
+        compiled = _Compiled(schedule, orders, blocking, eager)
+        for i, replayed in zip(members, compiled.run([steps[i] for i in members])):
+            found[i] = replayed
+    return found  # type: ignore[return-value]
 
 
 def replay(schedule: Schedule, step: Step) -> Replayed:
-    """The step replayed on `schedule`'s data flow (its stages' placement and dependencies): earliest
-    times, the critical path and the compute actions' slack."""
-    graph, at, finish = _build(schedule, step)
-    time, order = _earliest(graph)
-    latest = [float("inf")] * len(time)
-    latest[finish] = time[finish]
-    for node in reversed(order):
-        for src, weight, *_ in graph.incoming[node]:
-            latest[src] = min(latest[src], latest[node] - weight)
-    spans = {a: (time[nodes["begun"]], time[nodes["end"]]) for a, nodes in at.items()}
-    slack = {a: latest[nodes["end"]] - time[nodes["end"]] for a, nodes in at.items() if a.kind.is_compute}
-    return Replayed(time[finish], spans, _critical_path(graph, time, finish), slack)
+    """One step replayed (replay_all)."""
+    return replay_all(schedule, [step])[0]
 
 
-def _critical_path(graph: _Graph, time: list[float], finish: int) -> tuple[Segment, ...]:
+def _critical_path(graph: _Graph, time, weights, finish: int) -> tuple[Segment, ...]:
     """From the finish back to the origin along the edges that set each node's time (the latest-starting
     one where several do), the inputs with time in them."""
     segments, node = [], finish
     while node != 0:
-        src, weight, part, rank, action = max(
-            graph.incoming[node], key=lambda edge: (time[edge[0]] + edge[1], time[edge[0]])
+        src, row, part, rank, action = max(
+            graph.incoming[node], key=lambda edge: (time[edge[0]] + weights[edge[1]], time[edge[0]])
         )
-        if weight > 0:
-            segments.append(Segment(rank, time[src], time[src] + weight, part, action))
+        if weights[row] > 0:
+            segments.append(Segment(rank, float(time[src]), float(time[src] + weights[row]), part, action))
         node = src
     return tuple(reversed(segments))

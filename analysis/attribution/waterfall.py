@@ -33,7 +33,7 @@ import polars as pl
 
 from analysis.attribution.model import StepModel
 from analysis.attribution.reference import Reference
-from analysis.attribution.replay import Replayed, replay
+from analysis.attribution.replay import Replayed, replay_all
 from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
 from analysis.schema import Waterfall
 from runners.schedules import Schedule
@@ -61,7 +61,7 @@ def _equal_slots(full: dict[tuple[int, str], float]) -> dict[tuple[int, str], fl
 
 
 class _Rungs:
-    """The typical step replayed with any set of effects, each set replayed once."""
+    """The typical step replayed with every set of its effects, all in one batch (replay_all)."""
 
     def __init__(self, schedule: Schedule, model: StepModel, ref: Reference) -> None:
         full = ref.full()
@@ -77,28 +77,26 @@ class _Rungs:
         else:  # the split of busy time is unknown: imbalance carries the measured busy times
             self.deltas = {"imbalance": {k: busy.get(k, 0.0) - self.equal[k] for k in full}}
         self.effects = tuple(e for e in EFFECTS if e in self.deltas or e not in ("small_gemm", "slowdown"))
-        self.schedule, self.model = schedule, model
-        self._seen: dict[frozenset, Replayed] = {}
+        subsets = [
+            frozenset(c) for size in range(len(self.effects) + 1) for c in combinations(self.effects, size)
+        ]
+        replayed = replay_all(schedule, [self._step(model, subset) for subset in subsets])
+        self._replayed = dict(zip(subsets, replayed))
 
-    def work_of(self, effects) -> dict[tuple[int, str], float]:
-        """(stage, kind) -> its work with the work effects among `effects`."""
-        return {
+    def _step(self, model: StepModel, effects: frozenset):
+        work = {
             k: ns + sum(self.deltas[e][k] for e in effects if e in self.deltas)
             for k, ns in self.equal.items()
         }
+        return model.step(
+            work=lambda a: work.get((a.stage, a.kind.value), 0.0),
+            host="launch_overhead" in effects,
+            transfers="p2p_wait" in effects,
+            tail="other" in effects,
+        )
 
     def replayed(self, effects) -> Replayed:
-        key = frozenset(effects)
-        if key not in self._seen:
-            work = self.work_of(key)
-            step = self.model.step(
-                work=lambda a: work.get((a.stage, a.kind.value), 0.0),
-                host="launch_overhead" in key,
-                transfers="p2p_wait" in key,
-                tail="other" in key,
-            )
-            self._seen[key] = replay(self.schedule, step)
-        return self._seen[key]
+        return self._replayed[frozenset(effects)]
 
     def value(self, effects) -> float:
         return self.replayed(effects).makespan
