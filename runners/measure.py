@@ -10,10 +10,15 @@ every microbatch of a step but the first does (the whole batch, an m=1 step's on
 from none). An injected host stall is not in it (it is the executor's, not the stage's); an injected
 `slow` stage is (it is the stage's own work).
 
-Timings use CUDA events on a GPU and the wall clock on CPU. Calibration runs one rank at a time, with a
-barrier between ranks, so CPU ranks sharing cores do not slow each other down; each rank's turn may run
-inside a profiler session with the profiled steps' settings (its trace discarded), so the calibration
-pays the profiler's per-op cost as the profiled cells do. It is sampled between the timed steps, just
+A pass is timed as the analysis measures a cell's busy time (run.json's `calibration_timing`): on a GPU
+by CUDA events around it (`cuda_events`: the device's time, close to its kernels'); on CPU, inside a
+profiler session, by the union of its operators' spans (`op_union`: OPERATOR_CATEGORY events on its
+thread that start inside it, clipped to it, as analysis.cells.labelled.operator_spans reads a cell), so
+the host time between operators (Python, dispatch) is left out of both; on CPU without a profiler by
+the wall clock (`wall`, host time included). Calibration runs one rank at a time, with a barrier between
+ranks, so CPU ranks sharing cores do not slow each other down; each rank's turn may run inside a
+profiler session with the profiled steps' settings (its trace discarded), so the calibration pays the
+profiler's per-op cost as the profiled cells do. It is sampled between the timed steps, just
 before the profiled ones, so it sees the machine as the steps did: where its speed drifts (a shared VM),
 a calibration taken in one burst before the first step or after the profiled ones times a different
 machine from the one the steps ran on, and the whole-batch cells of an m=1 run, which should match it,
@@ -23,22 +28,32 @@ stages), so run.json's calibration stays one entry per stage and costs what one 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from runners.execute import backward_work, forward_work
 from runners.model import Stage
+from runners.schedules.trace_names import OPERATOR_CATEGORY
 
 Times = dict[str, list[float]]  # {"F_ms": [...], "B_ms": [...]}
 Samples = dict[str, Times]  # stage index text -> times (the whole batch: run.json's calibration)
 RowSamples = dict[str, dict[str, Times]]  # stage index text -> microbatch rows text -> times
 Session = Callable[[], AbstractContextManager]  # around each rank's turn (a profiler session, or nothing)
+Reading = Callable[[], float]  # a pass's time in ms, read once its clock can tell (op_union: at session end)
+Clock = Callable[[Callable[[], object]], Reading]  # runs one pass and gives its reading
+
+# run.json's calibration_timing: how each pass was timed
+CUDA_EVENTS, OP_UNION, WALL = "cuda_events", "op_union", "wall"
+PASS_PREFIX = "calibration pass "  # the op_union clock's span around each pass, in the discarded trace
 
 
 def time_ms(work: Callable[[], object], device: torch.device) -> float:
@@ -52,6 +67,91 @@ def time_ms(work: Callable[[], object], device: torch.device) -> float:
     began = time.perf_counter()
     work()
     return (time.perf_counter() - began) * 1e3
+
+
+def timing_rule(device: torch.device, profiled: bool) -> str:
+    """How the calibration times a pass on `device`, inside a profiler session or not (module doc)."""
+    if device.type == "cuda":
+        return CUDA_EVENTS
+    return OP_UNION if profiled else WALL
+
+
+def union_ns(spans: Iterable[tuple[int, int]]) -> int:
+    """The length of the union of spans (start, end), as analysis.cells.spans.union merges them: in
+    start order a piece opens past the latest end so far (touching spans are one piece)."""
+    total, piece = 0, None
+    for start, end in sorted(spans):
+        if piece is None or start > piece[1]:
+            total += 0 if piece is None else piece[1] - piece[0]
+            piece = [start, end]
+        else:
+            piece[1] = max(piece[1], end)
+    return total + (0 if piece is None else piece[1] - piece[0])
+
+
+def op_union_ms(events: Iterable, prefix: str = PASS_PREFIX) -> dict[str, float]:
+    """Per user annotation whose name starts with `prefix` among a profiler session's Kineto events, the
+    union of its operators' spans in ms: the OPERATOR_CATEGORY events on its thread that start inside it,
+    each clipped to its end (analysis.cells.labelled.operator_spans); a span with no operator is all
+    work."""
+    spans, ops = [], defaultdict(list)
+    for event in events:
+        if event.activity_type() == OPERATOR_CATEGORY:
+            ops[event.start_thread_id()].append((event.start_ns(), event.end_ns()))
+        elif event.is_user_annotation() and event.name().startswith(prefix):
+            spans.append(event)
+    for thread_ops in ops.values():
+        thread_ops.sort()
+    times = {}
+    for span in spans:
+        begin, end = span.start_ns(), span.end_ns()
+        thread_ops = ops[span.start_thread_id()]
+        first = bisect.bisect_left(thread_ops, (begin,))
+        last = bisect.bisect_left(thread_ops, (end,))
+        inside = [(start, min(stop, end)) for start, stop in thread_ops[first:last]]
+        times[span.name()] = (union_ns(inside) if inside else end - begin) / 1e6
+    return times
+
+
+def direct_clock(device: torch.device) -> Clock:
+    """CUDA events on a GPU, the wall clock on CPU: the reading is known when the pass returns."""
+
+    def clock(work: Callable[[], object]) -> Reading:
+        ms = time_ms(work, device)
+        return lambda: ms
+
+    return clock
+
+
+class OpUnionClock:
+    """Each pass inside a span of its own (PASS_PREFIX + its number) in `profiler`'s session; its reading
+    is the union of its operators' spans (op_union_ms), known once the session has ended."""
+
+    def __init__(self, profiler: torch.profiler.profile) -> None:
+        self.profiler, self.passes, self.times = profiler, 0, None
+
+    def __call__(self, work: Callable[[], object]) -> Reading:
+        name = f"{PASS_PREFIX}{self.passes}"
+        self.passes += 1
+        with record_function(name):
+            work()
+        return lambda: self.read()[name]
+
+    def read(self) -> dict[str, float]:
+        if self.times is None:
+            self.times = op_union_ms(self.profiler.profiler.kineto_results.events())
+        return self.times
+
+
+def pass_clock(timing: str, device: torch.device, profiler: object) -> Clock:
+    """The clock of `timing` (timing_rule) for a rank's turn, given what its session's entry returned."""
+    if timing not in (timing_rule(device, profiled=True), timing_rule(device, profiled=False)):
+        raise ValueError(f"no {timing} timing on {device}")
+    if timing != OP_UNION:
+        return direct_clock(device)
+    if not isinstance(profiler, torch.profiler.profile):
+        raise ValueError(f"{OP_UNION} timing needs a profiler session, not {profiler!r}")
+    return OpUnionClock(profiler)
 
 
 def microbatch_passes(
@@ -90,18 +190,21 @@ def stage_samples(
     is_last: bool,
     repeats: int,
     warmup: bool,
-) -> Times:
-    """F and B times of one microbatch of `rows` rows through one stage (after one untimed warm-up if
-    asked: the first pass at a size allocates). Leaves the stage's gradients unset, as a step ends."""
+    clock: Clock | None = None,
+) -> dict[str, list[Reading]]:
+    """F and B readings of one microbatch of `rows` rows through one stage on `clock` (default:
+    direct_clock; after one untimed warm-up if asked: the first pass at a size allocates). Leaves the
+    stage's gradients unset, as a step ends."""
+    clock = clock or direct_clock(batch.device)
     total = batch.shape[0]
     forward, reset, backward = microbatch_passes(
         stage, batch[:rows], is_first, is_last, max(1, total // rows), accumulate=rows < total
     )
     forward_ms, backward_ms = [], []
     for _ in range(repeats + warmup):
-        forward_ms.append(time_ms(forward, batch.device))
+        forward_ms.append(clock(forward))
         reset()
-        backward_ms.append(time_ms(backward, batch.device))
+        backward_ms.append(clock(backward))
     stage.zero_grad(set_to_none=True)
     return {"F_ms": forward_ms[warmup:], "B_ms": backward_ms[warmup:]}
 
@@ -115,24 +218,35 @@ def calibration_samples(
     warmup: bool = True,
     session: Session | None = None,
     ranks: tuple[int, ...] | None = None,
+    timing: str | None = None,
 ) -> RowSamples:
     """Every stage's F and B samples at every microbatch size (default: the whole batch only), measured
-    rank after rank (`ranks`, global; default every rank), each rank's turn inside `session`, gathered
-    on every rank (collective: every rank calls it)."""
+    rank after rank (`ranks`, global; default every rank), each rank's turn inside `session`, timed by
+    `timing` (timing_rule; default without the profiler's: CUDA events or the wall clock; op_union needs
+    a profiler `session`), gathered on every rank (collective: every rank calls it)."""
     row_counts = row_counts or (batch.shape[0],)
+    timing = timing or timing_rule(batch.device, profiled=False)
     mine: RowSamples = {}
     for rank in range(dist.get_world_size()) if ranks is None else ranks:
         if rank == dist.get_rank():
-            with (session or contextlib.nullcontext)():
-                mine = {
+            with (session or contextlib.nullcontext)() as profiler:
+                clock = pass_clock(timing, batch.device, profiler)
+                readings = {
                     str(s): {
                         str(rows): stage_samples(
-                            stage, batch, rows, s == 0, s == n_stages - 1, repeats, warmup
+                            stage, batch, rows, s == 0, s == n_stages - 1, repeats, warmup, clock
                         )
                         for rows in row_counts
                     }
                     for s, stage in stages.items()
                 }
+            mine = {  # read once the session has ended (op_union: its events exist only then)
+                stage: {
+                    rows: {kind: [read() for read in kinds] for kind, kinds in times.items()}
+                    for rows, times in by_rows.items()
+                }
+                for stage, by_rows in readings.items()
+            }
         dist.barrier()
     gathered: list[RowSamples] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(gathered, mine)

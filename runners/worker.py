@@ -34,7 +34,15 @@ from runners.engines import ENGINES, single_gpu
 from runners.engines.protocol import RankSetup
 from runners.grad_sync import open_grad_sync
 from runners.inject import layer_factors
-from runners.measure import at_rows, calibration, calibration_by_rows, calibration_samples, pooled, timed_step
+from runners.measure import (
+    at_rows,
+    calibration,
+    calibration_by_rows,
+    calibration_samples,
+    pooled,
+    timed_step,
+    timing_rule,
+)
 from runners.mesh import world_problem
 from runners.model import stage_input
 from runners.p2p import PEER_TIMEOUT
@@ -50,7 +58,8 @@ from runners.stash import StashMeter
 
 PROFILER_WAIT, PROFILER_WARMUP = 1, 1
 # Calibrate inside a profiler session with the profiled steps' settings (its trace discarded), so the
-# isolated passes pay the profiler's per-op cost as the profiled cells do; run.json says which.
+# isolated passes pay the profiler's per-op cost as the profiled cells do, and on CPU are timed as the
+# union of their operators' spans, as busy time is (runners.measure); run.json says which.
 CALIBRATION_PROFILED = True
 
 
@@ -168,6 +177,7 @@ def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path) -
     step = ended_together(build_step(setup))
     on_cuda = device.type == "cuda"
     row_counts = calibration_rows(preset.rows, request.m)
+    timing = timing_rule(device, CALIBRATION_PROFILED)
 
     def calibration_session():
         return session(on_cuda, request.profile_memory) if CALIBRATION_PROFILED else contextlib.nullcontext()
@@ -187,6 +197,7 @@ def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path) -
                 warmup=index == 0,
                 session=calibration_session,
                 ranks=request.mesh.pipeline(0),
+                timing=timing,
             )
         )
         phases["timed_steps"] += calibrating - began
@@ -219,6 +230,7 @@ def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path) -
                 "calibration_by_rows": calibration_by_rows(samples_ms),
                 "calibration_by_rows_samples_ms": samples_ms,
                 "calibration_profiled": CALIBRATION_PROFILED,
+                "calibration_timing": timing,
                 "step_time_unprofiled_ms": statistics.median(step_ms),
                 "step_times_unprofiled_ms": step_ms,
                 "phases_s": {name: round(seconds, 3) for name, seconds in phases.items()},

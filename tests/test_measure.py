@@ -3,8 +3,11 @@ exactly the executor's work; run.json keeps the medians."""
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections import Counter
 
+import polars as pl
 import pytest
 import torch
 import torch.distributed as dist
@@ -12,12 +15,19 @@ from torch.profiler import ProfilerActivity, record_function
 
 from runners.execute import StepContext, run_step
 from runners.measure import (
+    CUDA_EVENTS,
+    OP_UNION,
+    PASS_PREFIX,
+    WALL,
     at_rows,
     calibration,
     calibration_by_rows,
     calibration_samples,
     microbatch_passes,
+    pass_clock,
     pooled,
+    timing_rule,
+    union_ns,
 )
 from runners.model import build_stages, split_microbatches, stage_input
 from runners.presets import CALIBRATED_MS, Preset, calibration_rows, microbatch_rows
@@ -172,3 +182,99 @@ def test_a_step_ends_with_a_barrier_across_the_ranks(monkeypatch):
     step()
     step()
     assert calls == ["step", "barrier", "step", "barrier"]
+
+
+# On CPU a cell's busy time is the union of its operators' spans (analysis.cells.labelled.operator_spans);
+# the calibration's passes are timed by the same rule, not by the wall clock around them.
+SLEEP_S = 0.1
+
+
+def _sleeping_between_ops(stage) -> None:
+    """A Python sleep after the first Linear of every forward: host time between two of its operators."""
+    stage.linears[0].register_forward_hook(lambda *_: time.sleep(SLEEP_S))
+
+
+def _calibrated(stages, batch, timing, sessions):
+    def session():
+        sessions.append(torch.profiler.profile(activities=[ProfilerActivity.CPU]))
+        return sessions[-1]
+
+    return calibration_samples(stages, batch, 3, (32, 8), repeats=2, session=session, timing=timing)
+
+
+def test_on_cpu_a_pass_is_timed_as_the_union_of_its_operators_not_the_wall_clock(one_rank):
+    stages = build_stages(EXEC_PRESET, (0, 1), 3, torch.device("cpu"))
+    for stage in stages.values():
+        _sleeping_between_ops(stage)
+    batch = stage_input(EXEC_PRESET, torch.device("cpu"))
+    walled = _calibrated(stages, batch, WALL, [])
+    unioned = _calibrated(stages, batch, OP_UNION, [])
+
+    def forwards(samples):
+        return [ms for by_rows in samples.values() for times in by_rows.values() for ms in times["F_ms"]]
+
+    assert min(forwards(walled)) >= SLEEP_S * 1e3  # the sleep is in every pass's wall time
+    # a forward of two 16-wide Linears is microseconds of operators: the sleep is not work (the median:
+    # on a busy machine a thread descheduled inside an operator may lengthen one pass)
+    assert statistics.median(forwards(unioned)) < SLEEP_S * 1e3 / 2
+    assert all(
+        ms > 0 for by_rows in unioned.values() for t in by_rows.values() for ms in t["F_ms"] + t["B_ms"]
+    )
+
+
+def test_the_calibrations_op_union_is_the_analysis_busy_rule_on_the_same_events(one_rank, tmp_path):
+    """Each pass's time is what analysis.cells.labelled.operator_spans makes of its span in the
+    session's own exported trace, had the pass been a compute cell."""
+    from analysis.cells.labelled import operator_spans, rank_events
+    from analysis.traces.load import load_trace
+
+    stages = build_stages(EXEC_PRESET, (0, 2), 3, torch.device("cpu"))
+    _sleeping_between_ops(stages[2])
+    sessions = []
+    samples = _calibrated(stages, stage_input(EXEC_PRESET, torch.device("cpu")), OP_UNION, sessions)
+    (profiler,) = sessions
+    profiler.export_chrome_trace(str(tmp_path / "rank0.json"))
+    frame = load_trace(tmp_path / "rank0.json")
+    passes = frame.filter(pl.col("name").str.starts_with(PASS_PREFIX)).sort("start_ns")
+    labels = passes.select(
+        "rank",
+        "tid",
+        step=pl.lit(0, pl.Int64),
+        stage=pl.lit(0, pl.Int64),
+        kind=pl.lit("F"),
+        microbatch=pl.col("name").str.strip_prefix(PASS_PREFIX).cast(pl.Int64),
+        start_ns="start_ns",
+        end_ns="end_ns",
+    )
+    busy = (
+        operator_spans(rank_events(frame).ops, labels)
+        .group_by("microbatch")
+        .agg(((pl.col("end_ns") - pl.col("start_ns")).sum() / 1e6).alias("ms"))
+        .sort("microbatch")
+    )
+    # the session's passes in order: per stage, per size, warm-up then 2 repeats, each an F then a B
+    expected = [
+        ms
+        for stage in ("0", "2")
+        for rows in ("32", "8")
+        for pair in zip(samples[stage][rows]["F_ms"], samples[stage][rows]["B_ms"], strict=True)
+        for ms in pair
+    ]
+    warm = [n for n in range(len(passes)) if n % 6 >= 2]  # each size's first F and B are its warm-up
+    assert busy["microbatch"].to_list() == list(range(len(passes))) and len(passes) == 2 * 2 * 3 * 2
+    assert busy["ms"].gather(warm).to_list() == pytest.approx(expected, abs=2e-6)  # trace times: 1 ns
+
+
+def test_the_timing_rule_by_device_and_session():
+    assert timing_rule(torch.device("cpu"), profiled=True) == OP_UNION
+    assert timing_rule(torch.device("cpu"), profiled=False) == WALL
+    assert timing_rule(torch.device("cuda", 0), profiled=True) == CUDA_EVENTS
+    with pytest.raises(ValueError, match="profiler session"):
+        pass_clock(OP_UNION, torch.device("cpu"), None)
+    with pytest.raises(ValueError, match="no wall timing"):
+        pass_clock(WALL, torch.device("cuda", 0), None)
+
+
+def test_union_merges_nested_overlapping_and_touching_spans():
+    assert union_ns([(5, 9), (0, 4), (1, 2), (3, 6), (12, 13), (13, 15)]) == 9 + 3
+    assert union_ns([]) == 0

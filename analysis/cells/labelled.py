@@ -22,7 +22,7 @@ from analysis.cells.labels import label_spans
 from analysis.cells.spans import assign_steps, rows, union
 from analysis.traces.kineto import DEVICE_WORK_CATS, STEP_PREFIX
 from runners.schedules import COMPUTE_KINDS
-from runners.schedules.trace_names import LABEL_PREFIX, WAIT_SENDS
+from runners.schedules.trace_names import LABEL_PREFIX, OPERATOR_CATEGORY, WAIT_SENDS
 
 # Blocking p2p waits on the host thread: the recv call and gloo's span of it (gloo may block inside the
 # call before its span opens, or inside the span), until the data arrived.
@@ -81,7 +81,7 @@ class RankEvents:
 def rank_events(frame: pl.DataFrame) -> RankEvents:
     # the op-stream inference reads `sequence`; a frame built by hand for the labels may lack it
     columns = cs.by_name("rank", "tid", "name", "sequence", "start_ns", "end_ns", require_all=False)
-    ops = rows(frame, (pl.col("ph") == "X") & (pl.col("cat") == "cpu_op"), columns)
+    ops = rows(frame, (pl.col("ph") == "X") & (pl.col("cat") == OPERATOR_CATEGORY), columns)
     device = device_events(frame) if is_gpu(frame) else None
     return RankEvents(frame, step_spans(frame), device, ops)
 

@@ -25,6 +25,10 @@ CUDA_PEAK_COUNTER = "PP cuda step peak"  # args: peak_bytes_above_step_start (th
 # (/proc/thread-self/schedstat's second field); sampled at the start and at the end of every native
 # action, inside its span. Linux only: absent elsewhere, and from the torch engine's traces.
 RUN_QUEUE_COUNTER = "PP run queue"
+# The category of a host operator's span (aten ops, autograd's functions; Kineto's CPU_OP activity, the
+# trace's "cat"): on CPU a compute cell's busy time is the union of these inside it on its thread, and
+# the calibration times its isolated passes by the same rule (runners.measure).
+OPERATOR_CATEGORY = "cpu_op"
 
 
 def label(action: Action) -> str:
