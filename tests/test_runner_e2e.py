@@ -58,6 +58,7 @@ def test_every_action_of_every_rank_is_in_its_trace(finished_run):
     }
     assert all(config["calibration_by_rows"][s]["64"] == config["calibration"][s] for s in ("0", "1"))
     assert config["calibration_profiled"] is True and config["injections"] == []
+    assert config["calibration_timing"] == "op_union"  # on CPU, as busy time: the union of the ops
     expected = lower(build(schedule, 2, 4))
     for rank in range(2):
         trace_rank, labels, steps = labels_and_steps(run / f"rank{rank}.json.gz")

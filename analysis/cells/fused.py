@@ -16,6 +16,7 @@ import polars as pl
 
 from analysis.cells.spans import rows
 from analysis.traces.kineto import BACKWARD_OP_PREFIX
+from runners.schedules.trace_names import OPERATOR_CATEGORY
 
 FUSED = r"^PP:\((\d+F\d+);(\d+[BI]\d+)\)OVERLAP_F_B$"
 SUB_ACTION = r"^(\d+)([A-Z]+)(\d+)$"
@@ -35,7 +36,7 @@ def _cuts(frame: pl.DataFrame, fused: pl.DataFrame) -> pl.DataFrame:
     labels = fused.with_row_index("label").with_columns(pl.col("label").cast(pl.Int64))
     ops = rows(
         frame,
-        (pl.col("ph") == "X") & (pl.col("cat") == "cpu_op"),
+        (pl.col("ph") == "X") & (pl.col("cat") == OPERATOR_CATEGORY),
         "rank",
         "name",
         "tid",

@@ -45,6 +45,7 @@ from analysis.cells.labelled import (
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
 from analysis.cells.spans import assign_steps, rows
 from analysis.traces.kineto import BACKWARD_OP_PREFIX, STEP_PREFIX
+from runners.schedules.trace_names import OPERATOR_CATEGORY
 
 TORCH_LABEL = r"^(Forward|Backward) (\d+)$"
 ARRIVALS = ("gloo:recv", "gloo:send")  # async spans: from the call until the peer's data moved
@@ -88,7 +89,7 @@ def _main_thread(frame: pl.DataFrame) -> pl.Expr:
     marked = rows(frame, pl.col("name").str.starts_with(STEP_PREFIX), "tid")["tid"]
     if marked.len():
         return pl.col("tid") == marked[0]
-    busiest = rows(frame, pl.col("cat") == "cpu_op", "tid")["tid"].mode()
+    busiest = rows(frame, pl.col("cat") == OPERATOR_CATEGORY, "tid")["tid"].mode()
     return (
         pl.col("tid") == busiest[0] if busiest.len() else pl.lit(False)
     )  # no CPU ops: nothing to infer from
@@ -232,7 +233,7 @@ def _linked_backwards(compute: pl.DataFrame, runs: pl.DataFrame, frame: pl.DataF
     )
     forward_ops = rows(
         frame,
-        (pl.col("cat") == "cpu_op")
+        (pl.col("cat") == OPERATOR_CATEGORY)
         & pl.col("sequence").is_not_null()
         & ~pl.col("name").str.starts_with(BACKWARD_OP_PREFIX),
         "rank",

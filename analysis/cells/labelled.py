@@ -274,7 +274,7 @@ def _unscheduled(
         )
         host = (
             (pl.col("ph") == "X")
-            & pl.col("cat").is_in(["cpu_op", "user_annotation"])
+            & pl.col("cat").is_in([OPERATOR_CATEGORY, "user_annotation"])
             & ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK)
         )
         work = rows(events.frame, host & on_label_thread, "rank", "start_ns", "end_ns")
