@@ -192,8 +192,8 @@ def sweep_figures(runs: pl.DataFrame, by_id: dict[str, Run]) -> list[Figure]:
                     "marks its minimum. "
                     + (
                         f"The dashed line is the step predicted from the m={source.summary.m} run alone "
-                        "(python -m analysis predict: its model of medians replayed at each m, busy times "
-                        "scaled by the isolated calibration), 'predicted best' its minimum. "
+                        "(python -m analysis predict: its typical step, every input at its mean, replayed at each "
+                        "m, busy times scaled by the isolated calibration), 'predicted best' its minimum. "
                         if not predicted.is_empty()
                         else f"No prediction: the m={source.summary.m} run has no isolated calibration. "
                     )
