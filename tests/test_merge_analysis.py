@@ -10,7 +10,7 @@ import pytest
 
 from analysis import results
 from analysis.cli import main
-from analysis.merge.analysis_tracks import IDEAL_TRACK, SMALL_GEMM_TRACK
+from analysis.merge.analysis_tracks import CRITICAL_TRACK, IDEAL_TRACK, SMALL_GEMM_TRACK
 from analysis.merge.merged import merge, read_ranks
 from analysis.merge.perfetto_check import problems
 from analysis.pipeline import analyze_dir
@@ -166,3 +166,21 @@ def test_a_broken_analysis_file_is_one_warning_line_and_the_run_is_analysed_agai
     warning = [line for line in err.splitlines() if line.startswith("warning:")]
     assert len(warning) == 1 and broken in warning[0] and warning[0].endswith("analysed again")
     assert results.read(tmp_path).summary.p == 2  # the analysis/ written afresh
+
+
+@pytest.mark.parametrize("shape", ["cpu", "gpu"])
+def test_the_critical_path_track_holds_the_median_steps_path_with_arrows_between_ranks(tmp_path, shape):
+    """1F1B p=4: the path of the median step crosses every rank; its slices total the path (each rank's
+    own clock skewed by ms, aligned by the merge), and an arrow marks each hand-over between ranks."""
+    trace, _ = analysed_merge(tmp_path, shape)
+    assert problems(trace) == []
+    analysis = results.read(tmp_path)
+    path = analysis.critical.filter(pl.col("step") == analysis.summary.median_step)
+    slices = track_slices(trace, CRITICAL_TRACK)
+    assert len(slices) == path.height and {e["pid"] for e in slices} == set(range(4))
+    total_us = (path["end_ns"] - path["start_ns"]).sum() / US
+    assert sum(e["dur"] for e in slices) == pytest.approx(total_us, abs=1e-3)
+    handovers = (path.sort("start_ns")["rank"].diff().fill_null(0) != 0).sum()
+    arrows = [e for e in trace["traceEvents"] if e.get("cat") == "critical"]
+    assert handovers > 0 and len(arrows) == 2 * handovers
+    assert {e["name"] for e in slices if e["name"].startswith("compute")} >= {"compute 0F0", "compute 3B7"}

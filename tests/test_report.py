@@ -21,7 +21,7 @@ from conftest import summary_of
 
 from analysis import results
 from analysis.pipeline import analyze_dir
-from analysis.report import build_report
+from analysis.report import build_report, charts
 from analysis.report.frames import coarsen, ideal_frame, step_origin, timeline_frame, waterfall_frame
 from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks, thinned
 from analysis.report.runs import run_directories
@@ -136,6 +136,22 @@ def test_timeline_shows_one_step_from_zero_with_every_cell_and_gap(tmp_path):
     )
     assert frame["start_ms"].min() == 0.0
     assert set(frame.filter(pl.col("track") == "compute")["action"]) >= {"0F0", "1B3"}
+
+
+def test_the_timeline_draws_the_median_steps_critical_path_on_its_own_track(tmp_path):
+    analysis = results.read(write_contract_run(tmp_path, "run", "gpipe", p=2, m=4, steps=3))
+    step = analysis.summary.median_step
+    origin = step_origin(analysis.cells, analysis.gaps, step)
+    frame = timeline_frame(analysis.cells, analysis.gaps, step, origin, analysis.critical)
+    drawn = frame.filter(pl.col("track") == "critical path")
+    path = analysis.critical.filter(pl.col("step") == step)
+    assert drawn.height == path.height > 0 and set(drawn["rank"]) == {0, 1}  # the path crosses both ranks
+    assert drawn["duration_ms"].sum() == pytest.approx(
+        (path["end_ns"] - path["start_ns"]).sum() / 1e6, abs=1e-3
+    )
+    assert "compute 0F0" in set(drawn["action"])
+    spec = charts.timeline(frame, "measured", 2).spec()
+    assert "critical path" in spec["encoding"]["yOffset"]["scale"]["domain"]
 
 
 def test_a_huge_step_is_drawn_from_time_bins_that_keep_its_time(tmp_path):

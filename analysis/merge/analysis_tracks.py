@@ -1,6 +1,7 @@
 """The merged trace's analysis tracks, from what `analyze` wrote (analysis.results): per rank one thread
-each for the classified gaps, the small-GEMM excess of every compute cell and the ideal timeline of
-the median step.
+each for the classified gaps, the small-GEMM excess of every compute cell, the ideal timeline of the
+median step and the median step's critical path (its segments on the ranks they run on, an arrow where
+the path passes from one rank to another).
 
 The analysis tables are on the analysis's clock (each rank's own plus its offset in summary.json
 `clock`); `Placement` takes them to the merged trace's clock (each rank's own plus the merge's shift,
@@ -20,6 +21,7 @@ from analysis.results import Analysis
 GAPS_TRACK = "analysis · gaps (bubble, p2p wait, launch overhead, other)"
 SMALL_GEMM_TRACK = "analysis · small-GEMM excess"
 IDEAL_TRACK = "analysis · ideal"
+CRITICAL_TRACK = "analysis · critical path"
 _ACTION = pl.format("{}{}{}", "stage", "kind", "microbatch")  # the IR's compact form, as in PP: labels
 
 
@@ -51,10 +53,11 @@ def analysis_tracks(
     origin: int,
     steps: tuple[int, ...] | None,
     notes: list[str],
+    next_id: int,
     us=micros,
 ) -> Iterator[list[dict]]:
-    """Every analysis track's thread names and slices, in batches; what is left out, and why, goes to
-    `notes` (as the first batch is made)."""
+    """Every analysis track's thread names and slices, in batches, then the critical path's arrows (ids
+    from `next_id`); what is left out, and why, goes to `notes` (as the first batch is made)."""
     applied = applied_offsets(analysis)
     delta = pl.DataFrame(
         {"rank": list(tracks), "delta_ns": [shift[r] - applied.get(r, 0) - origin for r in tracks]},
@@ -65,7 +68,9 @@ def analysis_tracks(
         GAPS_TRACK: placement.place(analysis.gaps).select("rank", "start_ns", "end_ns", "step", name="class"),
         SMALL_GEMM_TRACK: _small_gemm(analysis.cells, placement, notes),
         IDEAL_TRACK: _ideal(analysis, placement, notes),
+        CRITICAL_TRACK: _critical(analysis, placement, notes),
     }
+    critical_tid: dict[int, int] = {}
     for rank, track in tracks.items():
         next_tid = max((t for t, _ in track.threads), default=0) + 1
         threads, drawn = [], []
@@ -76,10 +81,14 @@ def analysis_tracks(
             for layer in range(layered["layer"].max() + 1 if layered.height else 1):
                 threads.append((next_tid + layer, name + (f" · overlap {layer}" if layer else "")))
             drawn.append(layered.with_columns(tid=pl.col("layer") + next_tid))
+            if name == CRITICAL_TRACK:
+                critical_tid[rank] = next_tid  # the path's segments are sequential: one layer
             next_tid += layered["layer"].max() + 1 if layered.height else 1
         yield thread_events(rank, threads)
         for frame in drawn:
             yield from batched(frame, lambda chunk, _: _slices(chunk, us))
+    if named[CRITICAL_TRACK] is not None:
+        yield _crossings(named[CRITICAL_TRACK], critical_tid, next_id, us)
 
 
 def _layered(frame: pl.DataFrame) -> pl.DataFrame:
@@ -121,6 +130,46 @@ def _ideal(analysis: Analysis, placement: Placement, notes: list[str]) -> pl.Dat
         f"latency (the waterfall's reference rung)"
     )
     return placement.place(analysis.ideal).select("rank", "step", "start_ns", "end_ns", name=_ACTION)
+
+
+def _critical(analysis: Analysis, placement: Placement, notes: list[str]) -> pl.DataFrame | None:
+    """The median step's critical path (analysis.attribution.critical): one slice per segment, named by
+    its part and, where it has one, its action. Only that step: it is the one the summary explains, and
+    every step's path would double the analysis threads of a long run."""
+    step = analysis.summary.median_step
+    if placement.steps is not None and step not in placement.steps:
+        notes.append(
+            f"critical path track left out: it is of step {step} (the median step), which --steps leaves out"
+        )
+        return None
+    path = placement.place(analysis.critical.filter(pl.col("step") == step))
+    action = pl.when(pl.col("kind").is_not_null()).then(pl.format(" {}", _ACTION)).otherwise(pl.lit(""))
+    return path.sort("start_ns").select(
+        "rank", "step", "start_ns", "end_ns", name=pl.concat_str("part", action)
+    )
+
+
+def _crossings(path: pl.DataFrame, tids: dict[int, int], first_id: int, us) -> list[dict]:
+    """An arrow from a segment's last nanosecond to the next one's start wherever the path changes rank."""
+    rows = [r for r in path.sort("start_ns").iter_rows(named=True) if r["rank"] in tids]
+    out = []
+    for number, (before, after) in enumerate(
+        (a, b) for a, b in zip(rows, rows[1:]) if a["rank"] != b["rank"]
+    ):
+        common = {"id": first_id + number, "cat": "critical", "name": "critical path"}
+        leave = max(before["start_ns"], before["end_ns"] - 1)
+        out.append({"ph": "s", "pid": before["rank"], "tid": tids[before["rank"]], "ts": us(leave)} | common)
+        out.append(
+            {
+                "ph": "f",
+                "bp": "e",
+                "pid": after["rank"],
+                "tid": tids[after["rank"]],
+                "ts": us(after["start_ns"]),
+            }
+            | common
+        )
+    return out
 
 
 def _slices(frame: pl.DataFrame, us) -> list[dict]:

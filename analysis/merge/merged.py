@@ -132,7 +132,9 @@ def _batches(plan: _Plan) -> Iterator[list[dict]]:
         pairs = _within_pipelines(clock.transfers(plan.cells), places)
         arrows, next_id = p2p_flows(pairs, done, shift, origin, next_id, plan.us)
         yield from arrows
-        yield from analysis_tracks(plan.analysis, done, shift, origin, plan.steps, plan.notes, plan.us)
+        yield from analysis_tracks(
+            plan.analysis, done, shift, origin, plan.steps, plan.notes, next_id, plan.us
+        )
     else:
         plan.notes.append("no analysis of these traces: no transfer arrows or analysis tracks")
 

@@ -17,7 +17,8 @@ import polars as pl
 
 from analysis.schema import COMM_KINDS, COMPUTE_KINDS, GAP_CLASSES, RANK_PARTS, WATERFALL_TERMS
 
-TRACKS = ("compute", "p2p", "idle")
+CRITICAL_TRACK = "critical path"  # the timeline's fourth track: the step's critical path, one colour
+TRACKS = ("compute", "p2p", "idle", CRITICAL_TRACK)
 # One colour per quantity, wherever it is drawn: a rank's part, a waterfall term.
 _COLOURS = {
     "compute": "#4c78a8",
@@ -46,6 +47,7 @@ _WHAT_COLOURS = {
     "SEND_B": "#ffbf79",
     "RECV_B": "#fdd0a2",
     **{name: _COLOURS[name] for name in GAP_CLASSES},
+    CRITICAL_TRACK: "#d62728",
 }
 WIDTH = 900
 # m is a power of two in every sweep we run; ticks there instead of log-scale ticks at 1.5, 2.5, ...
@@ -72,7 +74,7 @@ def _named(name: str) -> alt.NamedData:
 
 def timeline(frame: pl.DataFrame, title: str, ranks: int, name: str = "timeline") -> Plot:
     """One row per rank, three tracks inside it (compute, p2p, idle); hover shows what and how long."""
-    what = (*COMPUTE_KINDS, *COMM_KINDS, *GAP_CLASSES)
+    what = (*COMPUTE_KINDS, *COMM_KINDS, *GAP_CLASSES, CRITICAL_TRACK)
     chart = (
         alt.Chart(_named(name), title=title)
         .mark_rect(stroke="white")

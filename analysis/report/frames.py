@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from analysis.report.charts import CRITICAL_TRACK
 from analysis.schema import COMPUTE_KINDS, RANK_PARTS, WATERFALL_TERMS, Summary
 
 # The terms that depart from the formula's step time (ideal + formula_bubble).
@@ -39,8 +40,11 @@ def step_origin(cells: pl.DataFrame, gaps: pl.DataFrame, step: int) -> int:
     return int(min(start for start in starts if start is not None))
 
 
-def timeline_frame(cells: pl.DataFrame, gaps: pl.DataFrame, step: int, origin: int) -> pl.DataFrame:
-    """One row per cell and per gap of `step`: compute cells, p2p cells and idle gaps on three tracks."""
+def timeline_frame(
+    cells: pl.DataFrame, gaps: pl.DataFrame, step: int, origin: int, critical: pl.DataFrame | None = None
+) -> pl.DataFrame:
+    """One row per cell and per gap of `step`: compute cells, p2p cells and idle gaps on three tracks,
+    and on a fourth the step's critical path (analysis.attribution.critical) where given."""
     step_cells = cells.filter(pl.col("step") == step)
     cell_rows = step_cells.select(
         pl.col("rank").cast(pl.Int64),
@@ -60,7 +64,23 @@ def timeline_frame(cells: pl.DataFrame, gaps: pl.DataFrame, step: int, origin: i
         start_ms=_milliseconds("start_ns", origin),
         end_ms=_milliseconds("end_ns", origin),
     )
-    return _with_duration(pl.concat([cell_rows, gap_rows])).sort("rank", "start_ms")
+    parts = [cell_rows, gap_rows]
+    if critical is not None:
+        action = pl.when(pl.col("kind").is_not_null()).then(
+            pl.format(" {}{}{}", "stage", "kind", "microbatch")
+        )
+        parts.append(
+            critical.filter(pl.col("step") == step).select(
+                pl.col("rank").cast(pl.Int64),
+                track=pl.lit(CRITICAL_TRACK),
+                what=pl.lit(CRITICAL_TRACK),
+                action=pl.concat_str("part", action.otherwise(pl.lit(""))),
+                microbatch=pl.col("microbatch").cast(pl.Int64),
+                start_ms=_milliseconds("start_ns", origin),
+                end_ms=_milliseconds("end_ns", origin),
+            )
+        )
+    return _with_duration(pl.concat(parts)).sort("rank", "start_ms")
 
 
 def _with_duration(frame: pl.DataFrame) -> pl.DataFrame:

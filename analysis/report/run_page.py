@@ -48,11 +48,22 @@ IDEAL_CAPTION = (
 )
 
 
+def _path_shares(summary: Summary) -> str:
+    """The critical path's largest parts, in words."""
+    shares = summary.critical_path[:4]
+    return (
+        ", ".join(
+            f"{s.part}{'' if s.stage is None else f' of stage {s.stage}'} {s.ms:.1f} ms" for s in shares
+        )
+        or "no path"
+    )
+
+
 def timeline_figure(run: Run) -> Figure:
     """Measured cells and gaps of the median step above the ideal timeline of the same step."""
     analysis, step = run.analysis, run.summary.median_step
     origin = step_origin(analysis.cells, analysis.gaps, step)
-    measured = timeline_frame(analysis.cells, analysis.gaps, step, origin)
+    measured = timeline_frame(analysis.cells, analysis.gaps, step, origin, analysis.critical)
     ranks = measured["rank"].n_unique()
     shown_measured = coarsen(measured)
     binned = (
@@ -62,9 +73,11 @@ def timeline_figure(run: Run) -> Figure:
         else ""
     )
     caption = (
-        f"Measured: step {step} (the step of median length), {measured.height} cells and gaps; each rank's row "
-        "has three tracks: compute cells (F/B/I/W), p2p cells (SEND/RECV spans, including blocking waits) and "
-        f"the idle gaps by class. {run.summary.inferred_cells} of the run's cells were inferred from the op "
+        f"Measured: step {step} (the step of median length), {measured.height} cells, gaps and critical-path "
+        "segments; each rank's row has four tracks: compute cells (F/B/I/W), p2p cells (SEND/RECV spans, "
+        "including blocking waits), the idle gaps by class, and in red the step's critical path where it runs "
+        f"on that rank (from its own replay: {_path_shares(run.summary)}). "
+        f"{run.summary.inferred_cells} of the run's cells were inferred from the op "
         f"stream rather than read from PP: labels. {IDEAL_CAPTION} Hover a cell for its action, microbatch and "
         f"duration.{binned}"
     )
