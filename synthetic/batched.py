@@ -21,22 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from runners.schedules import Action, Kind, Schedule
-from runners.schedules.dependencies import dependencies, matching_send, receiving
+from runners.schedules.dependencies import dependencies, matching_recv, matching_send, receiving
 
 Row = tuple[int, Action, int, int]  # (rank, action, start, end), by rank then order, as Timeline.rows
 
 
 class BatchedError(ValueError):
     """A batched replay that cannot proceed (a pair waiting on a receive that waits on it)."""
-
-
-def receiver_of(send: Action) -> Action:
-    """The RECV on the peer that takes `send`'s data: SEND_F(s) -> RECV_F(s+1), SEND_B(s) -> RECV_B(s-1)."""
-    if send.kind is Kind.SEND_F:
-        return Action(send.stage + 1, Kind.RECV_F, send.microbatch)
-    if send.kind is Kind.SEND_B:
-        return Action(send.stage - 1, Kind.RECV_B, send.microbatch)
-    raise ValueError(f"{send} is not a SEND")
 
 
 def pairs(schedule: Schedule) -> dict[Action, Action]:
@@ -85,7 +76,7 @@ def replay(
             arrival = max(free, sent + latency)
             if action not in batched:
                 return arrival, arrival
-            posted = reached(receiver_of(batched[action]))
+            posted = reached(matching_recv(batched[action]))
             if posted is None:
                 return None
             return arrival, max(arrival, posted, free + latency)

@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runners.schedules import Action, Kind, Schedule
-from runners.schedules.dependencies import matching_send
-from synthetic import batched as batching
+from runners.schedules.dependencies import matching_recv, matching_send
 
 DEFAULT_US = {"F": 1000.0, "B": 2000.0, "I": 1000.0, "W": 1000.0}
 ROWS_PER_MICROBATCH = 64  # the rows the run.json says each microbatch has (nothing computes on them)
@@ -97,7 +96,7 @@ def rank_truth(
         elif cell.action.kind in (Kind.RECV_F, Kind.RECV_B):
             ready = [ends[matching_send(cell.action)]]  # the wait after the peer had sent
             if cell.action in pairs:  # and the receiver of the pair's SEND had posted its RECV
-                ready.append(issues[batching.receiver_of(pairs[cell.action])])
+                ready.append(issues[matching_recv(pairs[cell.action])])
             p2p += cell.end - max(cell.issue, *ready)
     small_gemm, slowdown = isolated - compute, measured - isolated
     bubble = step_ns - measured - launches - p2p

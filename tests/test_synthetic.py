@@ -11,7 +11,7 @@ import pytest
 from analysis.traces.kineto import BACKWARD_OP_PREFIX
 from analysis.traces.load import load_run
 from runners.schedules import Action, Kind, Schedule, build, lower, simulate
-from runners.schedules.dependencies import matching_send
+from runners.schedules.dependencies import matching_recv, matching_send
 from synthetic import batched as batching
 from synthetic import shapes
 from synthetic.cli import main
@@ -418,7 +418,7 @@ def _check_batched_physics(result, paired, latency):
     for recv, send in paired.items():
         cell, peer_send = cells[recv], cells[matching_send(recv)]
         assert cell.start >= max(cell.issue, peer_send.issue + latency)  # arrival: after both kernels began
-        receiver = cells[batching.receiver_of(send)]
+        receiver = cells[matching_recv(send)]
         assert cell.end >= max(
             receiver.issue, cells[send].issue + latency, cell.start
         )  # its send arrived too
