@@ -88,7 +88,8 @@ def analysis_tracks(
         for frame in drawn:
             yield from batched(frame, lambda chunk, _: _slices(chunk, us))
     if named[CRITICAL_TRACK] is not None:
-        yield _crossings(named[CRITICAL_TRACK], critical_tid, next_id, us)
+        pipeline_of = {rank: j for j, line in enumerate(analysis.summary.pipelines) for rank in line.ranks}
+        yield _crossings(named[CRITICAL_TRACK], critical_tid, pipeline_of, next_id, us)
 
 
 def _layered(frame: pl.DataFrame) -> pl.DataFrame:
@@ -149,13 +150,18 @@ def _critical(analysis: Analysis, placement: Placement, notes: list[str]) -> pl.
     )
 
 
-def _crossings(path: pl.DataFrame, tids: dict[int, int], first_id: int, us) -> list[dict]:
-    """An arrow from a segment's last nanosecond to the next one's start wherever the path changes rank."""
+def _crossings(
+    path: pl.DataFrame, tids: dict[int, int], pipeline_of: dict[int, int], first_id: int, us
+) -> list[dict]:
+    """An arrow from a segment's last nanosecond to the next one's start wherever a pipeline's path
+    changes rank (each pipeline of a job has its own path)."""
     rows = [r for r in path.sort("start_ns").iter_rows(named=True) if r["rank"] in tids]
+    lines: dict[int, list[dict]] = {}
+    for row in rows:
+        lines.setdefault(pipeline_of.get(row["rank"], 0), []).append(row)
+    handovers = [(a, b) for line in lines.values() for a, b in zip(line, line[1:]) if a["rank"] != b["rank"]]
     out = []
-    for number, (before, after) in enumerate(
-        (a, b) for a, b in zip(rows, rows[1:]) if a["rank"] != b["rank"]
-    ):
+    for number, (before, after) in enumerate(handovers):
         common = {"id": first_id + number, "cat": "critical", "name": "critical path"}
         leave = max(before["start_ns"], before["end_ns"] - 1)
         out.append({"ph": "s", "pid": before["rank"], "tid": tids[before["rank"]], "ts": us(leave)} | common)
