@@ -41,7 +41,7 @@ PART_MEANINGS = {
     "launch_overhead": "device idle while the host had not yet issued the next work (CPU: host time inside "
     "and between actions)",
     "other": "work outside the schedule that the trace shows (the optimizer step, data loading), and the "
-    "stretch by which this rank's step is shorter than the longest",
+    "stretch before this rank's step opened while the longest was open (after it closed, it is drain bubble)",
 }
 
 
