@@ -11,7 +11,7 @@ import pytest
 
 from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import OwnSteps
-from analysis.attribution.predict import Unpredictable, predict
+from analysis.attribution.predict import Unpredictable, predict, step_levels
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
 from analysis.attribution.replay import Inputs, Tail
 from analysis.cli import main
@@ -42,10 +42,9 @@ def test_a_prediction_at_another_m_is_that_m_s_step(tmp_path, name, p, v):
         assert predicted[m]["bubble_predicted"] == pytest.approx(measured, abs=1e-4), m
 
 
-def test_busy_time_scales_with_the_isolated_calibration_and_the_rest_is_kept():
-    """One rank, gpipe: the step is every action's busy time, host time and the tail in a row. Busy F
-    was 1.5x its isolated 2 ms at m=2 (1 ms at m=4's 16 rows): at m=4 each F takes 1.5 ms. Every
-    measured cell alike: the interval is the point."""
+def _one_rank_run():
+    """One rank, gpipe m=2: every measured cell of a (stage, kind) alike; busy F 1.5x its isolated 2 ms,
+    busy B 2x its isolated 4 ms; 1 ms F and 2.5 ms B at 16 rows (m=4)."""
     schedule = build("gpipe", 1, 2)
     kinds = {(0, "F"): Inputs(lead=1e5, work=3e6), (0, "B"): Inputs(lead=2e5, work=8e6)}
     model = StepModel(
@@ -82,6 +81,13 @@ def test_busy_time_scales_with_the_isolated_calibration_and_the_rest_is_kept():
         "calibration": {"0": {"F_ms": 3.0, "B_ms": 6.0}},
         "calibration_by_rows": {"0": {"32": {"F_ms": 2.0, "B_ms": 4.0}, "16": {"F_ms": 1.0, "B_ms": 2.5}}},
     }
+    return schedule, model, own, ref, config
+
+
+def test_busy_time_scales_with_the_isolated_calibration_and_the_rest_is_kept():
+    """The step is every action's busy time, host time and the tail in a row: at m=4 each F takes
+    3/2 x 1 ms, each B 8/4 x 2.5 ms. Every measured cell alike, no levels: the interval is the point."""
+    schedule, model, own, ref, config = _one_rank_run()
     found = predict(schedule, model, own, ref, config, 4, "run.json")
     busy_ms = 4 * (1.5 + 2.5 * 2)  # F: 3/2 x 1 ms, B: 8/4 x 2.5 ms
     assert found.step_time_ms == pytest.approx(busy_ms + 4 * (0.1 + 0.2) + 0.5)
@@ -89,6 +95,37 @@ def test_busy_time_scales_with_the_isolated_calibration_and_the_rest_is_kept():
     assert found.bubble_predicted == pytest.approx(1 - busy_ms / found.step_time_ms)
     with pytest.raises(Unpredictable, match=r"no entry for m=8's microbatch rows \[8\]"):
         predict(schedule, model, own, ref, config, 8, "run.json")
+
+
+def test_the_interval_carries_the_run_s_step_levels():
+    """Steps timed at 0.8x and 1.25x their median (the machine's speed moving them whole): the interval
+    runs from 0.8x to 1.25x the point; the point itself does not move."""
+    schedule, model, own, ref, config = _one_rank_run()
+    point = predict(schedule, model, own, ref, config, 4, "run.json")
+    levels = step_levels([80.0, 100.0, 125.0], {"step_times_unprofiled_ms": [8.0, 10.0, 12.5]})
+    assert sorted(levels) == pytest.approx([0.8, 0.8, 1.0, 1.0, 1.25, 1.25])
+    found = predict(schedule, model, own, ref, config, 4, "run.json", levels)
+    assert found.step_time_ms == point.step_time_ms
+    assert found.step_time_low_ms == pytest.approx(0.8 * point.step_time_ms)
+    assert found.step_time_high_ms == pytest.approx(1.25 * point.step_time_ms)
+
+
+def test_the_interval_carries_the_calibration_s_spread():
+    """The 16-row F timed alone at 0.5, 1 and 1.5 ms (median 1): resampled medians move each F's work
+    both ways, so the interval holds the point strictly inside; with the samples all at 1 ms it is the
+    point."""
+    schedule, model, own, ref, config = _one_rank_run()
+    samples = {"32": {"F_ms": [2.0] * 3, "B_ms": [4.0] * 3}, "16": {"F_ms": [1.0] * 3, "B_ms": [2.5] * 3}}
+    steady = predict(
+        schedule, model, own, ref, config | {"calibration_by_rows_samples_ms": {"0": samples}}, 4, ""
+    )
+    assert (steady.step_time_low_ms, steady.step_time_high_ms) == pytest.approx((steady.step_time_ms,) * 2)
+    samples["16"]["F_ms"] = [0.5, 1.0, 1.5]
+    spread = predict(
+        schedule, model, own, ref, config | {"calibration_by_rows_samples_ms": {"0": samples}}, 4, ""
+    )
+    assert spread.step_time_ms == steady.step_time_ms
+    assert spread.step_time_low_ms < spread.step_time_ms < spread.step_time_high_ms
 
 
 def test_without_the_isolated_calibration_predict_says_so(tmp_path, capsys):

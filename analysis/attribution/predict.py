@@ -8,16 +8,21 @@ busy time to its isolated time at the run's own m (the slowdown carried over); i
 transfers and each rank's tail stay as measured. The microbatch sizes at m' split the same batch
 (runners.presets.microbatch_rows), or keep the run's size where it fixed one (`--rows-per-mb`).
 
-The interval resamples the run's own inputs: each of SAMPLES replays draws every action's inputs from
-one measured cell of its (stage, kind) (its work scaled the same way) and every rank's tail from one
-analysed step, and the interval is the middle COVERAGE of those replays' steps: the spread that the
-measured steps' variability gives a step at m'. It does not model latency growing with message size,
-nor a slowdown that changes with m (more microbatches in flight, more memory).
+The interval resamples the run's own measurements. Each of SAMPLES replays draws every action's inputs
+from one measured cell of its (stage, kind) (its work scaled the same way), every rank's tail from one
+analysed step, and the calibration's medians from a resample of its samples (the scale's own
+uncertainty); its step is then multiplied by the level of one whole step the run timed, a profiled or
+an unprofiled one over the median of its kind. That last factor is the machine's speed, which moves
+every cell of a step together: independent draws per cell average it away, and it is what moves one
+run's level against another's. The interval is the middle COVERAGE of those steps. It does not model
+latency growing with message size, nor a slowdown that changes with m (more microbatches in flight,
+more memory).
 """
 
 from __future__ import annotations
 
 import random
+import statistics
 from dataclasses import dataclass, replace
 
 import polars as pl
@@ -59,23 +64,53 @@ def rows_at(config: dict, m: int) -> list[int]:
     return microbatch_rows(sum(dims["microbatch_rows"]), m)
 
 
-def _scale(model: StepModel, ref: Reference, config: dict, target: Schedule) -> dict:
+def _scale(model: StepModel, config: dict, own_m: int, target: Schedule) -> dict:
     """Each compute action of `target` -> the factor from its (stage, kind)'s isolated time at the run's
-    m to its own isolated time at its microbatch's rows; Unpredictable without those rows."""
-    keys = [
-        (a.stage, a.kind.value, a.microbatch) for order in target.orders for a in order if a.kind.is_compute
-    ]
-    at_m = reference_at(keys, model.busy, config, target.m, rows_at(config, target.m))
+    own m to its own isolated time at its microbatch's rows (`config`'s calibration_by_rows);
+    Unpredictable without those rows."""
+    at_m = reference_at(_compute_keys(target.orders), model.busy, config, target.m, rows_at(config, target.m))
     if not at_m.isolated:
         rows = sorted(set(rows_at(config, target.m)))
         raise Unpredictable(
             f"run.json calibration_by_rows has no entry for m={target.m}'s microbatch rows {rows}"
         )
-    own = ref.isolated_medians()
+    own_rows = (config.get("dims") or {}).get("microbatch_rows")
+    own = reference_at(_compute_keys(model.orders), model.busy, config, own_m, own_rows).isolated_medians()
     return {
         Action(stage, Kind(kind), mb): ns / own[(stage, kind)] if own.get((stage, kind)) else 1.0
         for stage, kind, mb, ns in at_m.table.select("stage", "kind", "microbatch", "isolated_ns").iter_rows()
     }
+
+
+def _compute_keys(orders) -> list[tuple[int, str, int]]:
+    return sorted(
+        {(a.stage, a.kind.value, a.microbatch) for order in orders for a in order if a.kind.is_compute}
+    )
+
+
+def _resampled(config: dict, rng: random.Random) -> dict:
+    """run.json with each calibrated size's medians taken again over a resample of its samples (the
+    samples as they are where the run kept none)."""
+    samples = config.get("calibration_by_rows_samples_ms")
+    if not samples:
+        return config
+    redrawn = {
+        stage: {
+            rows: {
+                kind: statistics.median(rng.choices(values, k=len(values))) for kind, values in kinds.items()
+            }
+            for rows, kinds in sizes.items()
+        }
+        for stage, sizes in samples.items()
+    }
+    return config | {"calibration_by_rows": redrawn}
+
+
+def step_levels(replayed_ms: list[float], config: dict) -> list[float]:
+    """Every whole step the run timed over the median of its kind: the profiled ones (`replayed_ms`)
+    and run.json's unprofiled ones. The machine's speed as it moved during the run."""
+    unprofiled = config.get("step_times_unprofiled_ms") or []
+    return [time / statistics.median(times) for times in (replayed_ms, unprofiled) if times for time in times]
 
 
 class _Pools:
@@ -103,27 +138,37 @@ class _Pools:
 
 
 def predict(
-    schedule: Schedule, model: StepModel, own: OwnSteps, ref: Reference, config: dict, m: int, where
+    schedule: Schedule,
+    model: StepModel,
+    own: OwnSteps,
+    ref: Reference,
+    config: dict,
+    m: int,
+    where,
+    levels: list[float] | None = None,
 ) -> Prediction:
     """The step of `schedule` rebuilt at m microbatches; `ref` is the run's own (isolated times at its m),
-    `config` its run.json; InputError naming `where` when the run cannot predict at all, Unpredictable
-    when this m cannot be."""
+    `config` its run.json, `levels` its steps' levels (step_levels; none: the interval leaves the level
+    out); InputError naming `where` when the run cannot predict at all, Unpredictable when this m cannot
+    be."""
     if not ref.isolated:
         raise InputError(where, "predict needs the isolated calibration (run.json calibration_by_rows)")
     try:
         target = build(schedule.name, schedule.p, m, schedule.v)
     except ScheduleError as error:
         raise Unpredictable(f"{schedule.name} cannot run m={m}: {str(error).splitlines()[0]}") from None
-    scale = _scale(model, ref, config, target)
+    scale = _scale(model, config, schedule.m, target)
     orders = model.orders if m == schedule.m else lower(target).orders
     typical = model.step(orders)
     scaled = {a: replace(i, work=i.work * scale.get(a, 1.0)) for a, i in typical.inputs.items()}
     step_ns = replay(target, replace(typical, inputs=scaled)).makespan
     rng = random.Random(m)  # the same interval on every call
     pools = _Pools(own, schedule.p)
-    samples = sorted(
-        r.makespan for r in replay_all(target, [pools.step(orders, scale, rng) for _ in range(SAMPLES)])
-    )
+    drawn = [
+        pools.step(orders, _scale(model, _resampled(config, rng), schedule.m, target), rng)
+        for _ in range(SAMPLES)
+    ]
+    samples = sorted(r.makespan * rng.choice(levels or [1.0]) for r in replay_all(target, drawn))
     cut = round(SAMPLES * (1 - COVERAGE) / 2)
     busy_ns = sum(i.work for a, i in scaled.items() if a.kind.is_compute)
     return Prediction(
@@ -141,10 +186,13 @@ def predict_each(
 ) -> tuple[list[Prediction], dict[int, str]]:
     """The analysed run's step predicted at each of `ms` that can be, and why each other cannot."""
     ref = reference(analysis.cells, config, analysis.schedule.m)
+    levels = step_levels([s.step_time_ms for s in analysis.summary.replayed_steps], config)
     found, skipped = [], {}
     for m in ms:
         try:
-            found.append(predict(analysis.schedule, analysis.model, analysis.own, ref, config, m, where))
+            found.append(
+                predict(analysis.schedule, analysis.model, analysis.own, ref, config, m, where, levels)
+            )
         except Unpredictable as why:
             skipped[m] = str(why)
     return found, skipped
