@@ -200,14 +200,32 @@ def _bubble(part: dict) -> list[str]:
                 f"{deviation['target']} | {deviation['verdict']} |"
             ]
         )
+    if "slowdown" in part:
+        slowdown = part["slowdown"]
+        lines += _verdicts(
+            [
+                f"| abs(slowdown / busy), each rank of gpipe p=2 m=1 | {_figure(slowdown)} | "
+                f"{slowdown['target']} | {slowdown['verdict']} |"
+            ]
+        )
     if "bubbles" in part:
         lines += [
             f"Bubbles measured ({len(part['bubbles'])} runs): "
             + ", ".join(f"{b:.4f}" for b in part["bubbles"])
             + ".",
             "",
-            "Calibration against the m=1 cells (whole-batch F and B, the calibration's own work), "
-            f"abs(cell / calibration - 1) per rank: {_figure(part['calibration_error'])}.",
+        ]
+    if "slowdown_shares" in part:
+        cold = part["cold"]
+        lines += [
+            "Slowdown / busy per rank (rank 0, rank 1 of each run): "
+            + ", ".join(f"{share:+.3f}" for share in part["slowdown_shares"])
+            + ".",
+            "",
+            f"What idling costs a pass (bench/cold.py, stage 0 of the preset in one thread, {cold['pairs']} "
+            f"pairs): after {cold['idle_ms']:.0f} ms asleep, cold / warm F {_figure(cold['cold_over_warm']['F'])}, "
+            f"B {_figure(cold['cold_over_warm']['B'])} (warm F {_figure(cold['ms']['F warm'], 1)} ms, "
+            f"B {_figure(cold['ms']['B warm'], 1)} ms).",
             "",
         ]
     return lines + [f"Failed: {reason}" for reason in part["failed"]] + [""]

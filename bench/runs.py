@@ -18,6 +18,7 @@ import polars as pl
 from analysis.errors import InputError
 from analysis.pipeline import analyze_run, read_run
 from analysis.schema import WATERFALL_TERMS
+from bench.cold import cold_passes
 from bench.stats import stats, verdict
 from runners.inject import parse_injections
 from runners.launch import LaunchError, launch
@@ -28,6 +29,8 @@ PROFILER_TARGET = 1.10  # profiled / unprofiled step time
 SIM_TARGET = 0.05  # |simulated / measured - 1| on every run
 EXECUTOR_TARGET = 1.0  # native / torch step time
 BUBBLE_TARGET = 0.02  # |bubble_measured - 1/2| of gpipe p=2 m=1 on every run (the seed got 0.009 of it)
+SLOWDOWN_TARGET = 0.05  # |slowdown| / busy of each rank at gpipe p=2 m=1: the isolated work is the cells' own
+COLD_PAIRS = 10  # warm and cold pass pairs beside the m=1 runs
 
 
 @dataclass(frozen=True)
@@ -144,11 +147,12 @@ def simulator_accuracy(rows: list[dict]) -> dict:
 
 
 def m1_bubble(plan: RunPlan, runs: int, progress: Callable[[str], None]) -> dict:
-    """GPipe p=2 m=1 `runs` times: the measured bubble against the formula's 1/2, and how far each m=1
-    compute cell (whole-batch F or B: the calibration's own work, so small_gemm should be 0) is from
-    the calibration."""
+    """GPipe p=2 m=1 `runs` times: the measured bubble against the formula's 1/2, and each rank's
+    slowdown (busy time beyond the isolated calibration: at m=1 every cell is the calibration's own
+    whole-batch work) as a share of its busy time, beside what idling costs a pass on this machine
+    (bench.cold: the cause where slowdown is large)."""
     resolved = request(plan, "gpipe", 2, 1)
-    bubbles, calibration_errors, failed = [], [], []
+    bubbles, slowdowns, failed = [], [], []
     for done in range(1, runs + 1):
         try:
             summary = analyze_run(read_run(launch(resolved, plan.traces))).summary
@@ -157,18 +161,25 @@ def m1_bubble(plan: RunPlan, runs: int, progress: Callable[[str], None]) -> dict
             progress(f"  [{done}/{runs}] failed: {error}")
             continue
         bubbles.append(summary.bubble_measured)
-        calibration_errors += [abs(rank.small_gemm_ms / rank.compute_ms) for rank in summary.ranks]
-        progress(f"  [{done}/{runs}] bubble {summary.bubble_measured:.4f}")
+        slowdowns += [rank.slowdown_ms / rank.busy_ms for rank in summary.ranks]
+        progress(
+            f"  [{done}/{runs}] bubble {summary.bubble_measured:.4f}, slowdown / busy "
+            + ", ".join(f"{rank.slowdown_ms / rank.busy_ms:+.3f}" for rank in summary.ranks)
+        )
     if not bubbles:
         return {"runs": runs, "failed": failed}
     deviation = stats([abs(bubble - 0.5) for bubble in bubbles])
+    slowdown = stats([abs(share) for share in slowdowns])
     return {
         "runs": runs,
         "failed": failed,
         "bubbles": bubbles,
         "deviation": deviation.to_json()
         | {"target": BUBBLE_TARGET, "verdict": verdict(deviation, BUBBLE_TARGET)},
-        "calibration_error": stats(calibration_errors).to_json(),
+        "slowdown_shares": slowdowns,
+        "slowdown": slowdown.to_json()
+        | {"target": SLOWDOWN_TARGET, "verdict": verdict(slowdown, SLOWDOWN_TARGET)},
+        "cold": cold_passes(plan.preset, COLD_PAIRS),
     }
 
 

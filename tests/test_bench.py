@@ -14,6 +14,7 @@ import pytest
 from analysis.pipeline import analyze_run, read_run
 from analysis.traces.load import load_trace
 from bench.process import run_child
+from bench.runs import COLD_PAIRS
 from bench.stats import stats, verdict
 from bench.suite import main
 from bench.traceset import replicate_run
@@ -224,13 +225,18 @@ def test_bench_sweep_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_bench_bubble_smoke(tmp_path):
-    """One tiny gpipe p=2 m=1 run: the bubble against 1/2 and the calibration against the m=1 cells."""
+    """One tiny gpipe p=2 m=1 run: the bubble against 1/2, each rank's slowdown share, and the cold and
+    warm passes beside them."""
     out = tmp_path / "out"
     assert main(["--only", "bubble", "--bubble-runs", "1", "--preset", "tiny", "--out", str(out)]) == 0
     part = json.loads((out / "results.json").read_text())["results"]["bubble"]
     assert part["failed"] == [] and len(part["bubbles"]) == 1
     assert part["deviation"]["median"] == pytest.approx(abs(part["bubbles"][0] - 0.5))
-    assert part["calibration_error"]["n"] == 2  # one per rank
+    assert len(part["slowdown_shares"]) == 2 and part["slowdown"]["n"] == 2  # one per rank
+    cold = part["cold"]
+    assert cold["pairs"] == COLD_PAIRS and all(cold["ms"][name]["n"] == COLD_PAIRS for name in cold["ms"])
+    # the sleep before a cold pass is outside its time: a tiny pass takes well under the idle
+    assert cold["ms"]["F cold"]["max"] < cold["idle_ms"] and cold["ms"]["B cold"]["max"] < cold["idle_ms"]
     report = (out / "RESULTS.md").read_text()
     assert "abs(bubble - 0.5), gpipe p=2 m=1 (1 runs)" in report and "## 6. GPipe p=2 m=1" in report
 
