@@ -1,10 +1,12 @@
 """What the Makefile's variables reach: each make command line (`make -n`) read by the parser of the
-command it runs, so a variable that is dropped, misspelt or passed to the wrong option fails here."""
+command it runs, so a variable that is dropped, misspelt or passed to the wrong option fails here; and
+`make sweep` run to its report."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import subprocess
 
@@ -86,3 +88,29 @@ def test_ms_reaches_sweep_and_predict_and_defaults_to_the_calibrated_counts():
     assert predict_args("MS=2 8", "RUN=traces/m4").ms == [2, 8]
     assert predict_args("RUN=traces/m4").run_dir.as_posix() == "traces/m4"
     assert predict_args().ms == list(CALIBRATED_MS)  # make's default MS is predict's own default
+
+
+@pytest.mark.slow
+def test_make_sweep_runs_each_m_and_reports_them(tmp_path):
+    """`make sweep` in a folder of its own (the Makefile's paths are relative: its traces/ and reports/
+    land there; the checkout's .venv and pyproject.toml are linked in, so setup has nothing to do)."""
+    for name in (".venv", "pyproject.toml"):
+        (tmp_path / name).symlink_to(REPO / name)
+    variables = ["SCHED=gpipe", "P=2", "MS=1 2", "PRESET=tiny", "DEVICE=cpu", "STEPS=1"]
+    result = subprocess.run(
+        ["make", "-f", str(REPO / "Makefile"), "sweep", *variables],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = sorted(path for path in (tmp_path / "traces").iterdir() if path.name != "latest")
+    configs = [json.loads((run / "run.json").read_text()) for run in runs]
+    assert [(c["complete"], c["schedule"], c["p"], c["m"], c["preset"], c["device"]) for c in configs] == [
+        (True, "gpipe", 2, m, "tiny", "cpu") for m in (1, 2)
+    ]
+    index = (tmp_path / "reports" / "index.html").read_text()
+    assert all(
+        run.name in index and (tmp_path / "reports" / "runs" / f"{run.name}.html").exists() for run in runs
+    )
