@@ -18,7 +18,10 @@ RUNNER_LOG = "torchrun.log"
 # JSON files of a run directory that are not rank traces: ours and the synthetic generator's.
 HTA_FILE = "hta.json"  # Holistic Trace Analysis's figures (analysis.hta_view)
 PREDICT_FILE = "predict.json"  # the step predicted at other m (python -m analysis predict)
-RUN_FILES = frozenset({"run.json", "truth.json", "merged.json.gz", "merged.json", HTA_FILE, PREDICT_FILE})
+ADVICE_FILE = "advice.json"  # the schedules, m and v advised (python -m analysis advise)
+RUN_FILES = frozenset(
+    {"run.json", "truth.json", "merged.json.gz", "merged.json", HTA_FILE, PREDICT_FILE, ADVICE_FILE}
+)
 
 
 def rank_from_name(path: Path) -> int | None:
