@@ -22,6 +22,10 @@ from analysis.whatif.replay import measure, replay
 ST = DATA / "stragglers"
 S_RELATIVE = 0.05  # the issue's tolerance on S and each S_stage, relative
 SHARE_ABSOLUTE = 0.05  # and on M_S and M_W, absolute
+# Our replay against theirs, step for step: their mean replayed step (launch delays removed) and their ideal
+# one, relative. Measured: 0.11% and 0.03%; the median of transfers as typical (rather than the mean) moves
+# the ideal step by 1.3%, collectives that do not wait for every replica by 0.3%.
+REPLAY_RELATIVE = 0.002
 
 
 def published(name: str) -> dict:
@@ -52,9 +56,15 @@ def test_shares_match_the_published_ones(figures):
     assert figures.M_W == pytest.approx(published("mw")["Mw"], abs=SHARE_ABSOLUTE)
 
 
+def test_replay_model_matches_theirs(figures):
+    shares = published("ms")
+    assert figures.replay_ms == pytest.approx(shares["tori"] * 1e3, rel=REPLAY_RELATIVE)
+    assert figures.ideal_ms == pytest.approx(shares["tideal"] * 1e3, rel=REPLAY_RELATIVE)
+
+
 def test_replay_with_launch_delays_is_the_recorded_step(measured):
-    """The graph holds every dependency the ops waited on: replayed with their launch delays, each step
-    is its recorded span (within the float32 timestamps' rounding, 0.1 ms at 2 s)."""
+    """The replay engine, given each op's launch delay (its start less the end of what it waits for),
+    gives back each step's recorded span (within the float32 timestamps' rounding, 0.1 ms at 2 s)."""
     np.testing.assert_allclose(
         replay(measured.graph, measured.time, measured.delay), measured.step_s, atol=1e-4
     )
