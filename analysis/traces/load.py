@@ -316,7 +316,8 @@ def load_run(directory: str | Path, read: Callable[[Path, Budget], RawTrace] = r
         raise InputError(directory, "not a directory")
     config = read_run_config(directory / "run.json")
     files = trace_files(directory)
-    if not files and oplevel_files(directory) is not None:  # read as the GPU traces it converts to
+    unnamed = not any(looks_like_trace(path.name) for path in files)
+    if unnamed and oplevel_files(directory) is not None:  # read as the GPU traces it converts to
         oplevel_kineto.write_traces(directory)
         files = trace_files(directory)
     if not files:
