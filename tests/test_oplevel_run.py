@@ -58,3 +58,10 @@ def test_virtual_stages_are_refused_in_one_line(tmp_path, capsys):
     assert main(["analyze", str(run)]) == 2
     err = capsys.readouterr().err
     assert "trace-ST.parquet: virtual pipeline stages (vpp_size > 1)" in err and err.count("\n") == 1
+
+
+def test_the_summary_carries_the_whatif_figures(analysed):
+    run, summary = analysed
+    assert main(["whatif", str(run)]) == 0
+    assert summary["whatif"] == msgspec.json.decode((run / "whatif.json").read_bytes())
+    assert max(summary["whatif"]["by_stage"], key=summary["whatif"]["by_stage"].get) == "3"

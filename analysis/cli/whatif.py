@@ -9,16 +9,14 @@ removed; whatif.json holds them with the mean recorded step, its replay and the 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 import msgspec
 
+from analysis.errors import InputError
 from analysis.files import write_atomically
-from analysis.traces.oplevel import read_timeline
 from analysis.traces.run_files import WHATIF_FILE
-from analysis.whatif.figures import WhatIf, whatif
-from analysis.whatif.replay import measure
+from analysis.whatif.figures import run_whatif
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,20 +25,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def figures(run_dir: Path) -> WhatIf:
-    timeline = read_timeline(run_dir)
-    return whatif(measure(timeline.ops, run_dir / f"trace-{timeline.name}.parquet"))
-
-
 def _worst(by: dict[str, float]) -> str:
     key = max(by, key=by.__getitem__)
     return f"{key} ({by[key]:.3f})"
 
 
 def run(args: argparse.Namespace) -> int:
-    found = figures(args.run_dir)
+    found = run_whatif(args.run_dir)
+    if found is None:
+        raise InputError(args.run_dir, "holds no trace-<name>.parquet with its meta-<name>.yaml")
     target = Path(args.run_dir) / WHATIF_FILE
-    write_atomically(target, msgspec.json.format(msgspec.json.encode(dataclasses.asdict(found))) + b"\n")
+    write_atomically(target, msgspec.json.format(msgspec.json.encode(found)) + b"\n")
     print(
         f"{found.steps} steps: recorded {found.step_ms:.1f} ms, replayed {found.replay_ms:.1f} ms, "
         f"every op typical {found.ideal_ms:.1f} ms"

@@ -16,12 +16,15 @@ M_W      the same with the worst 3% of workers (at least one) typical, a worker 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from analysis.schema import WhatIf
+from analysis.traces.oplevel import read_timeline
+from analysis.traces.run_files import oplevel_files
 from analysis.whatif.graph import COMMUNICATION
-from analysis.whatif.replay import Measured, replay
+from analysis.whatif.replay import Measured, measure, replay
 
 # The paper's op type names where they differ from the recorded ones.
 PAPER_OPTYPE = {
@@ -31,23 +34,6 @@ PAPER_OPTYPE = {
     "backward-recv": "backward-pp-comm",
 }
 WORST_WORKERS_PERCENT = 3
-
-
-@dataclass(frozen=True)
-class WhatIf:
-    """RUN/whatif.json. Maps are keyed by stage, replica (dp_rank) or op type as text."""
-
-    S: float
-    by_stage: dict[str, float]
-    by_dp_rank: dict[str, float]
-    by_optype: dict[str, float]
-    M_S: float
-    M_W: float
-    steps: int
-    step_ms: float  # the recorded mean step
-    replay_ms: float  # t_ori
-    ideal_ms: float  # t_ideal
-    worst_workers: list[list[int]]  # M_W's workers as [stage, dp_rank]
 
 
 def typical_times(measured: Measured) -> np.ndarray:
@@ -71,6 +57,7 @@ def _share(t_ori: float, t_rem: float, t_ideal: float) -> float:
 
 
 def whatif(measured: Measured) -> WhatIf:
+    """The figures of the module's docstring."""
     keys = measured.graph.keys
     typical = typical_times(measured)
     everything = np.ones(measured.time.shape, dtype=bool)
@@ -108,3 +95,11 @@ def whatif(measured: Measured) -> WhatIf:
         ideal_ms=t_ideal * 1e3,
         worst_workers=[[int(s), int(d)] for s, d in worst],
     )
+
+
+def run_whatif(run_dir: Path) -> WhatIf | None:
+    """The figures of an op-level run (analysis.traces.oplevel); None for a run of another kind."""
+    found = oplevel_files(run_dir)
+    if found is None:
+        return None
+    return whatif(measure(read_timeline(run_dir).ops, found[0]))
