@@ -34,6 +34,7 @@ COMMANDS = {
     ),
     "report": ("analysis.cli.report", "build reports/index.html from every run under traces/"),
     "hta": ("analysis.cli.hta", "Holistic Trace Analysis's figures beside ours: RUN/hta.json"),
+    "whatif": ("analysis.cli.whatif", "an op-level run's straggler what-if figures: RUN/whatif.json"),
 }
 # The commands that analyse runs from their files, so take --jobs (analysis.ranks.workers); the merge analyses
 # the traces it has loaded already, in its own process.

@@ -38,11 +38,11 @@ import msgspec
 import polars as pl
 
 from analysis.errors import InputError, LimitExceeded, TraceWarning
-from analysis.traces import kineto, limits
+from analysis.traces import kineto, limits, oplevel_kineto
 from analysis.traces.durations import has_pairs, pair_durations
 from analysis.traces.events import event_frame, json_problem, where
 from analysis.traces.labels import check_label_numbers
-from analysis.traces.run_files import RUNNER_LOG, looks_like_trace, rank_from_name, trace_files
+from analysis.traces.run_files import RUNNER_LOG, looks_like_trace, oplevel_files, rank_from_name, trace_files
 from analysis.traces.source import read_text
 from analysis.traces.toplevel import NESTED_TOO_DEEPLY, Malformed, members, refuse_repeated
 from runners.schedules.single_gpu import SINGLE_GPU
@@ -316,6 +316,10 @@ def load_run(directory: str | Path, read: Callable[[Path, Budget], RawTrace] = r
         raise InputError(directory, "not a directory")
     config = read_run_config(directory / "run.json")
     files = trace_files(directory)
+    unnamed = not any(looks_like_trace(path.name) for path in files)
+    if unnamed and oplevel_files(directory) is not None:  # read as the GPU traces it converts to
+        oplevel_kineto.write_traces(directory)
+        files = trace_files(directory)
     if not files:
         raise InputError(directory, "no trace files (*.json, *.json.gz) in the run directory")
     most = limits.current().ranks

@@ -1,0 +1,67 @@
+"""An op-level run (tests/data/stragglers: ByteDance StragglerAnalysis's job ST, PP4 x DP2, m=4) analysed
+as the GPU traces it converts to."""
+
+from __future__ import annotations
+
+import shutil
+
+import msgspec
+import polars as pl
+import pytest
+from conftest import DATA
+
+from analysis.cli import main
+from analysis.traces.oplevel import read_timeline
+
+ST = DATA / "stragglers"
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    run = tmp_path_factory.mktemp("oplevel") / "ST"
+    shutil.copytree(ST, run)
+    assert main(["analyze", str(run)]) == 0
+    return run, msgspec.json.decode((run / "analysis" / "summary.json").read_bytes())
+
+
+def test_the_job_is_read_with_its_shape_and_steps(analysed):
+    run, summary = analysed
+    assert (summary["p"], summary["m"], summary["dp"], summary["steps_analyzed"]) == (4, 4, 2, 32)
+    assert sorted(path.name for path in run.glob("rank*.json.gz")) == [f"rank{r}.json.gz" for r in range(8)]
+    assert [pipeline["ranks"] for pipeline in summary["pipelines"]] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def test_steps_keep_their_recorded_times(analysed):
+    """The job's step is its median step's recorded span (its last op's end less its first op's start)
+    within 0.5 ms: a rank's window runs from its first action to the next step's, so the ops before the
+    first action (params-all-gather) move it by the difference of their lengths (measured 0.11 ms)."""
+    _, summary = analysed
+    ops = read_timeline(ST).ops.filter(pl.col("step") == summary["median_step"])
+    recorded = (ops["end_ts"].max() - ops["start_ts"].min()) * 1e3
+    assert summary["step_time_ms"] == pytest.approx(recorded, abs=0.5)
+
+
+def test_the_slow_last_stage_is_named_and_no_replica_straggles(analysed):
+    _, summary = analysed
+    busy = {entry["rank"]: entry["busy_ms"] for entry in summary["ranks"]}
+    last = [busy[6], busy[7]]
+    assert min(last) > 1.5 * max(busy[r] for r in range(6))  # measured 1.62x
+    assert summary["straggler"]["slower_fraction"] < 0.05
+    assert all(entry["launch_overhead_ms"] == 0 for entry in summary["ranks"])  # no host time recorded
+
+
+def test_virtual_stages_are_refused_in_one_line(tmp_path, capsys):
+    run = tmp_path / "vpp"
+    shutil.copytree(ST, run)
+    meta = (run / "meta-ST.yaml").read_text().replace("vpp_size: 1", "vpp_size: 2")
+    (run / "meta-ST.yaml").write_text(meta)
+    assert main(["analyze", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "trace-ST.parquet: virtual pipeline stages (vpp_size > 1)" in err and err.count("\n") == 1
+
+
+def test_the_summary_carries_the_whatif_figures(analysed):
+    run, summary = analysed
+    assert main(["whatif", str(run)]) == 0
+    assert summary["whatif"] == msgspec.json.decode((run / "whatif.json").read_bytes())
+    assert max(summary["whatif"]["by_stage"], key=summary["whatif"]["by_stage"].get) == "3"
