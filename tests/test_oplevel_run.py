@@ -3,14 +3,17 @@ as the GPU traces it converts to."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import msgspec
 import polars as pl
 import pytest
-from conftest import DATA
+from conftest import DATA, summary_of
 
 from analysis.cli import main
+from analysis.report import whatif_section
+from analysis.schema import Summary
 from analysis.traces.oplevel import read_timeline
 
 ST = DATA / "stragglers"
@@ -65,3 +68,10 @@ def test_the_summary_carries_the_whatif_figures(analysed):
     assert main(["whatif", str(run)]) == 0
     assert summary["whatif"] == msgspec.json.decode((run / "whatif.json").read_bytes())
     assert max(summary["whatif"]["by_stage"], key=summary["whatif"]["by_stage"].get) == "3"
+
+
+def test_the_run_page_shows_the_whatif_figures(analysed):
+    _, summary = analysed
+    shown = whatif_section.section_html(msgspec.convert(summary, Summary))
+    assert re.search(r"S_stage 3</td><td[^>]*>1\.233</td>", shown)
+    assert whatif_section.section_html(summary_of()) == ""  # a profiled run has none
