@@ -121,3 +121,19 @@ def test_unreadable_parquet_is_one_line(tmp_path, capsys):
     (run / "trace-X.parquet").write_bytes(b"PAR1 not really")
     assert main(["whatif", str(run)]) == 2
     assert "trace-X.parquet: not a readable parquet file" in capsys.readouterr().err
+
+
+def test_every_tensor_parallel_rank_recorded_gives_the_same_figures(tmp_path, figures):
+    """A job that records both ranks of each tensor-parallel pair (the second one slowed, as if the
+    recorder's clock were off) is read through the lowest rank of each (stage, dp_rank)."""
+    ops = pl.read_parquet(ST / "trace-ST.parquet")
+    partner = ops.with_columns(pl.col("rank") + 8, pl.col("duration") * 2)
+    meta = (
+        (ST / "meta-ST.yaml")
+        .read_text()
+        .replace("tp_size: 1", "tp_size: 2")
+        .replace("world_size: 8", "world_size: 16")
+    )
+    run = _run_with(tmp_path, pl.concat([ops, partner]), meta)
+    both = whatif(measure(read_timeline(run).ops, run / "trace-X.parquet"))
+    assert both == figures
