@@ -34,7 +34,7 @@ def published(name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def measured():
-    return measure(read_timeline(ST).ops, ST / "trace-ST.parquet")
+    return measure(read_timeline(ST).lanes(), ST / "trace-ST.parquet")
 
 
 @pytest.fixture(scope="module")
@@ -135,5 +135,5 @@ def test_every_tensor_parallel_rank_recorded_gives_the_same_figures(tmp_path, fi
         .replace("world_size: 8", "world_size: 16")
     )
     run = _run_with(tmp_path, pl.concat([ops, partner]), meta)
-    both = whatif(measure(read_timeline(run).ops, run / "trace-X.parquet"))
+    both = whatif(measure(read_timeline(run).lanes(), run / "trace-X.parquet"))
     assert both == figures

@@ -161,7 +161,7 @@ def _lane_events(ops: pl.DataFrame, stage: int, replica: int, p: int, dp: int) -
 def _placed(timeline: OpTimeline) -> pl.DataFrame:
     """Every op in integer ns on one clock: each step from the previous one's end (their gap, data
     loading and the like, is not recorded), its ops at their recorded offsets from its first start."""
-    ops = timeline.ops.filter(pl.col("rank") == pl.col("rank").min().over("stage", "dp_rank"))
+    ops = timeline.lanes()
     spans = ops.group_by("step").agg(span=pl.col("end_ts").max() - pl.col("start_ts").min()).sort("step")
     offsets = spans.with_columns(
         offset=ORIGIN_NS + (pl.col("span") * 1e9).round().cast(pl.Int64).cum_sum().shift(1, fill_value=0)

@@ -102,4 +102,4 @@ def run_whatif(run_dir: Path) -> WhatIf | None:
     found = oplevel_files(run_dir)
     if found is None:
         return None
-    return whatif(measure(read_timeline(run_dir).ops, found[0]))
+    return whatif(measure(read_timeline(run_dir).lanes(), found[0]))
