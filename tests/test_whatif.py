@@ -22,10 +22,11 @@ from analysis.whatif.replay import measure, replay
 ST = DATA / "stragglers"
 S_RELATIVE = 0.05  # the tolerance on S and each S_stage, relative
 SHARE_ABSOLUTE = 0.05  # and on M_S and M_W, absolute
-# Our replay against theirs, step for step: their mean replayed step (launch delays removed) and their ideal
-# one, relative. Measured: 0.11% and 0.03%; the median of transfers as typical (rather than the mean) moves
-# the ideal step by 1.3%, collectives that do not wait for every replica by 0.3%.
-REPLAY_RELATIVE = 0.002
+# Our replay against theirs: their mean replayed step (launch delays removed) and their ideal one,
+# relative. Measured: 4e-9 and 8e-8 (float32 inputs). The median of transfers as typical (rather than the
+# mean) moves the ideal step by 1.3%, collectives that do not wait for every replica by 0.3%, p2p ops
+# after the last compute ended before them (rather than their direction's) the replayed step by 0.1%.
+REPLAY_RELATIVE = 1e-5
 
 
 def published(name: str) -> dict:
