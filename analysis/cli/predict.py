@@ -46,11 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_limit(ms: list[int]) -> None:
+    """Each m is replayed: m=10**9 would fill the machine."""
+    if ms[-1] > limits.current().microbatches:
+        raise LimitExceeded("--ms", f"m={ms[-1]:,} is past {limits.current().describe('microbatches')}")
+
+
 def predictions(run_dir: Path, ms: list[int]) -> tuple[Summary, list[Prediction]]:
     """The run's summary and its step predicted at each of `ms`."""
     path = Path(run_dir) / "run.json"
-    if ms[-1] > limits.current().microbatches:  # each m is replayed: m=10**9 would fill the machine
-        raise LimitExceeded("--ms", f"m={ms[-1]:,} is past {limits.current().describe('microbatches')}")
+    check_limit(ms)
     config = read_run_config(path)
     if config is None:
         raise InputError(path, "predict needs run.json with the runner's calibration")

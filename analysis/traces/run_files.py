@@ -18,9 +18,19 @@ RUNNER_LOG = "torchrun.log"
 # JSON files of a run directory that are not rank traces: ours and the synthetic generator's.
 HTA_FILE = "hta.json"  # Holistic Trace Analysis's figures (analysis.hta_view)
 PREDICT_FILE = "predict.json"  # the step predicted at other m (python -m analysis predict)
+ADVICE_FILE = "advice.json"  # the schedules, m and v advised (python -m analysis advise)
 WHATIF_FILE = "whatif.json"  # the straggler what-if figures of an op-level run (python -m analysis whatif)
 RUN_FILES = frozenset(
-    {"run.json", "truth.json", "merged.json.gz", "merged.json", HTA_FILE, PREDICT_FILE, WHATIF_FILE}
+    {
+        "run.json",
+        "truth.json",
+        "merged.json.gz",
+        "merged.json",
+        HTA_FILE,
+        PREDICT_FILE,
+        ADVICE_FILE,
+        WHATIF_FILE,
+    }
 )
 
 
