@@ -15,6 +15,7 @@ from analysis.cli import main
 from analysis.report import whatif_section
 from analysis.schema import Summary
 from analysis.traces.oplevel import read_timeline
+from analysis.traces.oplevel_kineto import LIMITS
 
 ST = DATA / "stragglers"
 
@@ -68,6 +69,7 @@ def test_the_summary_carries_the_whatif_figures(analysed):
     assert main(["whatif", str(run)]) == 0
     assert summary["whatif"] == msgspec.json.decode((run / "whatif.json").read_bytes())
     assert max(summary["whatif"]["by_stage"], key=summary["whatif"]["by_stage"].get) == "3"
+    assert LIMITS in summary["notes"]  # what an op-level run cannot measure, said where it is shown
 
 
 def test_the_run_page_shows_the_whatif_figures(analysed):

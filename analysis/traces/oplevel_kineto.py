@@ -33,6 +33,11 @@ from analysis.files import write_atomically
 from analysis.traces.oplevel import OpTimeline, read_timeline
 from analysis.whatif.graph import COMPUTE, DP_COLLECTIVES, EMBEDDING, P2P
 
+# summary.json's note on an op-level run: what its analysis cannot measure
+LIMITS = (
+    "an op-level timeline, read as one kernel per op: no calibration (small_gemm and slowdown unknown), "
+    "no host time (no launch overhead), no kernels below the op; its steps laid end to end"
+)
 ORIGIN_NS = 10**9  # the first step's start on every rank's clock
 LAUNCH_NS = 2_000  # one cudaLaunchKernel on the host, each label this long around it
 COMPUTE_STREAM, SEND_STREAM, RECV_STREAM, COLLECTIVE_STREAM = 7, 20, 21, 22
