@@ -78,3 +78,19 @@ def test_the_run_page_shows_the_whatif_figures(analysed):
     value = f"{summary['whatif']['by_stage']['3']:.3f}"
     assert re.search(f"S_stage 3</td><td[^>]*>{re.escape(value)}</td>", shown)
     assert whatif_section.section_html(summary_of()) == ""  # a profiled run has none
+
+
+def test_every_tensor_parallel_rank_recorded_is_read_as_one_lane(tmp_path, analysed):
+    """Both ranks of each tensor-parallel pair recorded (the partner's durations doubled): the lowest
+    rank of each (stage, dp_rank) stands for the pair, so the job analyses as the one-rank recording."""
+    _, summary = analysed
+    run = tmp_path / "tp2"
+    run.mkdir()
+    ops = pl.read_parquet(ST / "trace-ST.parquet")
+    partner = ops.with_columns(pl.col("rank") + 8, pl.col("duration") * 2)
+    pl.concat([ops, partner]).write_parquet(run / "trace-ST.parquet")
+    meta = (ST / "meta-ST.yaml").read_text().replace("tp_size: 1", "tp_size: 2")
+    (run / "meta-ST.yaml").write_text(meta.replace("world_size: 8", "world_size: 16"))
+    assert main(["analyze", str(run)]) == 0
+    both = msgspec.json.decode((run / "analysis" / "summary.json").read_bytes())
+    assert (both["p"], both["dp"], both["step_time_ms"]) == (4, 2, summary["step_time_ms"])
