@@ -14,7 +14,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import polars as pl
 
 from analysis import results
@@ -51,7 +50,7 @@ from analysis.timeline.pairing import paired_steps
 from analysis.traces.load import RunTraces, TraceWarning
 from analysis.traces.memory import Memory, memory_of
 from analysis.traces.run_files import run_in
-from analysis.whatif.figures import run_whatif
+from analysis.whatif.figures import with_whatif
 from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
 from runners.schedules.trace_names import LABEL_PREFIX
 
@@ -112,8 +111,7 @@ def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None
     from analysis.job import analyze_job  # it wraps analyze_run: imported at the call, not in a cycle
 
     analysis = analyze_job(read_run(run_dir), schedule=schedule, m=m)
-    summary = msgspec.structs.replace(analysis.summary, whatif=run_whatif(run_dir))
-    analysis = dataclasses.replace(analysis, summary=summary)
+    analysis = dataclasses.replace(analysis, summary=with_whatif(analysis.summary, run_dir))
     results.write(run_dir, analysis)
     return analysis
 

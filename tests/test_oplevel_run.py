@@ -3,15 +3,19 @@ as the GPU traces it converts to."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import msgspec
 import polars as pl
 import pytest
-from conftest import DATA
+from conftest import DATA, summary_of
 
 from analysis.cli import main
+from analysis.report import whatif_section
+from analysis.schema import Summary
 from analysis.traces.oplevel import read_timeline
+from analysis.traces.oplevel_kineto import LIMITS
 
 ST = DATA / "stragglers"
 
@@ -65,3 +69,28 @@ def test_the_summary_carries_the_whatif_figures(analysed):
     assert main(["whatif", str(run)]) == 0
     assert summary["whatif"] == msgspec.json.decode((run / "whatif.json").read_bytes())
     assert max(summary["whatif"]["by_stage"], key=summary["whatif"]["by_stage"].get) == "3"
+    assert LIMITS in summary["notes"]  # what an op-level run cannot measure, said where it is shown
+
+
+def test_the_run_page_shows_the_whatif_figures(analysed):
+    _, summary = analysed
+    shown = whatif_section.section_html(msgspec.convert(summary, Summary))
+    value = f"{summary['whatif']['by_stage']['3']:.3f}"
+    assert re.search(f"S_stage 3</td><td[^>]*>{re.escape(value)}</td>", shown)
+    assert whatif_section.section_html(summary_of()) == ""  # a profiled run has none
+
+
+def test_every_tensor_parallel_rank_recorded_is_read_as_one_lane(tmp_path, analysed):
+    """Both ranks of each tensor-parallel pair recorded (the partner's durations doubled): the lowest
+    rank of each (stage, dp_rank) stands for the pair, so the job analyses as the one-rank recording."""
+    _, summary = analysed
+    run = tmp_path / "tp2"
+    run.mkdir()
+    ops = pl.read_parquet(ST / "trace-ST.parquet")
+    partner = ops.with_columns(pl.col("rank") + 8, pl.col("duration") * 2)
+    pl.concat([ops, partner]).write_parquet(run / "trace-ST.parquet")
+    meta = (ST / "meta-ST.yaml").read_text().replace("tp_size: 1", "tp_size: 2")
+    (run / "meta-ST.yaml").write_text(meta.replace("world_size: 8", "world_size: 16"))
+    assert main(["analyze", str(run)]) == 0
+    both = msgspec.json.decode((run / "analysis" / "summary.json").read_bytes())
+    assert (both["p"], both["dp"], both["step_time_ms"]) == (4, 2, summary["step_time_ms"])

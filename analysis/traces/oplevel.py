@@ -44,6 +44,11 @@ class OpTimeline:
     ops: pl.DataFrame
     sizes: dict[str, int]
 
+    def lanes(self) -> pl.DataFrame:
+        """The ops of one recorded rank per (stage, dp_rank), the lowest: where a job records every
+        tensor- or sequence-parallel rank, they run in lockstep and one stands for its group."""
+        return self.ops.filter(pl.col("rank") == pl.col("rank").min().over("stage", "dp_rank"))
+
 
 def _sizes(path: Path) -> dict[str, int]:
     try:

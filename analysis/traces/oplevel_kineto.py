@@ -33,6 +33,11 @@ from analysis.files import write_atomically
 from analysis.traces.oplevel import OpTimeline, read_timeline
 from analysis.whatif.graph import COMPUTE, DP_COLLECTIVES, EMBEDDING, P2P
 
+# summary.json's note on an op-level run: what its analysis cannot measure
+LIMITS = (
+    "an op-level timeline, read as one kernel per op: no calibration (small_gemm and slowdown unknown), "
+    "no host time (no launch overhead), no kernels below the op; its steps laid end to end"
+)
 ORIGIN_NS = 10**9  # the first step's start on every rank's clock
 LAUNCH_NS = 2_000  # one cudaLaunchKernel on the host, each label this long around it
 COMPUTE_STREAM, SEND_STREAM, RECV_STREAM, COLLECTIVE_STREAM = 7, 20, 21, 22
@@ -161,7 +166,7 @@ def _lane_events(ops: pl.DataFrame, stage: int, replica: int, p: int, dp: int) -
 def _placed(timeline: OpTimeline) -> pl.DataFrame:
     """Every op in integer ns on one clock: each step from the previous one's end (their gap, data
     loading and the like, is not recorded), its ops at their recorded offsets from its first start."""
-    ops = timeline.ops.filter(pl.col("rank") == pl.col("rank").min().over("stage", "dp_rank"))
+    ops = timeline.lanes()
     spans = ops.group_by("step").agg(span=pl.col("end_ts").max() - pl.col("start_ts").min()).sort("step")
     offsets = spans.with_columns(
         offset=ORIGIN_NS + (pl.col("span") * 1e9).round().cast(pl.Int64).cum_sum().shift(1, fill_value=0)

@@ -18,10 +18,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
-from analysis.schema import WhatIf
+from analysis.schema import Summary, WhatIf
 from analysis.traces.oplevel import read_timeline
+from analysis.traces.oplevel_kineto import LIMITS
 from analysis.traces.run_files import oplevel_files
 from analysis.whatif.graph import COMMUNICATION
 from analysis.whatif.replay import Measured, measure, replay
@@ -102,4 +104,12 @@ def run_whatif(run_dir: Path) -> WhatIf | None:
     found = oplevel_files(run_dir)
     if found is None:
         return None
-    return whatif(measure(read_timeline(run_dir).ops, found[0]))
+    return whatif(measure(read_timeline(run_dir).lanes(), found[0]))
+
+
+def with_whatif(summary: Summary, run_dir: Path) -> Summary:
+    """`summary` with the run's what-if figures and, for an op-level run, the limits of what its analysis
+    could measure (analysis.traces.oplevel_kineto.LIMITS)."""
+    found = run_whatif(run_dir)
+    notes = summary.notes if found is None else [*summary.notes, LIMITS]
+    return msgspec.structs.replace(summary, whatif=found, notes=notes)

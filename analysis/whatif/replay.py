@@ -2,9 +2,8 @@
 
 Each step is replayed alone from its own start: an op starts when the ops it waits for have ended (plus
 its launch delay, where one is given) and runs its time; a collective's members end at their latest
-start plus each one's transfer time. Times are seconds from the step's first start. Where a job records
-every tensor- or sequence-parallel rank of a (stage, dp_rank), the lowest one stands for them: they run
-in lockstep, and the graph has one lane per stage and replica.
+start plus each one's transfer time. Times are seconds from the step's first start; one lane per stage
+and replica (OpTimeline.lanes).
 """
 
 from __future__ import annotations
@@ -34,11 +33,6 @@ class Measured:
     rank: dict[tuple[int, int], int]
 
 
-def _lanes(ops: pl.DataFrame) -> pl.DataFrame:
-    """One recorded rank per (stage, dp_rank): the lowest."""
-    return ops.filter(pl.col("rank") == pl.col("rank").min().over("stage", "dp_rank"))
-
-
 def _arrays(ops: pl.DataFrame, graph: OpGraph, source: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     nodes = graph.keys.with_row_index("node")
     placed = ops.join(nodes, on=["stage", "optype", "seq_id"], how="left")
@@ -62,8 +56,7 @@ def _arrays(ops: pl.DataFrame, graph: OpGraph, source: Path) -> tuple[np.ndarray
 
 
 def measure(ops: pl.DataFrame, source: Path) -> Measured:
-    """The op graph of `ops` (an OpTimeline's) and every op's measured time and launch delay."""
-    ops = _lanes(ops)
+    """The op graph of `ops` (an OpTimeline's lanes) and every op's measured time and launch delay."""
     reference = ops.filter(pl.col("dp_rank") == 0, pl.col("step") == pl.col("step").min())
     graph = build_graph(reference, source)
     steps, start, end = _arrays(ops, graph, source)
