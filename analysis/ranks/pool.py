@@ -51,7 +51,7 @@ from analysis.traces.load import (
 )
 from analysis.traces.run_files import trace_files
 
-_UNBOUNDED = 1 << 62  # a worker's budget: the per-file limits bound it, the run's are charged here
+_UNBOUNDED = limits.UNBOUNDED  # a worker's budget: the per-file limits bound it, the run's are charged here
 Warned = tuple[str, type[Warning]]
 
 

@@ -88,7 +88,7 @@ class Budget:
     @classmethod
     def of_run(cls) -> Budget:
         current = limits.current()
-        return cls(current.run_bytes, current.run_events)
+        return cls(current.run_bytes, current.run_event_count)
 
 
 def read_trace(path: str | Path, budget: Budget | None = None) -> RawTrace:
