@@ -38,7 +38,7 @@ from analysis.errors import InputError
 from analysis.ranks import workers
 from analysis.ranks.handout import Handout
 from analysis.ranks.progress import Progress
-from analysis.ranks.tables import RankInput, rank_input, text_peers, without_events
+from analysis.ranks.tables import RankInput, pipelines_said, rank_input, text_peers, without_events
 from analysis.traces import limits
 from analysis.traces.load import (
     Budget,
@@ -85,7 +85,7 @@ def rank_work(
         warnings.simplefilter("always")
         budget = Budget(_UNBOUNDED, _UNBOUNDED)
         try:
-            trace = read_trace(path, budget)
+            trace = read_trace(path, budget, keep_text=not pipelines_said(config, alone))  # (text: for peers)
         except InputError as error:
             work.load_error = error
             return work

@@ -40,14 +40,14 @@ import polars as pl
 from analysis.errors import InputError, LimitExceeded, TraceWarning
 from analysis.traces import kineto, limits
 from analysis.traces.durations import has_pairs, pair_durations
-from analysis.traces.events import event_frame, json_problem, where
+from analysis.traces.events import Events, event_frame, json_problem, where
 from analysis.traces.labels import check_label_numbers
 from analysis.traces.run_files import RUNNER_LOG, looks_like_trace, rank_from_name, trace_files
 from analysis.traces.source import read_text
-from analysis.traces.toplevel import NESTED_TOO_DEEPLY, Malformed, members, refuse_repeated
+from analysis.traces.stream import streamed
+from analysis.traces.toplevel import EVENTS_KEY, NESTED_TOO_DEEPLY, Malformed, around_events, members, refuse_repeated
 from runners.schedules.single_gpu import SINGLE_GPU
 
-_EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
 _NOT_BLANK = re.compile(rb"[^ \t\r\n]")
 _RAW = msgspec.json.Decoder(msgspec.Raw)
 _ARRAY_OF_OBJECTS = re.compile(rb"[ \t\r\n]*\[[ \t\r\n]*\{")
@@ -91,13 +91,25 @@ class Budget:
         return cls(current.run_bytes, current.run_event_count)
 
 
-def read_trace(path: str | Path, budget: Budget | None = None) -> RawTrace:
-    """One trace file, within the limits in force (and what is left of the run's, with `budget`)."""
+def read_trace(path: str | Path, budget: Budget | None = None, keep_text: bool = True) -> RawTrace:
+    """One trace file, within the limits in force (and what is left of the run's, with `budget`).
+    Without `keep_text` the events are decoded as the file is read (analysis.traces.stream) where it
+    can be, and `events_json` is left empty."""
     path = Path(path)
     current = limits.current()
     byte_limit, byte_name = current.file_bytes, "file_mb"
     if budget is not None and budget.bytes < byte_limit:
         byte_limit, byte_name = budget.bytes, "run_mb"
+    event_limit, event_name = current.events, "events"
+    if budget is not None and budget.events < event_limit:
+        event_limit, event_name = budget.events, "run_events"
+    found = None if keep_text else streamed(path, byte_limit, byte_name, event_limit, event_name)
+    if found is not None:
+        try:
+            trace = _parse(path, found.metadata, msgspec.Raw(), found.frames.finish)
+        except RecursionError:
+            raise InputError(path, NESTED_TOO_DEEPLY) from None
+        return _charged(trace, found.size, budget)
     text = read_text(path, byte_limit, byte_name)
     data = text.data
     if _NOT_BLANK.search(data) is None:
@@ -109,41 +121,49 @@ def read_trace(path: str | Path, budget: Budget | None = None) -> RawTrace:
             TraceWarning,
             stacklevel=2,
         )
-    event_limit, event_name = current.events, "events"
-    if budget is not None and budget.events < event_limit:
-        event_limit, event_name = budget.events, "run_events"
+
+    def parsed(metadata: dict[str, msgspec.Raw], events_json: msgspec.Raw) -> RawTrace:
+        return _parse(
+            path, metadata, events_json, lambda base: event_frame(path, events_json, base, event_limit, event_name)
+        )
+
     try:
         guess = _guess_top_level(path, data)
         trace = None
         if guess is not None:
             try:
-                trace = _parse(path, *guess, event_limit, event_name)
+                trace = parsed(*guess)
             except LimitExceeded:
                 raise
             except InputError:
                 pass  # a wrong guess or a bad file: the full split below decides, and words the error
         if trace is None:
-            trace = _parse(path, *_split_top_level(path, data), event_limit, event_name)
+            trace = parsed(*_split_top_level(path, data))
     except RecursionError:
         raise InputError(path, NESTED_TOO_DEEPLY) from None
+    return replace(_charged(trace, len(data), budget), replaced=text.replaced)
+
+
+def _charged(trace: RawTrace, size: int, budget: Budget | None) -> RawTrace:
+    """The trace, its `size` bytes of JSON and its events taken from `budget`."""
     if budget is not None:
-        budget.bytes -= len(data)
+        budget.bytes -= size
         budget.events -= trace.frame.height + trace.paired + trace.dropped
-    return replace(trace, replaced=text.replaced)
+    return trace
 
 
 def _parse(
     path: Path,
     metadata: dict[str, msgspec.Raw],
     events_json: msgspec.Raw,
-    max_events: int,
-    limit_name: str,
+    frames: Callable[[int], Events],
 ) -> RawTrace:
+    """The trace of these top-level members, its events' frame and counters given by `frames(base_ns)`."""
     header = _decode_header(path, metadata)
     info = header.get("distributedInfo") or kineto.DistributedInfo()
     rank = _checked_rank(path, info)
     base_ns = header.get("baseTimeNanoseconds", 0)
-    events = event_frame(path, events_json, base_ns, max_events, limit_name)
+    events = frames(base_ns)
     frame, dropped = events.frame, events.dropped
     if dropped:
         warnings.warn(
@@ -221,22 +241,12 @@ def _guess_top_level(path: Path, data: Any) -> tuple[dict[str, msgspec.Raw], msg
     file is valid JSON and that array is its traceEvents. None when the guess fails its cheap checks;
     InputError when the header and trailer repeat a key."""
     key = data.find(b'"traceEvents"')
-    found = _EVENTS_KEY.match(data, key) if key >= 0 else None
+    found = EVENTS_KEY.match(data, key) if key >= 0 else None
     if found is None:
         return None
     start, end = found.end() - 1, data.rfind(b"]") + 1
-    head, tail = bytes(data[:start]) + b"[]}", b'{"traceEvents":[]' + bytes(data[end:])
-    try:
-        head_members, tail_members = members(head), members(tail)
-    except Malformed:
-        return None
-    head_keys, tail_keys = [m[0] for m in head_members], [m[0] for m in tail_members]
-    if head_keys[-1:] != ["traceEvents"] or tail_keys[:1] != ["traceEvents"]:
-        return None
-    refuse_repeated(path, head_keys + tail_keys[1:])
-    metadata = {key: msgspec.Raw(memoryview(head)[a:b]) for key, a, b in head_members[:-1]}
-    metadata |= {key: msgspec.Raw(memoryview(tail)[a:b]) for key, a, b in tail_members[1:]}
-    return metadata, msgspec.Raw(memoryview(data)[start:end])
+    metadata = around_events(path, bytes(data[:start]), bytes(data[end:]))
+    return None if metadata is None else (metadata, msgspec.Raw(memoryview(data)[start:end]))
 
 
 def _split_top_level(path: Path, data: Any) -> tuple[dict[str, msgspec.Raw], msgspec.Raw]:
