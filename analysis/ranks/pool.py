@@ -1,6 +1,6 @@
 """A run's ranks read into their small tables (analysis.ranks.tables), each in a process of a pool.
 
-`read_ranks` runs analysis.traces.load.load_run, which reads the files one by one in order and checks
+`read_ranks` runs analysis.traces.run.load_run, which reads the files one by one in order and checks
 they form one run, with a reader that takes each file's result from a pool instead: every worker
 reads one trace within the per-file limits, reduces it to its tables with `rank_input` and drops its
 frame, so a process holds one trace at a time and only the tables cross processes. The pool has
@@ -40,15 +40,9 @@ from analysis.ranks.handout import Handout
 from analysis.ranks.progress import Progress
 from analysis.ranks.tables import RankInput, pipelines_said, rank_input, text_peers, without_events
 from analysis.traces import limits
-from analysis.traces.load import (
-    Budget,
-    RawTrace,
-    RunTraces,
-    load_run,
-    read_run_config,
-    read_trace,
-    with_rank,
-)
+from analysis.traces.load import Budget, RawTrace, read_trace, with_rank
+from analysis.traces.run import RunTraces, load_run
+from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import trace_files
 
 _UNBOUNDED = limits.UNBOUNDED  # a worker's budget: the per-file limits bound it, the run's are charged here

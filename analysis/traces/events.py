@@ -71,7 +71,11 @@ class EventFrames:
         """A piece's events (the array's from `offset` on) and its text `[...]`."""
         self.count += len(events)
         if self.max_events is not None and self.count > self.max_events:
-            scope = "with the files before it, the run holds" if self.limit.startswith("run") else "this file holds"
+            scope = (
+                "with the files before it, the run holds"
+                if self.limit.startswith("run")
+                else "this file holds"
+            )
             raise LimitExceeded(self.path, f"{scope} more than {limits.current().describe(self.limit)}")
         self.frames.append(_frame(self.path, offset, events, piece))
         self.counters.append(_counter_values(events, offset, self.frames[-1]["ph"]))

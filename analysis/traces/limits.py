@@ -78,7 +78,9 @@ def _limit(default: int | None, flag: str, unit: str, help_text: str):
 @dataclass(frozen=True)
 class Limits:
     file_mb: int = _limit(_FILE_MB, "--max-file-mb", "MB", "decompressed MB of JSON per trace file")
-    run_mb: int | None = _limit(None, "--max-run-mb", "MB", "decompressed MB of JSON of a run's files together")
+    run_mb: int | None = _limit(
+        None, "--max-run-mb", "MB", "decompressed MB of JSON of a run's files together"
+    )
     events: int = _limit(_EVENTS, "--max-events", "events", "events per trace file")
     run_events: int | None = _limit(None, "--max-run-events", "events", "events of a run's files together")
     ranks: int = _limit(1024, "--max-ranks", "ranks", "ranks per run (files, world_size, rank numbers)")
