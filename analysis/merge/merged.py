@@ -28,7 +28,8 @@ import polars as pl
 from analysis.cells.labelled import step_spans
 from analysis.errors import InputError
 from analysis.merge.analysis_tracks import analysis_tracks, applied_offsets
-from analysis.merge.tracks import Placed, exact_micros, layout, micros, p2p_flows, placed, profiler_flows
+from analysis.merge.flows import Placed, p2p_flows, placed, profiler_flows
+from analysis.merge.tracks import exact_micros, layout, micros
 from analysis.results import Analysis
 from analysis.timeline import clock
 from analysis.traces.load import RawTrace, read_trace
