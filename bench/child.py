@@ -100,7 +100,7 @@ def status_kib(key: str) -> int:
 
 
 TASKS = {"analyze": analyze, "hta": hta, "decode": decode, "merge": merge}
-# Limits past any bench set (the defaults refuse a run of over 512 MB or 4 million events).
+# Limits past any bench set (the per-file defaults follow the memory available).
 _BIG = 10**6
 _RAISED = ["--max-file-mb", str(_BIG), "--max-run-mb", str(_BIG), "--max-events", str(_BIG * 100)]
 _RAISED += ["--max-run-events", str(_BIG * 100)]

@@ -17,7 +17,8 @@ from analysis.merge.merged import merge, read_ranks
 from analysis.merge.perfetto_check import problems
 from analysis.pipeline import analyze_dir
 from analysis.timeline.clock import ClockEstimate
-from analysis.traces.load import load_run, read_trace
+from analysis.traces.load import read_trace
+from analysis.traces.run import load_run
 from runners.schedules import build
 from synthetic import generate as synthetic
 from synthetic.data_parallel import write_job

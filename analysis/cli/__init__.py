@@ -28,12 +28,17 @@ COMMANDS = {
         "analysis.cli.predict",
         "predict one run's step time and bubble at other m: RUN/predict.json",
     ),
+    "advise": (
+        "analysis.cli.advise",
+        "the schedule, m and v to run at the run's p, predicted from it: RUN/advice.json",
+    ),
     "report": ("analysis.cli.report", "build reports/index.html from every run under traces/"),
     "hta": ("analysis.cli.hta", "Holistic Trace Analysis's figures beside ours: RUN/hta.json"),
+    "whatif": ("analysis.cli.whatif", "an op-level run's straggler what-if figures: RUN/whatif.json"),
 }
 # The commands that analyse runs from their files, so take --jobs or --cluster; the merge analyses
 # the traces it has loaded already, in its own process.
-ANALYSING = frozenset({"analyze", "predict", "report", "hta"})
+ANALYSING = frozenset({"analyze", "predict", "advise", "report", "hta"})
 
 
 def _parser(prog: str, description: str | None) -> argparse.ArgumentParser:

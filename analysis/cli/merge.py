@@ -20,7 +20,8 @@ from analysis.merge.merged import kept_ranks, read_ranks, write_merged
 from analysis.pipeline import run_input
 from analysis.results import Analysis
 from analysis.traces import limits
-from analysis.traces.load import RunTraces, TraceWarning, load_run
+from analysis.traces.load import TraceWarning
+from analysis.traces.run import RunTraces, load_run
 from analysis.traces.run_files import run_in
 
 

@@ -1,6 +1,6 @@
 """A run's ranks read into their small tables (analysis.ranks.tables), each in a process of a pool.
 
-`read_ranks` runs analysis.traces.load.load_run, which reads the files one by one in order and checks
+`read_ranks` runs analysis.traces.run.load_run, which reads the files one by one in order and checks
 they form one run, with a reader that takes each file's result from a pool instead: every worker
 reads one trace within the per-file limits, reduces it to its tables with `rank_input` and drops its
 frame, so a process holds one trace at a time and only the tables cross processes. The pool has
@@ -39,20 +39,14 @@ from analysis.errors import InputError
 from analysis.ranks import cluster, workers
 from analysis.ranks.handout import Handout
 from analysis.ranks.progress import Progress
-from analysis.ranks.tables import RankInput, rank_input, text_peers, without_events
+from analysis.ranks.tables import RankInput, pipelines_said, rank_input, text_peers, without_events
 from analysis.traces import limits
-from analysis.traces.load import (
-    Budget,
-    RawTrace,
-    RunTraces,
-    load_run,
-    read_run_config,
-    read_trace,
-    with_rank,
-)
+from analysis.traces.load import Budget, RawTrace, read_trace, with_rank
+from analysis.traces.run import RunTraces, load_run
+from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import trace_files
 
-_UNBOUNDED = 1 << 62  # a worker's budget: the per-file limits bound it, the run's are charged here
+_UNBOUNDED = limits.UNBOUNDED  # a worker's budget: the per-file limits bound it, the run's are charged here
 # rank_work sets process-wide state (the recursion limit, the warnings filters): one file at a time per
 # process, whatever threads a cluster's worker runs.
 _ONE_AT_A_TIME = threading.Lock()
@@ -89,7 +83,7 @@ def rank_work(
         warnings.simplefilter("always")
         budget = Budget(_UNBOUNDED, _UNBOUNDED)
         try:
-            trace = read_trace(path, budget)
+            trace = read_trace(path, budget, keep_text=not pipelines_said(config, alone))  # (text: for peers)
         except InputError as error:
             work.load_error = error
             return work
