@@ -14,7 +14,8 @@ DEVICE ?= auto         # auto (CUDA when there is a GPU; fewer than P: P streams
 ROWS_PER_MB ?=         # fix the rows per microbatch (batch = M x this); empty = the preset's batch
 INJECT ?=              # delays injected on purpose, e.g. host:0:20,slow:1:2 (runners/inject.py)
 MODEL  ?=              # your stages: package.module:factory (runners/stage_factory.py); empty = the preset's
-MS     ?= 1 2 4 8 16 32  # the m values of `make sweep` and `make predict`
+MS     ?= 1 2 4 8 16 32  # the m values of `make sweep`, `make predict` and `make advise`
+MEMORY_MB ?=           # `make advise`: the activation memory per rank a candidate may hold, MiB
 RUN    ?= traces/latest
 TRACES ?= traces        # the folder of run directories `make report` reads
 BENCH_ARGS ?=          # e.g. --only throughput --sizes-mb '50 1000' (see python -m bench --help)
@@ -31,7 +32,7 @@ RUN_ARGS = --sched $(strip $(SCHED)) $(if $(strip $(P)),--p $(strip $(P))) --v $
            $(if $(strip $(INJECT)),--inject $(strip $(INJECT))) $(if $(strip $(MODEL)),--model $(strip $(MODEL))) \
            --dp $(strip $(DP)) $(if $(filter 1,$(strip $(DP_OVERLAP))),--dp-overlap)
 
-.PHONY: setup setup-dev trace sweep analyze merge predict hta report bench lint test fuzz browser clean
+.PHONY: setup setup-dev trace sweep analyze merge predict advise hta report bench lint test fuzz browser clean
 .DEFAULT_GOAL := trace
 
 # The runtime (what `make trace` needs) first; the test, lint and benchmark tools on top, only for the
@@ -71,6 +72,10 @@ merge: setup
 
 predict: setup
 	$(PY) -m analysis predict $(RUN) --ms $(subst $(space),$(comma),$(strip $(MS)))
+
+advise: setup
+	$(PY) -m analysis advise $(RUN) --ms $(subst $(space),$(comma),$(strip $(MS))) \
+	  $(if $(strip $(MEMORY_MB)),--memory-mb $(strip $(MEMORY_MB)))
 
 hta: .venv/.installed-hta
 	$(PY) -m analysis hta $(RUN)

@@ -75,7 +75,8 @@ def _scale(model: StepModel, config: dict, own_m: int, target: Schedule) -> dict
             f"run.json calibration_by_rows has no entry for m={target.m}'s microbatch rows {rows}"
         )
     own_rows = (config.get("dims") or {}).get("microbatch_rows")
-    own = reference_at(_compute_keys(model.orders), model.busy, config, own_m, own_rows).isolated_medians()
+    own_keys = [(stage, kind, mb) for stage, kind in sorted(model.busy) for mb in range(own_m)]
+    own = reference_at(own_keys, model.busy, config, own_m, own_rows).isolated_medians()
     return {
         Action(stage, Kind(kind), mb): ns / own[(stage, kind)] if own.get((stage, kind)) else 1.0
         for stage, kind, mb, ns in at_m.table.select("stage", "kind", "microbatch", "isolated_ns").iter_rows()
@@ -146,19 +147,24 @@ def predict(
     m: int,
     where,
     levels: list[float] | None = None,
+    name: str | None = None,
+    v: int | None = None,
 ) -> Prediction:
-    """The step of `schedule` rebuilt at m microbatches; `ref` is the run's own (isolated times at its m),
-    `config` its run.json, `levels` its steps' levels (step_levels; none: the interval leaves the level
-    out); InputError naming `where` when the run cannot predict at all, Unpredictable when this m cannot
-    be."""
+    """The step of `schedule` rebuilt at m microbatches (as schedule `name` with v chunks per rank where
+    given: `model`, `own` and `config` then carried to its stages by analysis.attribution.project);
+    `ref` is the run's own (isolated times at its m), `config` its run.json, `levels` its steps' levels
+    (step_levels; none: the interval leaves the level out); InputError naming `where` when the run
+    cannot predict at all, Unpredictable when this m cannot be."""
     if not ref.isolated:
         raise InputError(where, "predict needs the isolated calibration (run.json calibration_by_rows)")
+    name, v = name or schedule.name, v or schedule.v
     try:
-        target = build(schedule.name, schedule.p, m, schedule.v)
+        target = build(name, schedule.p, m, v)
     except ScheduleError as error:
-        raise Unpredictable(f"{schedule.name} cannot run m={m}: {str(error).splitlines()[0]}") from None
+        raise Unpredictable(f"{name} cannot run m={m}: {str(error).splitlines()[0]}") from None
     scale = _scale(model, config, schedule.m, target)
-    orders = model.orders if m == schedule.m else lower(target).orders
+    executed = (name, m, v) == (schedule.name, schedule.m, schedule.v)
+    orders = model.orders if executed else lower(target).orders
     typical = model.step(orders)
     scaled = {a: replace(i, work=i.work * scale.get(a, 1.0)) for a, i in typical.inputs.items()}
     step_ns = replay(target, replace(typical, inputs=scaled)).makespan

@@ -21,7 +21,8 @@ from analysis.files import write_atomically
 from analysis.pipeline import analysis_of
 from analysis.schema import Summary
 from analysis.traces import limits
-from analysis.traces.load import TraceWarning, read_run_config
+from analysis.traces.load import TraceWarning
+from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import PREDICT_FILE
 from runners.presets import CALIBRATED_MS
 
@@ -46,11 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_limit(ms: list[int]) -> None:
+    """Each m is replayed: m=10**9 would fill the machine."""
+    if ms[-1] > limits.current().microbatches:
+        raise LimitExceeded("--ms", f"m={ms[-1]:,} is past {limits.current().describe('microbatches')}")
+
+
 def predictions(run_dir: Path, ms: list[int]) -> tuple[Summary, list[Prediction]]:
     """The run's summary and its step predicted at each of `ms`."""
     path = Path(run_dir) / "run.json"
-    if ms[-1] > limits.current().microbatches:  # each m is replayed: m=10**9 would fill the machine
-        raise LimitExceeded("--ms", f"m={ms[-1]:,} is past {limits.current().describe('microbatches')}")
+    check_limit(ms)
     config = read_run_config(path)
     if config is None:
         raise InputError(path, "predict needs run.json with the runner's calibration")

@@ -11,7 +11,7 @@ from .dependencies import dependencies
 from .generate import SCHEDULES, V_SHAPED, build
 from .grid import grid
 from .lower import lower
-from .memory import in_flight
+from .memory import held, in_flight
 from .schedule import Schedule, ScheduleError, placement_of
 from .simulate import simulate
 from .timeline import Timeline
@@ -32,6 +32,7 @@ __all__ = [
     "dependencies",
     "formula_bubble",
     "grid",
+    "held",
     "in_flight",
     "lower",
     "placement_of",

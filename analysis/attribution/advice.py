@@ -1,0 +1,189 @@
+"""Which schedule, m and v to run at this run's p: every candidate predicted from the one run.
+
+Each candidate (a schedule an engine runs, at an m and v it admits) is `predict`ed
+(analysis.attribution.predict) from the run's measurements carried to its stages and kinds
+(analysis.attribution.project), so one model answers both. Its peak activation memory per rank replays
+its order's stash (runners.schedules.held): each forward holds its microbatch's rows times the bytes
+per row that the run's stash peak on that stage implies. A candidate that needs what the run did not
+measure says what was assumed (`caveats`) and is `extrapolated`; a run whose levels cannot be trusted
+(contended, noisy, no calibration) still lists every candidate, with `ranked` false and why.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+
+from analysis.attribution.predict import Unpredictable, predict, rows_at, step_levels
+from analysis.attribution.project import projection, stage_shares
+from analysis.attribution.reference import reference
+from analysis.results import Analysis
+from runners.engines.torch_classes import TORCH_CLASSES, TORCH_ONLY
+from runners.presets import PRESETS, calibration_rows, preset_problem
+from runners.schedules import Kind, Schedule, ScheduleError, build, held
+from runners.schedules.generate import check_request
+
+MIB = 2**20  # --memory-mb counts MiB
+UNCALIBRATED = (
+    "no calibration in run.json: every stage's time taken as its measured busy time, linear in rows"
+)
+TORCH_ZB = f"torch runs zb as {TORCH_CLASSES['zb']}, whose W order differs from the one replayed here"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    engine: str  # native | torch: `make trace ENGINE=... SCHED=... M=... V=...` runs it
+    schedule: str
+    m: int
+    v: int
+    step_time_ms: float
+    step_time_low_ms: float
+    step_time_high_ms: float
+    bubble_formula: float
+    peak_activation_bytes: int | None  # the largest rank's; None: the run measured no stash
+    fits: bool  # within the memory limit (true without one)
+    extrapolated: bool  # needs what the run did not measure: `caveats` say what was assumed
+    caveats: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Advice:
+    ranked: bool  # false: the predictions' level cannot be trusted (`caveats` say why); listed anyway
+    caveats: list[str]
+    memory_limit_bytes: int | None
+    source: dict  # the run advised from: engine, schedule, p, m, v, step_time_ms
+    candidates: list[Candidate]  # best first: those that fit by predicted step time, then the others
+
+
+def admitted(engine: str, p: int, config: dict, schedules, ms, vs) -> list[tuple[str, str, int, int]]:
+    """(engine, schedule, m, v) of every request the engines would accept at p: a schedule only the
+    torch engine runs goes there, every other stays on the run's engine."""
+    preset = PRESETS.get(config.get("preset") or "")
+    found = []
+    for name in schedules:
+        for m in ms:
+            for v in vs:
+                try:
+                    check_request(name, p, m, v)
+                except ScheduleError:
+                    continue
+                rows = replace(preset, rows=sum(rows_at(config, m))) if preset else None
+                if rows and preset_problem(rows, m, v if config.get("model") is None else 1):
+                    continue
+                found.append(("torch" if name in TORCH_ONLY else engine, name, m, v))
+    return found
+
+
+def linear_calibration(analysis: Analysis, config: dict) -> dict:
+    """run.json given a calibration from the run's measured busy times, each taken as linear in rows
+    (for a run that has none: no small-GEMM effect, no slowdown; UNCALIBRATED says so)."""
+    own_rows = statistics.mean(rows_at(config, analysis.schedule.m))
+    total = sum(rows_at(config, analysis.schedule.m))
+    per_stage: dict[str, dict[str, float]] = {}
+    for (stage, kind), ns in analysis.model.busy.items():
+        per_stage.setdefault(str(stage), {})[f"{kind}_ms"] = ns / 1e6 / own_rows
+    by_rows = {
+        stage: {
+            str(r): {k: ms * r for k, ms in kinds.items()}
+            for r in calibration_rows(total, analysis.schedule.m)
+        }
+        for stage, kinds in per_stage.items()
+    }
+    whole = {stage: {k: ms * total for k, ms in kinds.items()} for stage, kinds in per_stage.items()}
+    return config | {
+        "calibration": whole,
+        "calibration_by_rows": by_rows,
+        "calibration_by_rows_samples_ms": {},
+    }
+
+
+def stash_bytes_per_row(schedule: Schedule, config: dict, peaks: list[int | None]) -> dict[int, float] | None:
+    """Per stage of the run, the bytes one row of a microbatch holds there: each rank's measured stash
+    peak over the most rows its order holds at once; None where a rank's peak is unknown."""
+    if any(peak is None for peak in peaks):
+        return None
+    rows = rows_at(config, schedule.m)
+    most = [max(rank, default=0) for rank in held(schedule, lambda a: rows[a.microbatch])]
+    return {
+        stage: peaks[r] / most[r] for r in range(schedule.p) for stage in schedule.stages_of(r) if most[r]
+    }
+
+
+def peak_bytes(target: Schedule, config: dict, per_row: dict[int, float] | None, n_source: int) -> int | None:
+    """The largest rank's predicted stash peak: each forward holds its rows times its stage's bytes per
+    row, carried as the stage's time is (its share of the run's stages)."""
+    if per_row is None:
+        return None
+    shares = stage_shares(n_source, target.n_stages)
+    per_stage = {c: sum(float(share) * per_row[s] for s, share in parts) for c, parts in shares.items()}
+    rows = rows_at(config, target.m)
+    live = held(target, lambda a: rows[a.microbatch] * per_stage[a.stage])
+    return round(max(max(rank, default=0.0) for rank in live))
+
+
+def run_caveats(analysis: Analysis, calibrated: bool) -> list[str]:
+    """Why the run's level cannot be trusted: its flags' notes, and no calibration."""
+    notes = list(analysis.summary.notes) or [f"run flagged {flag}" for flag in analysis.summary.flags]
+    return notes + ([] if calibrated else [UNCALIBRATED])
+
+
+def candidate_caveats(analysis: Analysis, engine: str, target: Schedule, calibrated: bool) -> list[str]:
+    """What a candidate assumes beyond the run's measurements."""
+    source = analysis.schedule
+    measured_kinds = {kind for _, kind in analysis.model.kinds}
+    caveats = []
+    if target.n_stages != source.n_stages:
+        caveats.append(
+            f"stage times at v={target.v} taken as shares of the layers of the run's stages at v={source.v}, "
+            "host time per stage likewise; its stash per microbatch too"
+        )
+    if target.split_backward and Kind.I.value not in measured_kinds:
+        caveats.append("B split into I and W in their unit-time ratio 1:1; the run measured no I or W")
+    if engine != analysis.summary.engine:
+        caveats.append(
+            f"runs on the {engine} engine; predicted from the {analysis.summary.engine} run's host times"
+        )
+    if engine == "torch" and target.name == "zb":
+        caveats.append(TORCH_ZB)
+    if not calibrated:
+        caveats.append(UNCALIBRATED)
+    return caveats
+
+
+def advise(
+    analysis: Analysis, config: dict, requests, memory_limit_bytes: int | None, where
+) -> tuple[Advice, dict]:
+    """Every requested (engine, schedule, m, v) predicted, best first, and why each skipped one could not be."""
+    source = analysis.schedule
+    calibrated = bool(config.get("calibration_by_rows"))
+    config = config if calibrated else linear_calibration(analysis, config)
+    ref = reference(analysis.cells, config, source.m)
+    levels = step_levels([s.step_time_ms for s in analysis.summary.replayed_steps], config)
+    per_row = stash_bytes_per_row(source, config, [r.peak_activation_bytes for r in analysis.summary.ranks])
+    carried = {}  # v -> the run carried to p * v stages: (model, own, config)
+    for v in sorted({v for *_, v in requests}):
+        moved = projection(analysis.model.kinds, source.n_stages, source.p * v)
+        carried[v] = (
+            moved.model(analysis.model),
+            moved.own(analysis.own, analysis.model),
+            moved.config(config),
+        )
+    found, skipped = [], {}
+    for engine, name, m, v in requests:
+        model, own, moved_config = carried[v]
+        try:
+            guess = predict(source, model, own, ref, moved_config, m, where, levels, name=name, v=v)
+        except Unpredictable as why:
+            skipped[(engine, name, m, v)] = str(why)
+            continue
+        target = build(name, source.p, m, v)
+        peak = peak_bytes(target, config, per_row, source.n_stages)
+        caveats = candidate_caveats(analysis, engine, target, calibrated)
+        fits = memory_limit_bytes is None or peak is None or peak <= memory_limit_bytes
+        times = (guess.step_time_ms, guess.step_time_low_ms, guess.step_time_high_ms, guess.bubble_formula)
+        found.append(Candidate(engine, name, m, v, *times, peak, fits, bool(caveats), caveats))
+    found.sort(key=lambda c: (not c.fits, c.step_time_ms))
+    caveats = run_caveats(analysis, calibrated)
+    s = analysis.summary
+    origin = {key: getattr(s, key) for key in ("engine", "schedule", "p", "m", "v", "step_time_ms")}
+    return Advice(not caveats, caveats, memory_limit_bytes, origin, found), skipped

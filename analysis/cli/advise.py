@@ -1,0 +1,118 @@
+"""`python -m analysis advise RUN [--memory-mb X] [--schedules ...] [--ms ...] [--vs ...]`: which schedule,
+m and v to run at the run's p, predicted from the run (analysis.attribution.advice).
+
+Prints the candidates best first and writes RUN/advice.json: {ranked, caveats, memory_limit_bytes,
+source, candidates: [{engine, schedule, m, v, step_time_ms, step_time_low_ms, step_time_high_ms,
+bubble_formula, peak_activation_bytes, fits, extrapolated, caveats}]}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import warnings
+from pathlib import Path
+
+import msgspec
+
+from analysis.attribution.advice import MIB, Advice, admitted, advise
+from analysis.cli.predict import _counts, check_limit
+from analysis.errors import InputError, TraceWarning
+from analysis.files import write_atomically
+from analysis.pipeline import analysis_of
+from analysis.traces.run_config import read_run_config
+from analysis.traces.run_files import ADVICE_FILE
+from runners.presets import CALIBRATED_MS
+from runners.schedules import SCHEDULES
+
+DEFAULT_VS = (1, 2, 4)
+
+
+def _schedules(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in SCHEDULES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown schedule(s) {unknown or text!r}; known: {', '.join(SCHEDULES)}"
+        )
+    return names
+
+
+def _megabytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"not a positive number of MiB: {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN", help="a run directory our runner wrote")
+    parser.add_argument(
+        "--memory-mb", type=_megabytes, help="activation memory per rank a candidate may hold, MiB"
+    )
+    parser.add_argument(
+        "--schedules", type=_schedules, default=list(SCHEDULES), help="comma-separated (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--ms", type=_counts, default=list(CALIBRATED_MS), help="microbatch counts (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--vs",
+        type=_counts,
+        default=list(DEFAULT_VS),
+        help="chunks per rank where admitted (default: %(default)s)",
+    )
+
+
+def advice(
+    run_dir: Path, schedules: list[str], ms: list[int], vs: list[int], memory_mb: float | None
+) -> Advice:
+    """The run's candidates predicted, best first; a candidate that cannot be predicted is a warning."""
+    path = Path(run_dir) / "run.json"
+    check_limit(ms)
+    config = read_run_config(path)
+    if config is None or not (config.get("dims") or {}).get("microbatch_rows"):
+        raise InputError(path, "advise needs run.json with the microbatch rows (dims.microbatch_rows)")
+    analysis = analysis_of(run_dir)
+    requests = admitted(analysis.summary.engine, analysis.schedule.p, config, schedules, ms, vs)
+    limit = None if memory_mb is None else round(memory_mb * MIB)
+    found, skipped = advise(analysis, config, requests, limit, path)
+    for (engine, name, m, v), why in skipped.items():
+        warnings.warn(f"{engine} {name} m={m} v={v} skipped: {why}", TraceWarning, stacklevel=2)
+    if not found.candidates:
+        raise InputError(path, "no candidate can be predicted from this run")
+    return found
+
+
+def write(run_dir: Path, found: Advice) -> Path:
+    """RUN/advice.json, written whole or not at all."""
+    target = Path(run_dir) / ADVICE_FILE
+    write_atomically(target, msgspec.json.format(msgspec.json.encode(dataclasses.asdict(found))) + b"\n")
+    return target
+
+
+def run(args: argparse.Namespace) -> int:
+    found = advice(args.run_dir, args.schedules, args.ms, args.vs, args.memory_mb)
+    s = found.source
+    print(
+        f"from {s['engine']} {s['schedule']} p={s['p']} m={s['m']} v={s['v']}: {s['step_time_ms']:.3f} ms a step"
+    )
+    head = f"  {'#':>3}  {'engine':<6}  {'schedule':<10}  {'m':>3}  {'v':>2}  {'step ms':>9}  {'interval ms':>17}"
+    print(f"{head}  {'bubble':>6}  {'peak MiB':>8}  fits  extrapolated")
+    for i, c in enumerate(found.candidates, 1):
+        peak = "-" if c.peak_activation_bytes is None else f"{c.peak_activation_bytes / MIB:.1f}"
+        interval = f"{c.step_time_low_ms:.1f} - {c.step_time_high_ms:.1f}"
+        print(
+            f"  {i:>3}  {c.engine:<6}  {c.schedule:<10}  {c.m:>3}  {c.v:>2}  {c.step_time_ms:>9.1f}  {interval:>17}"
+            f"  {c.bubble_formula:>6.3f}  {peak:>8}  {'yes' if c.fits else 'no':<4}  {'yes' if c.extrapolated else ''}"
+        )
+    assumed = sorted({why for c in found.candidates for why in c.caveats})
+    for why in assumed:
+        print(f"  assumed: {why}")
+    if not found.ranked:
+        print("  not ranked: " + "; ".join(found.caveats))
+    print(f"written: {write(args.run_dir, found)}")
+    return 0

@@ -1,0 +1,88 @@
+"""`python -m analysis advise`: other schedules, chunks and split backwards predicted from one run, the
+stash carried to them, and a run whose level cannot be trusted still listing its candidates."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from analysis.attribution.advice import UNCALIBRATED, peak_bytes, stash_bytes_per_row
+from analysis.cli import main
+from analysis.pipeline import read_run
+from runners.schedules import build
+from synthetic import write_run
+
+WORK = dict(p2p_latency_us=40, small_gemm=1.2, slowdown=1.1, steps=3)
+US = {"F": 1000, "B": 2000, "I": 1000, "W": 1000}  # B splits 1:1, the ratio advise assumes
+
+
+def _advice(run, *args) -> dict:
+    assert main(["advise", str(run), *args]) == 0
+    found = json.loads((run / "advice.json").read_text())
+    return found | {"by": {(c["schedule"], c["m"], c["v"]): c for c in found["candidates"]}}
+
+
+@pytest.mark.parametrize(
+    "name,m,v,durations",
+    [
+        ("1f1b", 4, 1, US),  # the run's own m: its executed gpipe orders must not be kept
+        ("zb", 4, 1, US),  # I and W from the measured B
+        ("interleaved", 4, 2, {kind: us / 2 for kind, us in US.items()}),  # a chunk holds half a stage
+    ],
+)
+def test_another_schedule_is_the_step_of_its_run(tmp_path, name, m, v, durations):
+    """A gpipe m=4 run's advice for another schedule is the step of the synthetic run of that schedule
+    whose work per layer is the same."""
+    write_run(tmp_path / "gpipe", build("gpipe", 2, 4), durations_us=US, **WORK)
+    candidate = _advice(tmp_path / "gpipe", "--ms", str(m), "--schedules", name, "--vs", str(v))["by"][
+        (name, m, v)
+    ]
+    truth = write_run(tmp_path / name, build(name, 2, m, v), durations_us=durations, **WORK).truth[0]
+    assert candidate["step_time_ms"] == pytest.approx(truth.step_ns / 1e6, abs=1e-3)
+    assert candidate["extrapolated"] == (name != "1f1b")
+
+
+def test_the_advice_is_best_first_and_ranked_on_a_calibrated_run(tmp_path):
+    write_run(tmp_path, build("gpipe", 2, 4), durations_us=US, **WORK)
+    found = _advice(tmp_path)
+    steps = [c["step_time_ms"] for c in found["candidates"]]
+    assert found["ranked"] and steps == sorted(steps) and len(steps) > 10
+    assert {"zbv", "dualpipev"} <= {c["schedule"] for c in found["candidates"]}
+    assert all(c["engine"] == "torch" for c in found["candidates"] if c["schedule"] in ("zbv", "dualpipev"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # advice.json read as "not a trace" would be a warning
+        read_run(tmp_path)
+
+
+def test_without_calibration_every_candidate_is_listed_unranked(tmp_path):
+    write_run(tmp_path, build("gpipe", 2, 4), durations_us=US, **WORK)
+    config = json.loads((tmp_path / "run.json").read_text())
+    for key in ("calibration", "calibration_by_rows"):
+        del config[key]
+    (tmp_path / "run.json").write_text(json.dumps(config))
+    found = _advice(tmp_path, "--ms", "2,4,8")
+    assert not found["ranked"] and UNCALIBRATED in found["caveats"]
+    assert found["candidates"] and all(c["extrapolated"] for c in found["candidates"])
+
+
+def test_the_stash_is_carried_by_rows_and_in_flight_count():
+    """gpipe p=2 m=4 of 128 rows: rank 0 held 4 x 128 rows at 100 B a row, rank 1 at 50. 1f1b holds 2
+    microbatches on rank 0; gpipe m=8 the same rows as m=4. Interleaved v=2 m=4 runs on rank 0 chunks of
+    half of stage 0 (50 B a row) and half of stage 1 (25 B a row): at most 4 of the first and 1 of the
+    second, after 0F0 0F1 2F0 2F1 0F2 2B0 0F3."""
+    config = {"dims": {"microbatch_rows": [128] * 4}}
+    source = build("gpipe", 2, 4)
+    per_row = stash_bytes_per_row(source, config, [4 * 128 * 100, 4 * 128 * 50])
+    assert per_row == {0: 100, 1: 50}
+
+    def peak(name, m, v=1):
+        return peak_bytes(
+            build(name, 2, m, v), config | {"dims": {"microbatch_rows": [512 // m] * m}}, per_row, 2
+        )
+
+    assert peak("1f1b", 4) == 2 * 128 * 100
+    assert peak("gpipe", 8) == 4 * 128 * 100
+    assert peak("interleaved", 4, 2) == 128 * (4 * 50 + 25)
+    assert stash_bytes_per_row(source, config, [1, None]) is None
