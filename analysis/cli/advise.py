@@ -94,6 +94,17 @@ def write(run_dir: Path, found: Advice) -> Path:
     return target
 
 
+def read(run_dir: Path) -> Advice | None:
+    """RUN/advice.json as `write` wrote it; None where there is none, InputError where it cannot be read."""
+    path = Path(run_dir) / ADVICE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=Advice)
+    except (msgspec.DecodeError, msgspec.ValidationError, OSError) as error:
+        raise InputError(path, f"not readable advice ({str(error).splitlines()[0]})") from None
+
+
 def run(args: argparse.Namespace) -> int:
     found = advice(args.run_dir, args.schedules, args.ms, args.vs, args.memory_mb)
     s = found.source
