@@ -435,3 +435,18 @@ def test_advice_section_judges_each_checked_candidate_by_its_error():
     assert "#2 zb m=2 v=1 (native) | 0.200 | 0.1 | misses |" in text
     assert "#1 zb m=1 v=1 | - | 0.1 | unmeasured |" in text and "ranked: False; noisy" in text
     assert "Assumed: assumed this" in text
+
+
+@pytest.mark.slow
+def test_bench_advice_smoke(tmp_path):
+    """A tiny gpipe p=2 m=4 run advised; its top 3 and the start run once each, in their own section."""
+    out = tmp_path / "out"
+    assert main(["--only", "advice", "--advice-repeats", "1", "--preset", "tiny", "--out", str(out)]) == 0
+    part = json.loads((out / "results.json").read_text())["results"]["advice"]
+    configs = part["configs"]
+    assert part["failed"] == [] and [c["rank"] for c in configs][:3] == [1, 2, 3]
+    assert ("native", "gpipe", 4, 1) in [(c["engine"], c["schedule"], c["m"], c["v"]) for c in configs]
+    for config in configs:
+        measured = config["measured_ms"]["median"]
+        assert config["step_error"] == pytest.approx(config["predicted_ms"] / measured - 1)
+    assert "## 10. advise" in (out / "RESULTS.md").read_text()
