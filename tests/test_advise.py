@@ -125,3 +125,14 @@ def _runs(traces):
 
 def _scripts(reports) -> str:
     return "".join(path.read_text() for path in reports.glob("*.js"))
+
+
+def test_a_noisy_run_lists_its_candidates_unranked_with_the_note(tmp_path):
+    """Unprofiled steps of 10, 20 and 30 ms spread 100% of their median: the run is flagged noisy, and its
+    advice says so instead of ranking."""
+    write_run(tmp_path, build("gpipe", 2, 4), durations_us=US, **WORK)
+    config = json.loads((tmp_path / "run.json").read_text())
+    (tmp_path / "run.json").write_text(json.dumps(config | {"step_times_unprofiled_ms": [10.0, 20.0, 30.0]}))
+    found = _advice(tmp_path, "--ms", "4", "--schedules", "gpipe,1f1b")
+    assert not found["ranked"] and len(found["candidates"]) == 2
+    assert any("unprofiled steps spread" in why for why in found["caveats"])
