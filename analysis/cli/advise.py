@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 
 from analysis.attribution.advice import MIB, Advice, admitted, advise
-from analysis.cli.predict import _counts, check_limit
+from analysis.cli.predict import check_limit, microbatch_counts
 from analysis.errors import InputError
 from analysis.files import write_atomically
 from analysis.pipeline import analysis_of
@@ -57,11 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--schedules", type=_schedules, default=list(SCHEDULES), help="comma-separated (default: %(default)s)"
     )
     parser.add_argument(
-        "--ms", type=_counts, default=list(CALIBRATED_MS), help="microbatch counts (default: %(default)s)"
+        "--ms",
+        type=microbatch_counts,
+        default=list(CALIBRATED_MS),
+        help="microbatch counts (default: %(default)s)",
     )
     parser.add_argument(
         "--vs",
-        type=_counts,
+        type=microbatch_counts,
         default=list(DEFAULT_VS),
         help="chunks per rank where admitted (default: %(default)s)",
     )

@@ -27,6 +27,20 @@ CANDIDATE_SCHEMA = {
     "fits": pl.Boolean,
 }
 
+COLUMNS = [
+    Column("#", "rank in the advice: those that fit the memory limit first, by predicted step"),
+    Column("engine", "make trace ENGINE=...", text=True),
+    Column("schedule", "make trace SCHED=...", text=True),
+    Column("m", "microbatches"),
+    Column("v", "chunks per rank"),
+    Column("step ms", "predicted step time (profiled)", number(1)),
+    Column("interval ms", "the middle 90% of the resampled replays"),
+    Column("bubble formula", "the order's unit-time bubble", number(3)),
+    Column("peak MiB", "predicted peak activation memory, largest rank", number(2)),
+    Column("fits", "within the memory limit", text=True),
+    Column("assumed", "what the prediction assumed beyond this run's measurements", text=True),
+]
+
 
 def label(schedule: str, v: int, engine: str) -> str:
     """One curve of the chart: a schedule at its v on its engine (the same for a candidate and a run)."""
@@ -70,19 +84,6 @@ def section(run: Run) -> tuple[str, Figure | None]:
             or f"<p>No advice yet: <code>make advise RUN={where}</code> predicts every schedule, m and v the "
             "engines admit at this run's p from this run and writes <code>advice.json</code>, shown here.</p>"
         ), None
-    columns = [
-        Column("#", "rank in the advice: those that fit the memory limit first, by predicted step"),
-        Column("engine", "make trace ENGINE=...", text=True),
-        Column("schedule", "make trace SCHED=...", text=True),
-        Column("m", "microbatches"),
-        Column("v", "chunks per rank"),
-        Column("step ms", "predicted step time (profiled)", number(1)),
-        Column("interval ms", "the middle 90% of the resampled replays"),
-        Column("bubble formula", "the order's unit-time bubble", number(3)),
-        Column("peak MiB", "predicted peak activation memory, largest rank", number(2)),
-        Column("fits", "within the memory limit", text=True),
-        Column("assumed", "what the prediction assumed beyond this run's measurements", text=True),
-    ]
     rows = [
         [
             i,
@@ -113,7 +114,7 @@ def section(run: Run) -> tuple[str, Figure | None]:
         + (f"; the red rule is the memory limit, {limit:.1f} MiB" if limit is not None else "")
         + ". Hollow points do not fit the limit.",
     )
-    return HEADING + ranked + table(columns, rows) + figure.html(), figure
+    return HEADING + ranked + table(COLUMNS, rows) + figure.html(), figure
 
 
 def sweep_figure(source: Run, runs: pl.DataFrame, name: str) -> Figure | None:
