@@ -273,6 +273,59 @@ def _inject(part: dict) -> list[str]:
     ]
 
 
+def _verdict(value: float | None, target: float) -> str:
+    return "unmeasured" if value is None else ("meets" if abs(value) <= target else "misses")
+
+
+def _mib(count: float | None) -> str:
+    return "-" if count is None else f"{count / 2**20:.2f}"
+
+
+def _advice(part: dict) -> list[str]:
+    targets, configs = part["targets"], part["configs"]
+    rows = [
+        f"| abs(predicted / measured step - 1), #{c['rank']} {c['schedule']} m={c['m']} v={c['v']} ({c['engine']}) "
+        f"| {'-' if c['step_error'] is None else format(abs(c['step_error']), '.3f')} | {targets['step']} "
+        f"| {_verdict(c['step_error'], targets['step'])} |"
+        for c in configs
+    ]
+    rows += [
+        f"| abs(predicted / measured peak activations - 1), #{c['rank']} {c['schedule']} m={c['m']} v={c['v']} "
+        f"| {'-' if c['peak_error'] is None else format(abs(c['peak_error']), '.3f')} | {targets['memory']} "
+        f"| {_verdict(c['peak_error'], targets['memory'])} |"
+        for c in configs
+    ]
+    pick = part["top_pick_over_best"]
+    rows.append(
+        f"| top pick's measured step / the measured best - 1 | {'-' if pick is None else format(pick, '.3f')} "
+        f"| {targets['pick']} | {_verdict(pick, targets['pick'])} |"
+    )
+    s = part["source"]
+    return [
+        *_verdicts(rows),
+        f"From one {s['engine']} {s['schedule']} p={s['p']} m={s['m']} run ({s['step_time_ms']:.1f} ms; "
+        f"ranked: {part['ranked']}{'; ' + '; '.join(part['run_caveats']) if part['run_caveats'] else ''}), "
+        f"`python -m analysis advise RUN`; its top candidates and the starting configuration then ran "
+        f"{part['repeats']} times each, alternating. Measured: the median of the profiled steps "
+        "(summary.json step_time_ms) and of the largest rank's peak activation bytes.",
+        "",
+        "| # | engine | schedule | m | v | predicted ms (interval) | measured ms | predicted MiB | measured MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {c['rank']} | {c['engine']} | {c['schedule']} | {c['m']} | {c['v']} | {c['predicted_ms']:.1f} "
+            f"({c['interval_ms'][0]:.1f}-{c['interval_ms'][1]:.1f}) | "
+            f"{'-' if c['measured_ms'] is None else _figure(c['measured_ms'], 1)} | "
+            f"{_mib(c['predicted_peak_bytes'])} | "
+            f"{_mib(c['measured_peak_bytes'] and c['measured_peak_bytes']['median'])} |"
+            for c in configs
+        ),
+        "",
+        *sorted({f"Assumed: {why}" for c in configs for why in c["caveats"]}),
+        "",
+        *([*(f"Failed: {reason}" for reason in part["failed"]), ""] if part["failed"] else []),
+    ]
+
+
 def _predict(part: dict) -> list[str]:
     configs = part["configs"]
     rows = [
@@ -422,13 +475,18 @@ SECTIONS: tuple[tuple[str, str, Callable[[dict, dict], list[str]]], ...] = (
         lambda r, _: _predict(r["predict"]),
     ),
     (
+        "advice",
+        "## 9. advise: one run's ranked candidates, run (p=2, CPU)",
+        lambda r, _: _advice(r["advice"]),
+    ),
+    (
         "dp",
-        "## 9. A PP x DP job at scale: a synthetic job's analysis, time and peak RSS",
+        "## 10. A PP x DP job at scale: a synthetic job's analysis, time and peak RSS",
         lambda r, _: _dp(r["dp"]),
     ),
     (
         "ranks",
-        "## 10. Hundreds of ranks: time and driver memory per rank, by engine",
+        "## 11. Hundreds of ranks: time and driver memory per rank, by engine",
         lambda r, _: _ranks(r["ranks"]),
     ),
 )
@@ -479,7 +537,7 @@ def render(document: dict, fresh: dict[str, dict], previous: str = "") -> str:
         "",
         "Reproduce: `make bench` (all parts), or some parts, e.g. "
         "`.venv/bin/python -m bench --only throughput --sizes-mb 50 --ranks 4`, `--only sim,profiler --ms '1 2 4 8'`, "
-        "`--only executor --pairs 3`, `--only inject,predict`.",
+        "`--only executor --pairs 3`, `--only inject,predict`, `--only advice`.",
         "",
     ]
     for name, heading, body in SECTIONS:

@@ -41,12 +41,14 @@ class RunPlan:
     timed_steps: int  # unprofiled steps per run
 
 
-def request(plan: RunPlan, schedule: str, p: int, m: int, engine: str = "native", inject: str = ""):
-    """The resolved CPU request, with the delays an --inject text names (raises RequestError, e.g. for an
-    engine not registered yet)."""
+def request(
+    plan: RunPlan, schedule: str, p: int, m: int, engine: str = "native", inject: str = "", v: int = 1
+):
+    """The resolved CPU request with v chunks per rank, with the delays an --inject text names (raises
+    RequestError, e.g. for an engine not registered yet)."""
     injections = parse_injections(inject)
     wanted = RunRequest(
-        schedule, p, m, 1, engine, plan.preset, plan.steps, "cpu", plan.timed_steps, injections=injections
+        schedule, p, m, v, engine, plan.preset, plan.steps, "cpu", plan.timed_steps, injections=injections
     )
     return resolve(wanted, lambda: 0)  # device cpu: the GPU count is never asked
 

@@ -5,10 +5,11 @@ executor (native vs torch engine), profiler (profiled / unprofiled step), sim (s
 step), seed (the seed's m sweep at p=2 and p=4), bubble (gpipe p=2 m=1 against the formula's 1/2,
 repeated, with each rank's slowdown and what idling costs a pass: bench/cold.py), inject (injected
 delays against what the analysis recovers, A/B pairs), predict (one m=4 run's predicted step at
-other m against runs there), dp (a synthetic PP x DP job of --dp-mesh ranks
-analysed, CPU- and GPU-shaped: time, peak RSS, recovery), ranks (synthetic PP x DP jobs of 8 x --ranks-dp
-ranks analysed by --jobs 1, --jobs and --cluster local:N: time and driver memory per rank, same output).
-profiler, sim and seed read the same p=2 sweep.
+other m against runs there), advice (one gpipe m=4 run's advice, its top 3 candidates and the start
+run 3 times each), dp (a synthetic PP x DP job of --dp-mesh ranks analysed, CPU- and GPU-shaped: time,
+peak RSS, recovery), ranks (synthetic PP x DP jobs of 8 x --ranks-dp ranks analysed by --jobs 1, --jobs
+and --cluster local:N: time and driver memory per rank, same output). profiler, sim and seed read the
+same p=2 sweep.
 A run of some parts replaces their sections of results.json and RESULTS.md and keeps the others'.
 Generated traces and runs live in a temporary directory that is deleted at the end (--keep keeps it).
 """
@@ -30,6 +31,7 @@ from analysis.cli import standalone
 from analysis.errors import InputError
 from analysis.files import write_atomically
 from analysis.traces.run_files import trace_files
+from bench.advice import advice_check
 from bench.dp_scale import dp_scale
 from bench.inject import inject_recovery
 from bench.predict import prediction_accuracy
@@ -49,7 +51,19 @@ from bench.throughput import ThroughputPlan, throughput
 from runners.launch import launch
 from runners.rundir import REPO_ROOT, git_revision, host_facts
 
-PARTS = ("throughput", "executor", "profiler", "sim", "seed", "bubble", "inject", "predict", "dp", "ranks")
+PARTS = (
+    "throughput",
+    "executor",
+    "profiler",
+    "sim",
+    "seed",
+    "bubble",
+    "inject",
+    "predict",
+    "advice",
+    "dp",
+    "ranks",
+)
 SWEEP_PARTS = {"profiler", "sim", "seed"}
 PACKAGES = ("torch", "polars", "pyarrow", "msgspec", "HolisticTraceAnalysis")
 
@@ -112,6 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--predict-repeats", type=int, default=3, help="repeats of the predict part (each: m=4 and every m)"
+    )
+    parser.add_argument(
+        "--advice-repeats", type=int, default=3, help="runs of each configuration the advice part checks"
     )
     parser.add_argument(
         "--preset",
@@ -205,6 +222,7 @@ def _command(args: argparse.Namespace) -> str:
         "inject-pairs": args.inject_pairs,
         "predict-ms": args.predict_ms,
         "predict-repeats": args.predict_repeats,
+        "advice-repeats": args.advice_repeats,
         "preset": args.preset,
     }
     command = "python -m bench " + " ".join(
@@ -308,6 +326,12 @@ def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, reco
                 f"predict: gpipe and 1f1b p=2, m=4 predicted at {args.predict_ms}, {args.predict_repeats} repeats"
             )
             results["predict"] = prediction_accuracy(plan, predict_ms, args.predict_repeats, say)
+    if "advice" in parts:
+        with record.section("advice") as results:
+            say(
+                f"advice: gpipe p=2 m=4 advised, the top 3 and the start run {args.advice_repeats} times each"
+            )
+            results["advice"] = advice_check(plan, args.advice_repeats, say)
     if "dp" in parts:
         with record.section("dp") as results:
             p, dp = args.dp_mesh

@@ -9,8 +9,11 @@ import warnings
 import pytest
 
 from analysis.attribution.advice import UNCALIBRATED, peak_bytes, stash_bytes_per_row
+from analysis.cli import advise as advise_cli
 from analysis.cli import main
 from analysis.pipeline import read_run
+from analysis.report import advice_section, build_report, sweeps
+from analysis.report.runs import load_run
 from runners.schedules import build
 from synthetic import write_run
 
@@ -86,3 +89,50 @@ def test_the_stash_is_carried_by_rows_and_in_flight_count():
     assert peak("gpipe", 8) == 4 * 128 * 100
     assert peak("interleaved", 4, 2) == 128 * (4 * 50 + 25)
     assert stash_bytes_per_row(source, config, [1, None]) is None
+
+
+def test_the_run_page_shows_the_advice_and_the_sweep_page_its_measured_runs(tmp_path):
+    """The m=2 run's advice.json (the sweep's middle run, whose prediction the sweep page draws): a table
+    and a chart (step and memory against m, the memory limit as a rule) on its page; the sweep page draws
+    the same curves with the sweep's runs as points."""
+    traces = tmp_path / "traces"
+    for m in (2, 4):
+        write_run(traces / f"m{m}", build("gpipe", 2, m), run_id=f"m{m}", durations_us=US, **WORK)
+    assert (
+        main(["advise", str(traces / "m2"), "--ms", "2,4", "--schedules", "gpipe,zb", "--memory-mb", "1"])
+        == 0
+    )
+    found = advise_cli.read(traces / "m2")
+    build_report(traces, tmp_path / "reports")
+    page = (tmp_path / "reports" / "runs" / "m2.html").read_text()
+    assert "Advice: schedule, m and v at this p" in page and "the memory limit, 1.0 MiB" in page
+    first = found.candidates[0]
+    assert f'<td title="step ms">{first.step_time_ms:.1f}</td>' in page
+    figure = advice_section.sweep_figure(load_run(traces / "m2"), _runs(traces), "advice")
+    spec = figure.plot.spec()
+    assert {row["label"] for row in spec["datasets"]["measured"]} == {"gpipe v=1 (synthetic)"}
+    assert sorted(row["m"] for row in spec["datasets"]["measured"]) == [2, 4]
+    assert len(spec["datasets"]["candidates"]) == len(found.candidates)
+    assert "advice-vs-m-0" in (tmp_path / "reports" / "index.html").read_text() + _scripts(
+        tmp_path / "reports"
+    )
+
+
+def _runs(traces):
+    loaded = [load_run(path) for path in sorted(traces.iterdir())]
+    return sweeps.runs_frame([sweeps.run_row(r.run_id, r.summary, r.config) for r in loaded])
+
+
+def _scripts(reports) -> str:
+    return "".join(path.read_text() for path in reports.glob("*.js"))
+
+
+def test_a_noisy_run_lists_its_candidates_unranked_with_the_note(tmp_path):
+    """Unprofiled steps of 10, 20 and 30 ms spread 100% of their median: the run is flagged noisy, and its
+    advice says so instead of ranking."""
+    write_run(tmp_path, build("gpipe", 2, 4), durations_us=US, **WORK)
+    config = json.loads((tmp_path / "run.json").read_text())
+    (tmp_path / "run.json").write_text(json.dumps(config | {"step_times_unprofiled_ms": [10.0, 20.0, 30.0]}))
+    found = _advice(tmp_path, "--ms", "4", "--schedules", "gpipe,1f1b")
+    assert not found["ranked"] and len(found["candidates"]) == 2
+    assert any("unprofiled steps spread" in why for why in found["caveats"])

@@ -410,3 +410,43 @@ def test_bench_predict_smoke(tmp_path):
     text = (out / "RESULTS.md").read_text()
     assert "## 8. predict" in text and "abs(median predicted / median measured - 1), 1f1b m=2" in text
     assert part["coverage"]["of"] == 2 and "intervals holding the measured median" in text
+
+
+def test_advice_section_judges_each_checked_candidate_by_its_error():
+    """A step 5% over its run meets 10%, one 20% under misses; a memory never measured is said so."""
+    from bench.report import _advice
+
+    def config(rank, step_error, peak_error):
+        return {
+            "engine": "native", "schedule": "zb", "m": rank, "v": 1, "rank": rank, "predicted_ms": 10.0,
+            "interval_ms": [9.0, 11.0], "measured_ms": stats([9.5]).to_json(), "step_error": step_error,
+            "predicted_peak_bytes": 2**20, "measured_peak_bytes": None, "peak_error": peak_error,
+            "extrapolated": True, "caveats": ["assumed this"],
+        }  # fmt: skip
+
+    part = {
+        "source": {"engine": "native", "schedule": "gpipe", "p": 2, "m": 4, "v": 1, "step_time_ms": 9.0},
+        "ranked": False, "run_caveats": ["noisy"], "repeats": 1, "failed": [],
+        "configs": [config(1, 0.05, None), config(2, -0.2, 0.01)], "top_pick_over_best": 0.0,
+        "targets": {"step": 0.1, "pick": 0.05, "memory": 0.1},
+    }  # fmt: skip
+    text = "\n".join(_advice(part))
+    assert "#1 zb m=1 v=1 (native) | 0.050 | 0.1 | meets |" in text
+    assert "#2 zb m=2 v=1 (native) | 0.200 | 0.1 | misses |" in text
+    assert "#1 zb m=1 v=1 | - | 0.1 | unmeasured |" in text and "ranked: False; noisy" in text
+    assert "Assumed: assumed this" in text
+
+
+@pytest.mark.slow
+def test_bench_advice_smoke(tmp_path):
+    """A tiny gpipe p=2 m=4 run advised; its top 3 and the start run once each, in their own section."""
+    out = tmp_path / "out"
+    assert main(["--only", "advice", "--advice-repeats", "1", "--preset", "tiny", "--out", str(out)]) == 0
+    part = json.loads((out / "results.json").read_text())["results"]["advice"]
+    configs = part["configs"]
+    assert part["failed"] == [] and [c["rank"] for c in configs][:3] == [1, 2, 3]
+    assert ("native", "gpipe", 4, 1) in [(c["engine"], c["schedule"], c["m"], c["v"]) for c in configs]
+    for config in configs:
+        measured = config["measured_ms"]["median"]
+        assert config["step_error"] == pytest.approx(config["predicted_ms"] / measured - 1)
+    assert "## 10. advise" in (out / "RESULTS.md").read_text()

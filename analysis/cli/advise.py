@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 
 from analysis.attribution.advice import MIB, Advice, admitted, advise
-from analysis.cli.predict import _counts, check_limit
+from analysis.cli.predict import check_limit, microbatch_counts
 from analysis.errors import InputError, TraceWarning
 from analysis.files import write_atomically
 from analysis.pipeline import analysis_of
@@ -57,11 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--schedules", type=_schedules, default=list(SCHEDULES), help="comma-separated (default: %(default)s)"
     )
     parser.add_argument(
-        "--ms", type=_counts, default=list(CALIBRATED_MS), help="microbatch counts (default: %(default)s)"
+        "--ms",
+        type=microbatch_counts,
+        default=list(CALIBRATED_MS),
+        help="microbatch counts (default: %(default)s)",
     )
     parser.add_argument(
         "--vs",
-        type=_counts,
+        type=microbatch_counts,
         default=list(DEFAULT_VS),
         help="chunks per rank where admitted (default: %(default)s)",
     )
@@ -92,6 +95,17 @@ def write(run_dir: Path, found: Advice) -> Path:
     target = Path(run_dir) / ADVICE_FILE
     write_atomically(target, msgspec.json.format(msgspec.json.encode(dataclasses.asdict(found))) + b"\n")
     return target
+
+
+def read(run_dir: Path) -> Advice | None:
+    """RUN/advice.json as `write` wrote it; None where there is none, InputError where it cannot be read."""
+    path = Path(run_dir) / ADVICE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=Advice)
+    except (msgspec.DecodeError, msgspec.ValidationError, OSError) as error:
+        raise InputError(path, f"not readable advice ({str(error).splitlines()[0]})") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ from analysis.traces.run_files import PREDICT_FILE
 from runners.presets import CALIBRATED_MS
 
 
-def _counts(text: str) -> list[int]:
+def microbatch_counts(text: str) -> list[int]:
     try:
         counts = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="RUN", help="a run directory our runner wrote")
     parser.add_argument(
         "--ms",
-        type=_counts,
+        type=microbatch_counts,
         default=list(CALIBRATED_MS),
         help="microbatch counts to predict (default: those every run calibrates, %(default)s)",
     )

@@ -6,7 +6,7 @@ import html
 
 import polars as pl
 
-from analysis.report import charts, sweeps
+from analysis.report import advice_section, charts, sweeps
 from analysis.report.frames import largest_deviation
 from analysis.report.pages import Column, Figure, Markup, link, number, table
 from analysis.report.runs import Run
@@ -201,6 +201,8 @@ def sweep_figures(runs: pl.DataFrame, by_id: dict[str, Run]) -> list[Figure]:
                     "microbatch: the U-curve.",
                 )
             )
+            advice = advice_section.sweep_figure(source, runs, f"advice-vs-m-{i}")
+            figures += [advice] if advice is not None else []
         memory = sweeps.peak_memory(family_runs)
         if not memory.is_empty():
             figures.append(

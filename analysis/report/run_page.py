@@ -9,7 +9,7 @@ from dataclasses import replace
 import polars as pl
 
 from analysis.pipelines import to_local
-from analysis.report import charts, hta_section, whatif_section
+from analysis.report import advice_section, charts, hta_section, whatif_section
 from analysis.report.frames import (
     coarsen,
     ideal_frame,
@@ -220,6 +220,7 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
     )
     memory = memory_figure(summary)
     in_flight_html, in_flight = in_flight_section(run)
+    advice_html, advice = advice_section.section(run)
     sections = [
         '<p><a href="../index.html">all runs</a></p>',
         f"<h1>{html.escape(run.run_id)}</h1>",
@@ -236,6 +237,7 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         "<h2>Activation memory</h2>",
         in_flight_html,
         memory.html() if memory else "<p>This run recorded no activation bytes.</p>",
+        advice_html,
         hta_section.section_html(run),
         "<h2>Thresholds used</h2>",
         rules_html(summary),
@@ -244,4 +246,6 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         "<h2>Configuration</h2>",
         config_html(run),
     ]
-    return "\n".join(sections), [f for f in (timeline, waterfall, parts, in_flight, memory) if f is not None]
+    return "\n".join(sections), [
+        f for f in (timeline, waterfall, parts, in_flight, memory, advice) if f is not None
+    ]
