@@ -30,7 +30,7 @@ TARGETS = {
     "ours_over_decode": 2.0,
     "rss_over_size": 3.0,
     "one_process_rss_over_largest_file": 3.0,
-    "one_process_rss_above_start_over_largest_file": 3.0,
+    "one_process_rss_above_start_over_largest_file": 1.5,
 }
 TASKS = ("decode", "analyze", "analyze_jobs1", "hta", "merge")
 
