@@ -34,7 +34,7 @@ from analysis.files import write_atomically
 from analysis.results import Analysis
 from analysis.schema import GAP_CLASSES
 from analysis.traces import limits
-from analysis.traces.load import load_run
+from analysis.traces.run import load_run
 from analysis.traces.run_files import HTA_FILE
 from analysis.traces.source import read_text
 from analysis.traces.toplevel import NESTED_TOO_DEEPLY

@@ -9,6 +9,7 @@ count is even, so it is a step that happened and its parts close exactly).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +47,11 @@ from analysis.timeline.clock import ClockEstimate, on_one_clock, shifted_like_ce
 from analysis.timeline.dp_sync import skew_ns, with_dp_sync
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
-from analysis.traces.load import RunTraces, TraceWarning
+from analysis.traces.load import TraceWarning
 from analysis.traces.memory import Memory, memory_of
+from analysis.traces.run import RunTraces
 from analysis.traces.run_files import run_in
+from analysis.whatif.figures import with_whatif
 from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
 from runners.schedules.trace_names import LABEL_PREFIX
 
@@ -88,7 +91,7 @@ class RunInput:
 
 
 def read_run(path: Path) -> RunInput:
-    """The traces of a run directory and its run.json (analysis.traces.load.load_run checks they form a
+    """The traces of a run directory and its run.json (analysis.traces.run.load_run checks they form a
     run), each rank read into its tables alone, in a pool of processes (analysis.ranks.pool)."""
     run, ranks = read_ranks(path)
     return RunInput(run.path, ranks, run.config)
@@ -109,6 +112,7 @@ def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None
     from analysis.job import analyze_job  # it wraps analyze_run: imported at the call, not in a cycle
 
     analysis = analyze_job(read_run(run_dir), schedule=schedule, m=m)
+    analysis = dataclasses.replace(analysis, summary=with_whatif(analysis.summary, run_dir))
     results.write(run_dir, analysis)
     return analysis
 

@@ -184,6 +184,23 @@ class Straggler(msgspec.Struct, kw_only=True):
     slower_fraction: float  # slower_ms / the fastest's step_time_alone_ms
 
 
+class WhatIf(msgspec.Struct, kw_only=True):
+    """The StragglerAnalysis paper's what-if figures of an op-level run (analysis.whatif.figures):
+    RUN/whatif.json and summary.json's `whatif`. Maps are keyed by stage, replica (dp_rank) or op type."""
+
+    S: float
+    by_stage: dict[str, float]
+    by_dp_rank: dict[str, float]
+    by_optype: dict[str, float]
+    M_S: float
+    M_W: float
+    steps: int
+    step_ms: float  # the recorded mean step
+    replay_ms: float  # t_ori: the mean step replayed with the measured times, launch delays removed
+    ideal_ms: float  # t_ideal: every op at its typical time
+    worst_workers: list[list[int]]  # M_W's workers as [stage, dp_rank]
+
+
 class Summary(msgspec.Struct, kw_only=True):
     """summary.json: DESIGN.md section 3's keys, plus what the later stages need to show them."""
 
@@ -221,6 +238,7 @@ class Summary(msgspec.Struct, kw_only=True):
     dp: int = 1
     pipelines: list[PipelineEntry] = []
     straggler: Straggler | None = None  # None with one pipeline
+    whatif: WhatIf | None = None  # op-level runs only (analysis.traces.oplevel)
 
     def rank_entry(self, rank: int) -> RankEntry:
         return next(entry for entry in self.ranks if entry.rank == rank)

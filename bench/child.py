@@ -3,7 +3,8 @@
 Each task runs in a fresh process so its peak RSS is its own (the parent reads it from wait4). The
 time printed is the work alone, after the imports; the parent also records the whole process's wall.
     analyze   our `analyze` end to end: traces -> cells, gaps, summary.json and parquet on disk, its
-              ranks read by `--jobs` processes at most (analysis.ranks.workers: default one per core)
+              ranks read by `--jobs` processes at most (analysis.ranks.workers: default one per core),
+              or on `--cluster` (analysis.ranks.cluster: no processes of this one's are said)
     hta       Holistic Trace Analysis: TraceAnalysis(trace_dir=DIR), its load alone (its own pool)
     decode    the floor: read the bytes and decode them into typed structs (analysis.traces.kineto)
     merge     our `merge`: DIR/analysis/ (written by analyze) and the traces -> DIR/merged.json.gz
@@ -23,27 +24,28 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Started:
-    """When a task's work began (after its imports) and the RSS it began with (the interpreter and the
-    imports: the fixed part of its peak)."""
+    """When a task's work began (after its imports), this process's CPU time then, and the RSS it began with
+    (the interpreter and the imports: the fixed part of its peak)."""
 
     seconds: float
+    cpu_seconds: float
     rss_kib: int
 
 
 def started() -> Started:
-    return Started(time.perf_counter(), status_kib("VmRSS"))
+    return Started(time.perf_counter(), time.process_time(), status_kib("VmRSS"))
 
 
-def analyze(args: argparse.Namespace) -> tuple[Started, int, int]:
+def analyze(args: argparse.Namespace) -> tuple[Started, int, int | None]:
     from analysis.job import analyze_job
     from analysis.pipeline import read_run
-    from analysis.ranks import workers
+    from analysis.ranks import cluster, workers
     from analysis.results import write
     from analysis.traces.run_files import trace_files
 
     began = started()
-    with workers.applied(args.jobs):
-        processes = workers.pool_size(trace_files(args.directory))
+    with workers.applied(args.jobs), cluster.applied(args.cluster):
+        processes = None if args.cluster else workers.pool_size(trace_files(args.directory))
         result = analyze_job(read_run(args.directory), schedule=args.schedule, m=args.m)
     write(args.directory, result)
     return began, result.cells.height, processes
@@ -98,7 +100,7 @@ def status_kib(key: str) -> int:
 
 
 TASKS = {"analyze": analyze, "hta": hta, "decode": decode, "merge": merge}
-# Limits past any bench set (the defaults refuse a run of over 512 MB or 4 million events).
+# Limits past any bench set (the per-file defaults follow the memory available).
 _BIG = 10**6
 _RAISED = ["--max-file-mb", str(_BIG), "--max-run-mb", str(_BIG), "--max-events", str(_BIG * 100)]
 _RAISED += ["--max-run-events", str(_BIG * 100)]
@@ -111,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedule")
     parser.add_argument("--m", type=int)
     parser.add_argument("--jobs", type=int, help="analyze: processes at most (default: one per core)")
+    parser.add_argument("--cluster", help="analyze: on a Dask cluster (local:N or a scheduler's address)")
     args = parser.parse_args(argv)
     from analysis.traces import limits
 
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "task": args.task,
                 "seconds": seconds,
+                "cpu_seconds": time.process_time() - began.cpu_seconds,
                 "rows": rows,
                 "rss_mb": status_kib("VmHWM") / 1024,
                 "started_rss_mb": began.rss_kib / 1024,

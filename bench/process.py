@@ -34,6 +34,7 @@ class ChildRun:
     largest_rss_mb: float = 0.0  # the largest sampled RSS of one process of the tree (its own peak too)
     processes: int | None = None  # processes it read the ranks with, as it said
     started_rss_mb: float = 0.0  # its RSS when the work began: the interpreter and the imports
+    work_cpu_s: float | None = None  # its own CPU time in the work (its workers' not included)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -114,4 +115,5 @@ def run_child(task: str, arguments: list[str], timeout_s: float, cwd: Path) -> C
         max(largest, child["rss_mb"]),
         child.get("processes"),
         child["started_rss_mb"],
+        child.get("cpu_seconds"),
     )

@@ -416,6 +416,35 @@ def _dp(jobs: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
+def _ranks(jobs: list[dict]) -> list[str]:
+    lines = [
+        "Each job: `synthetic.data_parallel` (1f1b p=8 m=16, GPU-shaped, one replica's compute x 1.2, a 0.5 ms "
+        "all-reduce), then `python -m bench.child analyze DIR` in a fresh process per engine: `--jobs 1`, "
+        "`--jobs` (one process per core) and a LocalCluster started by the command. s / rank: the work after "
+        "the imports (a cluster's start included) over the ranks; driver CPU: the analysing process's own CPU time "
+        "(its pool's or cluster's workers not included); MiB / rank: the driver's peak RSS above its "
+        "RSS after the imports, over the ranks (a cluster's and a pool's workers are processes of their own). "
+        "same: every file of analysis/ byte for byte as `--jobs 1` wrote it.",
+        "",
+        "| ranks (p x dp) | engine | work s | s / rank | driver CPU s / rank | driver peak MiB | "
+        "MiB / rank above imports | same |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for job in jobs:
+        for name, entry in job["engines"].items():
+            run, shape = entry["run"], f"{job['ranks']} ({job['p']} x {job['dp']})"
+            if run["status"] != "ok":
+                lines.append(f"| {shape} | {name} | {run['status']}: {run['detail']} | | | | | |")
+                continue
+            lines.append(
+                f"| {shape} | {name} | {run['work_s']:.1f} | {entry['work_s_per_rank']:.3f} | "
+                f"{entry['driver_cpu_s_per_rank']:.3f} | "
+                f"{run['peak_rss_mb']:.0f} | {entry['rss_above_imports_mib_per_rank']:.2f} | "
+                f"{entry['same_as_jobs_1']} |"
+            )
+    return [*lines, ""]
+
+
 # (results key, heading, body from the results and the machine), in the order RESULTS.md shows them
 SECTIONS: tuple[tuple[str, str, Callable[[dict, dict], list[str]]], ...] = (
     (
@@ -446,14 +475,19 @@ SECTIONS: tuple[tuple[str, str, Callable[[dict, dict], list[str]]], ...] = (
         lambda r, _: _predict(r["predict"]),
     ),
     (
-        "advice",
-        "## 10. advise: one run's ranked candidates, run (p=2, CPU)",
-        lambda r, _: _advice(r["advice"]),
-    ),
-    (
         "dp",
         "## 9. A PP x DP job at scale: a synthetic job's analysis, time and peak RSS",
         lambda r, _: _dp(r["dp"]),
+    ),
+    (
+        "ranks",
+        "## 10. Hundreds of ranks: time and driver memory per rank, by engine",
+        lambda r, _: _ranks(r["ranks"]),
+    ),
+    (
+        "advice",
+        "## 11. advise: one run's ranked candidates, run (p=2, CPU)",
+        lambda r, _: _advice(r["advice"]),
     ),
 )
 BLOCK = re.compile(r"^<!-- bench: (?P<name>\w+) -->\n.*?^<!-- /bench: (?P=name) -->\n", re.S | re.M)

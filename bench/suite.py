@@ -7,7 +7,9 @@ repeated, with each rank's slowdown and what idling costs a pass: bench/cold.py)
 delays against what the analysis recovers, A/B pairs), predict (one m=4 run's predicted step at
 other m against runs there), advice (one gpipe m=4 run's advice, its top 3 candidates and the start
 run 3 times each), dp (a synthetic PP x DP job of --dp-mesh ranks
-analysed, CPU- and GPU-shaped: time, peak RSS, recovery). profiler, sim and seed read the same p=2 sweep.
+analysed, CPU- and GPU-shaped: time, peak RSS, recovery), ranks (synthetic PP x DP jobs of 8 x --ranks-dp
+ranks analysed by --jobs 1, --jobs and --cluster local:N: time and driver memory per rank, same output).
+profiler, sim and seed read the same p=2 sweep.
 A run of some parts replaces their sections of results.json and RESULTS.md and keeps the others'.
 Generated traces and runs live in a temporary directory that is deleted at the end (--keep keeps it).
 """
@@ -33,6 +35,7 @@ from bench.advice import advice_check
 from bench.dp_scale import dp_scale
 from bench.inject import inject_recovery
 from bench.predict import prediction_accuracy
+from bench.rank_scale import rank_scale
 from bench.report import render
 from bench.runs import (
     RunPlan,
@@ -48,7 +51,19 @@ from bench.throughput import ThroughputPlan, throughput
 from runners.launch import launch
 from runners.rundir import REPO_ROOT, git_revision, host_facts
 
-PARTS = ("throughput", "executor", "profiler", "sim", "seed", "bubble", "inject", "predict", "advice", "dp")
+PARTS = (
+    "throughput",
+    "executor",
+    "profiler",
+    "sim",
+    "seed",
+    "bubble",
+    "inject",
+    "predict",
+    "advice",
+    "dp",
+    "ranks",
+)
 SWEEP_PARTS = {"profiler", "sim", "seed"}
 PACKAGES = ("torch", "polars", "pyarrow", "msgspec", "HolisticTraceAnalysis")
 
@@ -98,6 +113,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the dp part's synthetic job",
     )
     parser.add_argument("--dp-m", type=int, default=16, help="microbatches per step of the dp part's job")
+    parser.add_argument(
+        "--ranks-dp",
+        default="2 8 32",
+        help="the ranks part's pipelines per job (8 ranks each): 16, 64, 256 ranks",
+    )
+    parser.add_argument(
+        "--ranks-cluster-workers",
+        type=int,
+        default=2,
+        help="worker processes of the ranks part's LocalCluster",
+    )
     parser.add_argument(
         "--predict-repeats", type=int, default=3, help="repeats of the predict part (each: m=4 and every m)"
     )
@@ -313,6 +339,10 @@ def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, reco
                 dp_scale(workdir, p, dp, args.dp_m, shape, args.repeats, REPO_ROOT, say)
                 for shape in ("cpu", "gpu")
             ]
+    if "ranks" in parts:
+        with record.section("ranks") as results:
+            dps = _counts(args.ranks_dp, "--ranks-dp")
+            results["ranks"] = rank_scale(workdir, dps, args.ranks_cluster_workers, REPO_ROOT, say)
 
 
 def _previous(out: Path, say) -> tuple[dict, str]:

@@ -98,7 +98,7 @@ def trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def _microbatch_counts(text: str) -> list[int]:
+def microbatch_counts(text: str) -> list[int]:
     try:
         counts = [int(word) for word in text.replace(",", " ").split()]
     except ValueError:
@@ -111,7 +111,7 @@ def _microbatch_counts(text: str) -> list[int]:
 def sweep(args: argparse.Namespace) -> int:
     """One run per m; every request is validated before the first run starts."""
     p = _p(args)
-    resolved = [resolve(request_from(args, p, m), _gpus) for m in _microbatch_counts(args.ms)]
+    resolved = [resolve(request_from(args, p, m), _gpus) for m in microbatch_counts(args.ms)]
     for run in resolved:
         _check_model(run)
     _say_mode(resolved[0])
@@ -128,7 +128,7 @@ def sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m runners", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, function, help_text in (
@@ -138,7 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         sub = commands.add_parser(name, help=help_text)
         _add_arguments(sub, sweep=name == "sweep")
         sub.set_defaults(run=function)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         return args.run(args)
     except RequestError as error:

@@ -88,6 +88,7 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         "noise",
         "flags",
         "straggler",
+        "whatif",
     }
     assert summary["parts"] == list(PART_KEYS)
     assert all(set(rank) == RANK_KEYS for rank in summary["ranks"])

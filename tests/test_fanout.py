@@ -1,6 +1,7 @@
-"""Ranks read in a pool of processes (analysis.ranks.pool) give what one process reading them in turn gives:
-the same analysis, the same one-line errors (load errors first, the run's limits charged in file
-order), each warning once; and a rank's tables renumber whole."""
+"""Ranks read in a pool of processes (analysis.ranks.pool) or on a Dask cluster (analysis.ranks.cluster) give
+what one process reading them in turn gives: the same analysis, the same one-line errors (load errors
+first, the run's limits charged in file order), each warning once; and a rank's tables renumber whole.
+The cluster tests share one 2-worker LocalCluster (`--cluster ADDRESS`); one starts its own (`local:2`)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,28 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_fuzz_commands import EDITS, FUZZ, SEEDS, _mutated, _run
 
 from analysis.pipeline import analyze_run, read_run
-from analysis.ranks import progress, workers
+from analysis.ranks import cluster, progress, workers
 from analysis.traces.load import read_trace
 from analysis.traces.run_files import trace_files
 from runners.schedules import build
+from synthetic.data_parallel import write_job
 from synthetic.generate import write_run
+
+
+@pytest.fixture(scope="module")
+def scheduler() -> Iterator[str]:
+    """A running 2-worker LocalCluster's address."""
+    with cluster.local_cluster(2) as local:
+        yield local.scheduler_address
 
 
 def _cli(directory, *flags: str) -> tuple[int, str, dict | None]:
@@ -34,10 +45,12 @@ def _cli(directory, *flags: str) -> tuple[int, str, dict | None]:
 
 @FUZZ
 @given(seed=st.sampled_from(SEEDS), edits=st.lists(EDITS, min_size=1, max_size=4))
-def test_pool_and_one_process_agree_on_any_input(tmp_path, seed, edits):
+def test_pool_cluster_and_one_process_agree_on_any_input(tmp_path, seed, edits, scheduler):
     directory = tmp_path / "run"
     _mutated(seed, edits).write(directory)
-    assert _cli(directory, "--jobs", "2") == _cli(directory, "--jobs", "1")
+    alone = _cli(directory, "--jobs", "1")
+    assert _cli(directory, "--jobs", "2") == alone
+    assert _cli(directory, "--cluster", scheduler) == alone
 
 
 def test_pool_gives_the_same_tables(tmp_path):
@@ -50,7 +63,7 @@ def test_pool_gives_the_same_tables(tmp_path):
     assert pooled.cells.equals(alone.cells) and pooled.gaps.equals(alone.gaps)
 
 
-def test_run_limit_is_met_at_the_same_file(tmp_path):
+def test_run_limit_is_met_at_the_same_file(tmp_path, scheduler):
     write_run(tmp_path, build("gpipe", 4, 4, 1), shape="cpu")
     files = trace_files(tmp_path)
     events = [read_trace(path).frame.height for path in files]
@@ -58,9 +71,12 @@ def test_run_limit_is_met_at_the_same_file(tmp_path):
     code, err, _ = _cli(tmp_path, *flags, "--jobs", "3")
     assert code == 2 and err.startswith(f"error: {files[2]}: with the files before it, the run holds"), err
     assert (code, err) == _cli(tmp_path, *flags, "--jobs", "1")[:2]
+    assert (code, err) == _cli(tmp_path, *flags, "--cluster", scheduler)[:2]
 
 
-def test_worker_error_is_one_line_and_warnings_come_once(tmp_path):
+@pytest.mark.parametrize("engine", ["pool", "cluster"])
+def test_worker_error_is_one_line_and_warnings_come_once(tmp_path, engine, request):
+    flags = ("--jobs", "2") if engine == "pool" else ("--cluster", request.getfixturevalue("scheduler"))
     write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
     (packed,) = tmp_path.glob("rank1.json*")
     document = json.loads(gzip.decompress(packed.read_bytes()))
@@ -68,10 +84,10 @@ def test_worker_error_is_one_line_and_warnings_come_once(tmp_path):
     packed.unlink()
     rank1 = tmp_path / "rank1.json"
     rank1.write_text(json.dumps(document))
-    code, err, _ = _cli(tmp_path, "--jobs", "2")
+    code, err, _ = _cli(tmp_path, *flags)
     assert code == 0 and err.count("dropped 1 events with a negative duration") == 1, err
     rank1.write_text(rank1.read_text()[:-20])
-    code, err, _ = _cli(tmp_path, "--jobs", "2")
+    code, err, _ = _cli(tmp_path, *flags)
     assert code == 2 and err == f"error: {rank1}: truncated JSON (profiler killed while writing?)\n"
 
 
@@ -120,3 +136,40 @@ def test_progress_shows_only_long_work_and_erases_itself(monkeypatch, capsys):
         shown.done_one()  # half a second in: nothing
         shown.done_one()  # 40 s in, not a terminal: one line
     assert capsys.readouterr().err == "run: ranks read: 2/3 (40 s)\n"
+
+
+def _outputs(directory: Path, *flags: str) -> tuple[int, str, str, dict[str, bytes]]:
+    """analyze's exit code, stdout, stderr and every file it wrote."""
+    done = subprocess.run(
+        [sys.executable, "-m", "analysis", "analyze", str(directory), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    written = {path.name: path.read_bytes() for path in sorted((directory / "analysis").iterdir())}
+    return done.returncode, done.stdout, done.stderr, written
+
+
+def test_a_local_cluster_writes_what_one_process_writes(tmp_path):
+    write_job(tmp_path, build("1f1b", 2, 4), 2, slow_pipeline=1, slow_factor=1.2, sync_us=500.0, shape="gpu")
+    clustered = _outputs(tmp_path, "--cluster", "local:2")
+    alone = _outputs(tmp_path, "--jobs", "1")
+    assert clustered[0] == 0 and len(clustered[3]) > 5, clustered[:3]
+    assert clustered == alone
+
+
+def test_a_cluster_that_cannot_be_used_is_one_line(tmp_path, monkeypatch):
+    write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
+    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT", "1s")
+    code, err, _ = _cli(tmp_path, "--cluster", "tcp://127.0.0.1:1")
+    assert (
+        code == 2
+        and err.startswith("error: cluster tcp://127.0.0.1:1: cannot connect (")
+        and err.count("\n") == 1
+    )
+    monkeypatch.setitem(sys.modules, "distributed", None)  # (not installed)
+    code, err, _ = _cli(tmp_path, "--cluster", "local:2")
+    assert (code, err) == (
+        2,
+        "error: --cluster needs Dask's distributed package: pip install 'pipeline-bubbles[cluster]'\n",
+    )

@@ -12,6 +12,7 @@ import json
 import os
 import warnings
 from pathlib import Path
+from unittest.mock import patch
 
 import polars as pl
 import pytest
@@ -20,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis.errors import InputError
-from analysis.traces.load import read_trace
+from analysis.traces import stream
+from analysis.traces.load import RawTrace, read_trace
 from runners.schedules import build
 from synthetic.generate import synthesize
 
@@ -56,17 +58,35 @@ JSON_VALUES = st.recursive(
 
 
 def only_input_errors(tmp_path: Path, data: bytes, name: str = "rank0.json") -> None:
-    """No exception but a one-line InputError naming the file; what loads is a frame as documented."""
+    """No exception but a one-line InputError naming the file; what loads is a frame as documented. Read
+    as it streams (in tiny pieces and chunks, so that every cut is met), it is the same trace, or the
+    same error, with the same warnings."""
     path = tmp_path / name
     path.write_bytes(data)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    whole, warned = outcome(path, keep_text=True)
+    if isinstance(whole, InputError):
+        assert "\n" not in str(whole) and str(path) in str(whole), str(whole)
+    else:
+        loaded_as_documented(whole)
+    with patch.multiple(stream, PIECE_BYTES=64, STREAM_BYTES=256):
+        streamed, streamed_warned = outcome(path, keep_text=False)
+    assert streamed_warned == warned
+    if isinstance(whole, InputError):
+        assert str(streamed) == str(whole)
+        return
+    assert streamed.frame.equals(whole.frame) and streamed.counters.equals(whole.counters)
+    assert streamed.metadata.keys() == whole.metadata.keys() and streamed.header == whole.header
+    assert (streamed.dropped, streamed.paired, streamed.rank) == (whole.dropped, whole.paired, whole.rank)
+
+
+def outcome(path: Path, keep_text: bool) -> tuple[RawTrace | InputError, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         try:
-            trace = read_trace(path)
+            found = read_trace(path, keep_text=keep_text)
         except InputError as error:
-            assert "\n" not in str(error) and str(path) in str(error), str(error)
-            return
-    loaded_as_documented(trace)
+            found = error
+    return found, [str(w.message) for w in caught]
 
 
 def loaded_as_documented(trace) -> None:
@@ -165,7 +185,8 @@ def test_invalid_utf8_in_args_is_replaced_counted_and_stays_decodable(tmp_path):
 
 
 def test_every_seed_loads_as_documented(tmp_path):
-    """The unmutated seeds (2 synthetic, the rest real) load, so the mutations start from valid traces."""
+    """The unmutated seeds (2 synthetic, the rest real) load, so the mutations start from valid traces, and
+    each streams (Kineto's header and trailer, a bare event array), so the fuzz compares both reads."""
     assert len(SEEDS) == 2 + sum(len(real_traces_in(folder)) for folder in SMALL_REAL)
     for number, seed in enumerate(SEEDS):
         path = tmp_path / f"seed{number}.json"
@@ -173,3 +194,6 @@ def test_every_seed_loads_as_documented(tmp_path):
         trace = read_trace(path)
         loaded_as_documented(trace)
         assert trace.dropped == 0 and trace.frame.height == len(trace.events()) > 0
+        with patch.multiple(stream, PIECE_BYTES=64, STREAM_BYTES=256):
+            streamed = read_trace(path, keep_text=False)
+        assert len(streamed.events_json) == 0 and streamed.frame.equals(trace.frame)  # it streamed

@@ -91,7 +91,7 @@ def test_table_has_one_line_per_run(tmp_path):
 
 def test_without_a_gpu_the_script_refuses_in_one_line(tmp_path):
     if shutil.which("nvidia-smi"):
-        pytest.skip("this machine may have a GPU")
+        pytest.skip("nvidia-smi is installed: this machine may have an NVIDIA GPU, and the test needs none")
     env = {**os.environ, "PY": str(REPO / ".venv" / "bin" / "python")}
     result = subprocess.run(
         ["bash", str(SCRIPT), str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=120

@@ -10,7 +10,7 @@ import pytest
 from conftest import PIPELINE_GPU
 
 import synthetic.generate as synthetic
-from analysis.traces import load
+from analysis.traces import run as traces_run
 from runners.schedules import build, lower
 
 
@@ -30,7 +30,7 @@ def compute_labels(schedule, rank: int) -> set[str]:
 def test_gpu_shaped_run_loads_with_device_side_labels(tmp_path, name, p, m, v):
     schedule = build(name, p, m, v)
     synthetic.write_run(tmp_path, schedule, shape="gpu", steps=2)
-    run = load.load_run(tmp_path)
+    run = traces_run.load_run(tmp_path)
     assert run.world_size == p and run.config["device"] == "cuda"
     labels = device_labels(run)
     for rank in range(p):
@@ -48,7 +48,7 @@ def real_gpu_runs() -> list[Path]:
 )
 @pytest.mark.parametrize("directory", real_gpu_runs(), ids=lambda path: path.name)
 def test_real_gpu_run_loads_with_every_compute_action(directory):
-    run = load.load_run(directory)
+    run = traces_run.load_run(directory)
     config = run.config
     assert config["device"] == "cuda" and config["backend"] == "nccl"
     schedule = lower(build(config["schedule"], config["p"], config["m"], config["v"]))

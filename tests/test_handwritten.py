@@ -4,6 +4,7 @@ its cells, schedule and m from the op stream alone, and its m=1 bubble is naive 
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -13,18 +14,17 @@ import polars as pl
 import pytest
 
 from analysis.errors import InputError
-from analysis.pipeline import analyze_run, read_run
+from analysis.pipeline import analyze_run, measure_run, read_run
 
 pytestmark = pytest.mark.slow
 P = 2
-# The m = 1 bubble's departure from the formula's (P - 1) / P, as (below, above). At m = 1 the ranks run
-# one after another, so their busy times cannot sum past the step: the bubble is the formula's or more
-# (hops and host time add to it), less only by the timing's rounding; busy time counted twice or on the
-# wrong rank would go below. Above: measured +0.015 to +0.036 in 5 runs at load 1.6-2.0 on 2 cores
-# (0.5146-0.5363; +0.007 to +0.009 on a quiet machine, +0.020 on a loaded CI run), so +0.10 leaves about
-# three times that spread above its top; losing a fifth of the busy time (a rank's B's, say) goes past it.
-# The machine's own figure is `make bench`'s bubble part's, not this test's.
-BUBBLE_BAND = (-0.01, 0.10)
+# The m = 1 bubble is naive model parallelism's, (P - 1) / P, within BUBBLE_BAND (the README's "within 0.02 of
+# 0.5"), taken as the median over the run's profiled steps: the ranks run one after another, and what the
+# formula leaves out (a hop, host time between ops) is a few percent of a step. One step alone is noisy:
+# measured on 2 cores at load 10-11 (other jobs running), 4 runs of 9 profiled steps each: single steps
+# 0.503-0.554, the step of median length's (the summary's figure) 0.5125-0.5358, the median over steps
+# 0.5092-0.5152; 9 runs of 3 steps at load 5.6-10.5 gave summaries 0.5075-0.5464, 2 of them past 0.52.
+BUBBLE_BAND = 0.02
 
 SEED_GPIPE = textwrap.dedent("""
     import os, sys
@@ -69,11 +69,11 @@ SEED_GPIPE = textwrap.dedent("""
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    schedule = torch.profiler.schedule(wait=1, warmup=1, active=3)
+    schedule = torch.profiler.schedule(wait=1, warmup=1, active=9)  # the median takes 9 steps
     export = lambda prof: prof.export_chrome_trace(f"{out}/rank{rank}.json.gz")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
                                 on_trace_ready=export) as prof:
-        for _ in range(5):
+        for _ in range(11):
             gpipe_step()
             prof.step()
     dist.destroy_process_group()
@@ -113,8 +113,9 @@ def test_unannotated_gpipe_is_analysed_from_inferred_cells(seed_run):
     compute = result.cells.filter(pl.col("kind").is_in(["F", "B"]))
     per_step = compute.group_by("rank", "step").agg(pl.col("kind").sort().str.join(","))
     assert set(per_step["kind"]) == {"B,F"}  # one F and one B per rank and step, nothing else
-    low, high = BUBBLE_BAND
-    assert low < summary.bubble_measured - (P - 1) / P < high, summary
+    measured = measure_run(read_run(seed_run))
+    bubbles = [measured.analysis(step).summary.bubble_measured for step in measured.parts["step"].unique()]
+    assert len(bubbles) == 9 and abs(statistics.median(bubbles) - (P - 1) / P) < BUBBLE_BAND, bubbles
 
 
 def test_the_last_stages_tail_without_a_barrier_is_drain_bubble(seed_run):

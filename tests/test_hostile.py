@@ -77,13 +77,14 @@ def test_a_small_gzip_that_expands_past_the_limit_is_refused_while_streaming(tmp
 def test_a_huge_sparse_file_is_refused_before_it_is_read(tmp_path, capsys, command):
     run = good_run(tmp_path / "run")
     (run / "rank0.json.gz").unlink()
+    most = limits.Limits().file_mb  # the default, from this machine's memory
     with open(run / "rank0.json", "wb") as file:
-        file.truncate(50 * 10**9)  # 50 GB, no blocks on disk
+        file.truncate(10 * most * limits.MB)  # no blocks on disk
     code, err = cli(capsys, command, str(run))
     assert code == 2
     assert one_error_line(err) == (
-        f"error: {run / 'rank0.json'}: this file is 50,000 MB of JSON, more than the limit of 512 MB "
-        "(raise it with --max-file-mb)\n"
+        f"error: {run / 'rank0.json'}: this file is {10 * most:,} MB of JSON, more than the limit of "
+        f"{most:,} MB (raise it with --max-file-mb)\n"
     )
 
 
@@ -567,8 +568,36 @@ def test_the_report_shows_a_hostile_run_json_as_an_input_error_row(tmp_path, cap
     )
 
 
-def test_limits_have_one_flag_each_and_defaults_that_fit_four_gigabytes():
+def test_limits_have_one_flag_each_and_per_file_defaults_that_follow_the_memory():
     defaults = limits.Limits()
-    assert defaults.file_mb <= 512 and defaults.run_mb <= 512 and defaults.run_events <= 4_000_000
+    assert defaults.run_mb is None and defaults.run_events is None  # memory follows the largest file
+    now = limits.memory_defaults(limits.available_bytes())  # (memory available moves a little since import)
+    assert (
+        now[0] * 0.9 <= defaults.file_mb <= now[0] * 1.1 and now[1] * 0.9 <= defaults.events <= now[1] * 1.1
+    )
+    gb = 1000 * limits.MB
+    # a machine that holds one 1 GB trace takes 1 GB files, and 5 million events on less
+    assert limits.memory_defaults(limits.FOOTPRINT_PER_BYTE * gb)[0] == 1000
+    assert limits.memory_defaults(3 * gb // 2)[1] >= 5_000_000
+    for available in (None, 10**8, 4 * gb, 10**12):  # and no file within them outgrows it
+        file_mb, events = limits.memory_defaults(available)
+        room = limits.ASSUMED_AVAILABLE if available is None else available
+        assert file_mb * limits.MB * limits.FOOTPRINT_PER_BYTE <= room
+        assert events * limits.FOOTPRINT_PER_EVENT <= room
     flags = [f.metadata["flag"] for f in dataclasses.fields(limits.Limits)]
     assert len(set(flags)) == len(flags) == 8
+
+
+def test_an_address_space_limit_lowers_the_memory_available(monkeypatch):
+    monkeypatch.setattr(limits.resource, "getrlimit", lambda _: (10**8, limits.resource.RLIM_INFINITY))
+    assert limits.available_bytes() == 10**8
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_run_past_one_file_s_limits_in_all_is_taken_by_default(tmp_path, capsys, command):
+    run = good_run(tmp_path / "run")
+    events = len(document(run)["traceEvents"])
+    for rank in (0, 1):  # 1.2 MB each: within 2 MB a file, past 2 MB together
+        rewrite(run, lambda t: event(t, "aten::gelu").update(args={"pad": "x" * 1_200_000}), rank=rank)
+    code, err = cli(capsys, command, str(run), "--max-file-mb", "2", "--max-events", str(events))
+    assert code == 0, err

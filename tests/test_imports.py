@@ -6,6 +6,7 @@ import sys
 
 ANALYSIS_COMMANDS = [
     "analysis.cli.analyze",
+    "analysis.cli.whatif",
     "analysis.pipeline",
     "analysis.merge.merged",
     "analysis.report",

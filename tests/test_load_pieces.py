@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import tracemalloc
 import warnings
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -13,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.errors import InputError
-from analysis.traces import events
+from analysis.traces import events, stream
 from analysis.traces.array_split import array_pieces
 from analysis.traces.load import read_trace
 from analysis.traces.times import nanoseconds
@@ -212,3 +214,26 @@ def test_kineto_scale_times_load_exactly_whether_or_not_every_text_is_short(tmp_
         path = tmp_path / "t.json"
         path.write_text(f'{{"traceEvents": [{body}]}}')
         assert read_trace(path).frame["start_ns"].to_list() == [text_ns(t) for t in chosen]
+
+
+def test_a_streamed_rank_holds_a_piece_of_its_text_not_the_whole(tmp_path, monkeypatch):
+    """Without its text kept, a rank's events are decoded as the file is inflated: the Python memory at
+    its peak (the frame is polars', not counted here) is a chunk and a piece, not the 10 MB text, and a
+    gzip of blanks holds none of them."""
+    monkeypatch.setattr(stream, "STREAM_BYTES", 1 << 20)
+    monkeypatch.setattr(stream, "PIECE_BYTES", 1 << 18)
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": many_events(60_000)}).encode(), 1))
+    text_bytes = len(gzip.decompress(path.read_bytes()))
+    blanks = tmp_path / "blanks" / "rank0.json.gz"
+    blanks.parent.mkdir()
+    blanks.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * text_bytes + b"]}", 1))
+    peaks = {}
+    for file, keep_text in ((path, True), (path, False), (blanks, False)):
+        tracemalloc.start()
+        trace = read_trace(file, keep_text=keep_text)
+        peaks[file.parent.name, keep_text] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert len(trace.events_json) == (text_bytes - 17 if keep_text else 0)  # the array, or nothing
+    assert text_bytes > 10_000_000 and peaks[tmp_path.name, True] > text_bytes
+    assert peaks[tmp_path.name, False] < text_bytes / 2 and peaks["blanks", False] < text_bytes / 2, peaks

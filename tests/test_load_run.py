@@ -9,7 +9,7 @@ import pytest
 from conftest import REAL_TRACES
 
 from analysis.errors import InputError
-from analysis.traces.load import load_run
+from analysis.traces.run import load_run
 
 
 def rank_file(

@@ -4,6 +4,8 @@ exactly the executor's work; run.json keeps the medians."""
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -278,3 +280,35 @@ def test_the_timing_rule_by_device_and_session():
 def test_union_merges_nested_overlapping_and_touching_spans():
     assert union_ns([(5, 9), (0, 4), (1, 2), (3, 6), (12, 13), (13, 15)]) == 9 + 3
     assert union_ns([]) == 0
+
+
+# The cpu preset's four stages as one 32-layer stack, 64 rows, on two of torch's threads; prints how many
+# weight-gradient entries are subnormal. argv[1] == "1": the worker's torch set-up first.
+DEEP_BACKWARD = """
+import sys, dataclasses, torch
+from runners.model import build_stages, loss_of, stage_input
+from runners.presets import PRESETS
+from runners.worker import set_up_torch
+if sys.argv[1] == "1":
+    set_up_torch(1)
+torch.set_num_threads(2)
+preset = dataclasses.replace(PRESETS["cpu"], rows=64)
+stages = build_stages(preset, (0, 1, 2, 3), 1, torch.device("cpu"))
+x = stage_input(preset, torch.device("cpu"))
+for stage in stages.values():
+    x = stage(x)
+loss_of(x, 1).backward()
+tiny = torch.finfo(torch.float32).tiny
+print(sum(int(((w.grad != 0) & (w.grad.abs() < tiny)).sum()) for s in stages.values() for w in s.parameters()))
+"""
+
+
+@pytest.mark.parametrize("set_up", [False, True])
+def test_the_workers_set_up_flushes_a_deep_backwards_subnormals_on_every_thread(set_up):
+    """Without it the 32-layer backward's gradients hold subnormals (slow microcode on many x86 CPUs);
+    with it, none on either thread. A fresh process each: the flag and torch's thread pool are per process."""
+    out = subprocess.run(
+        [sys.executable, "-c", DEEP_BACKWARD, str(int(set_up))], capture_output=True, text=True, check=True
+    )
+    subnormals = int(out.stdout)
+    assert subnormals == 0 if set_up else subnormals > 1000

@@ -14,8 +14,9 @@ from test_cells import gpipe_m1_run
 
 from analysis.cells.labelled import step_spans
 from analysis.pipeline import analyze_run, read_run
-from analysis.traces.load import TraceWarning, load_run, read_trace
+from analysis.traces.load import TraceWarning, read_trace
 from analysis.traces.memory import memory_events, run_memory, step_peaks, with_steps
+from analysis.traces.run import load_run
 from analysis.traces.runqueue import run_queue_samples
 from runners.execute import Forward
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER, RUN_QUEUE_COUNTER, STASH_COUNTER

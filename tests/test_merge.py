@@ -17,9 +17,11 @@ from analysis.merge.merged import merge, read_ranks
 from analysis.merge.perfetto_check import problems
 from analysis.pipeline import analyze_dir
 from analysis.timeline.clock import ClockEstimate
-from analysis.traces.load import load_run, read_trace
+from analysis.traces.load import read_trace
+from analysis.traces.run import load_run
 from runners.schedules import build
 from synthetic import generate as synthetic
+from synthetic.data_parallel import write_job
 
 MS = 1_000_000
 US = 1_000
@@ -170,3 +172,16 @@ def test_real_two_rank_cpu_run_analyses_and_merges_valid(tmp_path, capsys):
     gap_threads = [name for name in thread_names(trace).values() if name.startswith("analysis · gaps")]
     assert len(gap_threads) == 2
     assert any(e.get("cat") == "analysis" and e["ph"] == "X" for e in trace["traceEvents"])
+
+
+def test_cli_keeps_the_pipelines_asked_for(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_job(run, build("1f1b", 2, 2), 3, slow_pipeline=1, slow_factor=1.2, sync_us=500.0)
+    out = tmp_path / "one.json.gz"
+    assert main(["merge", str(run), "--pipelines", "1", "--out", str(out)]) == 0
+    wanted = json.loads((run / "analysis" / "summary.json").read_text())["pipelines"][1]["ranks"]
+    trace = json.loads(gzip.decompress(out.read_bytes()))
+    assert sorted({e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"}) == sorted(wanted) == [1, 4]
+    capsys.readouterr()
+    assert main(["merge", str(run), "--pipelines", "1-3"]) == 2
+    assert capsys.readouterr().err == f"error: {run}: has no pipeline 3 (its analysis found 3, from 0)\n"

@@ -18,6 +18,7 @@ from analysis.cli import main
 from analysis.pipeline import analysis_of, analyze_run, read_run
 from analysis.report import build_report
 from analysis.report.sweeps import predicted_steps
+from runners.presets import CALIBRATED_MS
 from runners.schedules import build, formula_bubble, lower
 from synthetic import write_run
 
@@ -157,3 +158,15 @@ def test_predict_json_beside_the_traces_is_no_trace_to_the_loader(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "not a trace" would be a warning
         read_run(tmp_path)
+
+
+def test_predict_without_ms_predicts_every_calibrated_count(tmp_path, capsys):
+    """`predict RUN` as `make predict` and the README give it: every m the runner calibrates, each row
+    printed and written."""
+    write_run(tmp_path, build("gpipe", 2, 4), **WORK)
+    assert main(["predict", str(tmp_path)]) == 0
+    written = [row["m"] for row in json.loads((tmp_path / "predict.json").read_text())]
+    printed = [
+        int(line.split()[0]) for line in capsys.readouterr().out.splitlines() if line[:6].strip().isdigit()
+    ]
+    assert written == printed == list(CALIBRATED_MS)

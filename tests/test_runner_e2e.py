@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, trace_command
 
-from analysis.traces import load
+from analysis.traces import run as traces_run
 from runners.schedules import build, lower
 
 STEPS = 2
@@ -71,7 +71,7 @@ def test_the_analysis_loader_reads_the_run(finished_run):
     """The contract between the halves: analysis.traces.load reads what the runner wrote."""
     _, result, traces = finished_run
     assert result.returncode == 0, result.stderr
-    run = load.load_run(traces / "latest")
+    run = traces_run.load_run(traces / "latest")
     frame = run.frame()
     assert run.world_size == 2 and run.config["m"] == 4
     assert sorted(frame["rank"].unique().to_list()) == [0, 1]

@@ -98,14 +98,3 @@ def test_the_cli_refuses_a_bad_injection_before_any_process_starts(tmp_path, com
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "rank 3 does not exist with p=2" in result.stderr
     assert not traces.exists()
-
-
-def test_the_makefile_passes_inject():
-    result = subprocess.run(
-        ["make", "-n", "trace", "INJECT=host:0:20,slow:1:2", "P=2"], cwd=REPO, capture_output=True, text=True
-    )
-    if result.returncode != 0 and "No such file" in result.stderr:
-        pytest.skip("make is not installed")
-    assert "--inject host:0:20,slow:1:2" in result.stdout
-    plain = subprocess.run(["make", "-n", "trace"], cwd=REPO, capture_output=True, text=True)
-    assert "--inject" not in plain.stdout

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import trace_run
 
+from runners.mesh import Mesh
 from runners.presets import calibration_rows
 from runners.schedules import build, lower
 from runners.schedules.trace_names import LABEL_PREFIX, OPTIMIZER_STEP, RUN_QUEUE_COUNTER, WAIT_SENDS
@@ -193,3 +194,22 @@ def test_the_torch_engine_stalls_inside_its_forwards_and_has_no_run_queue_counte
     assert len(forwards) == M and all(e["dur"] >= STALL_MS * 1000 for e in forwards)
     assert not any(e.get("name") == RUN_QUEUE_COUNTER for rank in (0, 1) for e in events(run, rank))
     assert fewest_ms(run_json(run), "0", "F_ms") < STALL_MS
+
+
+def test_a_host_stall_names_a_global_rank_and_slows_that_rank_alone_in_a_dp_job(tmp_path):
+    """host:3:20 at p=2 x DP=2: global rank 3 is stage rank 1 of pipeline 1 (runners/mesh.py). Each of its
+    forwards holds the stall; every other rank has a forward shorter than it (a stall puts every one past
+    it), the same stage of pipeline 0 (rank 2) included."""
+    options = f"--sched gpipe --p 2 --dp 2 --m {M} --preset tiny --device cpu --steps 1 --timed-steps 1"
+    run = trace_run(tmp_path, *options.split(), "--inject", f"host:3:{STALL_MS}")
+    assert run_json(run)["injections"] == [{"kind": "host", "rank": 3, "ms": float(STALL_MS)}]
+    mesh = Mesh(2, 2)
+
+    def forwards(rank: int) -> list[Decimal]:
+        label = f"{LABEL_PREFIX}{mesh.coordinates(rank)[0]}F"
+        return [e["dur"] for e in spans(run, rank) if e["name"].startswith(label)]
+
+    forwards_us = {rank: forwards(rank) for rank in range(mesh.world_size)}
+    assert all(len(found) == M for found in forwards_us.values()), forwards_us
+    assert min(forwards_us[3]) >= STALL_MS * 1000, forwards_us
+    assert all(min(forwards_us[rank]) < STALL_MS * 1000 for rank in (0, 1, 2)), forwards_us

@@ -1,4 +1,4 @@
-"""Our compute orders against torch.distributed.pipelining's own tables (skipped where not importable).
+"""Our compute orders against torch.distributed.pipelining's own tables (part of torch, so an import error fails).
 
 torch builds `pipeline_order` (rank -> actions, None for idle slots) from stage objects; its tests use
 stand-in stages, and only the attributes read while building the table are needed here. The tables
@@ -11,12 +11,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from torch.distributed.pipelining import schedules
 
 from runners.schedules import Action, build
-
-schedules = pytest.importorskip(
-    "torch.distributed.pipelining.schedules", reason="torch.distributed.pipelining not importable"
-)
 
 COMPUTE = {"F", "B", "I", "W"}
 

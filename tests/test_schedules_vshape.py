@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from torch.distributed.pipelining import schedules
 
 from runners.schedules import (
     Action,
@@ -101,7 +102,6 @@ def test_bad_v_requests_refused_in_one_line(name, p, m, v, words):
 
 def _torch_orders(name: str, p: int, m: int) -> list[list[str]]:
     """torch's own per-rank compute order, its fused OVERLAP_F_B opened into its two sub-actions."""
-    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
     cls = {"zbv": schedules.ScheduleZBVZeroBubble, "dualpipev": schedules.ScheduleDualPipeV}[name]
     planner = SimpleNamespace(pp_group_size=p, num_stages=2 * p, _n_microbatches=m)
     orders = []

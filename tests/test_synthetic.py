@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from analysis.traces.kineto import BACKWARD_OP_PREFIX
-from analysis.traces.load import load_run
+from analysis.traces.run import load_run
 from runners.schedules import Action, Kind, Schedule, build, lower, simulate
 from runners.schedules.dependencies import matching_recv, matching_send
 from synthetic import batched as batching

@@ -15,7 +15,7 @@ from analysis.cells.virtual_ranks import RECEIVE, split, virtual_ranks
 from analysis.errors import InputError
 from analysis.pipeline import analyze_run, read_run
 from analysis.schema import RANK_PARTS
-from analysis.traces.load import load_run
+from analysis.traces.run import load_run
 from runners.schedules import build
 from runners.schedules.single_gpu import SINGLE_GPU
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER, STASH_COUNTER

@@ -37,7 +37,7 @@ from analysis.cells.labels import label_spans
 from analysis.cells.spans import assign_steps
 from analysis.errors import InputError
 from analysis.traces.kineto import DEVICE_TRACK_CATS
-from analysis.traces.load import RunTraces
+from analysis.traces.run import RunTraces
 from runners.schedules import COMPUTE_KINDS
 from runners.schedules.single_gpu import SINGLE_GPU
 

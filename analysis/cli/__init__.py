@@ -4,8 +4,8 @@ Bad input ends as one line on stderr and exit code 2 (see analysis.errors); `--d
 Usable input with something dropped or assumed (analysis.traces.load.TraceWarning) is one `warning:` line
 each, its untrusted text escaped as the error's is (analysis.errors.printable). Every command takes the
 input limits' flags (analysis.traces.limits: `--max-file-mb` ...) and runs under them; those that analyse
-runs take `--jobs N` (analysis.ranks.workers). `standalone` gives
-the same behaviour to the entry points beside the product (`python -m synthetic`, `python -m bench`).
+runs take `--jobs N` (analysis.ranks.workers) or `--cluster ADDRESS` (analysis.ranks.cluster). `standalone`
+gives the same behaviour to the entry points beside the product (`python -m synthetic`, `python -m bench`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable
 
 from analysis.errors import InputError, printable
-from analysis.ranks import workers
+from analysis.ranks import cluster, workers
 from analysis.traces import limits
 
 # command -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
@@ -34,8 +34,9 @@ COMMANDS = {
     ),
     "report": ("analysis.cli.report", "build reports/index.html from every run under traces/"),
     "hta": ("analysis.cli.hta", "Holistic Trace Analysis's figures beside ours: RUN/hta.json"),
+    "whatif": ("analysis.cli.whatif", "an op-level run's straggler what-if figures: RUN/whatif.json"),
 }
-# The commands that analyse runs from their files, so take --jobs (analysis.ranks.workers); the merge analyses
+# The commands that analyse runs from their files, so take --jobs or --cluster; the merge analyses
 # the traces it has loaded already, in its own process.
 ANALYSING = frozenset({"analyze", "predict", "advise", "report", "hta"})
 
@@ -59,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             module.add_arguments(sub)
             limits.add_arguments(sub)
             if name in ANALYSING:
-                workers.add_argument(sub)
+                engines = sub.add_mutually_exclusive_group()
+                workers.add_argument(engines)
+                cluster.add_argument(engines)
             sub.set_defaults(run=module.run)
     return _run(parser.parse_args(argv))
 
@@ -91,7 +94,11 @@ def _run(args: argparse.Namespace) -> int:
         if not args.debug:
             warnings.showwarning = one_line
         try:
-            with limits.applied(limits.from_arguments(args)), workers.applied(getattr(args, "jobs", None)):
+            with (
+                limits.applied(limits.from_arguments(args)),
+                workers.applied(getattr(args, "jobs", None)),
+                cluster.applied(getattr(args, "cluster", None)),
+            ):
                 code = args.run(args)
             for line in pending:
                 print(line, file=sys.stderr)

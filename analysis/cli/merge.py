@@ -20,7 +20,8 @@ from analysis.merge.merged import kept_ranks, read_ranks, write_merged
 from analysis.pipeline import run_input
 from analysis.results import Analysis
 from analysis.traces import limits
-from analysis.traces.load import RunTraces, TraceWarning, load_run
+from analysis.traces.load import TraceWarning
+from analysis.traces.run import RunTraces, load_run
 from analysis.traces.run_files import run_in
 
 
@@ -35,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--steps", type=_ranges, help="profiler steps to keep, e.g. 3,4 or 3-5 (default: all)"
     )
     parser.add_argument("--ranks", type=_ranges, help="ranks to keep, e.g. 0,1 or 0-3 (default: all)")
+    parser.add_argument(
+        "--pipelines",
+        type=_ranges,
+        help="pipelines of a PP x DP job to keep (their ranks, as the analysis found them), e.g. 0,3 or 0-1",
+    )
     parser.add_argument("--out", type=Path, help="output file (default: RUN/merged.json.gz)")
     parser.add_argument("--no-align", action="store_true", help="keep each rank's own clock")
 
@@ -45,10 +51,16 @@ def run(args: argparse.Namespace) -> int:
     ranks = _selection(args.ranks, "--ranks", "ranks")
     source: Path = run_in(args.source)
     analysis, without = None, None
+    pipelines = _selection(args.pipelines, "--pipelines", "ranks")
     if source.is_dir():
         loaded = load_run(source.resolve())
-        traces = kept_ranks(source, {t.rank: t for t in loaded.traces}, ranks)
         analysis, without = _analysis(source.resolve(), loaded)
+        ranks = _of_pipelines(source, analysis, without, pipelines, ranks)
+        traces = kept_ranks(source, {t.rank: t for t in loaded.traces}, ranks)
+    elif pipelines is not None:
+        raise InputError(
+            source, "--pipelines needs a run directory (its analysis says which ranks form each)"
+        )
     else:
         traces = read_ranks(source, ranks)
     out = args.out or (source if source.is_dir() else source.parent) / "merged.json.gz"
@@ -80,6 +92,26 @@ def _analysis(run_dir: Path, loaded: RunTraces) -> tuple[Analysis | None, InputE
         return None, error
     results.write(run_dir, analysis)
     return analysis, None
+
+
+def _of_pipelines(
+    source: Path,
+    analysis: Analysis | None,
+    without: InputError | None,
+    pipelines: tuple[int, ...] | None,
+    ranks: tuple[int, ...] | None,
+) -> tuple[int, ...] | None:
+    """The ranks to keep: `ranks`, narrowed to the chosen pipelines' ranks where --pipelines is given."""
+    if pipelines is None:
+        return ranks
+    if analysis is None:
+        raise InputError(source, f"--pipelines needs the run's analysis, which failed: {without}")
+    found = [entry.ranks for entry in analysis.summary.pipelines]
+    missing = sorted(set(pipelines) - set(range(len(found))))
+    if missing:
+        raise InputError(source, f"has no pipeline {missing[0]} (its analysis found {len(found)}, from 0)")
+    chosen = sorted(rank for index in pipelines for rank in found[index])
+    return tuple(rank for rank in chosen if ranks is None or rank in ranks)
 
 
 def _ranges(text: str) -> tuple[tuple[int, int], ...]:

@@ -21,7 +21,8 @@ from analysis.files import write_atomically
 from analysis.pipeline import analysis_of
 from analysis.schema import Summary
 from analysis.traces import limits
-from analysis.traces.load import TraceWarning, read_run_config
+from analysis.traces.load import TraceWarning
+from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import PREDICT_FILE
 from runners.presets import CALIBRATED_MS
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from analysis.merge.tracks import Placed, batched, micros, nesting_layers, thread_events
+from analysis.merge.flows import Placed
+from analysis.merge.tracks import batched, micros, nesting_layers, thread_events
 from analysis.results import Analysis
 
 GAPS_TRACK = "analysis · gaps (bubble, p2p wait, launch overhead, other)"

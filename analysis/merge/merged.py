@@ -28,10 +28,12 @@ import polars as pl
 from analysis.cells.labelled import step_spans
 from analysis.errors import InputError
 from analysis.merge.analysis_tracks import analysis_tracks, applied_offsets
-from analysis.merge.tracks import Placed, exact_micros, layout, micros, p2p_flows, placed, profiler_flows
+from analysis.merge.flows import Placed, p2p_flows, placed, profiler_flows
+from analysis.merge.tracks import exact_micros, layout, micros
 from analysis.results import Analysis
 from analysis.timeline import clock
-from analysis.traces.load import RawTrace, load_run, read_trace
+from analysis.traces.load import RawTrace, read_trace
+from analysis.traces.run import load_run
 from analysis.traces.times import WHOLE_NS_LIMIT_US
 
 BROWSER_LIMIT_BYTES = 1 << 30  # Perfetto's UI struggles to open JSON traces past about this size
@@ -39,7 +41,7 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def read_ranks(source: Path, ranks: tuple[int, ...] | None) -> dict[int, RawTrace]:
-    """rank -> trace for a run directory (analysis.traces.load.load_run: one whole run) or one trace file (rank 0
+    """rank -> trace for a run directory (analysis.traces.run.load_run: one whole run) or one trace file (rank 0
     unless it says otherwise), keeping only `ranks` when given."""
     if source.is_file():
         trace = read_trace(source)

@@ -1,6 +1,6 @@
 """A run's ranks read into their small tables (analysis.ranks.tables), each in a process of a pool.
 
-`read_ranks` runs analysis.traces.load.load_run, which reads the files one by one in order and checks
+`read_ranks` runs analysis.traces.run.load_run, which reads the files one by one in order and checks
 they form one run, with a reader that takes each file's result from a pool instead: every worker
 reads one trace within the per-file limits, reduces it to its tables with `rank_input` and drops its
 frame, so a process holds one trace at a time and only the tables cross processes. The pool has
@@ -16,16 +16,17 @@ What the user sees is what one process reading the files in order gives:
 The progress of a long run is one line on stderr (analysis.ranks.progress).
 
 Fanned out further: `rank_work` is a pure function of (file, limits, run.json), and its result pickles,
-so a cluster engine can map it over the files in place of the pool (Dask: `client.map(rank_work, ...)`
-then gathered in file order; Ray: a `ray.remote` of it), the files on storage every worker can read.
+so with `--cluster` (analysis.ranks.cluster) Dask maps it over the files in place of the pool and the
+reader takes the results in file order just the same, the files on storage every worker can read.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import sys
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,23 +36,20 @@ import msgspec
 
 from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError
-from analysis.ranks import workers
+from analysis.ranks import cluster, workers
 from analysis.ranks.handout import Handout
 from analysis.ranks.progress import Progress
-from analysis.ranks.tables import RankInput, rank_input, text_peers, without_events
+from analysis.ranks.tables import RankInput, pipelines_said, rank_input, text_peers, without_events
 from analysis.traces import limits
-from analysis.traces.load import (
-    Budget,
-    RawTrace,
-    RunTraces,
-    load_run,
-    read_run_config,
-    read_trace,
-    with_rank,
-)
+from analysis.traces.load import Budget, RawTrace, read_trace, with_rank
+from analysis.traces.run import RunTraces, load_run
+from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import trace_files
 
-_UNBOUNDED = 1 << 62  # a worker's budget: the per-file limits bound it, the run's are charged here
+_UNBOUNDED = limits.UNBOUNDED  # a worker's budget: the per-file limits bound it, the run's are charged here
+# rank_work sets process-wide state (the recursion limit, the warnings filters): one file at a time per
+# process, whatever threads a cluster's worker runs.
+_ONE_AT_A_TIME = threading.Lock()
 Warned = tuple[str, type[Warning]]
 
 
@@ -85,7 +83,7 @@ def rank_work(
         warnings.simplefilter("always")
         budget = Budget(_UNBOUNDED, _UNBOUNDED)
         try:
-            trace = read_trace(path, budget)
+            trace = read_trace(path, budget, keep_text=not pipelines_said(config, alone))  # (text: for peers)
         except InputError as error:
             work.load_error = error
             return work
@@ -121,23 +119,28 @@ def _ranks(trace: RawTrace, peers: frozenset[int], alone: bool, config: dict | N
     return [rank_input(one, peers) for one in run.traces]  # (virtual ranks keep the events' indices)
 
 
-def _depth() -> int:
-    """Frames on the stack below the caller's."""
-    frame, depth = sys._getframe(1), 0
-    while frame is not None:
-        frame, depth = frame.f_back, depth + 1
-    return depth
+def _frames_left() -> int:
+    """Calls the caller may still nest before the recursion limit, as the interpreter counts them: C calls
+    too, which frames do not show (a Dask worker's thread runs its tasks under two of them)."""
+
+    def down(depth: int) -> int:
+        try:
+            return down(depth + 1)
+        except RecursionError:
+            return depth
+
+    return down(0)
 
 
 @contextmanager
 def _recursion_headroom(headroom: int | None) -> Iterator[None]:
-    """The recursion limit set `headroom` frames above the caller (msgspec's nesting limit is Python's
+    """The recursion limit set `headroom` calls above the caller (msgspec's nesting limit is Python's
     recursion limit, so a worker refuses the same nesting as the process that started it)."""
     if headroom is None:
         yield
         return
     before = sys.getrecursionlimit()
-    sys.setrecursionlimit(_depth() + headroom)
+    sys.setrecursionlimit(before + headroom - _frames_left())
     try:
         yield
     finally:
@@ -145,7 +148,7 @@ def _recursion_headroom(headroom: int | None) -> Iterator[None]:
 
 
 @contextmanager
-def _main_not_rerun() -> Iterator[None]:
+def main_not_rerun() -> Iterator[None]:
     """Workers started without the caller's script: multiprocessing runs a `__main__` given by its path
     again in each worker (a script calling the analysis at its top level would run in every worker);
     they need only this module, preloaded."""
@@ -168,7 +171,8 @@ def _warn(warned: list[Warned]) -> None:
 
 
 def _task(task: tuple[Path, limits.Limits, bool, dict | None, int]) -> RankWork:
-    return rank_work(*task)
+    with _ONE_AT_A_TIME:
+        return rank_work(*task)
 
 
 class _Reader:
@@ -186,9 +190,13 @@ class _Reader:
         files = trace_files(self.directory)
         self.config = read_run_config(self.directory / "run.json")
         self.alone = len(files) == 1
-        headroom = sys.getrecursionlimit() - _depth()
+        headroom = _frames_left()
         tasks = [(path, limits.current(), self.alone, self.config, headroom) for path in files]
         self.progress.total = len(files)
+        engine = cluster.current()
+        if engine is not None:
+            self.results = engine.map_in_order(_task, tasks)
+            return
         if self.size == 1:
             self.results = map(_task, tasks)
             return
@@ -241,12 +249,14 @@ class _Reader:
     def start_pool(self) -> Any:
         context = multiprocessing.get_context("forkserver")  # fork is unsafe once polars' threads run
         context.set_forkserver_preload([__name__])
-        with _main_not_rerun():
+        with main_not_rerun():
             return context.Pool(self.size)
 
     def close(self) -> None:
         if self.handout is not None:
             self.handout.close()
+        if isinstance(self.results, Generator):
+            self.results.close()  # (a cluster's results not taken are cancelled there)
 
 
 def read_ranks(directory: Path) -> tuple[RunTraces, dict[int, RankInput]]:

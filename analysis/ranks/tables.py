@@ -76,9 +76,15 @@ def text_peers(trace: RawTrace, config: dict | None, alone: bool) -> frozenset[i
     return frozenset(p2p_peers(trace)) if _wants_peers(trace, config, alone) else frozenset()
 
 
+def pipelines_said(config: dict | None, alone: bool) -> bool:
+    """The pipelines are known without the trace: run.json's pipelines say them, and so does its dp
+    of 1 (1 when absent), or the trace is the run's only one."""
+    return alone or (config is not None and ("pipelines" in config or config.get("dp", 1) == 1))
+
+
 def _wants_peers(trace: RawTrace, config: dict | None, alone: bool) -> bool:
-    if alone or (config is not None and ("pipelines" in config or config.get("dp", 1) == 1)):
-        return False  # run.json's pipelines say it, and so does its dp of 1 (1 when absent)
+    if pipelines_said(config, alone):
+        return False
     groups = groups_of(trace.header.get("distributedInfo"))
     return not any(is_pipeline_group(g.name) or is_dp_group(g.name) for g in groups)
 

@@ -19,11 +19,9 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from analysis.traces import limits
+from analysis.traces.limits import FOOTPRINT_PER_BYTE, available_bytes
 from analysis.traces.source import GZIP_MAGIC
 
-# One rank's peak memory per byte of its JSON while it is read and reduced to its tables: the text,
-# its event frame and the tables made from it (measured about 2.5 on the bench's trace sets).
-FOOTPRINT_PER_BYTE = 3
 POOL_MIN_BYTES = 32_000_000
 _REQUESTED: ContextVar[int | None] = ContextVar("jobs", default=None)
 
@@ -59,17 +57,6 @@ def pool_size(files: list[Path]) -> int:
     if available is not None:
         wanted = min(wanted, available // footprint)
     return max(1, min(wanted, len(files)))
-
-
-def available_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo (None where there is none: not Linux)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def json_bytes(path: Path) -> int:

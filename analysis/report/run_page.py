@@ -9,7 +9,7 @@ from dataclasses import replace
 import polars as pl
 
 from analysis.pipelines import to_local
-from analysis.report import advice_section, charts, hta_section
+from analysis.report import advice_section, charts, hta_section, whatif_section
 from analysis.report.frames import (
     coarsen,
     ideal_frame,
@@ -233,6 +233,7 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         "<h2>Per rank</h2>",
         parts_html(summary),
         parts.html(),
+        whatif_section.section_html(summary),
         "<h2>Activation memory</h2>",
         in_flight_html,
         memory.html() if memory else "<p>This run recorded no activation bytes.</p>",

@@ -28,9 +28,16 @@ def array_pieces(text: memoryview, size: int) -> list[tuple[int, int]] | None:
     start, end = first + 1, last - 1
     pieces = []
     while True:
-        cut = _BETWEEN_OBJECTS.search(text, start + size, end) if end - start > size else None
+        cut = next_cut(text, start + size, end) if end - start > size else None
         if cut is None:
             pieces.append((start, end))
             return pieces
-        pieces.append((start, cut.start() + 1))
-        start = cut.end() - 1
+        pieces.append((start, cut[0]))
+        start = cut[1]
+
+
+def next_cut(text: memoryview | bytes | bytearray, position: int, end: int) -> tuple[int, int] | None:
+    """The first cut from `position` up to `end`: (where the piece before it ends, where the next
+    starts), or None."""
+    cut = _BETWEEN_OBJECTS.search(text, position, end)
+    return None if cut is None else (cut.start() + 1, cut.end() - 1)

@@ -49,35 +49,52 @@ def event_frame(
 ) -> Events:
     """The events' frame and counter values. More than `max_events` events is an InputError naming
     `limit` (a field of analysis.traces.limits.Limits), raised as soon as a piece passes it."""
-    text = memoryview(events_json)
-    frames, counters, count = [], [], 0
-    with _no_collection():
-        for offset, piece, events in decoded_pieces(path, text, kineto.EVENTS):
-            count += len(events)
-            if max_events is not None and count > max_events:
-                scope = (
-                    "with the files before it, the run holds"
-                    if limit.startswith("run")
-                    else "this file holds"
-                )
-                raise LimitExceeded(path, f"{scope} more than {limits.current().describe(limit)}")
-            frames.append(_frame(path, offset, events, piece))
-            counters.append(_counter_values(events, offset, frames[-1]["ph"]))
+    frames = EventFrames(path, max_events, limit)
+    with no_collection():
+        for offset, piece, events in decoded_pieces(path, memoryview(events_json), kineto.EVENTS):
+            frames.add(offset, piece, events)
             del events, piece  # before the next piece is decoded: one piece's objects at a time
-    frame = pl.concat(frames, rechunk=False).with_columns(
-        start_ns=pl.lit(base_ns, dtype=pl.Int64) + pl.col("ts_ns"),
-        dur_ns=pl.when(pl.col("ph") == "X").then(pl.col("dur_ns")).otherwise(0),
-    )
-    negative = pl.col("dur_ns") < 0
-    dropped = frame.select(negative.sum()).item()
-    if dropped:
-        frame = frame.filter(~negative)
-    frame = frame.with_columns(end_ns=pl.col("start_ns") + pl.col("dur_ns")).drop("ts_ns", "dur_ns")
-    return Events(frame, pl.concat(counters, rechunk=False), dropped)
+    return frames.finish(base_ns)
+
+
+class EventFrames:
+    """The frame and counter values of an event array, a decoded piece at a time (`add`), then whole
+    (`finish`, once the base time is known)."""
+
+    def __init__(self, path: Path, max_events: int | None, limit: str) -> None:
+        self.path, self.max_events, self.limit = path, max_events, limit
+        self.frames: list[pl.DataFrame] = []
+        self.counters: list[pl.DataFrame] = []
+        self.count = 0
+
+    def add(self, offset: int, piece: Any, events: list[kineto.Event]) -> None:
+        """A piece's events (the array's from `offset` on) and its text `[...]`."""
+        self.count += len(events)
+        if self.max_events is not None and self.count > self.max_events:
+            scope = (
+                "with the files before it, the run holds"
+                if self.limit.startswith("run")
+                else "this file holds"
+            )
+            raise LimitExceeded(self.path, f"{scope} more than {limits.current().describe(self.limit)}")
+        self.frames.append(_frame(self.path, offset, events, piece))
+        self.counters.append(_counter_values(events, offset, self.frames[-1]["ph"]))
+
+    def finish(self, base_ns: int) -> Events:
+        frame = pl.concat(self.frames, rechunk=False).with_columns(
+            start_ns=pl.lit(base_ns, dtype=pl.Int64) + pl.col("ts_ns"),
+            dur_ns=pl.when(pl.col("ph") == "X").then(pl.col("dur_ns")).otherwise(0),
+        )
+        negative = pl.col("dur_ns") < 0
+        dropped = frame.select(negative.sum()).item()
+        if dropped:
+            frame = frame.filter(~negative)
+        frame = frame.with_columns(end_ns=pl.col("start_ns") + pl.col("dur_ns")).drop("ts_ns", "dur_ns")
+        return Events(frame, pl.concat(self.counters, rechunk=False), dropped)
 
 
 @contextmanager
-def _no_collection() -> Iterator[None]:
+def no_collection() -> Iterator[None]:
     # Millions of new objects would trigger many full collections that find nothing (JSON has no cycles).
     collecting = gc.isenabled()
     gc.disable()

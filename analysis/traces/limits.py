@@ -3,44 +3,86 @@ they bound, so a hostile or absurd input is refused in one line instead of exhau
 
     file_mb       decompressed JSON per trace file (gzip is decompressed as a stream and stopped here;
                   a plain file's size is checked before it is read)
-    run_mb        decompressed JSON of all the files of a run together
+    run_mb        decompressed JSON of all the files of a run together (none by default)
     events        events per trace file (counted while the file is decoded, piece by piece)
-    run_events    events of all the files of a run together
+    run_events    events of all the files of a run together (none by default)
     ranks         ranks of a run: trace files, `distributedInfo` rank and world_size, rank numbers in
                   file names, and a `merge --ranks` selection
     stages        pipeline stages: the stage numbers of `PP:` labels
     microbatches  microbatches: the microbatch numbers of `PP:` and `Forward i` / `Backward i` labels
     steps         profiler steps a `merge --steps` selection names
 
-The defaults let every command finish within 4 GB of address space (`ulimit -v 4000000`) on any input
-within them; a bigger machine raises them with the commands' flags (`--max-file-mb` ...), and going past
-one is an InputError that names the limit and its flag. The commands set the limits for the duration of
-a command (`applied`); the code that checks them reads `current()`.
+A process holds one trace at a time (analysis.ranks.pool), so what bounds its memory is the largest
+file, not the run: the per-file defaults are what the memory available to this process holds of one
+trace's footprint (`memory_defaults`), and the run-wide limits are off unless a flag sets them. Going
+past a limit is an InputError that names it and its flag (`--max-file-mb` ...). The commands set the
+limits for the duration of a command (`applied`); the code that checks them reads `current()`.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 MB = 1_000_000
 # run.json is a few kB of configuration; not a limit to raise, just the most it may be read as.
 RUN_JSON_BYTES = 16 * MB
 
 
-def _limit(default: int, flag: str, unit: str, help_text: str):
+# One trace's peak memory while it is read and reduced to its tables, per byte of its JSON (the text
+# in pieces, its event frame and the tables made from it: about 2.5 measured on the bench's trace sets)
+# and per event (a frame row and its share of the tables: 3.9 million tiny events peaked at 1.13 GB).
+# A file within both fits in the memory available; analysis.ranks.workers sizes its pool by the first.
+FOOTPRINT_PER_BYTE = 3
+FOOTPRINT_PER_EVENT = 300
+# What a machine that says nothing of its memory (no /proc/meminfo) is taken to have.
+ASSUMED_AVAILABLE = 4_000_000_000
+# A budget no run reaches: what a run-wide limit that is off leaves.
+UNBOUNDED = 1 << 62
+
+
+def available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo, or less where an address-space limit (`ulimit -v`) says so;
+    None where neither says anything (not Linux, no limit)."""
+    known = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                known.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    space = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if space != resource.RLIM_INFINITY:
+        known.append(space)
+    return min(known, default=None)
+
+
+def memory_defaults(available: int | None) -> tuple[int, int]:
+    """(file_mb, events): the largest trace whose footprint fits in `available` bytes."""
+    available = ASSUMED_AVAILABLE if available is None else available
+    return max(1, available // FOOTPRINT_PER_BYTE // MB), max(1, available // FOOTPRINT_PER_EVENT)
+
+
+_FILE_MB, _EVENTS = memory_defaults(available_bytes())
+
+
+def _limit(default: int | None, flag: str, unit: str, help_text: str):
     return field(default=default, metadata={"flag": flag, "unit": unit, "help": help_text})
 
 
 @dataclass(frozen=True)
 class Limits:
-    file_mb: int = _limit(512, "--max-file-mb", "MB", "decompressed MB of JSON per trace file")
-    run_mb: int = _limit(512, "--max-run-mb", "MB", "decompressed MB of JSON of a run's files together")
-    events: int = _limit(4_000_000, "--max-events", "events", "events per trace file")
-    run_events: int = _limit(4_000_000, "--max-run-events", "events", "events of a run's files together")
+    file_mb: int = _limit(_FILE_MB, "--max-file-mb", "MB", "decompressed MB of JSON per trace file")
+    run_mb: int | None = _limit(
+        None, "--max-run-mb", "MB", "decompressed MB of JSON of a run's files together"
+    )
+    events: int = _limit(_EVENTS, "--max-events", "events", "events per trace file")
+    run_events: int | None = _limit(None, "--max-run-events", "events", "events of a run's files together")
     ranks: int = _limit(1024, "--max-ranks", "ranks", "ranks per run (files, world_size, rank numbers)")
     stages: int = _limit(256, "--max-stages", "stages", "pipeline stages (stage numbers in PP: labels)")
     microbatches: int = _limit(
@@ -54,7 +96,11 @@ class Limits:
 
     @property
     def run_bytes(self) -> int:
-        return self.run_mb * MB
+        return UNBOUNDED if self.run_mb is None else self.run_mb * MB
+
+    @property
+    def run_event_count(self) -> int:
+        return UNBOUNDED if self.run_events is None else self.run_events
 
     def describe(self, name: str) -> str:
         """ "the limit of 1,024 MB (raise it with --max-file-mb)" for the field `name`."""
@@ -105,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             type=positive,
             default=f.default,
             metavar="N",
-            help=f"{f.metadata['help']} (default {f.default})",
+            help=f"{f.metadata['help']} (default {'none' if f.default is None else f.default})",
         )
 
 

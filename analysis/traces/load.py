@@ -40,14 +40,20 @@ import polars as pl
 from analysis.errors import InputError, LimitExceeded, TraceWarning
 from analysis.traces import kineto, limits
 from analysis.traces.durations import has_pairs, pair_durations
-from analysis.traces.events import event_frame, json_problem, where
+from analysis.traces.events import Events, event_frame, json_problem, where
 from analysis.traces.labels import check_label_numbers
-from analysis.traces.run_files import RUNNER_LOG, looks_like_trace, rank_from_name, trace_files
+from analysis.traces.run_files import rank_from_name
 from analysis.traces.source import read_text
-from analysis.traces.toplevel import NESTED_TOO_DEEPLY, Malformed, members, refuse_repeated
-from runners.schedules.single_gpu import SINGLE_GPU
+from analysis.traces.stream import streamed
+from analysis.traces.toplevel import (
+    EVENTS_KEY,
+    NESTED_TOO_DEEPLY,
+    Malformed,
+    around_events,
+    members,
+    refuse_repeated,
+)
 
-_EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
 _NOT_BLANK = re.compile(rb"[^ \t\r\n]")
 _RAW = msgspec.json.Decoder(msgspec.Raw)
 _ARRAY_OF_OBJECTS = re.compile(rb"[ \t\r\n]*\[[ \t\r\n]*\{")
@@ -88,16 +94,28 @@ class Budget:
     @classmethod
     def of_run(cls) -> Budget:
         current = limits.current()
-        return cls(current.run_bytes, current.run_events)
+        return cls(current.run_bytes, current.run_event_count)
 
 
-def read_trace(path: str | Path, budget: Budget | None = None) -> RawTrace:
-    """One trace file, within the limits in force (and what is left of the run's, with `budget`)."""
+def read_trace(path: str | Path, budget: Budget | None = None, keep_text: bool = True) -> RawTrace:
+    """One trace file, within the limits in force (and what is left of the run's, with `budget`).
+    Without `keep_text` the events are decoded as the file is read (analysis.traces.stream) where it
+    can be, and `events_json` is left empty."""
     path = Path(path)
     current = limits.current()
     byte_limit, byte_name = current.file_bytes, "file_mb"
     if budget is not None and budget.bytes < byte_limit:
         byte_limit, byte_name = budget.bytes, "run_mb"
+    event_limit, event_name = current.events, "events"
+    if budget is not None and budget.events < event_limit:
+        event_limit, event_name = budget.events, "run_events"
+    found = None if keep_text else streamed(path, byte_limit, byte_name, event_limit, event_name)
+    if found is not None:
+        try:
+            trace = _parse(path, found.metadata, msgspec.Raw(), found.frames.finish)
+        except RecursionError:
+            raise InputError(path, NESTED_TOO_DEEPLY) from None
+        return _charged(trace, found.size, budget)
     text = read_text(path, byte_limit, byte_name)
     data = text.data
     if _NOT_BLANK.search(data) is None:
@@ -109,41 +127,52 @@ def read_trace(path: str | Path, budget: Budget | None = None) -> RawTrace:
             TraceWarning,
             stacklevel=2,
         )
-    event_limit, event_name = current.events, "events"
-    if budget is not None and budget.events < event_limit:
-        event_limit, event_name = budget.events, "run_events"
+
+    def parsed(metadata: dict[str, msgspec.Raw], events_json: msgspec.Raw) -> RawTrace:
+        return _parse(
+            path,
+            metadata,
+            events_json,
+            lambda base: event_frame(path, events_json, base, event_limit, event_name),
+        )
+
     try:
         guess = _guess_top_level(path, data)
         trace = None
         if guess is not None:
             try:
-                trace = _parse(path, *guess, event_limit, event_name)
+                trace = parsed(*guess)
             except LimitExceeded:
                 raise
             except InputError:
                 pass  # a wrong guess or a bad file: the full split below decides, and words the error
         if trace is None:
-            trace = _parse(path, *_split_top_level(path, data), event_limit, event_name)
+            trace = parsed(*_split_top_level(path, data))
     except RecursionError:
         raise InputError(path, NESTED_TOO_DEEPLY) from None
+    return replace(_charged(trace, len(data), budget), replaced=text.replaced)
+
+
+def _charged(trace: RawTrace, size: int, budget: Budget | None) -> RawTrace:
+    """The trace, its `size` bytes of JSON and its events taken from `budget`."""
     if budget is not None:
-        budget.bytes -= len(data)
+        budget.bytes -= size
         budget.events -= trace.frame.height + trace.paired + trace.dropped
-    return replace(trace, replaced=text.replaced)
+    return trace
 
 
 def _parse(
     path: Path,
     metadata: dict[str, msgspec.Raw],
     events_json: msgspec.Raw,
-    max_events: int,
-    limit_name: str,
+    frames: Callable[[int], Events],
 ) -> RawTrace:
+    """The trace of these top-level members, its events' frame and counters given by `frames(base_ns)`."""
     header = _decode_header(path, metadata)
     info = header.get("distributedInfo") or kineto.DistributedInfo()
     rank = _checked_rank(path, info)
     base_ns = header.get("baseTimeNanoseconds", 0)
-    events = event_frame(path, events_json, base_ns, max_events, limit_name)
+    events = frames(base_ns)
     frame, dropped = events.frame, events.dropped
     if dropped:
         warnings.warn(
@@ -221,22 +250,12 @@ def _guess_top_level(path: Path, data: Any) -> tuple[dict[str, msgspec.Raw], msg
     file is valid JSON and that array is its traceEvents. None when the guess fails its cheap checks;
     InputError when the header and trailer repeat a key."""
     key = data.find(b'"traceEvents"')
-    found = _EVENTS_KEY.match(data, key) if key >= 0 else None
+    found = EVENTS_KEY.match(data, key) if key >= 0 else None
     if found is None:
         return None
     start, end = found.end() - 1, data.rfind(b"]") + 1
-    head, tail = bytes(data[:start]) + b"[]}", b'{"traceEvents":[]' + bytes(data[end:])
-    try:
-        head_members, tail_members = members(head), members(tail)
-    except Malformed:
-        return None
-    head_keys, tail_keys = [m[0] for m in head_members], [m[0] for m in tail_members]
-    if head_keys[-1:] != ["traceEvents"] or tail_keys[:1] != ["traceEvents"]:
-        return None
-    refuse_repeated(path, head_keys + tail_keys[1:])
-    metadata = {key: msgspec.Raw(memoryview(head)[a:b]) for key, a, b in head_members[:-1]}
-    metadata |= {key: msgspec.Raw(memoryview(tail)[a:b]) for key, a, b in tail_members[1:]}
-    return metadata, msgspec.Raw(memoryview(data)[start:end])
+    metadata = around_events(path, bytes(data[:start]), bytes(data[end:]))
+    return None if metadata is None else (metadata, msgspec.Raw(memoryview(data)[start:end]))
 
 
 def _split_top_level(path: Path, data: Any) -> tuple[dict[str, msgspec.Raw], msgspec.Raw]:
@@ -292,201 +311,6 @@ def _decode_header(path: Path, metadata: dict[str, msgspec.Raw]) -> dict[str, An
     return header
 
 
-@dataclass(frozen=True)
-class RunTraces:
-    path: Path
-    traces: tuple[RawTrace, ...]  # traces[r] is rank r
-    config: dict[str, Any] | None  # run.json; None for traces our runners did not write
-
-    @property
-    def world_size(self) -> int:
-        return len(self.traces)
-
-    def frame(self) -> pl.DataFrame:
-        """Every rank's events in one frame (column `rank` tells them apart)."""
-        return pl.concat([trace.frame for trace in self.traces], how="vertical")
-
-
-def load_run(directory: str | Path, read: Callable[[Path, Budget], RawTrace] = read_trace) -> RunTraces:
-    """Every rank trace of a run directory (+ run.json if present), checked to form one whole run, within
-    the limits in force (analysis.traces.limits) for each file and for the run. `read` reads each file
-    in turn, as read_trace does (analysis.ranks.pool reads them in other processes)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise InputError(directory, "not a directory")
-    config = read_run_config(directory / "run.json")
-    files = trace_files(directory)
-    if not files:
-        raise InputError(directory, "no trace files (*.json, *.json.gz) in the run directory")
-    most = limits.current().ranks
-    named = [path for path in files if looks_like_trace(path.name)]
-    if len(named) > most:
-        raise LimitExceeded(directory, limits.current().exceeded("ranks", f"{len(named)} trace files"))
-    budget = Budget.of_run()
-    traces = []
-    for path in files:
-        try:
-            traces.append(read(path, budget))
-        except NotATrace as error:
-            if path in named:
-                raise
-            warnings.warn(
-                f"{path}: skipped: {error.problem}, and not named like a trace", TraceWarning, stacklevel=2
-            )
-        if len(traces) > most:
-            raise LimitExceeded(
-                directory, limits.current().exceeded("ranks", f"more than {most} trace files")
-            )
-    if not traces:
-        raise InputError(
-            directory, "no trace files (*.json, *.json.gz) in the run directory, only other JSON"
-        )
-    if len(traces) == 1 and traces[0].rank is None:  # someone's single-process trace
-        traces = [with_rank(traces[0], 0)]
-    _check_same_run(directory, traces)
-    by_rank = _one_per_rank(directory, traces)
-    one_process = config is not None and config.get("mode") == SINGLE_GPU  # P ranks in one trace
-    if config is not None and not one_process and _ranks_said(config) not in (None, len(by_rank)):
-        dp = f", dp={config['dp']!r:.20}" if "dp" in config else ""
-        raise InputError(
-            directory / "run.json",
-            f"says p={config['p']!r:.40}{dp} but the directory has {len(by_rank)} rank traces",
-        )
-    return RunTraces(directory, tuple(by_rank), config)
-
-
-def _ranks_said(config: dict[str, Any]) -> Any:
-    """The number of ranks run.json says the job has: p ranks per pipeline x dp pipelines (1 unsaid)."""
-    p, dp = config.get("p"), config.get("dp", 1)
-    return p * dp if type(p) is int and type(dp) is int else p
-
-
-def read_run_config(path: Path) -> dict[str, Any] | None:
-    """run.json as a dict; None when absent (traces our runners did not write). A run.json without
-    `"complete": true`, or none beside the launcher's log, is an interrupted or failed run."""
-    if not path.exists():
-        if path.with_name(RUNNER_LOG).exists():
-            raise InputError(
-                path.parent,
-                f"incomplete run: no run.json beside {RUNNER_LOG} (a rank failed or "
-                f"the run was interrupted; see {RUNNER_LOG})",
-            )
-        return None
-    try:
-        config = msgspec.json.decode(read_text(path, limits.RUN_JSON_BYTES).data)
-    except (msgspec.DecodeError, RecursionError) as error:
-        problem = NESTED_TOO_DEEPLY if isinstance(error, RecursionError) else error
-        raise InputError(path, f"unreadable run.json: {problem}") from None
-    if not isinstance(config, dict):
-        raise InputError(path, "run.json is not a JSON object")
-    if config.get("complete") is not True:
-        raise InputError(
-            path, 'incomplete run: run.json lacks "complete": true (interrupted or still running)'
-        )
-    _check_calibration(path, config.get("calibration"), config.get("calibration_by_rows"))
-    return config
-
-
-def _check_calibration(path: Path, calibration: Any, by_rows: Any) -> None:
-    """Stage index text -> {"F_ms": ms, "B_ms": ms, ...} with every time > 0, or absent, and the same per
-    row count in calibration_by_rows: checked here once, so the waterfall, the report, `predict` and the
-    merge's ideal track never meet a malformed one."""
-
-    def times(where: str, entry: Any) -> None:
-        if not isinstance(entry, dict) or not {"F_ms", "B_ms"} <= entry.keys():
-            raise InputError(path, f"bad {where}: needs F_ms, B_ms")
-        for key, ms in entry.items():
-            if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not ms > 0:
-                raise InputError(path, f"bad {where}: {key!r:.40} = {ms!r:.40} is not a time > 0")
-
-    def per_rows(where: str, entry: Any) -> None:
-        _check_keyed(path, where, "row count", entry, lambda count: f"{where} rows {count}", times)
-
-    if calibration is not None:
-        _check_keyed(
-            path, "calibration", "stage", calibration, lambda stage: f"calibration: stage {stage}", times
-        )
-    if by_rows is not None:
-        _check_keyed(
-            path,
-            "calibration_by_rows",
-            "stage",
-            by_rows,
-            lambda s: f"calibration_by_rows: stage {s}",
-            per_rows,
-        )
-
-
-def _check_keyed(
-    path: Path, name: str, key: str, table: Any, where: Callable[[str], str], check: Callable
-) -> None:
-    """`table` an object of integer text (a stage, a row count) -> an entry `check` accepts."""
-    if not isinstance(table, dict):
-        raise InputError(path, f"bad {name}: not an object of {key} -> times")
-    for index, entry in table.items():
-        if not (index.isascii() and index.isdecimal()):
-            raise InputError(path, f"bad {name}: {key} {index!r:.40} is not an integer")
-        check(where(index), entry)
-
-
 def with_rank(trace: RawTrace, rank: int) -> RawTrace:
     """The trace as rank `rank` (a single process's trace that names none is rank 0)."""
     return replace(trace, rank=rank, frame=trace.frame.with_columns(rank=pl.lit(rank, dtype=pl.Int64)))
-
-
-def _one_per_rank(directory: Path, traces: list[RawTrace]) -> list[RawTrace]:
-    by_rank: dict[int, RawTrace] = {}
-    for trace in traces:
-        if trace.rank is None:
-            raise InputError(
-                trace.path, "cannot tell the rank: no distributedInfo.rank and no rank number in the name"
-            )
-        if trace.rank in by_rank:
-            raise InputError(
-                directory,
-                f"two files claim rank {trace.rank}: {by_rank[trace.rank].path.name}, {trace.path.name}",
-            )
-        by_rank[trace.rank] = trace
-    sizes = {trace.world_size for trace in traces} - {None}
-    expected = max([len(traces), max(by_rank) + 1, *sizes])
-    if expected > len(by_rank):  # ranges, not a set of every rank: world_size may be large
-        raise InputError(
-            directory,
-            f"missing rank(s) {_listed(_gaps(sorted(by_rank), expected))} (found {_listed(sorted(by_rank))})",
-        )
-    return [by_rank[rank] for rank in range(expected)]
-
-
-def _gaps(present: list[int], expected: int) -> list[tuple[int, int]]:
-    """The runs of ranks in [0, expected) that `present` (sorted, unique) lacks, as (first, last)."""
-    gaps, next_rank = [], 0
-    for rank in [*present, expected]:
-        if rank > next_rank:
-            gaps.append((next_rank, rank - 1))
-        next_rank = rank + 1
-    return gaps
-
-
-def _check_same_run(directory: Path, traces: list[RawTrace]) -> None:
-    """Ranks of one job agree on world size and on our run id (Kineto's trace_id is per process)."""
-    for label, values in (
-        ("world sizes", {t.rank: t.world_size for t in traces if t.world_size is not None}),
-        ("run ids", {t.rank: t.header["run_id"] for t in traces if "run_id" in t.header}),
-    ):
-        if len(set(values.values())) > 1:
-            shown = ", ".join(f"rank{rank}: {str(value)[:40]}" for rank, value in list(values.items())[:8])
-            raise InputError(directory, f"ranks from different runs: {label} differ ({shown})")
-
-
-def _listed(ranks: list[int] | list[tuple[int, int]]) -> str:
-    """[0, 1, 2, 5, 7, 8] (or the runs [(0, 2), (5, 5), (7, 8)]) -> "0-2, 5, 7-8" (a 300-rank job must
-    still give one readable line; past 20 runs, the first 10 and a count)."""
-    runs: list[list[int]] = []
-    for item in ranks:
-        first, last = item if isinstance(item, tuple) else (item, item)
-        if runs and first == runs[-1][1] + 1:
-            runs[-1][1] = last
-        else:
-            runs.append([first, last])
-    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
-    return ", ".join(shown) if len(shown) <= 20 else ", ".join(shown[:10]) + f", ... ({len(shown)} runs)"

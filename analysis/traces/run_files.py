@@ -19,8 +19,18 @@ RUNNER_LOG = "torchrun.log"
 HTA_FILE = "hta.json"  # Holistic Trace Analysis's figures (analysis.hta_view)
 PREDICT_FILE = "predict.json"  # the step predicted at other m (python -m analysis predict)
 ADVICE_FILE = "advice.json"  # the schedules, m and v advised (python -m analysis advise)
+WHATIF_FILE = "whatif.json"  # the straggler what-if figures of an op-level run (python -m analysis whatif)
 RUN_FILES = frozenset(
-    {"run.json", "truth.json", "merged.json.gz", "merged.json", HTA_FILE, PREDICT_FILE, ADVICE_FILE}
+    {
+        "run.json",
+        "truth.json",
+        "merged.json.gz",
+        "merged.json",
+        HTA_FILE,
+        PREDICT_FILE,
+        ADVICE_FILE,
+        WHATIF_FILE,
+    }
 )
 
 
@@ -40,16 +50,30 @@ def looks_like_trace(name: str) -> bool:
     return rank_from_name(Path(name)) is not None or "trace" in name.lower()
 
 
+def oplevel_files(directory: Path) -> tuple[Path, Path] | None:
+    """The first `trace-<name>.parquet` with its `meta-<name>.yaml` in `directory` (an op-level timeline,
+    analysis.traces.oplevel), or None."""
+    for parquet in sorted(Path(directory).glob("trace-*.parquet")):
+        meta = parquet.with_name(f"meta-{parquet.name[len('trace-') : -len('.parquet')]}.yaml")
+        if meta.is_file():
+            return parquet, meta
+    return None
+
+
 def is_run_directory(path: Path) -> bool:
     """A directory holding run.json, our launcher's log (a run that failed or was interrupted before
-    run.json: reading it says so) or a file named like a rank trace (looks_like_trace: rank0.json.gz,
-    torchtitan's rank0_trace.json, the TensorBoard handler's HOST_PID.MILLIS.pt.trace.json.gz); a
-    symbolic link (our `latest`) is not a run of its own."""
+    run.json: reading it says so), an op-level timeline (oplevel_files) or a file named like a rank
+    trace (looks_like_trace: rank0.json.gz, torchtitan's rank0_trace.json, the TensorBoard handler's
+    HOST_PID.MILLIS.pt.trace.json.gz); a symbolic link (our `latest`) is not a run of its own."""
     if not path.is_dir() or path.is_symlink():
         return False
     try:
         ours = (path / "run.json").is_file() or (path / RUNNER_LOG).is_file()
-        return ours or any(looks_like_trace(file.name) for file in trace_files(path))
+        return (
+            ours
+            or oplevel_files(path) is not None
+            or any(looks_like_trace(file.name) for file in trace_files(path))
+        )
     except OSError:  # unreadable: a run whose reading will say why
         return True
 

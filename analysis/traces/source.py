@@ -15,6 +15,7 @@ import codecs
 import os
 import stat
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from analysis.errors import InputError, LimitExceeded
 from analysis.traces import limits
 
 GZIP_MAGIC = b"\x1f\x8b"
-_READ_BYTES = 1 << 26  # compressed bytes per read
+_READ_BYTES = 1 << 26  # compressed bytes per read, at most
+_RATIO = 8  # a trace's JSON per byte of its gzip, at least, usually
 _UTF8_CHUNK = 1 << 24  # bytes validated per step (its str lives only for that step)
 _REPLACEMENT = "\ufffd"
 
@@ -91,45 +93,86 @@ def _read_stream(path: Path, file, head: bytes, limit: int, limit_name: str | No
 
 
 def _gunzip(path: Path, file, head: bytes, limit: int, limit_name: str | None) -> bytes:
-    """The decompressed text of every member, stopped as soon as it passes `limit`. Each step inflates
-    what one read gave as far as the limit allows, so a file read in one piece (the common case) is
-    inflated in one call into one buffer, as gzip.decompress would, and no step holds more than the
-    limit."""
-    chunks: list[bytes] = []
+    """The decompressed text of every member, stopped as soon as it passes `limit`: a file read in one
+    piece (the common case) is inflated in one call into one buffer, as gzip.decompress would."""
+    chunks = list(inflated(path, file, head, limit, limit_name, limit + 1))
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one chunk: that buffer itself, no copy
+
+
+def inflated(path: Path, file, head: bytes, limit: int, limit_name: str | None, step: int) -> Iterator[bytes]:
+    """The decompressed text of every member, at most `step` bytes a chunk, stopped as soon as it passes
+    `limit`. Each step inflates what one read gave as far as the limit and `step` allow, so no step
+    holds more than the limit."""
     size = 0
     pending = head  # (its two bytes give no output: the first read's whole inflates into one chunk)
     inflate = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    # Compressed bytes per read: about a step's output at JSON's usual ratio (zlib copies what a step
+    # leaves of a read, so a read much longer than a step is copied again at each step).
+    read_bytes = min(_READ_BYTES, max(step // _RATIO, 1 << 16))
     try:
         while True:
             if not pending:
-                pending = file.read(_READ_BYTES)
+                pending = file.read(read_bytes)
                 if not pending:
                     break
-            out = inflate.decompress(pending, limit + 1 - size)
-            if out:
-                chunks.append(out)
-                size += len(out)
+            out = inflate.decompress(pending, min(step, limit + 1 - size))
+            size += len(out)
             if size > limit:
                 raise LimitExceeded(path, _too_big(None, limit_name, limit))
+            if out:
+                yield out
             if not inflate.eof:
                 pending = inflate.unconsumed_tail
                 continue
-            pending = _next_member(path, file, inflate.unused_data)
+            pending = _next_member(path, file, inflate.unused_data, read_bytes)
             if pending is None:
-                return b"".join(chunks)  # one chunk: that buffer itself, no copy
+                return
             inflate = zlib.decompressobj(zlib.MAX_WBITS | 16)
     except zlib.error as error:
         raise InputError(path, f"gzip data corrupted: {error}") from None
     raise InputError(path, "gzip stream truncated (file cut short while being written?)")
 
 
-def _next_member(path: Path, file, rest: bytes) -> bytes | None:
+def text_chunks(path: Path, limit: int, limit_name: str | None, step: int) -> Iterator[bytes] | None:
+    """A regular file's JSON text in chunks of at most `step` bytes, decompressed if gzip, with the
+    checks and errors of `read_text` but no UTF-8 repair; None for anything else (a pipe, a device:
+    read_text reads those whole)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+    except OSError:
+        return None  # read_text words the problem
+    return _chunks(path, limit, limit_name, step)
+
+
+def _chunks(path: Path, limit: int, limit_name: str | None, step: int) -> Iterator[bytes]:
+    try:
+        with open(path, "rb", buffering=0) as file:
+            size = os.fstat(file.fileno()).st_size
+            head = file.read(2)
+            if head == GZIP_MAGIC:
+                yield from inflated(path, file, head, limit, limit_name, step)
+                return
+            if size > limit:
+                raise LimitExceeded(path, _too_big(size, limit_name, limit))
+            read = len(head)
+            yield head
+            while chunk := file.read(step):
+                read += len(chunk)
+                if read > limit:  # grew while being read
+                    raise LimitExceeded(path, _too_big(read, limit_name, limit))
+                yield chunk
+    except OSError as error:
+        raise InputError(path, f"cannot read: {error.strerror or error}") from None
+
+
+def _next_member(path: Path, file, rest: bytes, read_bytes: int) -> bytes | None:
     """What follows a finished gzip member: the next member's bytes, or None at the end (zero padding,
     which some writers add, is allowed)."""
     while True:
         rest = rest.lstrip(b"\x00")
         if len(rest) < 2:
-            more = file.read(_READ_BYTES)
+            more = file.read(read_bytes)
             if not more:
                 if rest:
                     raise InputError(path, "gzip data corrupted: trailing bytes after the last member")

@@ -25,6 +25,7 @@ _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 _BYTE = re.compile(r"\(byte (\d+)\)")
 _BLANK = b" \t\r\n"
 _SPACE = re.compile(rb"[ \t\r\n]*")
+EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
 
 
 class Malformed(Exception):
@@ -121,3 +122,21 @@ def refuse_repeated(path: Any, keys: list[str]) -> None:
             f"the top-level key {key[:60]!r} appears twice (JSON readers disagree on which one counts; "
             "a trace has each once)",
         )
+
+
+def around_events(path: Any, head: bytes, tail: bytes) -> dict[str, msgspec.Raw] | None:
+    """The top-level members (but traceEvents) of a text that is `head`, ending in `"traceEvents": `,
+    an array, and `tail`: checked to be an object around that one value, so if the array decodes the
+    whole text is valid JSON and the array is its traceEvents. None when they are not; InputError when
+    the head and the tail repeat a key."""
+    head, tail = head + b"[]}", b'{"traceEvents":[]' + tail
+    try:
+        head_members, tail_members = members(head), members(tail)
+    except Malformed:
+        return None
+    head_keys, tail_keys = [m[0] for m in head_members], [m[0] for m in tail_members]
+    if head_keys[-1:] != ["traceEvents"] or tail_keys[:1] != ["traceEvents"]:
+        return None
+    refuse_repeated(path, head_keys + tail_keys[1:])
+    metadata = {key: msgspec.Raw(memoryview(head)[a:b]) for key, a, b in head_members[:-1]}
+    return metadata | {key: msgspec.Raw(memoryview(tail)[a:b]) for key, a, b in tail_members[1:]}

@@ -1,0 +1,133 @@
+"""`--cluster ADDRESS` / `--cluster local:N`: a run's ranks read on a Dask distributed cluster in place of
+this machine's pool (analysis.ranks.pool).
+
+The per-rank function is mapped over the files there and its results are taken here in file order, so
+the reader charges the run's limits, raises the errors and warns the warnings exactly as with `--jobs`;
+the cross-rank step runs here. `local:N` starts a LocalCluster of N single-threaded worker processes on
+this machine; any other value is a running scheduler's address (`tcp://HOST:PORT`), whose workers read
+the files by the same paths (shared storage) and import this package. Only the per-rank tables and each
+file's warnings and errors come back, a few MB a rank.
+
+A command sets the engine for its duration (`applied`); the cluster is started (or connected to) when a
+run is first read and closed when the command ends, so `report` uses one cluster for all its runs. Dask
+is the `[cluster]` extra, imported only here and only when a cluster is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from analysis.errors import InputError
+
+LOCAL = "local:"
+CONNECT_TIMEOUT = "20s"
+_INSTALL = "pip install 'pipeline-bubbles[cluster]'"
+_CURRENT: ContextVar[Engine | None] = ContextVar("cluster", default=None)
+
+
+def address(text: str) -> str:
+    """`local:N` (N >= 1) or a scheduler's address, as given."""
+    if text.startswith(LOCAL):
+        count = text.removeprefix(LOCAL)
+        if not count.isdigit() or int(count) < 1:
+            raise argparse.ArgumentTypeError(f"not local:N with a whole number N >= 1: {text!r}")
+    elif not text:
+        raise argparse.ArgumentTypeError("an empty address")
+    return text
+
+
+def add_argument(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup) -> None:
+    parser.add_argument(
+        "--cluster",
+        type=address,
+        default=None,
+        metavar="ADDRESS",
+        help="read the ranks on a Dask cluster: a scheduler's address (tcp://HOST:PORT, workers sharing "
+        "the trace storage) or local:N for N worker processes here (the [cluster] extra)",
+    )
+
+
+class Engine:
+    """One command's cluster: started or connected to on first use, closed with the command."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.client: Any = None
+        self.local: Any = None
+
+    def map_in_order(self, work: Callable[[Any], Any], tasks: list) -> Iterator[Any]:
+        """`work` over `tasks` on the cluster, the results yielded in the tasks' order; the results not
+        yet taken are cancelled when the caller stops early."""
+        client = self._client()
+        pending = deque(client.map(work, tasks, pure=False))
+        try:
+            while pending:
+                yield pending.popleft().result()  # (the future dropped: its result is released there)
+        finally:
+            if pending:
+                client.cancel(list(pending))
+
+    def _client(self) -> Any:
+        if self.client is not None:
+            return self.client
+        try:
+            import distributed
+        except ImportError:
+            raise InputError(None, f"--cluster needs Dask's distributed package: {_INSTALL}") from None
+        logging.getLogger("distributed").setLevel(logging.ERROR)  # (its INFO lines are not ours to print)
+        if self.spec.startswith(LOCAL):
+            self.local = local_cluster(int(self.spec.removeprefix(LOCAL)))
+            self.client = distributed.Client(self.local)
+            return self.client
+        try:
+            self.client = distributed.Client(self.spec, timeout=CONNECT_TIMEOUT)
+        except (OSError, ValueError) as error:
+            raise InputError(None, f"cluster {self.spec}: cannot connect ({error})") from None
+        return self.client
+
+    def close(self) -> None:
+        for part in (self.client, self.local):
+            if part is not None:
+                part.close()
+
+
+def local_cluster(workers: int) -> Any:
+    """A LocalCluster of `workers` single-threaded processes on this machine, quiet: its scheduler's HTTP
+    server (always started) on a free local port, not on 8787 where another cluster may be (a warning),
+    and no dashboard."""
+    import distributed
+
+    from analysis.ranks.pool import main_not_rerun
+
+    with main_not_rerun():
+        return distributed.LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address="127.0.0.1:0",
+            scheduler_kwargs={"dashboard": False},
+            silence_logs=logging.ERROR,
+        )
+
+
+def current() -> Engine | None:
+    """The command's cluster, None where the ranks are read on this machine."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def applied(spec: str | None) -> Iterator[None]:
+    engine = None if spec is None else Engine(spec)
+    token = _CURRENT.set(engine)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+        if engine is not None:
+            engine.close()
