@@ -475,19 +475,19 @@ SECTIONS: tuple[tuple[str, str, Callable[[dict, dict], list[str]]], ...] = (
         lambda r, _: _predict(r["predict"]),
     ),
     (
+        "advice",
+        "## 9. advise: one run's ranked candidates, run (p=2, CPU)",
+        lambda r, _: _advice(r["advice"]),
+    ),
+    (
         "dp",
-        "## 9. A PP x DP job at scale: a synthetic job's analysis, time and peak RSS",
+        "## 10. A PP x DP job at scale: a synthetic job's analysis, time and peak RSS",
         lambda r, _: _dp(r["dp"]),
     ),
     (
         "ranks",
-        "## 10. Hundreds of ranks: time and driver memory per rank, by engine",
+        "## 11. Hundreds of ranks: time and driver memory per rank, by engine",
         lambda r, _: _ranks(r["ranks"]),
-    ),
-    (
-        "advice",
-        "## 11. advise: one run's ranked candidates, run (p=2, CPU)",
-        lambda r, _: _advice(r["advice"]),
     ),
 )
 BLOCK = re.compile(r"^<!-- bench: (?P<name>\w+) -->\n.*?^<!-- /bench: (?P=name) -->\n", re.S | re.M)

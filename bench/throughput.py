@@ -30,9 +30,10 @@ TARGETS = {
     "ours_over_decode": 2.0,
     "rss_over_size": 3.0,
     "one_process_rss_over_largest_file": 3.0,
-    "one_process_rss_above_start_over_largest_file": 3.0,
+    "one_process_rss_above_start_over_largest_file": 1.5,
 }
 TASKS = ("decode", "analyze", "analyze_jobs1", "hta", "merge")
+TASK_TIMEOUT_S = 3600.0  # ours and the floor: a hung child, not a slow one (HTA has its own cap)
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,8 @@ def measure_size(
     largest = max(path.stat().st_size for path in target.glob("rank*.json"))
 
     def measure(name: str, task: str, arguments: list[str], label: str = "") -> None:
-        runs[name].append(run_child(task, [str(target), *arguments], plan.hta_timeout_s, plan.repo))
+        timeout = plan.hta_timeout_s if task == "hta" else TASK_TIMEOUT_S
+        runs[name].append(run_child(task, [str(target), *arguments], timeout, plan.repo))
         progress(f"  {name}{label}: {_line(runs[name][-1])}")
 
     try:

@@ -6,9 +6,9 @@ seeded by the pipeline), and averages its gradients over its DP group before eac
 (runners/grad_sync.py).
 
 The launcher (`python -m runners trace`) starts it on one node; for several nodes start it with
-torchrun yourself (`torchrun --nnodes=2 --nproc_per_node=4 --rdzv-endpoint=HOST:PORT -m runners.worker
---run-dir traces/RUN ...`, RUN on a shared file system). Each rank times unprofiled steps, calibrating
-its stages between them at every microbatch size of runners.presets.calibration_rows (under a profiler
+torchrun yourself, as the README's "Several nodes" says (c10d rendezvous, the run directory on a shared
+file system). Each rank times unprofiled steps, calibrating its stages between them at every microbatch
+size of runners.presets.calibration_rows (under a profiler
 session with the profiled steps' settings: CALIBRATION_PROFILED), then profiles a few steps into
 rank{r}.json.gz; rank 0 writes run.json last, once every rank has exported its trace. With
 `--virtual-ranks P` (the launcher's single_gpu mode) this one process runs all P ranks as streams of

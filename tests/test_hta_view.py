@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import REAL_TRACES
 
-from analysis import hta_view
 from analysis.cli import main
+from analysis.hta import compare as hta_compare
+from analysis.hta import figures as hta_figures
 from analysis.pipeline import analysis_of
 from analysis.report import hta_section
 from analysis.report.runs import load_run
@@ -94,8 +95,8 @@ def view(tmp_path_factory):
 def test_pipeline_totals_agree_and_host_wait_differs_by_the_rule(view):
     viewed = view("pipeline")
     assert viewed.code == 0, viewed.err
-    figures = hta_view.read(viewed.path)
-    ours = hta_view.ours_beside(analysis_of(viewed.path))
+    figures = hta_figures.read(viewed.path)
+    ours = hta_compare.ours_beside(analysis_of(viewed.path))
     truth = {t["rank"]: t for t in json.loads((viewed.path / "truth.json").read_text())}
     assert [rank.rank for rank in figures.ranks] == [0, 1] and figures.ranks_without_kernels == []
     for rank in figures.ranks:
@@ -128,8 +129,8 @@ def test_hta_json_is_no_rank_trace_to_the_loader(view):
 def test_dlrm_both_sides_and_where_they_differ(view):
     viewed = view("dlrm")
     assert viewed.code == 0, viewed.err
-    figures = hta_view.read(viewed.path)
-    ours = hta_view.ours_beside(analysis_of(viewed.path))
+    figures = hta_figures.read(viewed.path)
+    ours = hta_compare.ours_beside(analysis_of(viewed.path))
     assert [rank.rank for rank in figures.ranks] == list(range(8)) and sorted(ours) == list(range(8))
     for rank in figures.ranks:
         mine = ours[rank.rank]
@@ -139,7 +140,7 @@ def test_dlrm_both_sides_and_where_they_differ(view):
         # HTA's compute holds every non-NCCL kernel, ours only those inside the inferred F and B cells
         assert rank.compute_ms > mine.busy_ms
         assert rank.compute_stream_idle.host_wait_ms > mine.idle_ms["launch_overhead"]
-        assert len(rank.top_kernels) == hta_view.TOP_KERNELS
+        assert len(rank.top_kernels) == hta_figures.TOP_KERNELS
         assert rank.top_kernels[0].kernel_type == "COMMUNICATION"
     assert "ours: gpipe p=8 m=1, 1 analysed step(s)" in viewed.out
     assert "Differ: compute (HTA) vs busy (ours) on 8 of 8 ranks" in viewed.out
@@ -148,7 +149,7 @@ def test_dlrm_both_sides_and_where_they_differ(view):
 def test_traces_ours_refuses_still_get_htas_figures(view):
     viewed = view("alexnet")
     assert viewed.code == 0, viewed.err
-    figures = hta_view.read(viewed.path)
+    figures = hta_figures.read(viewed.path)
     assert [rank.rank for rank in figures.ranks] == [0] and figures.ranks[0].overlap_pct is None  # no NCCL
     assert "ours: unavailable: " in viewed.out and "cannot run" in viewed.out
     assert "Agree" not in viewed.out and "Differ" not in viewed.out
@@ -201,7 +202,9 @@ def test_run_page_section_shows_the_figures_or_how_to_get_them(view, tmp_path):
 
 
 def test_only_the_hta_command_imports_hta():
-    modules = "analysis.cli.analyze, analysis.cli.hta, analysis.hta_view, analysis.report"
+    modules = (
+        "analysis.cli.analyze, analysis.cli.hta, analysis.hta.run, analysis.hta.compare, analysis.report"
+    )
     code = f"import sys; import {modules}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'hta'))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

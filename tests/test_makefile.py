@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import shlex
 import subprocess
@@ -13,8 +14,6 @@ import subprocess
 import pytest
 from conftest import REPO
 
-from analysis.cli import advise as advise_cli
-from analysis.cli import predict as predict_cli
 from runners.__main__ import microbatch_counts
 from runners.__main__ import parser as runners_parser
 from runners.inject import parse_injections
@@ -28,7 +27,9 @@ def command_line(target: str, *variables: str, module: str) -> list[str]:
     """The arguments `make -n target variables...` gives `python -m module` (the target first)."""
     result = subprocess.run(["make", "-n", target, *variables], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if f" -m {module} {target}" in line]
+    (line,) = [
+        line for line in result.stdout.replace("\\\n", " ").splitlines() if f" -m {module} {target}" in line
+    ]
     words = shlex.split(line)
     return words[words.index(module) + 1 :]
 
@@ -77,29 +78,28 @@ def test_the_makefiles_defaults_are_the_runners_own():
     assert made == request_from(direct, P)
 
 
-def test_ms_reaches_sweep_and_predict_and_defaults_to_the_calibrated_counts():
+def test_ms_reaches_sweep_and_defaults_to_the_calibrated_counts():
     assert microbatch_counts(runner_args("sweep", "MS=1 4").ms) == [1, 4]
     assert microbatch_counts(runner_args("sweep").ms) == list(CALIBRATED_MS)
 
-    def predict_args(*variables: str) -> argparse.Namespace:
-        parser = argparse.ArgumentParser()
-        predict_cli.add_arguments(parser)
-        return parser.parse_args(command_line("predict", *variables, module="analysis")[1:])
 
-    assert predict_args("MS=2 8", "RUN=traces/m4").ms == [2, 8]
-    assert predict_args("RUN=traces/m4").run_dir.as_posix() == "traces/m4"
-    assert predict_args().ms == list(CALIBRATED_MS)  # make's default MS is predict's own default
+def analysis_args(command: str, *variables: str) -> argparse.Namespace:
+    """What `make -n command variables...` gives `python -m analysis command`, read by its parser."""
+    parser = argparse.ArgumentParser()
+    importlib.import_module(f"analysis.cli.{command}").add_arguments(parser)
+    return parser.parse_args(command_line(command, *variables, module="analysis")[1:])
 
 
-def test_ms_and_memory_mb_reach_advise():
-    def advise_args(*variables: str) -> argparse.Namespace:
-        parser = argparse.ArgumentParser()
-        advise_cli.add_arguments(parser)
-        return parser.parse_args(command_line("advise", *variables, module="analysis")[1:])
+@pytest.mark.parametrize("command", ["predict", "advise"])
+def test_run_and_ms_reach_predict_and_advise_and_ms_defaults_to_their_own(command):
+    assert analysis_args(command, "MS=2 8", "RUN=traces/m4").ms == [2, 8]
+    assert analysis_args(command, "RUN=traces/m4").run_dir.as_posix() == "traces/m4"
+    assert analysis_args(command).ms == list(CALIBRATED_MS)  # make's default MS is the command's own
 
-    made = advise_args("MS=2 8", "MEMORY_MB=512", "RUN=traces/m4")
-    assert (made.ms, made.memory_mb, made.run_dir.as_posix()) == ([2, 8], 512.0, "traces/m4")
-    assert advise_args().memory_mb is None and advise_args().ms == list(CALIBRATED_MS)
+
+def test_memory_mb_reaches_advise():
+    assert analysis_args("advise", "MEMORY_MB=512").memory_mb == 512
+    assert analysis_args("advise").memory_mb is None
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 # runners.launch writes it before any worker starts: a directory holding it is one of our runs.
 RUNNER_LOG = "torchrun.log"
 # JSON files of a run directory that are not rank traces: ours and the synthetic generator's.
-HTA_FILE = "hta.json"  # Holistic Trace Analysis's figures (analysis.hta_view)
+HTA_FILE = "hta.json"  # Holistic Trace Analysis's figures (analysis.hta.figures)
 PREDICT_FILE = "predict.json"  # the step predicted at other m (python -m analysis predict)
 ADVICE_FILE = "advice.json"  # the schedules, m and v advised (python -m analysis advise)
 WHATIF_FILE = "whatif.json"  # the straggler what-if figures of an op-level run (python -m analysis whatif)

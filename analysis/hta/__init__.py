@@ -1,0 +1,1 @@
+"""Holistic Trace Analysis beside ours: run (HTA on the traces), figures (RUN/hta.json), compare."""
