@@ -74,8 +74,7 @@ predict: setup
 	$(PY) -m analysis predict $(RUN) --ms $(subst $(space),$(comma),$(strip $(MS)))
 
 advise: setup
-	$(PY) -m analysis advise $(RUN) --ms $(subst $(space),$(comma),$(strip $(MS))) \
-	  $(if $(strip $(MEMORY_MB)),--memory-mb $(strip $(MEMORY_MB)))
+	$(PY) -m analysis advise $(RUN) --ms $(subst $(space),$(comma),$(strip $(MS))) $(if $(strip $(MEMORY_MB)),--memory-mb $(strip $(MEMORY_MB)))
 
 hta: .venv/.installed-hta
 	$(PY) -m analysis hta $(RUN)

@@ -449,4 +449,4 @@ def test_bench_advice_smoke(tmp_path):
     for config in configs:
         measured = config["measured_ms"]["median"]
         assert config["step_error"] == pytest.approx(config["predicted_ms"] / measured - 1)
-    assert "## 10. advise" in (out / "RESULTS.md").read_text()
+    assert "## 9. advise" in (out / "RESULTS.md").read_text()
