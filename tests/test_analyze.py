@@ -10,8 +10,10 @@ import pytest
 from test_cells import cpu_action, gpipe_m1_run, trace, write_trace
 
 from analysis.cli import main
+from analysis.cli.analyze import STEPS_LISTED, residual_by_step
 from analysis.pipeline import analyze_run, read_run
 from analysis.report import build_report
+from analysis.schema import StepReplay
 from runners.schedules import build
 from synthetic.generate import write_run
 
@@ -126,6 +128,30 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         and "seed unknown" in printed
         and "residual" in printed
     )
+
+
+def test_a_long_run_s_residual_line_names_its_median_and_the_steps_furthest_from_zero():
+    """One entry a step buried the summary on a long run (28,908 on one); past a few steps the line keeps
+    the median and the steps furthest from zero, worst first."""
+    shares = [0.001 * (i % 5) for i in range(100)]
+    shares[37], shares[80] = -0.09, 0.05
+    steps = [
+        StepReplay(
+            step=i,
+            step_time_ms=100.0,
+            replay_ms=100.0 * (1 - share),
+            residual_ms=100.0 * share,
+            opened_late_ms=0.0,
+            ran_on_ms=0.0,
+        )
+        for i, share in enumerate(shares)
+    ]
+    line = residual_by_step(steps)
+    assert line.startswith(
+        "  completeness residual over 100 steps: median +0.2%, furthest from zero: 37 -9.0%, 80"
+    )
+    assert line.count("%") == 1 + STEPS_LISTED  # the median and each step named
+    assert residual_by_step(steps[:3]).count("%") == 3  # a short run lists every step
 
 
 def test_rerun_replaces_the_previous_analysis(tmp_path):

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from analysis.schema import Summary
+    from analysis.schema import StepReplay, Summary
+
+STEPS_LISTED = 8  # steps the residual line names one by one
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,19 +61,28 @@ def table(summary: Summary) -> str:
         if value is not None and fair != value:
             shown += f"  {fair:10.3f} ms"
         lines.append(f"    {term:16s}{shown}")
-    lines.append(
-        "  completeness residual by step: "
-        + ", ".join(
-            f"{r.step} {r.residual_ms / r.step_time_ms:+.1%}"
-            + (
-                f" (opened late {r.opened_late_ms:.1f}, ran on {r.ran_on_ms:.1f} ms)"
-                if r.residual_ms > 0
-                else ""
-            )
-            for r in summary.replayed_steps
-        )
-    )
+    lines.append(residual_by_step(summary.replayed_steps))
     return "\n".join(lines)
+
+
+def residual_by_step(steps: list[StepReplay]) -> str:
+    """Every step's completeness residual where there are few; on a long run, their median and the steps
+    furthest from zero (one entry a step would bury the rest of the summary)."""
+
+    def one(r: StepReplay) -> str:
+        late = (
+            f" (opened late {r.opened_late_ms:.1f}, ran on {r.ran_on_ms:.1f} ms)" if r.residual_ms > 0 else ""
+        )
+        return f"{r.step} {r.residual_ms / r.step_time_ms:+.1%}{late}"
+
+    if len(steps) <= STEPS_LISTED:
+        return "  completeness residual by step: " + ", ".join(one(r) for r in steps)
+    shares = sorted(r.residual_ms / r.step_time_ms for r in steps)
+    worst = sorted(steps, key=lambda r: -abs(r.residual_ms / r.step_time_ms))[:STEPS_LISTED]
+    return (
+        f"  completeness residual over {len(steps)} steps: median {shares[len(shares) // 2]:+.1%}, "
+        "furthest from zero: " + ", ".join(one(r) for r in worst)
+    )
 
 
 def _ms(value: float | None) -> str:
