@@ -21,7 +21,7 @@ import polars as pl
 from analysis.attribution.parts import median_step
 from analysis.errors import InputError
 from analysis.pipeline import RunInput, measure_run
-from analysis.pipelines import find_pipelines, to_global, to_local
+from analysis.pipelines import DP, find_pipelines, to_global, to_local
 from analysis.results import Analysis
 from analysis.schema import PipelineEntry, Rules, Straggler
 from analysis.timeline.clock import ClockEstimate
@@ -48,7 +48,8 @@ def _unsynced(run: RunInput, instances: pl.DataFrame | None) -> list[str]:
     """A note for ranks of a job of several pipelines where no DP collective was found."""
     if instances is None:
         return []
-    missing = sorted(set(run.ranks) - set(instances["rank"].unique().to_list()))
+    synced = instances.filter(pl.col("scope") == DP)["rank"].unique().to_list()
+    missing = sorted(set(run.ranks) - set(synced))
     if not missing:
         return []
     return [
@@ -66,9 +67,9 @@ def _job_step(parts: list[pl.DataFrame]) -> int:
 
 
 def _instances(run: RunInput, pipelines: list[list[int]]) -> pl.DataFrame:
-    """Every rank's DP collectives with their start skews; stage s's DP group is every pipeline's s-th rank."""
-    found = pl.concat([run.ranks[rank].dp_collectives for rank in sorted(run.ranks)])
-    return with_skew(found, [list(group) for group in zip(*pipelines)])
+    """Every rank's collectives with their groups' scopes and their start skews."""
+    found = pl.concat([run.ranks[rank].group_collectives for rank in sorted(run.ranks)])
+    return with_skew(found, pipelines)
 
 
 def _pipeline_input(run: RunInput, ranks: list[int], instances: pl.DataFrame | None) -> RunInput:

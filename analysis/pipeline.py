@@ -44,7 +44,7 @@ from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Rules, StepReplay, Summary
 from analysis.timeline.classify import classify, split_waits
 from analysis.timeline.clock import ClockEstimate, on_one_clock, shifted_like_cells
-from analysis.timeline.dp_sync import skew_ns, with_dp_sync
+from analysis.timeline.dp_sync import skew_ns, with_collectives
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
 from analysis.traces.load import TraceWarning
@@ -61,9 +61,9 @@ class RunInput:
     path: Path
     ranks: dict[int, RankInput]  # rank -> what the analysis reads of its trace (analysis.ranks.tables)
     run_json: dict | None
-    # the DP collectives of a pipeline's ranks with their start skews (analysis.timeline.dp_sync.with_skew);
-    # None at dp = 1
-    dp_collectives: pl.DataFrame | None = None
+    # the collectives of a pipeline's ranks with their groups' scopes and start skews
+    # (analysis.timeline.dp_sync.with_skew); None at dp = 1
+    group_collectives: pl.DataFrame | None = None
 
     @property
     def sources(self) -> dict[int, Path]:
@@ -354,9 +354,9 @@ def _gaps(
     steps = [windows(r) for r in per_rank]
     gaps = pl.concat([classify(timeline(r, split, w), rules, on_gpu) for r, w in zip(per_rank, steps)])
     skews = None
-    if run.dp_collectives is not None:
-        synced = shifted_like_cells(run.dp_collectives, clock, ("start_ns", "end_ns", "skew_end_ns"))
-        gaps = with_dp_sync(gaps, synced)
+    if run.group_collectives is not None:
+        synced = shifted_like_cells(run.group_collectives, clock, ("start_ns", "end_ns", "skew_end_ns"))
+        gaps = with_collectives(gaps, synced)
         skews = skew_ns(gaps, synced)
     return waits, gaps, pl.concat(steps), skews
 

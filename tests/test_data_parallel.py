@@ -85,6 +85,29 @@ def test_the_pipelines_are_found_from_the_traces_alone(tmp_path, shape, options)
         assert entry.dp_skew_ms == pytest.approx(written.truth[entry.rank].dp_skew_ns / 1e6, abs=1e-6)
 
 
+def test_megatrons_groups_give_the_pipelines_and_the_dp_sync(tmp_path):
+    written, summary = job(tmp_path, "gpu", run_json=False, names="megatron")
+    assert [p.ranks for p in summary.pipelines] == written.pipelines
+    for entry in summary.ranks:
+        assert entry.dp_sync_ms == pytest.approx(written.truth[entry.rank].dp_sync_ns / 1e6, abs=1e-6)
+        assert entry.dp_skew_ms == pytest.approx(written.truth[entry.rank].dp_skew_ns / 1e6, abs=1e-6)
+
+
+@pytest.mark.parametrize("names", ["runner", "megatron"])
+def test_an_all_reduce_across_stages_is_waiting_for_another_stage_not_dp_sync(tmp_path, names):
+    """Each all-reduce's record_param_comms names its pipeline's ranks (Megatron's model-parallel group):
+    its wait for the pipeline's last stage to arrive is bubble, the rest of it other; no dp_sync."""
+    written, summary = job(tmp_path, "gpu", names=names, sync_across_stages=True)
+    for entry in summary.ranks:
+        truth, (start, end) = written.truth[entry.rank], written.syncs[entry.rank]
+        group = written.pipelines[entry.pipeline]
+        waited = min(max(written.syncs[r][0] for r in group), end)
+        assert entry.dp_sync_ms == 0 and entry.dp_skew_ms == 0
+        assert entry.bubble_ms == pytest.approx((truth.bubble_ns + waited - start) / 1e6, abs=1e-6)
+        assert entry.other_ms == pytest.approx((end - waited) / 1e6, abs=1e-6)
+    assert sum(entry.other_ms for entry in summary.ranks) > 0
+
+
 def test_one_pipeline_has_no_dp_sync(tmp_path):
     write_run(tmp_path, build("1f1b", 2, 4))
     one = analyze_job(read_run(tmp_path)).summary
