@@ -355,7 +355,9 @@ def _gaps(
     gaps = pl.concat([classify(timeline(r, split, w), rules, on_gpu) for r, w in zip(per_rank, steps)])
     skews = None
     if run.group_collectives is not None:
-        synced = shifted_like_cells(run.group_collectives, clock, ("start_ns", "end_ns", "skew_end_ns"))
+        synced = shifted_like_cells(
+            run.group_collectives, clock, ("start_ns", "end_ns", "ready_ns", "skew_end_ns")
+        )
         gaps = with_collectives(gaps, synced)
         skews = skew_ns(gaps, synced)
     return waits, gaps, pl.concat(steps), skews

@@ -102,11 +102,14 @@ def _grouped(
     )
 
 
-def with_skew(found: pl.DataFrame, pipelines: list[list[int]]) -> pl.DataFrame:
-    """INSTANCES and skew_end_ns: every rank's `collectives` numbered k within their group, with the
-    group's scope (analysis.pipelines.group_scope) and start_ns + the start skew in the group (null where
-    a member lacks its k-th collective: nothing to compare). A collective whose trace names no members
-    is taken to be on the rank's DP group (every pipeline's rank of its stage) where it is DP."""
+def with_skew(found: pl.DataFrame, pipelines: list[list[int]], cells: pl.DataFrame) -> pl.DataFrame:
+    """INSTANCES, ready_ns and skew_end_ns: every rank's `collectives` numbered k within their group,
+    with the group's scope (analysis.pipelines.group_scope), when the rank was ready for it (_ready) and
+    the end of its wait for the group's other members: their latest readiness, at most its end (null
+    where a member lacks its k-th collective: nothing to compare). A collective whose trace names no
+    members is taken to be on the rank's DP group (every pipeline's rank of its stage) where it is DP.
+    `cells`: every rank's (rank, step, start_ns, done_ns: when it stopped holding the rank), on the
+    collectives' clocks."""
     said = found.select("members", "group_desc").unique()
     scopes = [group_scope(members, desc, pipelines) for members, desc in said.iter_rows()]
     said = said.with_columns(scope=pl.Series(scopes, dtype=pl.Utf8))
@@ -122,11 +125,35 @@ def with_skew(found: pl.DataFrame, pipelines: list[list[int]]) -> pl.DataFrame:
         .sort("rank", "start_ns")
         .with_columns(k=pl.int_range(pl.len(), dtype=pl.UInt32).over("rank", "key"))
     )
-    latest = pl.col("start_ns").max().over("key", "k")
+    instances = _ready(instances, cells)
+    latest = pl.col("ready_ns").max().over("key", "k")
     whole = pl.len().over("key", "k") == pl.col("members").list.len()
     return instances.select(
-        *INSTANCES, skew_end_ns=pl.when(whole).then(pl.min_horizontal(latest, "end_ns"))
+        *INSTANCES, "ready_ns", skew_end_ns=pl.when(whole).then(pl.min_horizontal(latest, "end_ns"))
     ).sort("rank", "start_ns")
+
+
+def _ready(instances: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
+    """`instances` with ready_ns: for a DP collective launched after the rank's last action of a step and
+    before its next step began, the end of that action (the device had nothing left to do: a launch held
+    back until the replicas arrive, as Megatron's converted jobs show, is waiting for them); else its
+    start."""
+    steps = (
+        cells.group_by("rank", "step")
+        .agg(last_ns=pl.col("done_ns").max(), first_ns=pl.col("start_ns").min())
+        .sort("rank", "step")
+        .with_columns(next_ns=pl.col("first_ns").shift(-1).over("rank"))
+        .select("rank", "last_ns", "next_ns")
+        .sort("last_ns")
+    )
+    found = instances.sort("start_ns").join_asof(
+        steps, left_on="start_ns", right_on="last_ns", by="rank", check_sortedness=False
+    )
+    held = (pl.col("scope") == DP) & pl.col("last_ns").is_not_null()
+    held &= pl.col("next_ns").is_null() | (pl.col("start_ns") < pl.col("next_ns"))
+    return found.with_columns(ready_ns=pl.when(held).then("last_ns").otherwise("start_ns")).drop(
+        "last_ns", "next_ns"
+    )
 
 
 def union(intervals: pl.DataFrame) -> pl.DataFrame:
@@ -166,10 +193,15 @@ def cut(gaps: pl.DataFrame, intervals: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _reclassed(gaps: pl.DataFrame, intervals: pl.DataFrame, name: str) -> pl.DataFrame:
-    """`gaps` with their idle time under `intervals` (rank, start_ns, end_ns) classed `name`, but dp_sync."""
+def _reclassed(
+    gaps: pl.DataFrame, intervals: pl.DataFrame, name: str, only: str | None = None
+) -> pl.DataFrame:
+    """`gaps` with their idle time under `intervals` (rank, start_ns, end_ns) classed `name`, but dp_sync
+    (and, with `only`, that class alone)."""
     pieces = cut(gaps, intervals)
     inside = pl.col("inside") & (pl.col("class") != "dp_sync")
+    if only is not None:
+        inside &= pl.col("class") == only
     return pieces.with_columns(pl.when(inside).then(pl.lit(name)).otherwise("class").alias("class")).drop(
         "inside"
     )
@@ -177,11 +209,15 @@ def _reclassed(gaps: pl.DataFrame, intervals: pl.DataFrame, name: str) -> pl.Dat
 
 def with_collectives(gaps: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
     """`gaps` (rank, step, start_ns, end_ns, class) with the idle time under the collectives classed by
-    their group's scope, whatever it was classed before: on a DP group dp_sync; on a group across stages,
+    their group's scope, whatever it was classed before: on a DP group dp_sync, and so is the drain
+    bubble before its launch while the rank waited for its replicas (from ready_ns to the end of its
+    skew); on a group across stages,
     within its start skew bubble (waiting for another stage, as for a pipeline partner not ready), after
     it other (its transfer, work outside the schedule). Within one stage (tensor parallel) it stays."""
-    intervals = instances.select("rank", "start_ns", "end_ns")
-    gaps = _reclassed(gaps, intervals.filter(instances["scope"] == DP), "dp_sync")
+    dp = instances.filter(pl.col("scope") == DP)
+    gaps = _reclassed(gaps, dp.select("rank", "start_ns", "end_ns"), "dp_sync")
+    held = dp.select("rank", start_ns="ready_ns", end_ns=pl.min_horizontal("start_ns", "skew_end_ns"))
+    gaps = _reclassed(gaps, held, "dp_sync", only="bubble")
     across = instances.filter(pl.col("scope") == STAGES)
     waited = pl.coalesce("skew_end_ns", "start_ns")
     gaps = _reclassed(gaps, across.select("rank", start_ns=waited, end_ns="end_ns"), "other")
@@ -189,13 +225,11 @@ def with_collectives(gaps: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFram
 
 
 def skew_ns(gaps: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
-    """Per (rank, step) with dp_sync time: dp_skew, the part of it within the collectives' start skews."""
+    """Per (rank, step) with dp_sync time: dp_skew, the part of it within the DP collectives' waits for
+    their replicas (from ready_ns to skew_end_ns)."""
     synced = gaps.filter(pl.col("class") == "dp_sync")
-    skews = (
-        instances.filter(pl.col("scope") == DP)
-        .drop_nulls("skew_end_ns")
-        .select("rank", "start_ns", end_ns="skew_end_ns")
-    )
+    dp = instances.filter(pl.col("scope") == DP).drop_nulls("skew_end_ns")
+    skews = dp.select("rank", start_ns="ready_ns", end_ns="skew_end_ns")
     pieces = cut(synced, skews).filter("inside")
     waited = pieces.group_by("rank", "step").agg(dp_skew=(pl.col("end_ns") - pl.col("start_ns")).sum())
     return synced.select("rank", "step").unique().join(waited, on=["rank", "step"], how="left").fill_null(0)
