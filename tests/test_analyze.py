@@ -10,7 +10,8 @@ import pytest
 from test_cells import cpu_action, gpipe_m1_run, trace, write_trace
 
 from analysis.cli import main
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.report import build_report
 from runners.schedules import build
 from synthetic.generate import write_run

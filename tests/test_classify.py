@@ -7,7 +7,8 @@ import pytest
 from test_cells import cpu_action, gpipe_m1_run, gpu_action, span, trace, write_trace
 
 from analysis.cells.labelled import CELL_KEY
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.timeline.classify import Rules, split_waits
 from runners.schedules.trace_names import WAIT_SENDS
 

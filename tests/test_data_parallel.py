@@ -12,8 +12,8 @@ import pytest
 
 from analysis import results
 from analysis.cli import main
-from analysis.job import analyze_job
-from analysis.pipeline import analyze_dir, read_run
+from analysis.job.join import analyze_job
+from analysis.job.run_dir import analyze_dir, read_run
 from analysis.report import build_report
 from analysis.schema import RANK_PARTS
 from analysis.timeline.dp_sync import cut

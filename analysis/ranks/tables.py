@@ -4,11 +4,11 @@
 waits and the device timeline inside them (analysis.cells), the collective events the clock alignment
 reads (analysis.timeline.clock), its memory events placed in its steps (analysis.traces.memory), its
 run-queue samples (analysis.traces.runqueue), its process groups and data-parallel collectives (for a
-job of several pipelines: analysis.pipelines, analysis.timeline.dp_sync) and, where nothing else will
+job of several pipelines: analysis.job.layout, analysis.timeline.dp_sync) and, where nothing else will
 say which ranks form the pipelines, its p2p peers (analysis.traces.comms). The event frame is not
 kept: it is the bulk of a trace's memory, and nothing across ranks needs it, so a run's ranks can be
 read one at a time or in separate processes (analysis.ranks.pool) and only these tables meet in
-analysis.pipeline.analyze_run.
+analysis.job.measure.analyze_run.
 
 Every table carries its rank in a `rank` column; `renumbered` moves all of them to another rank number
 (a pipeline of a bigger job read as ranks 0..p-1). Groups and peers name global ranks and stay so.
@@ -24,7 +24,7 @@ import polars as pl
 
 from analysis.cells.inferred import cells_of
 from analysis.cells.labelled import RankCells, rank_events
-from analysis.pipelines import Group, groups_of, is_dp_group, is_pipeline_group
+from analysis.job.layout import Group, groups_of, is_dp_group, is_pipeline_group
 from analysis.timeline.clock import collective_events
 from analysis.timeline.dp_sync import collectives, is_collective
 from analysis.traces.comms import RECORD_PARAM_COMMS, comm_groups, p2p_peers, param_comms

@@ -7,7 +7,7 @@ Name") and description ("Process Group Description"); without the list the peer 
 (the default group's). Gloo traces record no record_param_comms; NCCL ones do. The frame keeps no
 args, so the event array is decoded a second time, a piece at a time, args kept raw and read only for
 record_param_comms: for the peers only where nothing else says which ranks form the pipelines
-(analysis.pipelines), for the groups only where the trace has collectives.
+(analysis.job.layout), for the groups only where the trace has collectives.
 """
 
 from __future__ import annotations

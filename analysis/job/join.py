@@ -1,7 +1,7 @@
 """A job of one or more pipelines (PP x DP): each pipeline analysed as a run of its own, then joined.
 
-The pipelines come from analysis.pipelines; each one's ranks are renumbered 0..p-1 (their stage order)
-and measured by analysis.pipeline.measure_run, with the collectives of its ranks, their groups' scopes
+The pipelines come from analysis.job.layout; each one's ranks are renumbered 0..p-1 (their stage order)
+and measured by analysis.job.measure.measure_run, with the collectives of its ranks, their groups' scopes
 and their waits across the groups (analysis.timeline.dp_sync), and the results are mapped back to global
 ranks. The job's summary is the slowest pipeline's, with every rank's entry (closing on its pipeline's
 step_time_ms), `dp`, `pipelines` and the `straggler` (analysis.schema.Summary). Every pipeline reports
@@ -23,8 +23,8 @@ import polars as pl
 
 from analysis.attribution.parts import median_step
 from analysis.errors import InputError
-from analysis.pipeline import RunInput, measure_run
-from analysis.pipelines import DP, find_pipelines, to_global, to_local
+from analysis.job.layout import DP, find_pipelines, to_global, to_local
+from analysis.job.measure import RunInput, measure_run
 from analysis.ranks.tables import RankInput
 from analysis.results import Analysis
 from analysis.schema import PipelineEntry, Rules, Straggler
