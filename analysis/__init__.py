@@ -23,7 +23,7 @@ def analyze(run_dir: str | Path, schedule: str | None = None, m: int | None = No
     otherwise a current RUN/analysis/ is read. Bad input raises analysis.errors.InputError."""
     # imported here: `python -m analysis` and `import analysis` load this module, and the pipeline's
     # imports (polars, msgspec) are most of a command's start-up
-    from analysis.pipeline import analysis_of, analyze_dir
+    from analysis.job.run_dir import analysis_of, analyze_dir
 
     if schedule is None and m is None:
         return analysis_of(Path(run_dir))

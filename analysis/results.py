@@ -2,7 +2,7 @@
 for the merge, the report and the benchmarks), so every page and track shows what summary.json holds.
 
     summary.json          Summary (analysis.schema), the median step's figures (a job of several
-                          pipelines: its slowest pipeline's, with every rank and pipeline; analysis.job)
+                          pipelines: its slowest pipeline's, with every rank and pipeline; analysis.job.join)
     schedule.json         the executed schedule: name, p, m, v, placement and each rank's order of actions
     cells.parquet         rank, step, stage, kind, microbatch, start_ns, end_ns, blocked_ns, inferred,
                           busy_ns, compute_ns, small_gemm_ns, slowdown_ns, cpu_contention_ns

@@ -165,7 +165,7 @@ class Noise(msgspec.Struct, kw_only=True):
 
 
 class PipelineEntry(msgspec.Struct, kw_only=True):
-    """One pipeline of the job: its ranks and its own figures (analysis.job)."""
+    """One pipeline of the job: its ranks and its own figures (analysis.job.join)."""
 
     ranks: list[int]  # global ranks, in stage order
     median_step: int  # its step of median length: its ranks' entries are that step's

@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 from analysis.attribution.advice import Candidate
 from analysis.cli.advise import DEFAULT_VS, advice
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from bench.runs import P, RunPlan, request
 from bench.stats import stats
 from runners.launch import LaunchError, launch

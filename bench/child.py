@@ -41,8 +41,8 @@ def started() -> Started:
 
 
 def analyze(args: argparse.Namespace) -> tuple[Started, int, int | None]:
-    from analysis.job import analyze_job
-    from analysis.pipeline import read_run
+    from analysis.job.join import analyze_job
+    from analysis.job.run_dir import read_run
     from analysis.ranks import cluster, workers
     from analysis.results import write
     from analysis.traces.run_files import trace_files

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from analysis.cli.predict import predictions
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from bench.runs import P, RunPlan, request
 from bench.stats import stats, verdict
 from runners.launch import LaunchError, launch

@@ -16,7 +16,8 @@ from pathlib import Path
 import polars as pl
 
 from analysis.errors import InputError
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.schema import WATERFALL_TERMS
 from bench.cold import cold_passes
 from bench.stats import stats, verdict

@@ -10,7 +10,8 @@ starts there, at e(j, s), and ends on every member at the latest start plus `syn
 The step is as long as the longest sync; every rank idles after its sync until then (drain: bubble).
 Truth per rank: dp_sync = end - e(j, s), all of it exposed (nothing computes after the last action),
 and of it dp_skew = the latest start - e(j, s), the wait for the slowest replica; bubble is the rest
-of what the replay's truth called bubble. CPU: c10d::allreduce_ on the main thread (CALL_NS) and its
+of what the replay's truth called bubble. Per replica, its step alone: its last rank's end plus the
+transfer. CPU: c10d::allreduce_ on the main thread (CALL_NS) and its
 gloo:all_reduce on gloo's thread until the end; GPU: an NCCL AllReduce kernel on the comm stream.
 Each rank's trace records its process groups (distributedInfo.pg_config) as the runner names them.
 """
@@ -31,6 +32,13 @@ from synthetic.truth import RankTruth
 
 CALL_NS = 5_000  # CPU: the c10d::allreduce_ call that hands the buckets to gloo's thread
 GLOO_TID_OFFSET = 50  # gloo's worker thread is tid pid + 50
+SYNC_CORRELATION = 1 << 30  # the all-reduces' launches: correlation ids no action's launch has
+PARAM_LEAD_NS = 2_000  # the all-reduce's launch ends this long before its kernel starts
+# group descriptions: (a pipeline's p2p group, a stage's DP group, a pipeline's group across its stages)
+NAMES = {
+    "runner": ("pp_activation_up", "dp", "pp_stages"),
+    "megatron": ("PIPELINE_MODEL_PARALLEL_GROUP", "DATA_PARALLEL_GROUP", "MODEL_PARALLEL_GROUP"),
+}
 ALLREDUCE_KERNEL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 
 
@@ -38,6 +46,8 @@ class Job(NamedTuple):
     traces: dict[int, dict[str, Any]]  # global rank -> Chrome trace document
     truth: dict[int, RankTruth]  # global rank -> its truth, dp_sync and dp_skew included
     pipelines: list[list[int]]  # global ranks in stage order, one list per replica
+    alone_ns: list[int]  # each replica's step alone: its last rank's end plus the all-reduce's transfer
+    syncs: dict[int, tuple[int, int]]  # global rank -> its all-reduce's start and end in the step
 
 
 def synthesize_job(
@@ -50,12 +60,20 @@ def synthesize_job(
     shape: str = "cpu",
     steps: int = 3,
     process_groups: bool = True,
+    names: str = "runner",
+    sync_across_stages: bool = False,
+    late_launch: bool = False,
     **options: Any,
 ) -> Job:
     """dp replicas of `schedule`, replica `slow_pipeline`'s compute x `slow_factor`; `options` as
     synthetic.generate.synthesize's (no clock offsets: the replicas share a clock). Without
     `process_groups` the traces record none: only the p2p peers of unlabelled GPU traces (their
-    record_param_comms, global ranks) say which ranks form a pipeline."""
+    record_param_comms, global ranks) say which ranks form a pipeline. `names`: the groups' descriptions,
+    our runner's or "megatron"'s (NAMES). GPU: each all-reduce's record_param_comms names its group, the
+    stage's DP group, or with `sync_across_stages` its pipeline's ranks (an all-reduce across stages, as
+    Megatron's model-parallel group: then the truth's dp_sync and dp_skew are no longer its). With
+    `late_launch` each rank launches its all-reduce only when its stage's last replica arrives, nothing
+    recorded before it (as the converted Megatron jobs show): the truth is the same."""
     if shape not in ("cpu", "gpu") or options.get("clock_offset_ns"):
         raise OptionError("a PP x DP job is written cpu- or gpu-shaped, on one clock")
     lowered = schedule if schedule.lowered else lower(schedule)
@@ -69,7 +87,8 @@ def synthesize_job(
     sync_end = [latest[s] + round(sync_us * 1000) for s in range(p)]
     step_ns = max(sync_end)
     pipelines = [[s * dp + j for s in range(p)] for j in range(dp)]
-    traces, truth = {}, {}
+    traces, truth, syncs = {}, {}, {}
+    groups = _groups(pipelines, NAMES[names])
     for j, factor in enumerate(factors):
         run = synthesize(lowered, slowdown=factor, shape=shape, steps=steps, step_ns=step_ns, **options)
         for s in range(p):
@@ -77,9 +96,14 @@ def synthesize_job(
             sync = (ends[j][s], sync_end[s])
             document = run.traces[s]
             events = [_global_peers(e, pipelines[j]) for e in document["traceEvents"]]
-            events += _sync_events(document, s, sync, step_ns, steps, shape)
+            said = _said(
+                groups, [ranks[s] for ranks in pipelines] if not sync_across_stages else pipelines[j]
+            )
+            drawn = (latest[s], sync[1]) if late_launch else sync
+            events += _sync_events(document, s, drawn, step_ns, steps, shape, said)
             info = {**document["distributedInfo"], "rank": rank, "world_size": p * dp}
-            info |= _groups(pipelines) if process_groups else {}
+            info |= {"pg_config": groups} if process_groups else {}
+            syncs[rank] = sync
             traces[rank] = document | {"traceEvents": events, "distributedInfo": info}
             told = run.truth[s]
             exposed = sync[1] - sync[0]
@@ -90,11 +114,18 @@ def synthesize_job(
                 dp_sync_ns=exposed,
                 dp_skew_ns=latest[s] - ends[j][s],
             )
-    return Job(traces, truth, pipelines)
+    alone_ns = [max(ends[j]) + round(sync_us * 1000) for j in range(dp)]
+    return Job(traces, truth, pipelines, alone_ns, syncs)
 
 
 def _sync_events(
-    document: dict[str, Any], stage: int, sync: tuple[int, int], step_ns: int, steps: int, shape: str
+    document: dict[str, Any],
+    stage: int,
+    sync: tuple[int, int],
+    step_ns: int,
+    steps: int,
+    shape: str,
+    group: dict[str, Any],
 ) -> list[dict[str, Any]]:
     """Every step's all-reduce of one rank, from its start to its end on the rank's clock."""
     pid = 4000 + stage  # synthetic.generate's pid of local rank `stage`
@@ -102,13 +133,29 @@ def _sync_events(
     for step in range(steps):
         start, end = (ORIGIN_NS + step * step_ns + t for t in sync)
         if shape == "gpu":
-            stream = shapes.COMM_STREAM
-            events.append(shapes.span(ALLREDUCE_KERNEL, "kernel", stage, stream, start, end, stream=stream))
+            events += _gpu_sync(pid, stage, start, end, SYNC_CORRELATION + step, group)
         else:
             gloo = pid + GLOO_TID_OFFSET
             events.append(shapes.span("c10d::allreduce_", "cpu_op", pid, pid, start, start + CALL_NS))
             events.append(shapes.span("gloo:all_reduce", "user_annotation", pid, gloo, start, end))
     return events
+
+
+def _gpu_sync(
+    pid: int, device: int, start: int, end: int, correlation: int, group: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The all-reduce's kernel on the comm stream, launched just before it inside the record_param_comms
+    that names its process group (`group`: its args), as ProcessGroupNCCL records a collective."""
+    stream, ids = shapes.COMM_STREAM, {"correlation": correlation, "External id": correlation}
+    launch = (start - shapes.LAUNCH_NS - PARAM_LEAD_NS, start - PARAM_LEAD_NS)
+    params = {"Collective name": "allreduce", **group}
+    return [
+        shapes.span("record_param_comms", "cpu_op", pid, pid, launch[0] - 1_000, launch[1] + 1_000, **params),
+        shapes.span("cudaLaunchKernel", "cuda_runtime", pid, pid, *launch, **ids),
+        shapes.span(
+            ALLREDUCE_KERNEL, "kernel", device, stream, start, end, device=device, stream=stream, **ids
+        ),
+    ]
 
 
 def _global_peers(event: dict[str, Any], ranks: list[int]) -> dict[str, Any]:
@@ -120,11 +167,25 @@ def _global_peers(event: dict[str, Any], ranks: list[int]) -> dict[str, Any]:
     return event | {"args": args | peers}
 
 
-def _groups(pipelines: list[list[int]]) -> dict[str, Any]:
-    """The process groups a rank records: every pipeline's p2p group and every stage's DP group."""
-    groups = [("pp_activation_up", ranks) for ranks in pipelines]
-    groups += [("dp", [ranks[s] for ranks in pipelines]) for s in range(len(pipelines[0]))]
-    return {"pg_config": [{"pg_name": str(i), "pg_desc": d, "ranks": r} for i, (d, r) in enumerate(groups)]}
+def _groups(pipelines: list[list[int]], names: tuple[str, str, str]) -> list[dict[str, Any]]:
+    """The process groups a rank records (pg_config): every pipeline's p2p group, every stage's DP group,
+    and every pipeline as a group across its stages; `names` their descriptions."""
+    pp, dp, across = names
+    groups = [(pp, ranks) for ranks in pipelines]
+    groups += [(dp, [ranks[s] for ranks in pipelines]) for s in range(len(pipelines[0]))]
+    groups += [(across, ranks) for ranks in pipelines]
+    return [{"pg_name": str(i), "pg_desc": d, "ranks": r} for i, (d, r) in enumerate(groups)]
+
+
+def _said(groups: list[dict[str, Any]], members: list[int]) -> dict[str, Any]:
+    """What a collective's record_param_comms says of its group (the last pg_config entry of `members`),
+    its ranks as text, as recent torch writes them."""
+    entry = [g for g in groups if g["ranks"] == members][-1]
+    return {
+        "Process Group Name": entry["pg_name"],
+        "Process Group Description": entry["pg_desc"],
+        "Process Group Ranks": str(members),
+    }
 
 
 def write_job(

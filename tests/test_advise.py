@@ -11,7 +11,7 @@ import pytest
 from analysis.attribution.advice import UNCALIBRATED, peak_bytes, stash_bytes_per_row
 from analysis.cli import advise as advise_cli
 from analysis.cli import main
-from analysis.pipeline import read_run
+from analysis.job.run_dir import read_run
 from analysis.report import advice_section, build_report, sweeps
 from analysis.report.runs import load_run
 from runners.schedules import build

@@ -11,7 +11,8 @@ from test_cells import cpu_action, gpipe_m1_run, trace, write_trace
 
 from analysis.cli import main
 from analysis.cli.analyze import STEPS_LISTED, residual_by_step
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.report import build_report
 from analysis.schema import StepReplay
 from runners.schedules import build

@@ -8,7 +8,8 @@ import msgspec
 import polars as pl
 import pytest
 
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS
 from analysis.traces.load import load_trace
 from runners.schedules import build

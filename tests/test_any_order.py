@@ -14,7 +14,8 @@ from test_analyze_synthetic import INJECTED, INJECTED_PARTS, close
 from analysis.cells.executed import check_causality
 from analysis.cli import main
 from analysis.errors import InputError
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from runners.schedules import build, formula_bubble
 from synthetic import write_run
 from synthetic.orders import blocked_gpipe, deeper_warmup_1f1b, reverse_backward_gpipe

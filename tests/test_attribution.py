@@ -13,7 +13,8 @@ from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
 from analysis.attribution.replay import Inputs, Step, Tail, replay
 from analysis.attribution.waterfall import ladder
 from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS, WATERFALL_TERMS
 from runners.schedules import Action, Kind, build, lower, simulate
 from runners.schedules.trace_names import RUN_QUEUE_COUNTER

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from runners.schedules import Action, Kind, build
 from runners.schedules.trace_names import LABEL_PREFIX
 from synthetic import write_run

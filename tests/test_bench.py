@@ -11,7 +11,8 @@ import msgspec
 import polars as pl
 import pytest
 
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.traces.load import load_trace
 from bench.process import run_child
 from bench.runs import COLD_PAIRS

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from analysis.caveats import flags, noise, spread
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.schema import Noise, Rules
 from runners.schedules import build
 from synthetic import write_run

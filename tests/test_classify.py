@@ -7,7 +7,8 @@ import pytest
 from test_cells import cpu_action, gpipe_m1_run, gpu_action, span, trace, write_trace
 
 from analysis.cells.labelled import CELL_KEY
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.timeline.classify import Rules, split_waits
 from runners.schedules.trace_names import WAIT_SENDS
 
@@ -198,3 +199,37 @@ def test_gpu_idle_is_split_by_the_nccl_wait_and_the_launch_queue(tmp_path):
             getattr(rank, k) or 0.0 for k in result.summary.parts
         )  # small_gemm unknown: no calibration
         assert parts == pytest.approx(0.090, abs=1e-12)
+
+
+def test_a_gpu_host_blocked_on_its_send_waits_for_the_receiver_as_bubble_then_transfers_as_p2p(tmp_path):
+    """Megatron's p2p synchronizes after its sends: rank 0's host sits in cudaDeviceSynchronize (5,40)
+    while its SEND_F0 kernel (20,40) waits for rank 1, which posts its RECV_F0 at 35; nothing is queued
+    on the compute stream, yet the host is not late: it waits for its partner, the rendezvous rule of
+    blocking CPU sends."""
+    nccl = "ncclDevKernel_SendRecv"
+    rank0 = [
+        *gpu_action("0F0", 1, 3, [("gemm", 10, 20)], 100),
+        *gpu_action("0SEND_F0", 3, 5, [(nccl, 20, 40)], 200),
+        span("cudaDeviceSynchronize", 5, 40, cat="cuda_runtime"),
+        *gpu_action("0RECV_B0", 40, 42, [(nccl, 41.5, 80)], 300),
+        *gpu_action("0B0", 42, 44, [("gemm", 82, 100)], 400),
+    ]
+    rank1 = [
+        *gpu_action("1RECV_F0", 33, 35, [(nccl, 35, 40)], 100),
+        *gpu_action("1F0", 35, 37, [("gemm", 41, 55)], 200),
+        *gpu_action("1B0", 37, 39, [("gemm", 56, 75)], 300),
+        *gpu_action("1SEND_B0", 39, 41, [(nccl, 75, 79)], 400),
+    ]
+    run = tmp_path / "run"
+    run.mkdir()
+    write_trace(run, trace(0, [(0, 100)], rank0))
+    write_trace(run, trace(1, [(0, 100)], rank1))
+    gaps = analyze_run(read_run(run)).gaps
+    sending = gaps.filter(
+        (pl.col("rank") == 0) & (pl.col("start_ns") >= 20 * US) & (pl.col("end_ns") <= 41.5 * US)
+    )
+    assert sending.select("class", "start_ns", "end_ns").rows() == [
+        ("bubble", 20 * US, 35 * US),
+        ("p2p_wait", 35 * US, 40 * US),
+        ("launch_overhead", 40 * US, 41.5 * US),  # the host free again, the receive not yet launched
+    ]

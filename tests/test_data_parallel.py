@@ -12,8 +12,8 @@ import pytest
 
 from analysis import results
 from analysis.cli import main
-from analysis.job import analyze_job
-from analysis.pipeline import analyze_dir, read_run
+from analysis.job.join import analyze_job
+from analysis.job.run_dir import analyze_dir, read_run
 from analysis.report import build_report
 from analysis.schema import RANK_PARTS
 from analysis.timeline.dp_sync import cut
@@ -42,17 +42,15 @@ def job(directory, shape: str, run_json: bool = True, **options):
     return written, analyze_job(read_run(directory)).summary
 
 
-def alone_ms(truth, ranks) -> float:
-    """A pipeline's step less its ranks' wait for the slower replica (the longest such rank's), in truth."""
-    return max(truth[r].step_ns - truth[r].dp_skew_ns for r in ranks) / 1e6
-
-
-@pytest.mark.parametrize("shape", ["cpu", "gpu"])
-def test_the_slow_pipeline_and_the_exposed_sync_are_recovered(tmp_path, shape):
-    written, summary = job(tmp_path, shape)
+@pytest.mark.parametrize(
+    ("shape", "late_launch"), [("cpu", False), ("gpu", False), ("cpu", True), ("gpu", True)]
+)
+def test_the_slow_pipeline_and_the_exposed_sync_are_recovered(tmp_path, shape, late_launch):
+    """With `late_launch` the fast replica's ranks launch their all-reduce only when the slow one arrives:
+    the idle before it is still the wait for the replica, dp_sync and dp_skew, not drain bubble."""
+    written, summary = job(tmp_path, shape, late_launch=late_launch)
     assert summary.dp == 2 and [p.ranks for p in summary.pipelines] == written.pipelines == [[0, 2], [1, 3]]
-    fast = alone_ms(written.truth, written.pipelines[0])
-    slow = alone_ms(written.truth, written.pipelines[SLOW])
+    fast, slow = (ns / 1e6 for ns in written.alone_ns)  # each replica's step alone, as synthesized
     assert summary.straggler.pipeline == SLOW
     assert summary.straggler.slower_ms == pytest.approx(slow - fast, abs=1e-6)
     assert [p.step_time_alone_ms for p in summary.pipelines] == pytest.approx([fast, slow], abs=1e-6)
@@ -83,6 +81,51 @@ def test_the_pipelines_are_found_from_the_traces_alone(tmp_path, shape, options)
     for entry in summary.ranks:
         assert entry.dp_sync_ms == pytest.approx(written.truth[entry.rank].dp_sync_ns / 1e6, abs=1e-6)
         assert entry.dp_skew_ms == pytest.approx(written.truth[entry.rank].dp_skew_ns / 1e6, abs=1e-6)
+
+
+def test_a_slowed_replica_is_sized_as_injected_and_a_slow_stage_is_no_straggler(tmp_path):
+    """Replica 1's compute x 1.5: slower_fraction is its step alone over the other's, as synthesized,
+    and near the injected 0.5 (the p2p latency and launch gaps are not slowed). Equal replicas with one
+    slow stage: no replica waits for another, no straggler."""
+    written, summary = job(tmp_path / "replica", "gpu")
+    fast, slow = written.alone_ns
+    assert summary.straggler.slower_fraction == pytest.approx(slow / fast - 1, abs=1e-9)
+    assert 0.45 < summary.straggler.slower_fraction <= FACTOR - 1
+    stage = write_job(
+        tmp_path / "stage",
+        build("1f1b", 4, 4),
+        2,
+        shape="gpu",
+        sync_us=SYNC_US,
+        durations_us={"F": 1000, "B": 2000, (3, "F"): 2000, (3, "B"): 4000},
+    )
+    equal = analyze_job(read_run(tmp_path / "stage")).summary
+    assert stage.alone_ns[0] == stage.alone_ns[1]
+    assert equal.straggler.slower_fraction == 0 and equal.straggler.slower_ms == 0
+    assert all(entry.dp_skew_ms == 0 for entry in equal.ranks)
+
+
+def test_megatrons_groups_give_the_pipelines_and_the_dp_sync(tmp_path):
+    written, summary = job(tmp_path, "gpu", run_json=False, names="megatron")
+    assert [p.ranks for p in summary.pipelines] == written.pipelines
+    for entry in summary.ranks:
+        assert entry.dp_sync_ms == pytest.approx(written.truth[entry.rank].dp_sync_ns / 1e6, abs=1e-6)
+        assert entry.dp_skew_ms == pytest.approx(written.truth[entry.rank].dp_skew_ns / 1e6, abs=1e-6)
+
+
+@pytest.mark.parametrize("names", ["runner", "megatron"])
+def test_an_all_reduce_across_stages_is_waiting_for_another_stage_not_dp_sync(tmp_path, names):
+    """Each all-reduce's record_param_comms names its pipeline's ranks (Megatron's model-parallel group):
+    its wait for the pipeline's last stage to arrive is bubble, the rest of it other; no dp_sync."""
+    written, summary = job(tmp_path, "gpu", names=names, sync_across_stages=True)
+    for entry in summary.ranks:
+        truth, (start, end) = written.truth[entry.rank], written.syncs[entry.rank]
+        group = written.pipelines[entry.pipeline]
+        waited = min(max(written.syncs[r][0] for r in group), end)
+        assert entry.dp_sync_ms == 0 and entry.dp_skew_ms == 0
+        assert entry.bubble_ms == pytest.approx((truth.bubble_ns + waited - start) / 1e6, abs=1e-6)
+        assert entry.other_ms == pytest.approx((end - waited) / 1e6, abs=1e-6)
+    assert sum(entry.other_ms for entry in summary.ranks) > 0
 
 
 def test_one_pipeline_has_no_dp_sync(tmp_path):

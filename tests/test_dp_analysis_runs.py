@@ -14,8 +14,8 @@ import polars as pl
 import pytest
 from conftest import trace_run
 
-from analysis.job import analyze_job
-from analysis.pipeline import read_run
+from analysis.job.join import analyze_job
+from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_fuzz_commands import EDITS, FUZZ, SEEDS, _mutated, _run
 
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.ranks import cluster, progress, workers
 from analysis.traces.load import read_trace
 from analysis.traces.run_files import trace_files
@@ -121,7 +122,7 @@ def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(tmp_path)
     write_run(tmp_path / "run", build("gpipe", 2, 2, 1), shape="cpu")
     script = tmp_path / "script.py"
     script.write_text(
-        "from analysis.pipeline import read_run\nfrom analysis.ranks import workers\n"
+        "from analysis.job.run_dir import read_run\nfrom analysis.ranks import workers\n"
         f"with workers.applied(2):\n    print(sorted(read_run({str(tmp_path / 'run')!r}).ranks))\n"
     )
     env = os.environ | {"PYTHONPATH": str(Path(__file__).parent.parent)}

@@ -12,8 +12,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analysis.job import analyze_job
-from analysis.pipeline import read_run
+from analysis.job.join import analyze_job
+from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS
 
 pytestmark = pytest.mark.slow

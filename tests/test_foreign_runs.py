@@ -26,7 +26,8 @@ import polars as pl
 import pytest
 
 from analysis.cells.labelled import CELL_KEY
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.results import Analysis
 
 pytestmark = pytest.mark.slow

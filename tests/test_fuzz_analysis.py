@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis.errors import InputError
-from analysis.pipeline import analyze_dir
+from analysis.job.run_dir import analyze_dir
 from runners.schedules import build
 from synthetic.generate import synthesize
 from synthetic.truth import Work, calibration

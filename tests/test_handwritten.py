@@ -14,7 +14,8 @@ import polars as pl
 import pytest
 
 from analysis.errors import InputError
-from analysis.pipeline import analyze_run, measure_run, read_run
+from analysis.job.measure import analyze_run, measure_run
+from analysis.job.run_dir import read_run
 
 pytestmark = pytest.mark.slow
 P = 2

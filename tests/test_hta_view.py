@@ -21,7 +21,7 @@ from conftest import REAL_TRACES
 from analysis.cli import main
 from analysis.hta import compare as hta_compare
 from analysis.hta import figures as hta_figures
-from analysis.pipeline import analysis_of
+from analysis.job.run_dir import analysis_of
 from analysis.report import hta_section
 from analysis.report.runs import load_run
 from runners.schedules import build

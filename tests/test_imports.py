@@ -7,7 +7,7 @@ import sys
 ANALYSIS_COMMANDS = [
     "analysis.cli.analyze",
     "analysis.cli.whatif",
-    "analysis.pipeline",
+    "analysis.job.run_dir",
     "analysis.merge.merged",
     "analysis.report",
     "synthetic.generate",

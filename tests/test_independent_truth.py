@@ -12,7 +12,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from runners.schedules import build, lower
 from synthetic.executor_sim import EAGER, RENDEZVOUS, DeadlockError, HostTime, Transport, simulate_step
 from synthetic.executor_trace import stalls_before, write_executor_run

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from conftest import trace_run
 
-from analysis.pipeline import analyze_dir
+from analysis.job.run_dir import analyze_dir
 from bench.inject import HOST, SLOW, Case, measured, recovery
 
 pytestmark = pytest.mark.slow

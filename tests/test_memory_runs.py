@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 from conftest import trace_run
 
-from analysis.pipeline import analyze_dir
+from analysis.job.run_dir import analyze_dir
 from runners.execute import STASHING
 from runners.schedules import build, in_flight
 

@@ -10,10 +10,10 @@ import pytest
 
 from analysis import results
 from analysis.cli import main
+from analysis.job.run_dir import analyze_dir
 from analysis.merge.analysis_tracks import CRITICAL_TRACK, IDEAL_TRACK, SMALL_GEMM_TRACK
 from analysis.merge.merged import merge, read_ranks
 from analysis.merge.perfetto_check import problems
-from analysis.pipeline import analyze_dir
 from runners.schedules import build
 from synthetic import generate as synthetic
 

@@ -9,7 +9,8 @@ import pytest
 from test_cells import cpu_action, span, trace, write_trace
 
 from analysis.attribution.parts import shortfall
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS
 
 US = 1e-3  # ms

@@ -1,4 +1,4 @@
-"""analysis.pipelines: a job's pipelines from run.json, the traces' process groups or p2p peers, or refused."""
+"""analysis.job.layout: a job's pipelines from run.json, the traces' process groups or p2p peers, or refused."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from analysis.errors import InputError
-from analysis.pipelines import Group, find_pipelines, groups_of
+from analysis.job.layout import DP, STAGE, STAGES, Group, find_pipelines, group_scope, groups_of, named_scope
 
 # P=2 x DP=2 laid out with pp outermost: pipeline j holds [j, j + 2]; the DP group of stage s [2s, 2s + 1].
 PIPELINES = [[0, 2], [1, 3]]
@@ -90,5 +90,66 @@ def test_pg_config_entries_without_a_name_or_ranks_are_skipped():
             "junk",
         ]
     )
-    assert groups_of(info) == (Group("default_pg", (0, 1)),)
+    assert groups_of(info) == (Group("default_pg", (0, 1), "0"),)
     assert groups_of(SimpleNamespace(pg_config=None)) == ()
+
+
+# Megatron-LM's group_desc for P=2 x DP=2 (tp = 1), as Kineto's pg_config carries them
+MEGATRON = (
+    Group("PIPELINE_MODEL_PARALLEL_GROUP", (0, 2), "4"),
+    Group("PIPELINE_MODEL_PARALLEL_GROUP", (1, 3), "5"),
+    Group("DATA_PARALLEL_GROUP", (0, 1), "1"),
+    Group("DATA_PARALLEL_GROUP", (2, 3), "2"),
+    Group("EMBEDDING_GROUP", (0, 2), "6"),
+    Group("MODEL_PARALLEL_GROUP", (0, 2), "3"),
+    Group("TENSOR_MODEL_PARALLEL_GROUP", (0,), "7"),
+)
+
+
+def test_megatrons_pipeline_groups_hold_each_pipeline():
+    assert find_pipelines(4, None, per_rank(*MEGATRON), {}) == PIPELINES
+
+
+def test_megatrons_dp_groups_alone_give_the_pipelines_across_them():
+    dp = [g for g in MEGATRON if g.name == "DATA_PARALLEL_GROUP"]
+    assert find_pipelines(4, None, per_rank(*dp), {}) == PIPELINES
+
+
+@pytest.mark.parametrize(
+    ("name", "scope"),
+    [
+        ("DATA_PARALLEL_GROUP", DP),
+        ("DATA_PARALLEL_GROUP_WITH_CP", DP),
+        ("mesh_dp", DP),
+        ("mesh_dp_shard", DP),
+        ("dp", DP),
+        ("EMBEDDING_GROUP", STAGES),
+        ("MODEL_PARALLEL_GROUP", STAGES),
+        ("PIPELINE_MODEL_PARALLEL_GROUP", STAGES),
+        ("mesh_pp", STAGES),
+        ("default_pg", STAGES),
+        ("TENSOR_MODEL_PARALLEL_GROUP", STAGE),
+        ("mesh_tp", STAGE),
+        ("mesh_cp", STAGE),
+        ("some_group", None),
+    ],
+)
+def test_a_groups_name_says_what_it_spans(name, scope):
+    assert named_scope(name) == scope
+
+
+@pytest.mark.parametrize(
+    ("members", "name", "scope"),
+    [
+        ((0, 1), "MODEL_PARALLEL_GROUP", DP),  # the members decide over the name
+        ((0, 2), "DATA_PARALLEL_GROUP", STAGES),
+        ((0, 1, 2, 3), None, STAGES),  # the world group of a gradient-norm all-reduce
+        ((0, 4), None, STAGE),  # one traced member (rank 4: a tensor-parallel peer not traced): alone
+        ((0, 4), "TENSOR_MODEL_PARALLEL_GROUP", STAGE),
+        ((0, 4), "EMBEDDING_GROUP", STAGES),
+        (None, "EMBEDDING_GROUP", STAGES),
+        (None, None, DP),  # gloo records no group: the gradient sync, as before groups were read
+    ],
+)
+def test_a_collectives_group_is_known_by_its_traced_members_then_its_name(members, name, scope):
+    assert group_scope(members, name, PIPELINES) == scope

@@ -15,7 +15,8 @@ from analysis.attribution.predict import Unpredictable, predict, step_levels
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
 from analysis.attribution.replay import Inputs, Tail
 from analysis.cli import main
-from analysis.pipeline import analysis_of, analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import analysis_of, read_run
 from analysis.report import build_report
 from analysis.report.sweeps import predicted_steps
 from runners.presets import CALIBRATED_MS

@@ -20,7 +20,7 @@ import pytest
 from conftest import summary_of
 
 from analysis import results
-from analysis.pipeline import analyze_dir
+from analysis.job.run_dir import analyze_dir
 from analysis.report import build_report, charts
 from analysis.report.frames import coarsen, ideal_frame, step_origin, timeline_frame, waterfall_frame
 from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks, thinned

@@ -13,7 +13,8 @@ import polars as pl
 import pytest
 from conftest import REPO, trace_command, trace_run
 
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from runners.schedules import build
 
 M = 4

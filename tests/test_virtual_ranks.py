@@ -13,7 +13,8 @@ import pytest
 
 from analysis.cells.virtual_ranks import RECEIVE, split, virtual_ranks
 from analysis.errors import InputError
-from analysis.pipeline import analyze_run, read_run
+from analysis.job.measure import analyze_run
+from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS
 from analysis.traces.run import load_run
 from runners.schedules import build

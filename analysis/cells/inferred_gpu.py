@@ -27,6 +27,7 @@ from analysis.cells.labelled import (
     RankEvents,
     _device_windows,
     _unscheduled,
+    host_syncs,
 )
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
 from analysis.cells.spans import assign_steps, union
@@ -155,9 +156,9 @@ def gpu_cells(events: RankEvents) -> RankCells:
         .sort("rank", "start_ns")
     )
     steps = _device_windows(events.frame, host_steps, cells)
-    return RankCells(
-        cells, waits.sort("rank", "start_ns"), steps, kernels, _unscheduled(events, cells, kernels, steps)
-    )
+    unscheduled = _unscheduled(events, cells, kernels, steps)
+    syncs = host_syncs(events.frame, host_steps)
+    return RankCells(cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, host_syncs=syncs)
 
 
 def _compute_cells(timed: pl.DataFrame) -> pl.DataFrame:

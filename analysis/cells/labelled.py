@@ -27,6 +27,7 @@ from runners.schedules.trace_names import LABEL_PREFIX, OPERATOR_CATEGORY, WAIT_
 # Blocking p2p waits on the host thread: the recv call and gloo's span of it (gloo may block inside the
 # call before its span opens, or inside the span), until the data arrived.
 HOST_WAIT_NAMES = ("gloo:recv", "c10d::recv_")
+SYNCHRONIZE = r"^(cuda|hip)(Device|Stream|Event)Synchronize$"
 # Host spans that are not work of the rank's own: labels, steps, and async comm spans that outlive
 # the call that started them (gloo:send runs until the peer has the data).
 NOT_HOST_WORK = (LABEL_PREFIX, STEP_PREFIX, WAIT_SENDS, "gloo:", "nccl:")
@@ -61,6 +62,8 @@ class RankCells:
     ops: pl.DataFrame | None = None  # CPU: CELL_KEY + start_ns, end_ns, the union of operator spans per cell
     # CPU, our executor: rank, step, start_ns, end_ns of its wait for pending sends after the last action
     send_waits: pl.DataFrame | None = None
+    # GPU: rank, step, start_ns, end_ns of the host's synchronize calls (blocked until the device is done)
+    host_syncs: pl.DataFrame | None = None
 
     def map(self, change: Callable[[pl.DataFrame], pl.DataFrame]) -> RankCells:
         """The same rank with `change` applied to each of its frames."""
@@ -213,6 +216,14 @@ def _host_waits(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     return _cell_union(_clipped(waits, cells), cells)
 
 
+def host_syncs(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """The host's synchronize calls (cudaDeviceSynchronize, cudaStreamSynchronize, ...: the host blocked
+    until the device's work is done, as Megatron's p2p waits for its sends), by step."""
+    runtime = cat_in(frame, lambda cat: "runtime" in cat)
+    calls = rows(frame, runtime & pl.col("name").str.contains(SYNCHRONIZE), "rank", "start_ns", "end_ns")
+    return assign_steps(calls, steps).select("rank", "step", "start_ns", "end_ns")
+
+
 def _send_waits(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """The executor's `PP wait for sends` spans (runners.schedules.trace_names), by step."""
     spans = rows(frame, (pl.col("name") == WAIT_SENDS) & (pl.col("ph") == "X"), "rank", "start_ns", "end_ns")
@@ -318,4 +329,7 @@ def labelled_cells(events: RankEvents, labels: pl.DataFrame) -> RankCells:
     )
     unscheduled = _unscheduled(events, labels, kernels, steps)
     ops = None if kernels is not None else operator_spans(events.ops, labels)
-    return RankCells(cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, ops, send_waits)
+    syncs = None if kernels is None else host_syncs(events.frame, events.steps)
+    return RankCells(
+        cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, ops, send_waits, syncs
+    )

@@ -19,7 +19,7 @@ from analysis.attribution.advice import MIB, Advice, admitted, advise
 from analysis.cli.predict import check_limit, microbatch_counts
 from analysis.errors import InputError, TraceWarning
 from analysis.files import write_atomically
-from analysis.pipeline import analysis_of
+from analysis.job.run_dir import analysis_of
 from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import ADVICE_FILE
 from runners.presets import CALIBRATED_MS

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.pipeline import analyze_dir  # (imported here: `analyze --help` needs no polars)
+    from analysis.job.run_dir import analyze_dir  # (imported here: `analyze --help` needs no polars)
 
     summary = analyze_dir(args.run_dir, schedule=args.schedule, m=args.m).summary
     print(table(summary))

@@ -19,7 +19,7 @@ from analysis.errors import InputError
 from analysis.hta import compare as hta_compare
 from analysis.hta import figures as hta_figures
 from analysis.hta import run as hta_run
-from analysis.pipeline import analysis_of
+from analysis.job.run_dir import analysis_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

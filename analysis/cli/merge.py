@@ -15,9 +15,9 @@ from pathlib import Path
 
 from analysis import results
 from analysis.errors import InputError, LimitExceeded, printable
-from analysis.job import analyze_job
+from analysis.job.join import analyze_job
+from analysis.job.run_dir import run_input
 from analysis.merge.merged import kept_ranks, read_ranks, write_merged
-from analysis.pipeline import run_input
 from analysis.results import Analysis
 from analysis.traces import limits
 from analysis.traces.load import TraceWarning

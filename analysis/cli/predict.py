@@ -18,7 +18,7 @@ import msgspec
 from analysis.attribution.predict import Prediction, predict_each
 from analysis.errors import InputError, LimitExceeded
 from analysis.files import write_atomically
-from analysis.pipeline import analysis_of
+from analysis.job.run_dir import analysis_of
 from analysis.schema import Summary
 from analysis.traces import limits
 from analysis.traces.load import TraceWarning

@@ -4,11 +4,11 @@
 waits and the device timeline inside them (analysis.cells), the collective events the clock alignment
 reads (analysis.timeline.clock), its memory events placed in its steps (analysis.traces.memory), its
 run-queue samples (analysis.traces.runqueue), its process groups and data-parallel collectives (for a
-job of several pipelines: analysis.pipelines, analysis.timeline.dp_sync) and, where nothing else will
-say which ranks form the pipelines, its p2p peers (analysis.traces.peers). The event frame is not
+job of several pipelines: analysis.job.layout, analysis.timeline.dp_sync) and, where nothing else will
+say which ranks form the pipelines, its p2p peers (analysis.traces.comms). The event frame is not
 kept: it is the bulk of a trace's memory, and nothing across ranks needs it, so a run's ranks can be
 read one at a time or in separate processes (analysis.ranks.pool) and only these tables meet in
-analysis.pipeline.analyze_run.
+analysis.job.measure.analyze_run.
 
 Every table carries its rank in a `rank` column; `renumbered` moves all of them to another rank number
 (a pipeline of a bigger job read as ranks 0..p-1). Groups and peers name global ranks and stay so.
@@ -24,12 +24,12 @@ import polars as pl
 
 from analysis.cells.inferred import cells_of
 from analysis.cells.labelled import RankCells, rank_events
-from analysis.pipelines import Group, groups_of, is_dp_group, is_pipeline_group
+from analysis.job.layout import Group, groups_of, is_dp_group, is_pipeline_group
 from analysis.timeline.clock import collective_events
-from analysis.timeline.dp_sync import collectives
+from analysis.timeline.dp_sync import collectives, is_collective
+from analysis.traces.comms import RECORD_PARAM_COMMS, comm_groups, p2p_peers, param_comms
 from analysis.traces.load import RawTrace
 from analysis.traces.memory import memory_events, with_steps
-from analysis.traces.peers import p2p_peers
 from analysis.traces.runqueue import run_queue_samples
 
 
@@ -43,7 +43,9 @@ class RankInput:
     memory: pl.DataFrame  # analysis.traces.memory.EVENT_SCHEMA + step: the memory events in its steps
     samples: pl.DataFrame  # analysis.traces.runqueue.SAMPLE_SCHEMA
     groups: tuple[Group, ...]  # its process groups (distributedInfo.pg_config)
-    dp_collectives: pl.DataFrame  # its collectives in issue order (analysis.timeline.dp_sync.collectives)
+    group_collectives: (
+        pl.DataFrame
+    )  # its collectives with their groups (analysis.timeline.dp_sync.collectives)
     peers: frozenset[int]  # global ranks its p2p ops name; empty where they were not wanted
     # its cells were inferred from the op stream, which takes a rank's one stage to be its rank number
     stage_is_rank: bool = False
@@ -69,11 +71,25 @@ class RankInput:
         return replace(self, rank=rank, cells=self.cells.map(moved), **tables)
 
 
-def text_peers(trace: RawTrace, config: dict | None, alone: bool) -> frozenset[int]:
-    """The p2p peers named in the trace's text (a second decode, read before the text is dropped), where
-    run.json (`config`), the trace's own process groups and its being the run's only trace (`alone`)
-    leave the pipelines unsaid; else none."""
-    return frozenset(p2p_peers(trace)) if _wants_peers(trace, config, alone) else frozenset()
+@dataclass(frozen=True)
+class FromText:
+    """What a rank's tables take from its trace's JSON text, read before the text is dropped."""
+
+    peers: frozenset[int]  # global ranks its p2p ops name; empty where they were not wanted
+    groups: pl.DataFrame | None  # its record_param_comms' groups (analysis.traces.comms.comm_groups)
+
+
+def from_text(trace: RawTrace, config: dict | None, alone: bool) -> FromText:
+    """The p2p peers named in the trace's text, where run.json (`config`), the trace's own process groups
+    and its being the run's only trace (`alone`) leave the pipelines unsaid, and the groups its
+    collectives name, where it has record_param_comms ops: one more decode of the text, where either is
+    wanted."""
+    peers, groups = _wants_peers(trace, config, alone), _wants_groups(trace.frame, config, alone)
+    comms = param_comms(trace) if peers or groups else []
+    return FromText(
+        frozenset(p2p_peers(comms, trace.rank)) if peers else frozenset(),
+        comm_groups(comms) if groups else None,
+    )
 
 
 def pipelines_said(config: dict | None, alone: bool) -> bool:
@@ -89,6 +105,20 @@ def _wants_peers(trace: RawTrace, config: dict | None, alone: bool) -> bool:
     return not any(is_pipeline_group(g.name) or is_dp_group(g.name) for g in groups)
 
 
+def one_pipeline(config: dict | None, alone: bool) -> bool:
+    """The run is one pipeline: its only trace, or run.json's dp of 1 with no pipelines listed. Else its
+    traces' texts are read a second time (from_text), for the groups and maybe the peers."""
+    return alone or (config is not None and config.get("dp", 1) == 1 and "pipelines" not in config)
+
+
+def _wants_groups(frame: pl.DataFrame, config: dict | None, alone: bool) -> bool:
+    """A trace of a job that may have several pipelines, with collectives and record_param_comms."""
+    if one_pipeline(config, alone):
+        return False
+    said = pl.col("name") == RECORD_PARAM_COMMS
+    return frame.select(said.any() & is_collective(pl.col("name")).any()).item()
+
+
 def without_events(trace: RawTrace) -> RawTrace:
     """The trace without its JSON text (the largest part of it after the frame), its frame and its
     counter table: what crosses processes once the tables are made (load_run checks the rest)."""
@@ -102,11 +132,13 @@ def without_events(trace: RawTrace) -> RawTrace:
 
 
 def rank_input(
-    trace: RawTrace, peers: frozenset[int] | None = None, config: dict | None = None, alone: bool = True
+    trace: RawTrace, text: FromText | None = None, config: dict | None = None, alone: bool = True
 ) -> RankInput:
-    """One rank's tables from its loaded trace (whose rank is known); `peers`: its text_peers, where
-    they were read before its text was dropped, else read here with `config` and `alone`."""
+    """One rank's tables from its loaded trace (whose rank is known); `text`: what from_text read, before
+    the trace's text was dropped, else read here with `config` and `alone`."""
+    text = from_text(trace, config, alone) if text is None else text
     frame = trace.frame
+    groups = groups_of(trace.header.get("distributedInfo"))
     events = rank_events(frame)
     cells = cells_of(frame, trace.path, events)
     return RankInput(
@@ -117,9 +149,9 @@ def rank_input(
         on_gpu=events.device is not None,
         memory=with_steps(memory_events(trace), events.steps),
         samples=run_queue_samples(trace),
-        groups=groups_of(trace.header.get("distributedInfo")),
-        dp_collectives=collectives(frame),
-        peers=text_peers(trace, config, alone) if peers is None else peers,
+        groups=groups,
+        group_collectives=collectives(frame, text.groups, groups),
+        peers=text.peers,
         # labels name their stages; only the op-stream inference leaves every cell inferred
         stage_is_rank=cells.cells.height > 0 and bool(cells.cells["inferred"].all()),
     )

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import polars as pl
 
-from analysis.pipelines import to_local
+from analysis.job.layout import to_local
 from analysis.report import advice_section, charts, hta_section, whatif_section
 from analysis.report.frames import (
     coarsen,

@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 
 from analysis.errors import InputError
-from analysis.pipeline import analysis_of
+from analysis.job.run_dir import analysis_of
 from analysis.results import Analysis
 from analysis.schema import Summary
 from analysis.traces import limits

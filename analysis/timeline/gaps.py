@@ -125,7 +125,19 @@ def runs(labelled: pl.DataFrame, column: str, keys: tuple[str, ...] = ("rank", "
 WAIT_LAYERS = ("bubble_wait", "p2p_wait", "unmatched_wait")
 # unposted (classify.split_waits): a blocking SEND before its receiver posted; not a wait layer, it makes
 # nothing idle (a SEND cell is idle on CPU anyway)
-LAYERS = ("busy", "issued", "action", "sending", "unposted", "active", "head", "unscheduled", *WAIT_LAYERS)
+# host_sync: GPU, the host blocked in a synchronize call (RankCells.host_syncs)
+LAYERS = (
+    "busy",
+    "issued",
+    "action",
+    "sending",
+    "unposted",
+    "active",
+    "head",
+    "unscheduled",
+    "host_sync",
+    *WAIT_LAYERS,
+)
 
 
 def windows(rank: RankCells) -> pl.DataFrame:
@@ -201,6 +213,7 @@ def timeline(rank: RankCells, waits: pl.DataFrame, steps: pl.DataFrame) -> pl.Da
             ),
             layer(_head(rank.cells), "head"),
             layer(rank.unscheduled, "unscheduled"),  # (a union per step already: RankCells)
+            *([] if rank.host_syncs is None else [layer(rank.host_syncs, "host_sync")]),
             waits.select(INTERVAL),
         ],
         how="vertical_relaxed",

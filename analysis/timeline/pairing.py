@@ -114,7 +114,7 @@ def _renumbered(cells: RankCells, mapping: dict[int, int]) -> RankCells:
 
 
 def paired_steps(per_rank: list[RankCells]) -> list[RankCells]:
-    """Every rank's steps numbered as rank 0's steps they ran with (analysis.pipeline keeps the steps all
+    """Every rank's steps numbered as rank 0's steps they ran with (analysis.job.measure keeps the steps all
     ranks then share); unchanged when the numbers already pair them. Each rank is paired with the rank
     before it (already numbered as rank 0's): neighbours in a pipeline start their steps a stage apart,
     so their steps overlap most, where rank 0's and the last rank's may overlap by half or less."""

@@ -1,14 +1,17 @@
 """A job of one or more pipelines (PP x DP): each pipeline analysed as a run of its own, then joined.
 
-The pipelines come from analysis.pipelines; each one's ranks are renumbered 0..p-1 (their stage order)
-and measured by analysis.pipeline.measure_run, with the DP collectives of its ranks and their start
-skews across the DP groups (analysis.timeline.dp_sync), and the results are mapped back to global
+The pipelines come from analysis.job.layout; each one's ranks are renumbered 0..p-1 (their stage order)
+and measured by analysis.job.measure.measure_run, with the collectives of its ranks, their groups' scopes
+and their waits across the groups (analysis.timeline.dp_sync), and the results are mapped back to global
 ranks. The job's summary is the slowest pipeline's, with every rank's entry (closing on its pipeline's
 step_time_ms), `dp`, `pipelines` and the `straggler` (analysis.schema.Summary). Every pipeline reports
 the job's step of median length (each is measured once, then summarised at that step), so the ranks
-of all of them are compared in one step. The slowest is the one whose step alone (its
-step less the time its ranks waited for slower replicas, the longest such rank's) is longest: the
+of all of them are compared in one step. The slowest is the one whose step alone (its step less
+the longest wait of one of its ranks for a slower replica, its largest dp_skew) is longest: the
 gradient sync makes every pipeline's step as long as the slowest's, and this is what tells them apart.
+The rank that waits longest is the one whose own work ended earliest against the slowest replica's:
+with every stage of a replica slowed alike, the last stage to finish, whose end plus the sync's
+transfer is the pipeline's step alone.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import polars as pl
 
 from analysis.attribution.parts import median_step
 from analysis.errors import InputError
-from analysis.pipeline import RunInput, measure_run
-from analysis.pipelines import find_pipelines, to_global, to_local
+from analysis.job.layout import DP, find_pipelines, to_global, to_local
+from analysis.job.measure import RunInput, measure_run
+from analysis.ranks.tables import RankInput
 from analysis.results import Analysis
 from analysis.schema import PipelineEntry, Rules, Straggler
 from analysis.timeline.clock import ClockEstimate
@@ -48,7 +52,8 @@ def _unsynced(run: RunInput, instances: pl.DataFrame | None) -> list[str]:
     """A note for ranks of a job of several pipelines where no DP collective was found."""
     if instances is None:
         return []
-    missing = sorted(set(run.ranks) - set(instances["rank"].unique().to_list()))
+    synced = instances.filter(pl.col("scope") == DP)["rank"].unique().to_list()
+    missing = sorted(set(run.ranks) - set(synced))
     if not missing:
         return []
     return [
@@ -66,9 +71,20 @@ def _job_step(parts: list[pl.DataFrame]) -> int:
 
 
 def _instances(run: RunInput, pipelines: list[list[int]]) -> pl.DataFrame:
-    """Every rank's DP collectives with their start skews; stage s's DP group is every pipeline's s-th rank."""
-    found = pl.concat([run.ranks[rank].dp_collectives for rank in sorted(run.ranks)])
-    return with_skew(found, [list(group) for group in zip(*pipelines)])
+    """Every rank's collectives with their groups' scopes and their start skews."""
+    found = pl.concat([run.ranks[rank].group_collectives for rank in sorted(run.ranks)])
+    cells = pl.concat([_done(run.ranks[rank]) for rank in sorted(run.ranks)])
+    return with_skew(found, pipelines, cells)
+
+
+def _done(rank: RankInput) -> pl.DataFrame:
+    """A rank's cells (rank, step, start_ns) with done_ns, when each stopped holding the rank: its end; on
+    GPU a SEND's start (its kernel runs on the comm stream until the receiver has the data, the compute
+    stream free: the hop is counted on the receiver)."""
+    sending = pl.col("kind").str.starts_with("SEND") & rank.on_gpu
+    return rank.cells.cells.select(
+        "rank", "step", "start_ns", done_ns=pl.when(sending).then("start_ns").otherwise("end_ns")
+    )
 
 
 def _pipeline_input(run: RunInput, ranks: list[int], instances: pl.DataFrame | None) -> RunInput:
@@ -79,7 +95,7 @@ def _pipeline_input(run: RunInput, ranks: list[int], instances: pl.DataFrame | N
 
 def _entry(analysis: Analysis, ranks: list[int]) -> PipelineEntry:
     summary = analysis.summary
-    alone = max(summary.step_time_ms - entry.dp_skew_ms for entry in summary.ranks)
+    alone = summary.step_time_ms - max(entry.dp_skew_ms for entry in summary.ranks)
     return PipelineEntry(
         ranks=ranks,
         median_step=summary.median_step,

@@ -2,9 +2,10 @@
 
 Found, in this order, from run.json's "pipelines" (our runner writes them); from the process groups
 the traces record (Kineto's distributedInfo.pg_config): a pipeline's p2p groups (our runner's
-`pp_activation_up` ... and torch DeviceMesh's `mesh_pp`) hold its ranks, and without them the
-data-parallel groups (our runner's `dp`, a mesh's `mesh_dp`) do, pipeline j taking the j-th rank of
-every one (a mesh that splits dp in two, dp_shard x dp_replicate, is read from its pp groups); from
+`pp_activation_up` ..., torch DeviceMesh's and torchtitan's `mesh_pp`, Megatron's
+`PIPELINE_MODEL_PARALLEL_GROUP`) hold its ranks, and without them the data-parallel groups (our
+runner's `dp`, a mesh's `mesh_dp`, Megatron's `DATA_PARALLEL_GROUP`) do, pipeline j taking the j-th
+rank of every one (a mesh that splits dp in two, dp_shard x dp_replicate, is read from its pp groups); from
 the peers of the traces' p2p ops; else, when nothing says there is more than one pipeline, every rank
 is one pipeline (as before DP). A job that says it has replicas but not where is refused. Within a
 pipeline the stage order is the rank order: in the mesh layout with pp outermost (global rank =
@@ -23,6 +24,9 @@ import polars as pl
 from analysis.errors import InputError
 
 _MESH_PREFIX = "mesh_"  # torch's DeviceMesh names a dimension's groups mesh_<dim name>
+# Megatron-LM's group_desc (megatron/core/parallel_state.py), as Kineto's pg_config carries it
+MEGATRON_PIPELINE = "PIPELINE_MODEL_PARALLEL_GROUP"
+MEGATRON_DP = "DATA_PARALLEL_GROUP"
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class Group:
 
     name: str
     ranks: tuple[int, ...]
+    id: str | None = None  # pg_name: the "Process Group Name" a collective's record_param_comms gives
 
 
 def groups_of(distributed_info: Any) -> tuple[Group, ...]:
@@ -43,9 +48,9 @@ def groups_of(distributed_info: Any) -> tuple[Group, ...]:
     for entry in config:
         if not isinstance(entry, dict):
             continue
-        name, ranks = entry.get("pg_desc"), entry.get("ranks")
+        name, ranks, id = entry.get("pg_desc"), entry.get("ranks"), entry.get("pg_name")
         if isinstance(name, str) and isinstance(ranks, list) and all(type(r) is int for r in ranks):
-            found.append(Group(name, tuple(ranks)))
+            found.append(Group(name, tuple(ranks), id if isinstance(id, str) else None))
     return tuple(found)
 
 
@@ -54,13 +59,49 @@ def _dimension(name: str) -> str:
 
 
 def is_pipeline_group(name: str) -> bool:
-    """Our runner's p2p groups (pp_activation_up, ...) and a mesh's pp dimension."""
-    return _dimension(name) == "pp" or name.startswith("pp_")
+    """Our runner's p2p groups (pp_activation_up, ...), a mesh's pp dimension, Megatron's pipeline group."""
+    return _dimension(name) == "pp" or name.startswith("pp_") or name == MEGATRON_PIPELINE
 
 
 def is_dp_group(name: str) -> bool:
-    """Our runner's DP groups (`dp`) and a mesh's dp dimension (`mesh_dp`)."""
-    return _dimension(name) == "dp"
+    """One stage's replicas, all of them: our runner's DP groups (`dp`), a mesh's dp dimension (`mesh_dp`),
+    Megatron's DATA_PARALLEL_GROUP."""
+    return _dimension(name) == "dp" or name == MEGATRON_DP
+
+
+# What a collective's group spans (analysis.timeline.dp_sync): one stage's replicas (the gradient sync),
+# several stages (waiting for another stage), or one stage of one replica (tensor or context parallel)
+DP, STAGES, STAGE = "dp", "stages", "stage"
+# Megatron's groups across stages: the embedding group (first and last stage), the model-parallel group
+# (tp x pp, the gradient norm's); torch's world group
+_ACROSS_STAGES = ("EMBEDDING_GROUP", "POSITION_EMBEDDING_GROUP", "MODEL_PARALLEL_GROUP", "default_pg")
+_IN_ONE_STAGE = ("TENSOR_MODEL_PARALLEL_GROUP", "CONTEXT_PARALLEL_GROUP", "tp", "cp")
+
+
+def named_scope(name: str | None) -> str | None:
+    """The scope a group's description says (our runner's, a DeviceMesh's or torchtitan's mesh_<dim>,
+    Megatron's group_desc); None where it says none known."""
+    if name is None:
+        return None
+    if is_pipeline_group(name) or name in _ACROSS_STAGES:
+        return STAGES
+    if _dimension(name) in _IN_ONE_STAGE or name in _IN_ONE_STAGE:
+        return STAGE
+    if _dimension(name).startswith("dp") or "DATA_PARALLEL" in name:
+        return DP
+    return None
+
+
+def group_scope(members: Sequence[int] | None, name: str | None, pipelines: list[list[int]]) -> str:
+    """What a collective's group spans: by the stages and replicas of its members that are traced, where
+    two or more are; else by its name; else, where it lists members (one traced: its partners are not
+    traced replicas), one stage; where it lists none (gloo records no group), DP: the gradient sync."""
+    place = {rank: (stage, j) for j, ranks in enumerate(pipelines) for stage, rank in enumerate(ranks)}
+    known = [place[rank] for rank in members or () if rank in place]
+    if len(known) > 1:
+        stages, replicas = {stage for stage, _ in known}, {j for _, j in known}
+        return STAGES if len(stages) > 1 else DP if len(replicas) > 1 else STAGE
+    return named_scope(name) or (DP if members is None else STAGE)
 
 
 def find_pipelines(

@@ -1,22 +1,20 @@
-"""One run's analysis from its traces: cells -> clock -> gaps and classes -> parts -> waterfall.
+"""One pipeline's measurement from its ranks' tables: cells -> clock -> gaps and classes -> parts -> waterfall.
 
 `analyze_run` is pure: a run's loaded traces in, an `analysis.results.Analysis` out; `measure_run` is
 its work over every analysed step, before the summary's step is chosen (a job's pipelines report the
-job's step: analysis.job). `read_run` and `analyze_dir` are the I/O at its edges (analyze_dir writes
-RUN/analysis/ through analysis.results). The summary is the median step's (the lower median when the
-count is even, so it is a step that happened and its parts close exactly).
+job's step: analysis.job.join). Reading a run directory and writing its analysis are
+analysis.job.run_dir's. The summary is the median step's (the lower median when the count is even, so
+it is a step that happened and its parts close exactly).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
-from analysis import results
 from analysis.attribution.critical import composition, critical_table, with_slack
 from analysis.attribution.model import StepModel, fit
 from analysis.attribution.own_step import OwnSteps, measure
@@ -35,23 +33,18 @@ from analysis.attribution.waterfall import Ladder, ideal_frame, ladder
 from analysis.caveats import flags, noise
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
 from analysis.cells.labelled import RankCells
-from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError
-from analysis.pipelines import Group
-from analysis.ranks.pool import read_ranks
-from analysis.ranks.tables import RankInput, rank_input
+from analysis.job.layout import Group
+from analysis.ranks.tables import RankInput
 from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Rules, StepReplay, Summary
 from analysis.timeline.classify import classify, split_waits
 from analysis.timeline.clock import ClockEstimate, on_one_clock, shifted_like_cells
-from analysis.timeline.dp_sync import skew_ns, with_dp_sync
+from analysis.timeline.dp_sync import skew_ns, with_collectives
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
 from analysis.traces.load import TraceWarning
 from analysis.traces.memory import Memory, memory_of
-from analysis.traces.run import RunTraces
-from analysis.traces.run_files import run_in
-from analysis.whatif.figures import with_whatif
 from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
 from runners.schedules.trace_names import LABEL_PREFIX
 
@@ -61,9 +54,9 @@ class RunInput:
     path: Path
     ranks: dict[int, RankInput]  # rank -> what the analysis reads of its trace (analysis.ranks.tables)
     run_json: dict | None
-    # the DP collectives of a pipeline's ranks with their start skews (analysis.timeline.dp_sync.with_skew);
-    # None at dp = 1
-    dp_collectives: pl.DataFrame | None = None
+    # the collectives of a pipeline's ranks with their groups' scopes and start skews
+    # (analysis.timeline.dp_sync.with_skew); None at dp = 1
+    group_collectives: pl.DataFrame | None = None
 
     @property
     def sources(self) -> dict[int, Path]:
@@ -81,54 +74,13 @@ class RunInput:
 
     @property
     def groups(self) -> dict[int, tuple[Group, ...]]:
-        """rank -> its process groups (analysis.pipelines)."""
+        """rank -> its process groups (analysis.job.layout)."""
         return {rank: one.groups for rank, one in self.ranks.items()}
 
     @property
     def peers(self) -> dict[int, set[int]]:
         """rank -> its p2p peers, read only where nothing else says which ranks form the pipelines."""
         return {rank: set(one.peers) for rank, one in self.ranks.items() if one.peers}
-
-
-def read_run(path: Path) -> RunInput:
-    """The traces of a run directory and its run.json (analysis.traces.run.load_run checks they form a
-    run), each rank read into its tables alone, in a pool of processes (analysis.ranks.pool)."""
-    run, ranks = read_ranks(path)
-    return RunInput(run.path, ranks, run.config)
-
-
-def run_input(run: RunTraces) -> RunInput:
-    """The same from traces loaded already (the merge's); one process's trace of P ranks on one GPU is
-    read as P ranks (analysis.cells.virtual_ranks)."""
-    run = virtual_ranks(run)
-    alone = len(run.traces) == 1
-    ranks = {t.rank: rank_input(t, config=run.config, alone=alone) for t in run.traces}
-    return RunInput(run.path, ranks, run.config)
-
-
-def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None) -> Analysis:
-    """Analyse one run directory and write its analysis/ beside the traces (the `analyze` command's work)."""
-    run_dir = run_in(Path(run_dir)).resolve()
-    from analysis.job import analyze_job  # it wraps analyze_run: imported at the call, not in a cycle
-
-    analysis = analyze_job(read_run(run_dir), schedule=schedule, m=m)
-    analysis = dataclasses.replace(analysis, summary=with_whatif(analysis.summary, run_dir))
-    results.write(run_dir, analysis)
-    return analysis
-
-
-def analysis_of(run_dir: Path) -> Analysis:
-    """RUN/analysis/ as `analyze` wrote it; where it is missing, unreadable or from another version of the
-    analysis, the run is analysed (and its analysis/ written) first, the last two with a warning. A folder
-    of runs stands for its latest (analysis.traces.run_files.run_in)."""
-    run_dir = run_in(Path(run_dir))
-    if not results.exists(run_dir):
-        return analyze_dir(run_dir)
-    try:
-        return results.read(run_dir)
-    except InputError as error:
-        warnings.warn(f"{error}; analysed again", TraceWarning, stacklevel=2)
-        return analyze_dir(run_dir)
 
 
 def _common_steps(per_rank: list[RankCells]) -> list[RankCells]:
@@ -180,7 +132,7 @@ def analyze_run(
 @dataclass(frozen=True)
 class Measured:
     """A run measured over every analysed step, its summary's step not yet chosen: a job's pipelines
-    are measured once each and all report the job's step (analysis.job)."""
+    are measured once each and all report the job's step (analysis.job.join)."""
 
     config: dict  # run.json, {} where the run has none
     shape: Schedule
@@ -354,9 +306,11 @@ def _gaps(
     steps = [windows(r) for r in per_rank]
     gaps = pl.concat([classify(timeline(r, split, w), rules, on_gpu) for r, w in zip(per_rank, steps)])
     skews = None
-    if run.dp_collectives is not None:
-        synced = shifted_like_cells(run.dp_collectives, clock, ("start_ns", "end_ns", "skew_end_ns"))
-        gaps = with_dp_sync(gaps, synced)
+    if run.group_collectives is not None:
+        synced = shifted_like_cells(
+            run.group_collectives, clock, ("start_ns", "end_ns", "ready_ns", "skew_end_ns")
+        )
+        gaps = with_collectives(gaps, synced)
         skews = skew_ns(gaps, synced)
     return waits, gaps, pl.concat(steps), skews
 

@@ -1,0 +1,64 @@
+"""A run directory in, its analysis out: the I/O at the edges of the job's analysis.
+
+`read_run` reads a run's traces into each rank's tables (in a pool of processes), `analyze_dir` analyses
+the job (analysis.job.join), adds an op-level run's what-if figures and writes RUN/analysis/
+(analysis.results), `analysis_of` reads it back where it is current.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+from analysis import results
+from analysis.cells.virtual_ranks import virtual_ranks
+from analysis.errors import InputError
+from analysis.job.join import analyze_job
+from analysis.job.measure import RunInput
+from analysis.ranks.pool import read_ranks
+from analysis.ranks.tables import rank_input
+from analysis.results import Analysis
+from analysis.traces.load import TraceWarning
+from analysis.traces.run import RunTraces
+from analysis.traces.run_files import run_in
+from analysis.whatif.figures import with_whatif
+
+
+def read_run(path: Path) -> RunInput:
+    """The traces of a run directory and its run.json (analysis.traces.run.load_run checks they form a
+    run), each rank read into its tables alone, in a pool of processes (analysis.ranks.pool)."""
+    run, ranks = read_ranks(path)
+    return RunInput(run.path, ranks, run.config)
+
+
+def run_input(run: RunTraces) -> RunInput:
+    """The same from traces loaded already (the merge's); one process's trace of P ranks on one GPU is
+    read as P ranks (analysis.cells.virtual_ranks)."""
+    run = virtual_ranks(run)
+    alone = len(run.traces) == 1
+    ranks = {t.rank: rank_input(t, config=run.config, alone=alone) for t in run.traces}
+    return RunInput(run.path, ranks, run.config)
+
+
+def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None) -> Analysis:
+    """Analyse one run directory and write its analysis/ beside the traces (the `analyze` command's work)."""
+    run_dir = run_in(Path(run_dir)).resolve()
+    analysis = analyze_job(read_run(run_dir), schedule=schedule, m=m)
+    analysis = dataclasses.replace(analysis, summary=with_whatif(analysis.summary, run_dir))
+    results.write(run_dir, analysis)
+    return analysis
+
+
+def analysis_of(run_dir: Path) -> Analysis:
+    """RUN/analysis/ as `analyze` wrote it; where it is missing, unreadable or from another version of the
+    analysis, the run is analysed (and its analysis/ written) first, the last two with a warning. A folder
+    of runs stands for its latest (analysis.traces.run_files.run_in)."""
+    run_dir = run_in(Path(run_dir))
+    if not results.exists(run_dir):
+        return analyze_dir(run_dir)
+    try:
+        return results.read(run_dir)
+    except InputError as error:
+        warnings.warn(f"{error}; analysed again", TraceWarning, stacklevel=2)
+        return analyze_dir(run_dir)
