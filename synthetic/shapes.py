@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from analysis.traces.kineto import BACKWARD_OP_PREFIX
+from analysis.traces.kineto import BACKWARD_OP_PREFIX, span
 from runners.schedules import Action, Kind
 from runners.schedules.trace_names import label
 
@@ -64,21 +64,6 @@ class Cell:
     end: int
     late: bool  # the host issued it once the device was ready, nothing queued: an injected launch gap, or
     # a rank's first action (a kernel launched ahead into an idle device would start at once)
-
-
-def span(name: str, cat: str, pid: int, tid: int, start: int, end: int, **args: Any) -> dict[str, Any]:
-    event = {
-        "ph": "X",
-        "cat": cat,
-        "name": name,
-        "pid": pid,
-        "tid": tid,
-        "ts": start / 1000,
-        "dur": (end - start) / 1000,
-    }
-    if args:
-        event["args"] = args
-    return event
 
 
 def metadata(pid: int, tid: int, process: str, thread: str) -> list[dict[str, Any]]:

@@ -102,3 +102,20 @@ HEADER_TYPES: dict[str, Any] = {
 EVENTS = msgspec.json.Decoder(list[Event])
 EVENT_TIMES = msgspec.json.Decoder(list[EventTimes])
 TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def span(name: str, cat: str, pid: int, tid: int, start: int, end: int, **args: Any) -> dict[str, Any]:
+    """A complete ("X") event as the profiler writes it, from times in ns (the synthetic generators and the
+    op-level conversion write traces with it)."""
+    event = {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": pid,
+        "tid": tid,
+        "ts": start / 1000,
+        "dur": (end - start) / 1000,
+    }
+    if args:
+        event["args"] = args
+    return event

@@ -30,6 +30,7 @@ import polars as pl
 
 from analysis.errors import InputError
 from analysis.files import write_atomically
+from analysis.traces import kineto
 from analysis.traces.oplevel import OpTimeline, read_timeline
 from analysis.whatif.graph import COMPUTE, DP_COLLECTIVES, EMBEDDING, P2P
 
@@ -53,19 +54,6 @@ _NCCL = {
 }
 _ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 _SEND_RECV = "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"
-
-
-def _span(name: str, cat: str, pid: int, tid: int, start: int, end: int, **args: Any) -> dict[str, Any]:
-    event = {
-        "ph": "X",
-        "cat": cat,
-        "name": name,
-        "pid": pid,
-        "tid": tid,
-        "ts": start / 1e3,
-        "dur": (end - start) / 1e3,
-    }
-    return event | ({"args": args} if args else {})
 
 
 def _labelled(ops: pl.DataFrame, stage: int) -> pl.DataFrame:
@@ -130,27 +118,27 @@ def _lane_events(ops: pl.DataFrame, stage: int, replica: int, p: int, dp: int) -
         closes = (
             int(ends[0]) - (step_ops.height + 2) * LAUNCH_NS if len(ends) else int(step_ops["end_ns"].max())
         )
-        events.append(_span(f"ProfilerStep#{step[0]}", "user_annotation", host, host, issue, closes))
+        events.append(kineto.span(f"ProfilerStep#{step[0]}", "user_annotation", host, host, issue, closes))
         for row in step_ops.iter_rows(named=True):
             issue += LAUNCH_NS
             correlation = len(events)
             name, stream = _kernel(row["optype"])
             ids = {"correlation": correlation, "External id": correlation}
-            launch = _span(
+            launch = kineto.span(
                 "cudaLaunchKernel", "cuda_runtime", host, host, issue, issue + LAUNCH_NS // 2, **ids
             )
-            kernel = _span(
+            kernel = kineto.span(
                 name, "kernel", device, stream, row["start_ns"], row["end_ns"], stream=stream, **ids
             )
             events += [launch, kernel]
             if row["label"] is not None:
                 events.append(
-                    _span(row["label"], "user_annotation", host, host, issue - 1, issue + LAUNCH_NS // 2 + 1)
+                    kineto.span(row["label"], "user_annotation", host, host, issue - 1, issue + LAUNCH_NS // 2 + 1)
                 )
             members = _group_ranks(row["optype"], stage, replica, p, dp)
             if members is not None:
                 events.append(
-                    _span(
+                    kineto.span(
                         "record_param_comms",
                         "cpu_op",
                         host,
