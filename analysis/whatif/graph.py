@@ -24,6 +24,7 @@ op of its own. A job with no-op p2p ops (counts that do not pair up) is refused 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import numpy as np
@@ -146,23 +147,12 @@ def _units(keys: pl.DataFrame, index: dict[tuple, int], stages: int, source: Pat
 def _topological(units: list[Collective], deps: list[list[int]], source: Path) -> tuple[int, ...]:
     unit_of = {op: u for u, unit in enumerate(units) for op in unit.members}
     waits = [{unit_of[d] for op in unit.members for d in deps[op]} - {u} for u, unit in enumerate(units)]
-    after: list[list[int]] = [[] for _ in units]
-    for u, before in enumerate(waits):
-        for b in before:
-            after[b].append(u)
-    pending = [len(before) for before in waits]
-    ready = [u for u, n in enumerate(pending) if n == 0]
-    order = []
-    while ready:
-        u = ready.pop()
-        order.append(u)
-        for v in after[u]:
-            pending[v] -= 1
-            if pending[v] == 0:
-                ready.append(v)
-    if len(order) != len(units):
-        raise InputError(source, "the ops' dependencies form a cycle: the recorded order is not one step's")
-    return tuple(order)
+    try:
+        return tuple(TopologicalSorter(dict(enumerate(waits))).static_order())
+    except CycleError:
+        raise InputError(
+            source, "the ops' dependencies form a cycle: the recorded order is not one step's"
+        ) from None
 
 
 def build_graph(reference: pl.DataFrame, source: Path) -> OpGraph:
