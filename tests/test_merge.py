@@ -182,6 +182,12 @@ def test_cli_keeps_the_pipelines_asked_for(tmp_path, capsys):
     wanted = json.loads((run / "analysis" / "summary.json").read_text())["pipelines"][1]["ranks"]
     trace = json.loads(gzip.decompress(out.read_bytes()))
     assert sorted({e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"}) == sorted(wanted) == [1, 4]
+    # With the analysis on disk the other ranks' files are not read: a corrupt one changes nothing.
+    (run / "rank0.json.gz").write_bytes(b"not gzip")
+    again = tmp_path / "again.json.gz"
+    assert main(["merge", str(run), "--ranks", "4", "--out", str(again)]) == 0
+    assert main(["merge", str(run), "--pipelines", "1", "--out", str(again)]) == 0
+    assert again.read_bytes() == out.read_bytes()
     capsys.readouterr()
     assert main(["merge", str(run), "--pipelines", "1-3"]) == 2
     assert capsys.readouterr().err == f"error: {run}: has no pipeline 3 (its analysis found 3, from 0)\n"

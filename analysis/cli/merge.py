@@ -2,7 +2,8 @@
 
 A run directory's traces are loaded once: where its analysis/ is missing (or unreadable), the run is
 analysed from those same traces, so the merge holds one copy of them, as `analyze` does, and streams
-the merged trace to disk (analysis.merge.merged.write_merged).
+the merged trace to disk (analysis.merge.merged.write_merged). Where the analysis is on disk and
+--pipelines or --ranks keeps some ranks, only their files are read (analysis.merge.merged.read_named_ranks).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from analysis import results
 from analysis.errors import InputError, LimitExceeded, printable
 from analysis.job.join import analyze_job
 from analysis.job.run_dir import run_input
-from analysis.merge.merged import kept_ranks, read_ranks, write_merged
+from analysis.merge.merged import kept_ranks, read_named_ranks, read_ranks, write_merged
 from analysis.results import Analysis
 from analysis.traces import limits
 from analysis.traces.load import TraceWarning
@@ -53,10 +54,15 @@ def run(args: argparse.Namespace) -> int:
     analysis, without = None, None
     pipelines = _selection(args.pipelines, "--pipelines", "ranks")
     if source.is_dir():
-        loaded = load_run(source.resolve())
-        analysis, without = _analysis(source.resolve(), loaded)
+        stored = _stored_analysis(source.resolve())
+        loaded = None if stored is not None else load_run(source.resolve())
+        analysis, without = (stored, None) if loaded is None else _analysed(source.resolve(), loaded)
         ranks = _of_pipelines(source, analysis, without, pipelines, ranks)
-        traces = kept_ranks(source, {t.rank: t for t in loaded.traces}, ranks)
+        # A selection read alone where the stored analysis already holds what the other ranks gave it.
+        traces = read_named_ranks(source, ranks) if loaded is None and ranks is not None else None
+        if traces is None:
+            loaded = loaded or load_run(source.resolve())
+            traces = kept_ranks(source, {t.rank: t for t in loaded.traces}, ranks)
     elif pipelines is not None:
         raise InputError(
             source, "--pipelines needs a run directory (its analysis says which ranks form each)"
@@ -76,16 +82,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _analysis(run_dir: Path, loaded: RunTraces) -> tuple[Analysis | None, InputError | None]:
-    """The run's analysis and, where there is none, why: what `analyze` wrote, else (missing, unreadable
-    or from another version, the last two with a warning) made now from the traces already loaded and
-    written as `analyze` would. An InputError of the analysis (traces that are not a pipeline it can
-    read) means a merge without it."""
+def _stored_analysis(run_dir: Path) -> Analysis | None:
+    """What `analyze` wrote; None where it is missing, or unreadable or from another version (a warning):
+    the run is then analysed again (_analysed)."""
     if results.exists(run_dir):
         try:
-            return results.read(run_dir), None
+            return results.read(run_dir)
         except InputError as error:
             warnings.warn(f"{error}; analysed again", TraceWarning, stacklevel=2)
+    return None
+
+
+def _analysed(run_dir: Path, loaded: RunTraces) -> tuple[Analysis | None, InputError | None]:
+    """The run's analysis made from the traces already loaded and written as `analyze` would, or why
+    there is none: an InputError of the analysis (traces that are not a pipeline it can read) means a
+    merge without it."""
     try:
         analysis = analyze_job(run_input(loaded))
     except InputError as error:

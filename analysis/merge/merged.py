@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import polars as pl
@@ -32,12 +33,15 @@ from analysis.merge.flows import Placed, p2p_flows, placed, profiler_flows
 from analysis.merge.tracks import exact_micros, layout, micros
 from analysis.results import Analysis
 from analysis.timeline import clock
-from analysis.traces.load import RawTrace, read_trace
+from analysis.traces import limits
+from analysis.traces.load import Budget, RawTrace, read_trace
 from analysis.traces.run import load_run
+from analysis.traces.run_files import rank_from_name, trace_files
 from analysis.traces.times import WHOLE_NS_LIMIT_US
 
 BROWSER_LIMIT_BYTES = 1 << 30  # Perfetto's UI struggles to open JSON traces past about this size
 _ENCODER = msgspec.json.Encoder()
+_Found = TypeVar("_Found", RawTrace, Path)  # a rank's trace, or its file not yet read
 
 
 def read_ranks(source: Path, ranks: tuple[int, ...] | None) -> dict[int, RawTrace]:
@@ -51,9 +55,28 @@ def read_ranks(source: Path, ranks: tuple[int, ...] | None) -> dict[int, RawTrac
     return kept_ranks(source, found, ranks)
 
 
-def kept_ranks(
-    source: Path, found: dict[int, RawTrace], ranks: tuple[int, ...] | None
-) -> dict[int, RawTrace]:
+def read_named_ranks(source: Path, ranks: tuple[int, ...]) -> dict[int, RawTrace] | None:
+    """Only `ranks`' traces of run directory `source`, the other files left unread, where the file names tell
+    which is which: every trace file named with its own rank (rank3.json.gz) and each one read saying
+    that rank. None where they do not (an unnamed file, two names of one rank, or a trace whose own
+    distributedInfo.rank differs from its name's): only reading every file says which rank each is, so
+    the caller loads the whole run. The run-wide checks (one file per rank, one run id) were made when
+    the run was analysed, which is what told the caller the ranks to keep."""
+    files = trace_files(source.resolve())
+    named = {rank_from_name(path): path for path in files}
+    if not files or None in named or len(named) != len(files) or len(files) > limits.current().ranks:
+        return None
+    budget = Budget.of_run()
+    kept = {}
+    for rank, path in kept_ranks(source, named, ranks).items():
+        trace = read_trace(path, budget)
+        if trace.rank != rank:
+            return None
+        kept[rank] = trace
+    return kept
+
+
+def kept_ranks(source: Path, found: dict[int, _Found], ranks: tuple[int, ...] | None) -> dict[int, _Found]:
     kept = {rank: trace for rank, trace in sorted(found.items()) if ranks is None or rank in ranks}
     if not kept:
         raise InputError(source, f"has none of ranks {_shown(ranks or ())} (it has {sorted(found)})")
