@@ -8,16 +8,19 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import dask
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_fuzz_commands import EDITS, FUZZ, SEEDS, _mutated, _run
 
+from analysis.errors import InputError
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from analysis.ranks import cluster, progress, workers
@@ -174,3 +177,25 @@ def test_a_cluster_that_cannot_be_used_is_one_line(tmp_path, monkeypatch):
         2,
         "error: --cluster needs Dask's distributed package: pip install 'pipeline-bubbles[cluster]'\n",
     )
+
+
+def test_a_worker_that_dies_or_lacks_the_package_is_one_line(scheduler, monkeypatch):
+    engine = cluster.Engine("local:1")
+    try:  # (no retries on other workers: the first death is the task's)
+        with (
+            dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+            pytest.raises(InputError) as died,
+        ):
+            list(engine.map_in_order(os._exit, [3]))
+    finally:
+        engine.close()
+    assert str(died.value).startswith("cluster local:1: every worker that read a rank's file died (")
+    monkeypatch.setattr(cluster, "_PACKAGE", "not_installed_anywhere")
+    with cluster.applied(scheduler):
+        with pytest.raises(InputError) as lacking:
+            list(cluster.current().map_in_order(abs, [1]))
+    assert re.fullmatch(
+        rf"cluster {re.escape(scheduler)}: worker tcp://\S+ \(of 2 without it\) cannot import "
+        r"not_installed_anywhere: pip install pipeline-bubbles there",
+        str(lacking.value),
+    ), lacking.value

@@ -16,6 +16,7 @@ is the `[cluster]` extra, imported only here and only when a cluster is used.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from analysis.errors import InputError
 LOCAL = "local:"
 CONNECT_TIMEOUT = "20s"
 _INSTALL = "pip install 'pipeline-bubbles[cluster]'"
+_PACKAGE = __name__.partition(".")[0]  # what the workers import to run the per-rank function
 _CURRENT: ContextVar[Engine | None] = ContextVar("cluster", default=None)
 
 
@@ -65,10 +67,19 @@ class Engine:
         """`work` over `tasks` on the cluster, the results yielded in the tasks' order; the results not
         yet taken are cancelled when the caller stops early."""
         client = self._client()
+        from distributed import KilledWorker
+
         pending = deque(client.map(work, tasks, pure=False))
         try:
             while pending:
-                yield pending.popleft().result()  # (the future dropped: its result is released there)
+                try:
+                    yield pending.popleft().result()  # (the future dropped: its result is released there)
+                except KilledWorker:  # (also a worker that cannot load the task: joined after the check)
+                    raise InputError(
+                        None,
+                        f"cluster {self.spec}: every worker that read a rank's file died (out of memory or "
+                        "killed? their logs say why)",
+                    ) from None
         finally:
             if pending:
                 client.cancel(list(pending))
@@ -84,11 +95,20 @@ class Engine:
         if self.spec.startswith(LOCAL):
             self.local = local_cluster(int(self.spec.removeprefix(LOCAL)))
             self.client = distributed.Client(self.local)
-            return self.client
-        try:
-            self.client = distributed.Client(self.spec, timeout=CONNECT_TIMEOUT)
-        except (OSError, ValueError) as error:
-            raise InputError(None, f"cluster {self.spec}: cannot connect ({error})") from None
+        else:
+            try:
+                self.client = distributed.Client(self.spec, timeout=CONNECT_TIMEOUT)
+            except (OSError, ValueError) as error:
+                raise InputError(None, f"cluster {self.spec}: cannot connect ({error})") from None
+        # A worker that cannot import the task's package dies loading it, which would say only that it died.
+        found = self.client.run(importlib.util.find_spec, _PACKAGE)
+        lacking = sorted(worker for worker, spec in found.items() if spec is None)
+        if lacking:
+            raise InputError(
+                None,
+                f"cluster {self.spec}: worker {lacking[0]} (of {len(lacking)} without it) cannot "
+                f"import {_PACKAGE}: pip install pipeline-bubbles there",
+            )
         return self.client
 
     def close(self) -> None:
