@@ -182,6 +182,17 @@ def test_cli_keeps_the_pipelines_asked_for(tmp_path, capsys):
     wanted = json.loads((run / "analysis" / "summary.json").read_text())["pipelines"][1]["ranks"]
     trace = json.loads(gzip.decompress(out.read_bytes()))
     assert sorted({e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"}) == sorted(wanted) == [1, 4]
+    # File names that disagree with the traces' own ranks: the whole run is read, each trace its own rank.
+    names = [run / "rank1.json.gz", run / "rank4.json.gz", tmp_path / "moved"]
+    for first, second in ((0, 2), (1, 0), (2, 1)):
+        names[first].rename(names[second])
+    swapped = tmp_path / "swapped.json.gz"
+    assert main(["merge", str(run), "--pipelines", "1", "--out", str(swapped)]) == 0
+    swapped_trace = json.loads(gzip.decompress(swapped.read_bytes()))
+    assert swapped_trace["traceEvents"] == trace["traceEvents"]
+    assert swapped_trace["pipelineMerge"]["sources"] == {"1": "rank4.json.gz", "4": "rank1.json.gz"}
+    for first, second in ((0, 2), (1, 0), (2, 1)):
+        names[first].rename(names[second])
     # With the analysis on disk the other ranks' files are not read: a corrupt one changes nothing.
     (run / "rank0.json.gz").write_bytes(b"not gzip")
     again = tmp_path / "again.json.gz"
