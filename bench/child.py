@@ -4,7 +4,8 @@ Each task runs in a fresh process so its peak RSS is its own (the parent reads i
 time printed is the work alone, after the imports; the parent also records the whole process's wall.
     analyze   our `analyze` end to end: traces -> cells, gaps, summary.json and parquet on disk, its
               ranks read by `--jobs` processes at most (analysis.ranks.workers: default one per core),
-              or on `--cluster` (analysis.ranks.cluster: no processes of this one's are said)
+              or on `--cluster` (analysis.ranks.cluster: no processes of this one's are said); also the
+              seconds of it spent in every step's own replay and critical path (REPLAY_CALLS)
     hta       Holistic Trace Analysis: TraceAnalysis(trace_dir=DIR), its load alone (its own pool)
     decode    the floor: every file decoded into typed structs of ph, name, cat, ts, dur, pid, tid, id
               (args raw), one process per core
@@ -40,18 +41,45 @@ def started() -> Started:
     return Started(time.perf_counter(), time.process_time(), status_kib("VmRSS"))
 
 
+# analysis.job.measure's calls that replay every step from its own inputs and read its critical path
+# (the slack and critical.parquet): timed by wrapping them here, so analyze itself carries no timing code
+REPLAY_CALLS = ("replay_all", "with_slack", "critical_table")
+
+
+def timed(module, names: tuple[str, ...]) -> list[float]:
+    """Wrap `module`'s functions `names` so that the seconds spent in them add up in the list returned."""
+    spent = [0.0]
+
+    def wrapped(function):
+        def call(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - began
+
+        return call
+
+    for name in names:
+        setattr(module, name, wrapped(getattr(module, name)))
+    return spent
+
+
 def analyze(args: argparse.Namespace) -> tuple[Started, int, int | None]:
+    from analysis.job import measure
     from analysis.job.join import analyze_job
     from analysis.job.run_dir import read_run
     from analysis.ranks import cluster, workers
     from analysis.results import write
     from analysis.traces.run_files import trace_files
 
+    replay = timed(measure, REPLAY_CALLS)
     began = started()
     with workers.applied(args.jobs), cluster.applied(args.cluster):
         processes = None if args.cluster else workers.pool_size(trace_files(args.directory))
         result = analyze_job(read_run(args.directory), schedule=args.schedule, m=args.m)
     write(args.directory, result)
+    EXTRA["replay_seconds"] = replay[0]
     return began, result.cells.height, processes
 
 
@@ -136,6 +164,8 @@ def status_kib(key: str) -> int:
     return next(int(line.split()[1]) for line in status if line.startswith(f"{key}:"))
 
 
+EXTRA: dict[str, float] = {}  # figures a task reports besides the common ones
+
 TASKS = {"analyze": analyze, "hta": hta, "decode": decode, "merge": merge}
 
 
@@ -162,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 "started_rss_mb": began.rss_kib / 1024,
                 "processes": processes,
             }
+            | EXTRA
         )
     )
     return 0

@@ -35,6 +35,7 @@ class ChildRun:
     processes: int | None = None  # processes it read the ranks with, as it said
     started_rss_mb: float = 0.0  # its RSS when the work began: the interpreter and the imports
     work_cpu_s: float | None = None  # its own CPU time in the work (its workers' not included)
+    replay_s: float | None = None  # analyze: of work_s, the steps' own replays and critical paths
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -116,4 +117,5 @@ def run_child(task: str, arguments: list[str], timeout_s: float, cwd: Path) -> C
         child.get("processes"),
         child["started_rss_mb"],
         child.get("cpu_seconds"),
+        child.get("replay_seconds"),
     )

@@ -65,6 +65,7 @@ def _throughput_verdicts(part: dict) -> list[str]:
             ("hta_over_ours", "HTA load time / ours (work after imports)"),
             ("hta_over_ours_wall", "HTA load time / ours (whole processes)"),
             ("ours_over_decode", "ours / typed decoding"),
+            ("replay_share", "share of ours in every step's own replay and critical path"),
             ("rss_over_size", "our peak RSS with workers / trace bytes"),
             ("one_process_rss_over_largest_file", "our peak RSS, --jobs 1 / largest trace file"),
             (

@@ -31,6 +31,7 @@ TARGETS = {
     "rss_over_size": 3.0,
     "one_process_rss_over_largest_file": 3.0,
     "one_process_rss_above_start_over_largest_file": 1.5,
+    "replay_share": 0.10,  # every step's own replay and critical path / analyze's work
 }
 TASKS = ("decode", "analyze", "analyze_jobs1", "hta", "merge")
 TASK_TIMEOUT_S = 3600.0  # ours and the floor: a hung child, not a slow one (HTA has its own cap)
@@ -86,6 +87,7 @@ def _ratios(trace_set: TraceSet, largest: int, runs: dict[str, list[ChildRun]]) 
     if ours and floor:
         ratios["ours_over_decode"] = stats([a.work_s / d.work_s for a, d in zip(ours, floor)])
     if ours:
+        ratios["replay_share"] = stats([a.replay_s / a.work_s for a in ours])
         ratios["rss_over_size"] = stats([a.tree_rss_mb * 2**20 / trace_set.bytes for a in ours])
     if one_process := _ok(runs["analyze_jobs1"]):
         ratios["one_process_rss_over_largest_file"] = stats(

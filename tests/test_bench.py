@@ -164,8 +164,10 @@ def test_bench_throughput_smoke(source, tmp_path):
     assert tasks["analyze_jobs1"]["processes"] == 1 and tasks["merge"]["rows"] > 0
     assert size["tasks"]["hta"]["status"] in ("ok", "timeout", "failed")
     assert size["ratios"]["ours_over_decode"]["median"] > 0
+    assert 0 < size["ratios"]["replay_share"]["median"] < 1  # timed inside analyze's work
     text = (out / "RESULTS.md").read_text()
     assert "## 1. Analysis throughput" in text and "ours / typed decoding" in text
+    assert "own replay and critical path" in text
     assert kept in text and text.index("## 1.") < text.index("## 6.")
 
 
