@@ -7,6 +7,7 @@ bubble and the waterfall, with any caveat the summary notes.
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,18 +70,21 @@ def residual_by_step(steps: list[StepReplay]) -> str:
     """Every step's completeness residual where there are few; on a long run, their median and the steps
     furthest from zero (one entry a step would bury the rest of the summary)."""
 
+    def share(r: StepReplay) -> float:
+        return r.residual_ms / r.step_time_ms
+
     def one(r: StepReplay) -> str:
         late = (
             f" (opened late {r.opened_late_ms:.1f}, ran on {r.ran_on_ms:.1f} ms)" if r.residual_ms > 0 else ""
         )
-        return f"{r.step} {r.residual_ms / r.step_time_ms:+.1%}{late}"
+        return f"{r.step} {share(r):+.1%}{late}"
 
     if len(steps) <= STEPS_LISTED:
         return "  completeness residual by step: " + ", ".join(one(r) for r in steps)
-    shares = sorted(r.residual_ms / r.step_time_ms for r in steps)
-    worst = sorted(steps, key=lambda r: -abs(r.residual_ms / r.step_time_ms))[:STEPS_LISTED]
+
+    worst = sorted(steps, key=lambda r: -abs(share(r)))[:STEPS_LISTED]
     return (
-        f"  completeness residual over {len(steps)} steps: median {shares[len(shares) // 2]:+.1%}, "
+        f"  completeness residual over {len(steps)} steps: median {statistics.median(map(share, steps)):+.1%}, "
         "furthest from zero: " + ", ".join(one(r) for r in worst)
     )
 

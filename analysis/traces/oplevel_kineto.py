@@ -31,6 +31,7 @@ import polars as pl
 from analysis.errors import InputError
 from analysis.files import write_atomically
 from analysis.traces import kineto
+from analysis.traces.comms import RECORD_PARAM_COMMS
 from analysis.traces.oplevel import OpTimeline, read_timeline
 from analysis.whatif.graph import COMPUTE, DP_COLLECTIVES, EMBEDDING, P2P
 
@@ -133,13 +134,15 @@ def _lane_events(ops: pl.DataFrame, stage: int, replica: int, p: int, dp: int) -
             events += [launch, kernel]
             if row["label"] is not None:
                 events.append(
-                    kineto.span(row["label"], "user_annotation", host, host, issue - 1, issue + LAUNCH_NS // 2 + 1)
+                    kineto.span(
+                        row["label"], "user_annotation", host, host, issue - 1, issue + LAUNCH_NS // 2 + 1
+                    )
                 )
             members = _group_ranks(row["optype"], stage, replica, p, dp)
             if members is not None:
                 events.append(
                     kineto.span(
-                        "record_param_comms",
+                        RECORD_PARAM_COMMS,
                         "cpu_op",
                         host,
                         host,
