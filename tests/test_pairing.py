@@ -7,9 +7,8 @@ import polars as pl
 import pytest
 
 from analysis.cells.labelled import RankCells
-from analysis.errors import InputError
+from analysis.errors import InputError, TraceWarning
 from analysis.timeline.pairing import paired_steps
-from analysis.traces.load import TraceWarning
 
 CELLS = {
     "rank": pl.Int64,

@@ -20,6 +20,7 @@ import pytest
 from conftest import summary_of
 
 from analysis import results
+from analysis.errors import TraceWarning
 from analysis.job.run_dir import analyze_dir
 from analysis.report import build_report, charts
 from analysis.report.frames import coarsen, ideal_frame, step_origin, timeline_frame, waterfall_frame
@@ -34,7 +35,6 @@ from analysis.report.sweeps import (
     run_row,
     runs_frame,
 )
-from analysis.traces.load import TraceWarning
 from runners.schedules import build, formula_bubble
 from synthetic import write_run
 

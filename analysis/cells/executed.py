@@ -18,8 +18,7 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.errors import InputError
-from analysis.traces.load import TraceWarning
+from analysis.errors import InputError, TraceWarning
 from runners.engines.torch_classes import TORCH_CLASSES
 from runners.schedules import (
     COMPUTE_KINDS,

@@ -1,7 +1,7 @@
 """`python -m analysis <command>`: each command lives in its own module, imported only when used.
 
 Bad input ends as one line on stderr and exit code 2 (see analysis.errors); `--debug` shows the traceback.
-Usable input with something dropped or assumed (analysis.traces.load.TraceWarning) is one `warning:` line
+Usable input with something dropped or assumed (analysis.errors.TraceWarning) is one `warning:` line
 each, its untrusted text escaped as the error's is (analysis.errors.printable). Every command takes the
 input limits' flags (analysis.traces.limits: `--max-file-mb` ...) and runs under them; those that analyse
 runs take `--jobs N` (analysis.ranks.workers) or `--cluster ADDRESS` (analysis.ranks.cluster). `standalone`

@@ -15,13 +15,12 @@ import warnings
 from pathlib import Path
 
 from analysis import results
-from analysis.errors import InputError, LimitExceeded, printable
+from analysis.errors import InputError, LimitExceeded, TraceWarning, printable
 from analysis.job.join import analyze_job
 from analysis.job.run_dir import run_input
 from analysis.merge.merged import kept_ranks, read_named_ranks, read_ranks, write_merged
 from analysis.results import Analysis
 from analysis.traces import limits
-from analysis.traces.load import TraceWarning
 from analysis.traces.run import RunTraces, load_run
 from analysis.traces.run_files import run_in
 

@@ -16,12 +16,11 @@ from pathlib import Path
 import msgspec
 
 from analysis.attribution.predict import Prediction, predict_each
-from analysis.errors import InputError, LimitExceeded
+from analysis.errors import InputError, LimitExceeded, TraceWarning
 from analysis.files import write_atomically
 from analysis.job.run_dir import analysis_of
 from analysis.schema import Summary
 from analysis.traces import limits
-from analysis.traces.load import TraceWarning
 from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import PREDICT_FILE
 from runners.presets import CALIBRATED_MS

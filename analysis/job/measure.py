@@ -33,7 +33,7 @@ from analysis.attribution.waterfall import Ladder, ideal_frame, ladder
 from analysis.caveats import flags, noise
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
 from analysis.cells.labelled import RankCells
-from analysis.errors import InputError
+from analysis.errors import InputError, TraceWarning
 from analysis.job.layout import Group
 from analysis.ranks.tables import RankInput
 from analysis.results import Analysis
@@ -43,7 +43,6 @@ from analysis.timeline.clock import ClockEstimate, on_one_clock, shifted_like_ce
 from analysis.timeline.dp_sync import skew_ns, with_collectives
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
-from analysis.traces.load import TraceWarning
 from analysis.traces.memory import Memory, memory_of
 from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
 from runners.schedules.trace_names import LABEL_PREFIX

@@ -13,13 +13,12 @@ from pathlib import Path
 
 from analysis import results
 from analysis.cells.virtual_ranks import virtual_ranks
-from analysis.errors import InputError
+from analysis.errors import InputError, TraceWarning
 from analysis.job.join import analyze_job
 from analysis.job.measure import RunInput
 from analysis.ranks.pool import read_ranks
 from analysis.ranks.tables import rank_input
 from analysis.results import Analysis
-from analysis.traces.load import TraceWarning
 from analysis.traces.run import RunTraces
 from analysis.traces.run_files import run_in
 from analysis.whatif.figures import with_whatif

@@ -22,9 +22,8 @@ import warnings
 import polars as pl
 
 from analysis.cells.labelled import RankCells
-from analysis.errors import InputError
+from analysis.errors import InputError, TraceWarning
 from analysis.timeline.clock import transfers
-from analysis.traces.load import TraceWarning
 
 MIN_OVERLAP = 0.5  # of the shorter step: same step; adjacent steps overlap by little or nothing
 

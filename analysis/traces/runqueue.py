@@ -9,7 +9,8 @@ import warnings
 import polars as pl
 
 from analysis.cells.spans import rows
-from analysis.traces.load import RawTrace, TraceWarning
+from analysis.errors import TraceWarning
+from analysis.traces.load import RawTrace
 from runners.schedules.trace_names import RUN_QUEUE_COUNTER
 
 RUN_QUEUE_EVENTS = (pl.col("ph") == "C") & (pl.col("name") == RUN_QUEUE_COUNTER)
