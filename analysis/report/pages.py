@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from analysis.report.assets import bundle_name
-from analysis.report.charts import Plot
+from analysis.report.plot import Plot
 from analysis.report.site import ASSETS_DIR
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import polars as pl
 
 from analysis.job.layout import to_local
-from analysis.report import advice_section, charts, hta_section, whatif_section
+from analysis.report import advice_section, hta_section, run_charts, whatif_section
 from analysis.report.frames import (
     coarsen,
     ideal_frame,
@@ -86,7 +86,7 @@ def timeline_figure(run: Run) -> Figure:
     if summary.dp == 1:
         return Figure(
             "timeline",
-            charts.timelines([("measured", shown_measured)], coarsen(ideal), ranks, "ideal timeline"),
+            run_charts.timelines([("measured", shown_measured)], coarsen(ideal), ranks, "ideal timeline"),
             caption,
             "canvas",
         )
@@ -105,7 +105,9 @@ def timeline_figure(run: Run) -> Figure:
         "taken to share a clock); the ideal timeline is the slowest pipeline's."
     )
     title = f"ideal timeline, pipeline {summary.straggler.pipeline}"
-    return Figure("timeline", charts.timelines(measured_plots, ideal, len(slowest), title), caption, "canvas")
+    return Figure(
+        "timeline", run_charts.timelines(measured_plots, ideal, len(slowest), title), caption, "canvas"
+    )
 
 
 def waterfall_figure(summary: Summary) -> Figure:
@@ -128,7 +130,7 @@ def waterfall_figure(summary: Summary) -> Figure:
             " This run has no isolated calibration: small_gemm and slowdown are unknown (no bar), their time "
             "is in imbalance, and the reference is each stage's measured median busy time."
         )
-    return Figure("waterfall", charts.waterfall(waterfall_frame(summary)), caption)
+    return Figure("waterfall", run_charts.waterfall(waterfall_frame(summary)), caption)
 
 
 def memory_figure(summary: Summary) -> Figure | None:
@@ -146,7 +148,7 @@ def memory_figure(summary: Summary) -> Figure | None:
         "Peak activation memory per rank in MiB: the most bytes held for backward at once (GPipe holds all m "
         "microbatches' activations, 1F1B at most p - s on stage s)."
     )
-    return Figure("memory", charts.memory_per_rank(frame), caption)
+    return Figure("memory", run_charts.memory_per_rank(frame), caption)
 
 
 def _measured_in_flight(analysis: Analysis, step: int, origin: int) -> tuple[pl.DataFrame, str]:
@@ -197,7 +199,7 @@ def in_flight_section(run: Run) -> tuple[str, Figure]:
     ]
     figure = Figure(
         "in-flight",
-        charts.in_flight(thinned(measured), over_time, peaks, "theory: the ideal timeline"),
+        run_charts.in_flight(thinned(measured), over_time, peaks, "theory: the ideal timeline"),
         f"Step {step}: microbatches in flight per rank (activations held for backward), measured from "
         f"{source}; below, the schedule's own count (runners.schedules.in_flight) over the ideal timeline "
         "of the same schedule; dashed: the schedule's peak (GPipe: m on every stage; 1F1B: p - s on "
@@ -213,7 +215,7 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
     waterfall = waterfall_figure(summary)
     parts = Figure(
         "parts",
-        charts.rank_parts(rank_parts_frame(summary)),
+        run_charts.rank_parts(rank_parts_frame(summary)),
         "Each rank's step split into its parts in ms (they sum to the step time): compute at full-batch "
         "efficiency, small_gemm and slowdown (no bar where unknown), bubble, p2p wait, launch overhead, other "
         "(work outside the schedule).",
