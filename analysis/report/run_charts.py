@@ -158,3 +158,32 @@ def in_flight(
     panels = [panel("live", "measured")] + ([] if theory is None else [panel("theory", theory_title)])
     chart = alt.vconcat(*panels).resolve_scale(x="shared")
     return Plot(chart, {"live": measured, "peaks": peaks, **({} if theory is None else {"theory": theory})})
+
+
+def stage_heatmap(frame: pl.DataFrame, quantities: tuple[str, ...]) -> Plot:
+    """Ranks as cells, stage against pipeline, coloured by the ms of the quantity the reader picks."""
+    pick = alt.param(
+        name="quantity",
+        value=quantities[0],
+        bind=alt.binding_select(options=list(quantities), name="colour by "),
+    )
+    chart = (
+        alt.Chart(named("stages"))
+        .mark_rect()
+        .encode(
+            x=alt.X("pipeline:O", title="pipeline"),
+            y=alt.Y("stage:O", title="stage (pipeline rank)"),
+            color=alt.Color("ms:Q", title="ms", scale=alt.Scale(scheme="orangered")),
+            tooltip=[
+                alt.Tooltip("rank:O"),
+                alt.Tooltip("pipeline:O"),
+                alt.Tooltip("stage:O"),
+                alt.Tooltip("quantity:N"),
+                alt.Tooltip("ms:Q", format=".3f"),
+            ],
+        )
+        .add_params(pick)
+        .transform_filter(alt.datum.quantity == pick)
+        .properties(width=alt.Step(18), height=alt.Step(22))
+    )
+    return Plot(chart, {"stages": frame})

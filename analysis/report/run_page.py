@@ -9,7 +9,7 @@ from dataclasses import replace
 import polars as pl
 
 from analysis.job.layout import to_local
-from analysis.report import advice_section, hta_section, run_charts, whatif_section
+from analysis.report import advice_section, hta_section, job_view, run_charts, whatif_section
 from analysis.report.frames import (
     coarsen,
     ideal_frame,
@@ -27,7 +27,7 @@ from analysis.report.inflight import (
     theory_peaks,
     thinned,
 )
-from analysis.report.pages import Column, Figure, table
+from analysis.report.pages import Choice, Column, Figure, table
 from analysis.report.run_tables import (
     config_html,
     figures_html,
@@ -59,8 +59,9 @@ def _path_shares(summary: Summary) -> str:
     )
 
 
-def timeline_figure(run: Run) -> Figure:
-    """Measured cells and gaps of the median step above the ideal timeline of the same step."""
+def timeline_figure(run: Run, stem: str) -> Figure | Choice:
+    """Measured cells and gaps of the median step above the ideal timeline of the same step: every
+    pipeline's at once, or in a job of many ranks the one the reader picks (job_view)."""
     analysis, step = run.analysis, run.summary.median_step
     origin = step_origin(analysis.cells, analysis.gaps, step)
     measured = timeline_frame(analysis.cells, analysis.gaps, step, origin, analysis.critical)
@@ -90,18 +91,16 @@ def timeline_figure(run: Run) -> Figure:
             caption,
             "canvas",
         )
+    if job_view.summarised(summary):
+        return job_view.timeline_choice(summary, measured, ideal, caption, stem)
     slowest = summary.pipelines[summary.straggler.pipeline].ranks
-    per_pipeline = [
-        (
-            f"measured, pipeline {j} (ranks {', '.join(map(str, line.ranks))})",
-            pl.col("rank").is_in(line.ranks),
-        )
+    measured_plots = [
+        (job_view.pipeline_title(j, line.ranks), coarsen(measured.filter(pl.col("rank").is_in(line.ranks))))
         for j, line in enumerate(summary.pipelines)
     ]
-    measured_plots = [(title, coarsen(measured.filter(inside))) for title, inside in per_pipeline]
     ideal = coarsen(ideal.filter(pl.col("rank").is_in(slowest)))
     caption += (
-        f" The job's {len(per_pipeline)} pipelines are drawn one above another on one time axis (the ranks "
+        f" The job's {len(measured_plots)} pipelines are drawn one above another on one time axis (the ranks "
         "taken to share a clock); the ideal timeline is the slowest pipeline's."
     )
     title = f"ideal timeline, pipeline {summary.straggler.pipeline}"
@@ -208,11 +207,12 @@ def in_flight_section(run: Run) -> tuple[str, Figure]:
     return table(columns, [list(row) for row in peaks.iter_rows()]) + figure.html(), figure
 
 
-def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
-    """The run page's HTML body and the figures it places."""
-    summary = run.summary
-    timeline = timeline_figure(run)
-    waterfall = waterfall_figure(summary)
+def _per_rank(summary: Summary) -> tuple[list[str], Figure | None]:
+    """The per-rank table and parts chart; in a job of many ranks the table folded away and no chart (the
+    stage x pipeline heatmap draws the same parts)."""
+    if job_view.summarised(summary):
+        rows = f"<summary>every rank's parts ({len(summary.ranks)} rows)</summary>"
+        return [f"<details>{rows}{parts_html(summary)}</details>"], None
     parts = Figure(
         "parts",
         run_charts.rank_parts(rank_parts_frame(summary)),
@@ -220,6 +220,34 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         "efficiency, small_gemm and slowdown (no bar where unknown), bubble, p2p wait, launch overhead, other "
         "(work outside the schedule).",
     )
+    return [parts_html(summary), parts.html()], parts
+
+
+def _job_summary(summary: Summary) -> tuple[list[str], Figure | None]:
+    """Per-pipeline and per-stage summaries, for a job of many ranks only."""
+    if not job_view.summarised(summary):
+        return [], None
+    frame = job_view.rank_frame(summary)
+    heatmap = job_view.heatmap_figure(frame)
+    return [
+        "<h2>Pipelines and stages</h2>",
+        job_view.slowest_html(summary, frame),
+        "<h3>Per pipeline</h3>",
+        job_view.pipelines_html(summary, frame),
+        "<h3>Per stage</h3>",
+        job_view.stages_html(frame),
+        heatmap.html(),
+    ], heatmap
+
+
+def body(run: Run, merged_href: str | None, stem: str) -> tuple[str, list[Figure], tuple[Choice, ...]]:
+    """The run page's HTML body, the figures it places and the charts the reader picks (`stem`: the page's
+    file stem, which their files share)."""
+    summary = run.summary
+    timeline = timeline_figure(run, stem)
+    job_html, heatmap = _job_summary(summary)
+    waterfall = waterfall_figure(summary)
+    per_rank_html, parts = _per_rank(summary)
     memory = memory_figure(summary)
     in_flight_html, in_flight = in_flight_section(run)
     advice_html, advice = advice_section.section(run)
@@ -228,13 +256,13 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         f"<h1>{html.escape(run.run_id)}</h1>",
         figures_html(summary),
         *(f"<p>Note: {html.escape(note)}.</p>" for note in summary.notes),
+        *job_html,
         "<h2>Timeline</h2>",
         timeline.html(),
         "<h2>Waterfall: from the formula to the measurement</h2>",
         waterfall.html(),
         "<h2>Per rank</h2>",
-        parts_html(summary),
-        parts.html(),
+        *per_rank_html,
         whatif_section.section_html(summary),
         "<h2>Activation memory</h2>",
         in_flight_html,
@@ -248,6 +276,9 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         "<h2>Configuration</h2>",
         config_html(run),
     ]
-    return "\n".join(sections), [
-        f for f in (timeline, waterfall, parts, in_flight, memory, advice) if f is not None
-    ]
+    figures = [timeline, heatmap, waterfall, parts, in_flight, memory, advice]
+    return (
+        "\n".join(sections),
+        [f for f in figures if isinstance(f, Figure)],
+        tuple(f for f in figures if isinstance(f, Choice)),
+    )
