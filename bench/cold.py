@@ -58,6 +58,7 @@ CONDITIONS = (BACK_TO_BACK, ASLEEP, PEER_IDLE, PEER_WORKS, EVICTED)
 PEER_WAITS = (PEER_IDLE, PEER_WORKS)  # rank 0 waits in a recv that the peer sends after its part
 KINDS = ("F", "B")
 TOP_OPS = 3  # operator names listed per condition: the largest excess over back to back
+ATEN = "aten::"  # the operators listed by name
 SPAN = "cold pass "  # each timed pass's span: SPAN + "<round>|<condition>|<kind>"
 
 
@@ -70,11 +71,11 @@ def _order(round_index: int) -> list[str]:
 
 def op_times_ms(events, prefix: str = SPAN) -> dict[str, tuple[float, dict[str, float]]]:
     """Per user annotation starting with `prefix`: the union of its operators' spans in ms (busy time's
-    rule, runners.measure.op_union_ms) and each operator name's total ms (inclusive: a nested operator
-    counts under its own name and inside its caller's)."""
+    rule, runners.measure.op_union_ms) and each aten operator name's total ms (not autograd's wrappers
+    around them; inclusive: a nested operator counts under its own name and inside its caller's)."""
     unions = op_union_ms(events, prefix)
     spans = [e for e in events if e.is_user_annotation() and e.name().startswith(prefix)]
-    ops = [e for e in events if e.activity_type() == OPERATOR_CATEGORY]
+    ops = [e for e in events if e.activity_type() == OPERATOR_CATEGORY and e.name().startswith(ATEN)]
     by_name: dict[str, dict[str, float]] = {span.name(): defaultdict(float) for span in spans}
     for span in spans:
         for op in ops:
