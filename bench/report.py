@@ -208,6 +208,14 @@ def _bubble(part: dict) -> list[str]:
                 f"| abs(slowdown / busy), each rank of gpipe p=2 m=1 | {_figure(slowdown)} | "
                 f"{slowdown['target']} | {slowdown['verdict']} |"
             ]
+            + (
+                [
+                    f"| abs((slowdown - cpu_contention) / busy), the same ranks | {_figure(beyond)} | "
+                    f"{beyond['target']} | {beyond['verdict']} |"
+                ]
+                if (beyond := part.get("beyond_contention"))
+                else []
+            )
         )
     if "bubbles" in part:
         lines += [
@@ -220,6 +228,8 @@ def _bubble(part: dict) -> list[str]:
         lines += [
             "Slowdown / busy per rank (rank 0, rank 1 of each run): "
             + ", ".join(f"{share:+.3f}" for share in part["slowdown_shares"])
+            + "; less each rank's cpu_contention: "
+            + ", ".join(f"{share:+.3f}" for share in part.get("beyond_contention_shares", []))
             + ".",
             "",
             *_cold(part["cold"]),

@@ -236,6 +236,7 @@ def test_bench_bubble_smoke(tmp_path):
     assert part["failed"] == [] and len(part["bubbles"]) == 1
     assert part["deviation"]["median"] == pytest.approx(abs(part["bubbles"][0] - 0.5))
     assert len(part["slowdown_shares"]) == 2 and part["slowdown"]["n"] == 2  # one per rank
+    assert len(part["beyond_contention_shares"]) == 2 and part["beyond_contention"]["n"] == 2
     cold = part["cold"]
     assert cold["pairs"] == COLD_PAIRS
     assert all(by_kind[kind]["n"] == COLD_PAIRS for by_kind in cold["ms"].values() for kind in ("F", "B"))
@@ -246,7 +247,10 @@ def test_bench_bubble_smoke(tmp_path):
     assert all(cold["op_excess_ms"][condition]["B"] for condition in cold["conditions"][1:])
     report = (out / "RESULTS.md").read_text()
     assert "abs(bubble - 0.5), gpipe p=2 m=1 (1 runs)" in report and "## 6. GPipe p=2 m=1" in report
-    assert "| recv, peer works |" in report
+    assert (
+        "| recv, peer works |" in report
+        and "| abs((slowdown - cpu_contention) / busy), the same ranks |" in report
+    )
 
 
 def test_cold_passes_compare_each_round_with_its_own_back_to_back_pass_and_leave_the_first_out():
