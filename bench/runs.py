@@ -152,8 +152,8 @@ def simulator_accuracy(rows: list[dict]) -> dict:
 def m1_bubble(plan: RunPlan, runs: int, progress: Callable[[str], None]) -> dict:
     """GPipe p=2 m=1 `runs` times: the measured bubble against the formula's 1/2, and each rank's
     slowdown (busy time beyond the isolated calibration: at m=1 every cell is the calibration's own
-    whole-batch work) as a share of its busy time, beside what idling costs a pass on this machine
-    (bench.cold: the cause where slowdown is large)."""
+    whole-batch work) as a share of its busy time, whole and less its measured wait for a core
+    (cpu_contention), beside what the idle before a pass costs it on this machine (bench.cold)."""
     resolved = request(plan, "gpipe", 2, 1)
     bubbles, slowdowns, on_cpu, failed = [], [], [], []
     for done in range(1, runs + 1):
