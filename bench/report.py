@@ -208,6 +208,14 @@ def _bubble(part: dict) -> list[str]:
                 f"| abs(slowdown / busy), each rank of gpipe p=2 m=1 | {_figure(slowdown)} | "
                 f"{slowdown['target']} | {slowdown['verdict']} |"
             ]
+            + (
+                [
+                    f"| abs((slowdown - cpu_contention) / busy), the same ranks | {_figure(beyond)} | "
+                    f"{beyond['target']} | {beyond['verdict']} |"
+                ]
+                if (beyond := part.get("beyond_contention"))
+                else []
+            )
         )
     if "bubbles" in part:
         lines += [
@@ -217,19 +225,39 @@ def _bubble(part: dict) -> list[str]:
             "",
         ]
     if "slowdown_shares" in part:
-        cold = part["cold"]
         lines += [
             "Slowdown / busy per rank (rank 0, rank 1 of each run): "
             + ", ".join(f"{share:+.3f}" for share in part["slowdown_shares"])
+            + "; less each rank's cpu_contention: "
+            + ", ".join(f"{share:+.3f}" for share in part.get("beyond_contention_shares", []))
             + ".",
             "",
-            f"What idling costs a pass (bench/cold.py, stage 0 of the preset in one thread, {cold['pairs']} "
-            f"pairs): after {cold['idle_ms']:.0f} ms asleep, cold / warm F {_figure(cold['cold_over_warm']['F'])}, "
-            f"B {_figure(cold['cold_over_warm']['B'])} (warm F {_figure(cold['ms']['F warm'], 1)} ms, "
-            f"B {_figure(cold['ms']['B warm'], 1)} ms).",
-            "",
+            *_cold(part["cold"]),
         ]
     return lines + [f"Failed: {reason}" for reason in part["failed"]] + [""]
+
+
+def _cold(cold: dict) -> list[str]:
+    """bench/cold.py's table: each condition's pass against the same round's back-to-back one."""
+    base = cold["ms"][cold["conditions"][0]]  # back to back, the calibration's way
+    lines = [
+        f"What the idle before a pass costs it (bench/cold.py: stage 0 of the preset, two gloo ranks, "
+        f"{cold['pairs']} rounds, conditions shuffled per round; idle {cold['idle_ms']:.0f} ms; ratios "
+        f"to the same round's back-to-back pass; op union is busy time's rule, CPU time leaves out waiting "
+        f"for a core). Back to back: F {_figure(base['F'], 1)} ms, "
+        f"B {_figure(base['B'], 1)} ms op union.",
+        "",
+        "| before the pass | F op union | B op union | B CPU time | B's largest excess by operator (ms) |",
+        "|---|---|---|---|---|",
+    ]
+    for condition in cold["conditions"][1:]:
+        excess = ", ".join(f"{name} {ms:+.2f}" for name, ms in cold["op_excess_ms"][condition]["B"].items())
+        ratios = cold["over_back_to_back"][condition]
+        lines.append(
+            f"| {condition} | {_figure(ratios['F'])} | {_figure(ratios['B'])} "
+            f"| {_figure(cold['cpu_over_back_to_back'][condition]['B'])} | {excess} |"
+        )
+    return lines + [""]
 
 
 def _target(check: dict) -> str:

@@ -152,10 +152,10 @@ def simulator_accuracy(rows: list[dict]) -> dict:
 def m1_bubble(plan: RunPlan, runs: int, progress: Callable[[str], None]) -> dict:
     """GPipe p=2 m=1 `runs` times: the measured bubble against the formula's 1/2, and each rank's
     slowdown (busy time beyond the isolated calibration: at m=1 every cell is the calibration's own
-    whole-batch work) as a share of its busy time, beside what idling costs a pass on this machine
-    (bench.cold: the cause where slowdown is large)."""
+    whole-batch work) as a share of its busy time, whole and less its measured wait for a core
+    (cpu_contention), beside what the idle before a pass costs it on this machine (bench.cold)."""
     resolved = request(plan, "gpipe", 2, 1)
-    bubbles, slowdowns, failed = [], [], []
+    bubbles, slowdowns, on_cpu, failed = [], [], [], []
     for done in range(1, runs + 1):
         try:
             summary = analyze_run(read_run(launch(resolved, plan.traces))).summary
@@ -165,14 +165,21 @@ def m1_bubble(plan: RunPlan, runs: int, progress: Callable[[str], None]) -> dict
             continue
         bubbles.append(summary.bubble_measured)
         slowdowns += [rank.slowdown_ms / rank.busy_ms for rank in summary.ranks]
+        # beyond waiting for a core: what a loaded machine adds is cpu_contention, not the pipeline's
+        on_cpu += [
+            (rank.slowdown_ms - (rank.cpu_contention_ms or 0.0)) / rank.busy_ms for rank in summary.ranks
+        ]
         progress(
             f"  [{done}/{runs}] bubble {summary.bubble_measured:.4f}, slowdown / busy "
             + ", ".join(f"{rank.slowdown_ms / rank.busy_ms:+.3f}" for rank in summary.ranks)
+            + ", without cpu_contention "
+            + ", ".join(f"{share:+.3f}" for share in on_cpu[-len(summary.ranks) :])
         )
     if not bubbles:
         return {"runs": runs, "failed": failed}
     deviation = stats([abs(bubble - 0.5) for bubble in bubbles])
     slowdown = stats([abs(share) for share in slowdowns])
+    beyond_contention = stats([abs(share) for share in on_cpu])
     return {
         "runs": runs,
         "failed": failed,
@@ -182,6 +189,9 @@ def m1_bubble(plan: RunPlan, runs: int, progress: Callable[[str], None]) -> dict
         "slowdown_shares": slowdowns,
         "slowdown": slowdown.to_json()
         | {"target": SLOWDOWN_TARGET, "verdict": verdict(slowdown, SLOWDOWN_TARGET)},
+        "beyond_contention_shares": on_cpu,
+        "beyond_contention": beyond_contention.to_json()
+        | {"target": SLOWDOWN_TARGET, "verdict": verdict(beyond_contention, SLOWDOWN_TARGET)},
         "cold": cold_passes(plan.preset, COLD_PAIRS),
     }
 

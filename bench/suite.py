@@ -3,13 +3,13 @@
 Parts (--only picks some): throughput (ours vs HTA vs typed decoding on a generated trace set),
 executor (native vs torch engine), profiler (profiled / unprofiled step), sim (simulated vs measured
 step), seed (the seed's m sweep at p=2 and p=4), bubble (gpipe p=2 m=1 against the formula's 1/2,
-repeated, with each rank's slowdown and what idling costs a pass: bench/cold.py), inject (injected
-delays against what the analysis recovers, A/B pairs), predict (one m=4 run's predicted step at
-other m against runs there), advice (one gpipe m=4 run's advice, its top 3 candidates and the start
-run 3 times each), dp (a synthetic PP x DP job of --dp-mesh ranks analysed, CPU- and GPU-shaped: time,
-peak RSS, recovery), ranks (synthetic PP x DP jobs of 8 x --ranks-dp ranks analysed by --jobs 1, --jobs
-and --cluster local:N: time and driver memory per rank, same output). profiler, sim and seed read the
-same p=2 sweep.
+repeated, with each rank's slowdown, whole and less its cpu_contention, and what the idle before a
+pass costs it: bench/cold.py), inject (injected delays against what the analysis recovers, A/B pairs),
+predict (one m=4 run's predicted step at other m against runs there), advice (one gpipe m=4 run's
+advice, its top 3 candidates and the start run 3 times each), dp (a synthetic PP x DP job of --dp-mesh
+ranks analysed, CPU- and GPU-shaped: time, peak RSS, recovery), ranks (synthetic PP x DP jobs of 8 x
+--ranks-dp ranks analysed by --jobs 1, --jobs and --cluster local:N: time and driver memory per rank,
+same output). profiler, sim and seed read the same p=2 sweep.
 A run of some parts replaces their sections of results.json and RESULTS.md and keeps the others'.
 Generated traces and runs live in a temporary directory that is deleted at the end (--keep keeps it).
 """

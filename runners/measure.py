@@ -14,8 +14,13 @@ A pass is timed as the analysis measures a cell's busy time (run.json's `calibra
 by CUDA events around it (`cuda_events`: the device's time, close to its kernels'); on CPU, inside a
 profiler session, by the union of its operators' spans (`op_union`: OPERATOR_CATEGORY events on its
 thread that start inside it, clipped to it, as analysis.cells.labelled.operator_spans reads a cell), so
-the host time between operators (Python, dispatch) is left out of both; on CPU without a profiler by
-the wall clock (`wall`, host time included). Calibration runs one rank at a time, with a barrier between
+the host time between operators (Python, dispatch) is left out of both, less the share of the pass
+spent runnable but waiting for a core (its run-queue delay, runners.runqueue, sampled at its start and
+end and spread evenly over it, the rule by which the analysis takes a cell's cpu_contention out of its
+busy time): a cell keeps that wait in busy time and the analysis names it as slowdown's cpu_contention,
+so the isolated work it is compared with must not hold the calibration's own wait (on a loaded machine
+it doubled a pass's op union); on CPU without a profiler by the wall clock (`wall`, host time and
+waits included). Calibration runs one rank at a time, with a barrier between
 ranks, so CPU ranks sharing cores do not slow each other down; each rank's turn may run inside a
 profiler session with the profiled steps' settings (its trace discarded), so the calibration pays the
 profiler's per-op cost as the profiled cells do. It is sampled between the timed steps, just
@@ -42,6 +47,7 @@ from torch.profiler import record_function
 
 from runners.execute import backward_work, forward_work
 from runners.model import Stage
+from runners.runqueue import RunQueueMeter, uncontended_ms
 from runners.schedules.trace_names import OPERATOR_CATEGORY
 
 Times = dict[str, list[float]]  # {"F_ms": [...], "B_ms": [...]}
@@ -125,21 +131,35 @@ def direct_clock(device: torch.device) -> Clock:
 
 class OpUnionClock:
     """Each pass inside a span of its own (PASS_PREFIX + its number) in `profiler`'s session; its reading
-    is the union of its operators' spans (op_union_ms), known once the session has ended."""
+    is the union of its operators' spans (op_union_ms) less the share of it spent waiting for a core
+    (`run_queue` sampled at the pass's start and end, runners.runqueue.uncontended_ms), known once the
+    session has ended."""
 
-    def __init__(self, profiler: torch.profiler.profile) -> None:
+    def __init__(self, profiler: torch.profiler.profile, run_queue: RunQueueMeter | None = None) -> None:
         self.profiler, self.passes, self.times = profiler, 0, None
+        self.run_queue = run_queue or RunQueueMeter()
 
     def __call__(self, work: Callable[[], object]) -> Reading:
         name = f"{PASS_PREFIX}{self.passes}"
         self.passes += 1
+        self.run_queue.sample()
         with record_function(name):
             work()
+        self.run_queue.sample()
         return lambda: self.read()[name]
 
     def read(self) -> dict[str, float]:
         if self.times is None:
-            self.times = op_union_ms(self.profiler.profiler.kineto_results.events())
+            unions = op_union_ms(self.profiler.profiler.kineto_results.events())
+            # (time_ns, run delay ns) at each pass's start and end; none where the kernel keeps no schedstat
+            ends = self.run_queue.values()
+            waits = {
+                f"{PASS_PREFIX}{n}": (end[1] - start[1], end[0] - start[0])
+                for n, (start, end) in enumerate(zip(ends[::2], ends[1::2]))
+            }
+            self.times = {
+                name: uncontended_ms(ms, *waits[name]) if name in waits else ms for name, ms in unions.items()
+            }
         return self.times
 
 

@@ -61,6 +61,13 @@ class RunQueueMeter:
             self._fd = None
 
 
+def uncontended_ms(ms: float, run_delay_ns: int, span_ns: int) -> float:
+    """The part of `ms` of work inside a span of `span_ns` that was not spent waiting for a core, the
+    span's run-queue delay taken as spread evenly over it (as analysis.attribution.parts.with_contention
+    takes a cell's share of its action's delay)."""
+    return ms * (1.0 - min(max(run_delay_ns / span_ns, 0.0), 1.0)) if span_ns > 0 else ms
+
+
 def run_queue_events(samples: Iterable[tuple[int, int]], base_ns: int) -> list[bytes]:
     return [
         counter_event(RUN_QUEUE_COUNTER, t, base_ns, {"run_delay_ns": delay}, "pp_sched")

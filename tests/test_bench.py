@@ -236,12 +236,44 @@ def test_bench_bubble_smoke(tmp_path):
     assert part["failed"] == [] and len(part["bubbles"]) == 1
     assert part["deviation"]["median"] == pytest.approx(abs(part["bubbles"][0] - 0.5))
     assert len(part["slowdown_shares"]) == 2 and part["slowdown"]["n"] == 2  # one per rank
+    assert len(part["beyond_contention_shares"]) == 2 and part["beyond_contention"]["n"] == 2
     cold = part["cold"]
-    assert cold["pairs"] == COLD_PAIRS and all(cold["ms"][name]["n"] == COLD_PAIRS for name in cold["ms"])
-    # the sleep before a cold pass is outside its time: a tiny pass takes well under the idle
-    assert cold["ms"]["F cold"]["max"] < cold["idle_ms"] and cold["ms"]["B cold"]["max"] < cold["idle_ms"]
+    assert cold["pairs"] == COLD_PAIRS
+    assert all(by_kind[kind]["n"] == COLD_PAIRS for by_kind in cold["ms"].values() for kind in ("F", "B"))
+    # the sleep or recv before a pass is outside its time: a tiny pass takes well under the idle
+    assert all(
+        by_kind[kind]["max"] < cold["idle_ms"] for by_kind in cold["ms"].values() for kind in ("F", "B")
+    )
+    assert all(cold["op_excess_ms"][condition]["B"] for condition in cold["conditions"][1:])
     report = (out / "RESULTS.md").read_text()
     assert "abs(bubble - 0.5), gpipe p=2 m=1 (1 runs)" in report and "## 6. GPipe p=2 m=1" in report
+    assert (
+        "| recv, peer works |" in report
+        and "| abs((slowdown - cpu_contention) / busy), the same ranks |" in report
+    )
+
+
+def test_cold_passes_compare_each_round_with_its_own_back_to_back_pass_and_leave_the_first_out():
+    from bench.cold import BACK_TO_BACK, CONDITIONS, KINDS, PEER_WORKS, SPAN, _summary
+
+    # (op union ms, ms by operator name, CPU ms) per pass; round 0 allocates (100x), rounds 1-3 drift
+    # (back to back 10, 20, 40 ms) and "recv, peer works" is 1.1, 1.5, 1.2 times its round's
+    scale = {0: 100.0, 1: 10.0, 2: 20.0, 3: 40.0}
+    factor = {0: 9.0, 1: 1.1, 2: 1.5, 3: 1.2}
+    passes = {}
+    for index, base in scale.items():
+        for condition in CONDITIONS:
+            for kind in KINDS:
+                ms = base * (factor[index] if condition == PEER_WORKS else 1.0)
+                passes[f"{SPAN}{index}|{condition}|{kind}"] = [ms, {"aten::mm": ms - base / 2}, ms / 2]
+    summary = _summary(passes, rounds=4)
+    works = summary["over_back_to_back"][PEER_WORKS]["B"]
+    assert (works["median"], works["min"], works["max"], works["n"]) == pytest.approx((1.2, 1.1, 1.5, 3))
+    assert summary["cpu_over_back_to_back"][PEER_WORKS]["F"]["median"] == pytest.approx(1.2)
+    assert summary["over_back_to_back"][BACK_TO_BACK]["B"]["median"] == 1.0
+    # the operator's excess over the same round's back-to-back pass: 1, 10, 8 ms
+    assert summary["op_excess_ms"][PEER_WORKS]["B"] == {"aten::mm": pytest.approx(8.0)}
+    assert summary["ms"][BACK_TO_BACK]["B"]["max"] == 40.0  # round 0 is not among the samples
 
 
 def test_bubble_section_says_which_runs_failed():

@@ -21,11 +21,13 @@ from runners.measure import (
     OP_UNION,
     PASS_PREFIX,
     WALL,
+    OpUnionClock,
     at_rows,
     calibration,
     calibration_by_rows,
     calibration_samples,
     microbatch_passes,
+    op_union_ms,
     pass_clock,
     pooled,
     timing_rule,
@@ -33,6 +35,7 @@ from runners.measure import (
 )
 from runners.model import build_stages, split_microbatches, stage_input
 from runners.presets import CALIBRATED_MS, Preset, calibration_rows, microbatch_rows
+from runners.runqueue import RunQueueMeter, uncontended_ms
 from runners.schedules import build, lower
 
 PRESET = Preset("test", width=16, layers_per_rank=2, rows=32, dtype="float32")
@@ -224,12 +227,18 @@ def test_on_cpu_a_pass_is_timed_as_the_union_of_its_operators_not_the_wall_clock
     )
 
 
-def test_the_calibrations_op_union_is_the_analysis_busy_rule_on_the_same_events(one_rank, tmp_path):
+def test_the_calibrations_op_union_is_the_analysis_busy_rule_on_the_same_events(
+    one_rank, tmp_path, monkeypatch
+):
     """Each pass's time is what analysis.cells.labelled.operator_spans makes of its span in the
-    session's own exported trace, had the pass been a compute cell."""
+    session's own exported trace, had the pass been a compute cell (with no run-queue samples, so that
+    no wait for a core is taken out: the next test covers that)."""
     from analysis.cells.labelled import operator_spans, rank_events
     from analysis.traces.load import load_trace
 
+    monkeypatch.setattr(
+        "runners.measure.RunQueueMeter", lambda: RunQueueMeter(str(tmp_path / "no schedstat"))
+    )
     stages = build_stages(EXEC_PRESET, (0, 2), 3, torch.device("cpu"))
     _sleeping_between_ops(stages[2])
     sessions = []
@@ -265,6 +274,42 @@ def test_the_calibrations_op_union_is_the_analysis_busy_rule_on_the_same_events(
     warm = [n for n in range(len(passes)) if n % 6 >= 2]  # each size's first F and B are its warm-up
     assert busy["microbatch"].to_list() == list(range(len(passes))) and len(passes) == 2 * 2 * 3 * 2
     assert busy["ms"].gather(warm).to_list() == pytest.approx(expected, abs=2e-6)  # trace times: 1 ns
+
+
+class _HalfWaiting:
+    """A run queue whose samples say each pass of 10 ms waited 4 ms for a core."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def sample(self) -> None:
+        self.taken += 1
+
+    def values(self) -> list[tuple[int, int]]:
+        return [
+            (n // 2 * 20_000_000 + n % 2 * 10_000_000, n // 2 * 4_000_000 + n % 2 * 4_000_000)
+            for n in range(self.taken)
+        ]
+
+
+def test_a_calibration_pass_leaves_out_its_share_of_waiting_for_a_core():
+    """The isolated time is the work alone: a cell's wait for a core is slowdown's cpu_contention, so the
+    calibration's own wait (4 of a pass's 10 ms here) must not be in the reference."""
+    stage = build_stages(PRESET, (0,), 1, torch.device("cpu"))[0]
+    forward, _, _ = microbatch_passes(stage, stage_input(PRESET, torch.device("cpu")), True, False, 1, False)
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as profiler:
+        clock = OpUnionClock(profiler, _HalfWaiting())
+        readings = [clock(forward) for _ in range(3)]
+    unions = op_union_ms(profiler.profiler.kineto_results.events())
+    assert [read() for read in readings] == pytest.approx(
+        [unions[f"{PASS_PREFIX}{n}"] * 0.6 for n in range(3)]
+    )
+
+
+def test_a_wait_longer_than_its_span_leaves_no_work_and_no_span_leaves_the_time_as_it_was():
+    assert uncontended_ms(10.0, 30_000_000, 10_000_000) == 0.0
+    assert uncontended_ms(10.0, -1, 10_000_000) == 10.0  # a counter cannot go back: no wait
+    assert uncontended_ms(10.0, 5, 0) == 10.0
 
 
 def test_the_timing_rule_by_device_and_session():
