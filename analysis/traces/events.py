@@ -1,10 +1,12 @@
 """The traceEvents array (JSON text) -> one validated polars row per event, times in exact nanoseconds,
-and the values of its counter and instant events (kineto.COUNTER_VALUES) in a table of their own.
+the values of its counter and instant events (kineto.COUNTER_VALUES) in a table of their own, and the
+args of its record_param_comms ops (what analysis.traces.comms reads).
 
 The array is decoded piece by piece (analysis.traces.array_split), each piece into typed structs
 (analysis.traces.kineto) and at once into polars columns, so only one piece's Python objects live at a time:
 peak memory stays near the text plus the frame, not the ~3x of a whole array of objects. The counter
-values come from the same pass: the memory and run-queue tables need no second decode of the text.
+values and the record_param_comms args come from the same pass: the memory and run-queue tables and the
+p2p peers and process groups need no second decode of the text.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from analysis.traces.toplevel import NESTED_TOO_DEEPLY, shifted_offsets
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 COUNTER_SCHEMA = {"index": pl.Int64} | {name: pl.Int64 for name in kineto.COUNTER_VALUES}
+ParamComms = list[tuple[int, kineto.Args]]  # (index, args) of the record_param_comms ops that have args
 # About 20k events of compact JSON (fewer of Kineto's indented): their objects add ~8 MB to the peak
 # while the piece is converted; 1 MB pieces were ~20% slower (each piece costs ~20 small polars calls).
 PIECE_BYTES = 4 << 20
@@ -42,6 +45,7 @@ class Events:
     frame: pl.DataFrame  # index, ph, name, cat, pid, tid, start_ns, end_ns, args ids
     counters: pl.DataFrame  # COUNTER_SCHEMA: index and values of the "C" and "i" events
     dropped: int  # events dropped for a negative duration
+    comms: ParamComms
 
 
 def event_frame(
@@ -65,6 +69,7 @@ class EventFrames:
         self.path, self.max_events, self.limit = path, max_events, limit
         self.frames: list[pl.DataFrame] = []
         self.counters: list[pl.DataFrame] = []
+        self.comms: ParamComms = []
         self.count = 0
 
     def add(self, offset: int, piece: Any, events: list[kineto.Event]) -> None:
@@ -79,6 +84,10 @@ class EventFrames:
             raise LimitExceeded(self.path, f"{scope} more than {limits.current().describe(self.limit)}")
         self.frames.append(_frame(self.path, offset, events, piece))
         self.counters.append(_counter_values(events, offset, self.frames[-1]["ph"]))
+        for row in (self.frames[-1]["name"] == kineto.RECORD_PARAM_COMMS).arg_true().to_list():
+            args = events[row].args
+            if args is not None and args is not kineto.NO_ARGS:  # (`"args": {}` is another object)
+                self.comms.append((offset + row, args))
 
     def finish(self, base_ns: int) -> Events:
         frame = pl.concat(self.frames, rechunk=False).with_columns(
@@ -90,7 +99,7 @@ class EventFrames:
         if dropped:
             frame = frame.filter(~negative)
         frame = frame.with_columns(end_ns=pl.col("start_ns") + pl.col("dur_ns")).drop("ts_ns", "dur_ns")
-        return Events(frame, pl.concat(self.counters, rechunk=False), dropped)
+        return Events(frame, pl.concat(self.counters, rechunk=False), dropped, self.comms)
 
 
 @contextmanager

@@ -20,6 +20,8 @@ MAX_US = 4 * 10**15
 # Names torch.profiler gives: its step spans (ProfilerStep#N) and autograd's backward ops.
 STEP_PREFIX = "ProfilerStep#"
 BACKWARD_OP_PREFIX = "autograd::engine::evaluate_function:"
+# The op torch records around each c10d call, its peer and process group in its args.
+RECORD_PARAM_COMMS = "record_param_comms"
 # Event categories (lowercased: the 2021 format capitalises them) of work that runs on a GPU stream, and
 # of every event that lives on one (the device-side copies of user annotations too).
 DEVICE_WORK_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset")
@@ -46,6 +48,13 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     allocation: Any = msgspec.field(name="Bytes", default=None)  # this event's (de)allocation, signed
     device_type: Any = msgspec.field(name="Device Type", default=None)  # 0 CPU, 1 CUDA
     run_delay_ns: Any = None  # the thread's cumulative run-queue delay (runners/runqueue.py)
+    # What a record_param_comms op says of its peer and process group (analysis.traces.comms), read in
+    # the same pass, so that no second decode of the text is needed.
+    src_rank: Any = msgspec.field(name="Src Rank", default=None)
+    dst_rank: Any = msgspec.field(name="Dst Rank", default=None)
+    group_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
+    group_id: Any = msgspec.field(name="Process Group Name", default=None)
+    group_desc: Any = msgspec.field(name="Process Group Description", default=None)
 
 
 NO_ARGS = Args()

@@ -40,7 +40,7 @@ import polars as pl
 from analysis.errors import InputError, LimitExceeded, TraceWarning
 from analysis.traces import kineto, limits
 from analysis.traces.durations import has_pairs, pair_durations
-from analysis.traces.events import Events, event_frame, json_problem, where
+from analysis.traces.events import Events, ParamComms, event_frame, json_problem, where
 from analysis.traces.labels import check_label_numbers
 from analysis.traces.run_files import rank_from_name
 from analysis.traces.source import read_text
@@ -75,6 +75,7 @@ class RawTrace:
     events_json: msgspec.Raw  # the traceEvents array, verbatim
     frame: pl.DataFrame
     counters: pl.DataFrame  # analysis.traces.events.COUNTER_SCHEMA: the counter and instant events' values
+    comms: ParamComms  # its record_param_comms ops' args (analysis.traces.comms)
     dropped: int  # events dropped: a negative duration, a "B" never ended, an "E" with no "B"
     paired: int = 0  # "E" events folded into their "B" (analysis.traces.durations)
     replaced: int = 0  # invalid UTF-8 sequences replaced by U+FFFD (analysis.traces.source)
@@ -203,6 +204,7 @@ def _parse(
         events_json,
         frame,
         events.counters,
+        events.comms,
         dropped,
         paired,
     )
