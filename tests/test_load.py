@@ -174,5 +174,5 @@ def test_record_param_comms_args_are_kept_as_the_events_are_decoded(tmp_path, ke
         event(name=comms, args={}),
     ]
     trace = read_trace(write(tmp_path / "rank0.json.gz", {"traceEvents": events}, True), keep_text=keep_text)
-    found = [(index, args.src_rank, args.group_ranks, args.group_id) for index, args in trace.comms]
+    found = [(index, args.src, args.ranks, args.group_id) for index, args in trace.comms]
     assert found == [(0, 1, [4, 6], "3"), (4, None, None, None)]

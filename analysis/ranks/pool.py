@@ -39,7 +39,7 @@ from analysis.errors import InputError
 from analysis.ranks import cluster, workers
 from analysis.ranks.handout import Handout
 from analysis.ranks.progress import Progress
-from analysis.ranks.tables import RankInput, rank_input, without_events
+from analysis.ranks.tables import RankInput, one_pipeline, rank_input, without_events
 from analysis.traces import limits
 from analysis.traces.load import Budget, RawTrace, read_trace, with_rank
 from analysis.traces.run import RunTraces, load_run
@@ -83,7 +83,7 @@ def rank_work(
         warnings.simplefilter("always")
         budget = Budget(_UNBOUNDED, _UNBOUNDED)
         try:
-            trace = read_trace(path, budget, keep_text=False)
+            trace = read_trace(path, budget, keep_text=False, comms=not one_pipeline(config, alone))
         except InputError as error:
             work.load_error = error
             return work

@@ -87,7 +87,7 @@ def _wants_peers(trace: RawTrace, config: dict | None, alone: bool) -> bool:
 
 def one_pipeline(config: dict | None, alone: bool) -> bool:
     """The run is one pipeline: its only trace, or run.json's dp of 1 with no pipelines listed. Else its
-    collectives' groups are wanted (rank_input)."""
+    record_param_comms args are read (read_trace's `comms`), for the groups and maybe the peers."""
     return alone or (config is not None and config.get("dp", 1) == 1 and "pipelines" not in config)
 
 

@@ -5,8 +5,8 @@ process group, and the group's global ranks as "Process Group Ranks" (a list, or
 versions; torch cuts a long one short, and then it is no list), beside the group's id ("Process Group
 Name") and description ("Process Group Description"); without the list the peer is taken as global
 (the default group's). Gloo traces record no record_param_comms; NCCL ones do. The loader keeps those
-args as it decodes the events (analysis.traces.events: `RawTrace.comms`), so reading them costs no second
-decode of the text: the peers are wanted only where nothing else says which ranks form the pipelines
+args as it decodes the events (analysis.traces.events: `RawTrace.comms`), so the text is not held for
+them, and only its pieces that hold such ops are decoded twice: the peers are wanted only where nothing else says which ranks form the pipelines
 (analysis.job.layout), the groups only where the trace has collectives.
 """
 
@@ -18,15 +18,15 @@ from typing import Any
 import polars as pl
 
 from analysis.traces.events import ParamComms
-from analysis.traces.kineto import Args
+from analysis.traces.kineto import CommArgs
 
 # index: the event's position in traceEvents (the frame's `index`); members: the group's global ranks,
 # null where the op does not list them; group_id, group_desc: what it says of the group, else null
 GROUP_SCHEMA = {"index": pl.Int64, "members": pl.List(pl.Int64), "group_id": pl.Utf8, "group_desc": pl.Utf8}
 
 
-def _members(args: Args) -> list[int] | None:
-    ranks = args.group_ranks
+def _members(args: CommArgs) -> list[int] | None:
+    ranks = args.ranks
     if isinstance(ranks, str):
         try:
             ranks = json.loads(ranks)
@@ -41,7 +41,7 @@ def p2p_peers(comms: ParamComms, rank: int | None) -> set[int]:
     """The global ranks other than its own (`rank`) that the trace's p2p ops name as peers."""
     found: set[int] = set()
     for _, args in comms:
-        peers = {peer for peer in (args.src_rank, args.dst_rank) if type(peer) is int and peer >= 0}
+        peers = {peer for peer in (args.src, args.dst) if type(peer) is int and peer >= 0}
         members = _members(args)
         found |= {members[peer] for peer in peers if peer < len(members)} if members else peers
     return found - {rank}

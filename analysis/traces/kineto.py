@@ -48,13 +48,6 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     allocation: Any = msgspec.field(name="Bytes", default=None)  # this event's (de)allocation, signed
     device_type: Any = msgspec.field(name="Device Type", default=None)  # 0 CPU, 1 CUDA
     run_delay_ns: Any = None  # the thread's cumulative run-queue delay (runners/runqueue.py)
-    # What a record_param_comms op says of its peer and process group (analysis.traces.comms), read in
-    # the same pass, so that no second decode of the text is needed.
-    src_rank: Any = msgspec.field(name="Src Rank", default=None)
-    dst_rank: Any = msgspec.field(name="Dst Rank", default=None)
-    group_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
-    group_id: Any = msgspec.field(name="Process Group Name", default=None)
-    group_desc: Any = msgspec.field(name="Process Group Description", default=None)
 
 
 NO_ARGS = Args()
@@ -84,6 +77,23 @@ class Event(msgspec.Struct, gc=False):
     args: Args | None = NO_ARGS  # shared, so a missing args costs no object (JSON null gives None)
 
 
+class CommArgs(msgspec.Struct, gc=False):
+    """What a record_param_comms op says of its peer and process group (analysis.traces.comms). Not in
+    Args: every field there costs every event's args a comparison per key it does not know (five more
+    made the decode 23% slower), so these are decoded in a second pass over the pieces that hold such ops."""
+
+    src: Any = msgspec.field(name="Src Rank", default=None)
+    dst: Any = msgspec.field(name="Dst Rank", default=None)
+    ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
+    group_id: Any = msgspec.field(name="Process Group Name", default=None)
+    group_desc: Any = msgspec.field(name="Process Group Description", default=None)
+
+
+class CommOp(msgspec.Struct, gc=False):
+    name: str = ""
+    args: CommArgs | None = None  # (an array EVENTS has decoded holds objects or null here)
+
+
 class EventTimes(msgspec.Struct, gc=False):
     """ts and dur as their JSON text, for exact nanoseconds where a float cannot give them."""
 
@@ -110,6 +120,7 @@ HEADER_TYPES: dict[str, Any] = {
 
 EVENTS = msgspec.json.Decoder(list[Event])
 EVENT_TIMES = msgspec.json.Decoder(list[EventTimes])
+COMM_OPS = msgspec.json.Decoder(list[CommOp])
 TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
