@@ -17,6 +17,7 @@ from analysis.job.run_dir import analyze_dir, read_run
 from analysis.report import build_report
 from analysis.schema import RANK_PARTS
 from analysis.timeline.dp_sync import cut
+from analysis.traces import load
 from runners.schedules import build
 from synthetic.data_parallel import write_job
 from synthetic.generate import write_run
@@ -103,6 +104,23 @@ def test_a_slowed_replica_is_sized_as_injected_and_a_slow_stage_is_no_straggler(
     assert stage.alone_ns[0] == stage.alone_ns[1]
     assert equal.straggler.slower_fraction == 0 and equal.straggler.slower_ms == 0
     assert all(entry.dp_skew_ms == 0 for entry in equal.ranks)
+
+
+@pytest.mark.parametrize("run_json", [True, False], ids=["run-json", "p2p-peers"])
+def test_a_job_of_several_pipelines_is_read_without_any_trace_text_held_whole(
+    tmp_path, monkeypatch, run_json
+):
+    """The collectives' groups and the p2p peers come from the record_param_comms args kept as the events
+    are decoded, so every rank is read as a stream, its text never whole."""
+
+    def whole(path, *_):
+        raise AssertionError(f"{path} read whole")
+
+    monkeypatch.setattr(load, "read_text", whole)
+    options = {} if run_json else {"labels": False, "process_groups": False}
+    written, summary = job(tmp_path, "gpu", run_json=run_json, **options)
+    assert [p.ranks for p in summary.pipelines] == written.pipelines
+    assert summary.straggler.pipeline == SLOW
 
 
 def test_megatrons_groups_give_the_pipelines_and_the_dp_sync(tmp_path):

@@ -158,3 +158,21 @@ def test_events_and_metadata_are_found_whatever_the_key_order(tmp_path, document
     assert {key: msgspec.json.decode(value) for key, value in trace.metadata.items()} == {
         key: value for key, value in document.items() if key != "traceEvents"
     }
+
+
+@pytest.mark.parametrize("keep_text", [True, False], ids=["whole", "streamed"])
+def test_record_param_comms_args_are_kept_as_the_events_are_decoded(tmp_path, keep_text):
+    """RawTrace.comms: (index, args) of the record_param_comms ops that carry args (an empty object
+    counts; none or null does not), read in the frame's own pass, whichever way the file is read."""
+    said = {"Src Rank": 1, "Process Group Ranks": [4, 6], "Process Group Name": "3"}
+    comms = "record_param_comms"
+    events = [
+        event(name=comms, args=said),
+        event(name="aten::mm", args=said),
+        event(name=comms),
+        event(name=comms, args=None) | {"args": None},
+        event(name=comms, args={}),
+    ]
+    trace = read_trace(write(tmp_path / "rank0.json.gz", {"traceEvents": events}, True), keep_text=keep_text)
+    found = [(index, args.src, args.ranks, args.group_id) for index, args in trace.comms]
+    assert found == [(0, 1, [4, 6], "3"), (4, None, None, None)]

@@ -39,7 +39,7 @@ from analysis.errors import InputError
 from analysis.ranks import cluster, workers
 from analysis.ranks.handout import Handout
 from analysis.ranks.progress import Progress
-from analysis.ranks.tables import FromText, RankInput, from_text, one_pipeline, rank_input, without_events
+from analysis.ranks.tables import RankInput, one_pipeline, rank_input, without_events
 from analysis.traces import limits
 from analysis.traces.load import Budget, RawTrace, read_trace, with_rank
 from analysis.traces.run import RunTraces, load_run
@@ -83,38 +83,37 @@ def rank_work(
         warnings.simplefilter("always")
         budget = Budget(_UNBOUNDED, _UNBOUNDED)
         try:
-            trace = read_trace(path, budget, keep_text=not one_pipeline(config, alone))  # (text: from_text)
+            trace = read_trace(path, budget, keep_text=False, comms=not one_pipeline(config, alone))
         except InputError as error:
             work.load_error = error
             return work
         finally:
             work.load_warnings = _warned(caught)
         work.used = Budget(_UNBOUNDED - budget.bytes, _UNBOUNDED - budget.events)
-    text = from_text(trace, config, alone)
     trace = replace(trace, events_json=msgspec.Raw())  # (the text's last reference: freed before the cells)
-    return _reduced(work, trace, text, alone, config)
+    return _reduced(work, trace, alone, config)
 
 
-def _reduced(work: RankWork, trace: RawTrace, text: FromText, alone: bool, config: dict | None) -> RankWork:
+def _reduced(work: RankWork, trace: RawTrace, alone: bool, config: dict | None) -> RankWork:
     """`work` with the trace's ranks' tables (or the error making them) and their warnings."""
     work.trace = without_events(trace)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            work.ranks = _ranks(trace, text, alone, config)
+            work.ranks = _ranks(trace, alone, config)
         except InputError as error:
             work.error = error
         work.warnings = _warned(caught)
     return work
 
 
-def _ranks(trace: RawTrace, text: FromText, alone: bool, config: dict | None) -> list[RankInput]:
+def _ranks(trace: RawTrace, alone: bool, config: dict | None) -> list[RankInput]:
     if not alone:
-        return [] if trace.rank is None else [rank_input(trace, text)]  # (no rank: load_run refuses the run)
+        return [] if trace.rank is None else [rank_input(trace, config, alone)]  # (no rank: load_run refuses)
     if trace.rank is None:
         trace = with_rank(trace, 0)
     run = virtual_ranks(RunTraces(trace.path.parent, (trace,), config))
-    return [rank_input(one, text) for one in run.traces]  # (virtual ranks keep the events' indices)
+    return [rank_input(one, config) for one in run.traces]  # (virtual ranks keep the events' indices)
 
 
 def _frames_left() -> int:
@@ -223,9 +222,7 @@ class _Reader:
             return work.trace
         # Less than a file's limits was left: reading it again here meets them where a serial read does.
         trace = read_trace(path, budget)
-        work = self.works[path] = _reduced(
-            RankWork(path), trace, from_text(trace, self.config, self.alone), self.alone, self.config
-        )
+        work = self.works[path] = _reduced(RankWork(path), trace, self.alone, self.config)
         return work.trace
 
     def ranks(self, run: RunTraces) -> dict[int, RankInput]:

@@ -27,7 +27,8 @@ from analysis.cells.labelled import RankCells, rank_events
 from analysis.job.layout import Group, groups_of, is_dp_group, is_pipeline_group
 from analysis.timeline.clock import collective_events
 from analysis.timeline.dp_sync import collectives, is_collective
-from analysis.traces.comms import RECORD_PARAM_COMMS, comm_groups, p2p_peers, param_comms
+from analysis.traces.comms import comm_groups, p2p_peers
+from analysis.traces.kineto import RECORD_PARAM_COMMS
 from analysis.traces.load import RawTrace
 from analysis.traces.memory import memory_events, with_steps
 from analysis.traces.runqueue import run_queue_samples
@@ -71,27 +72,6 @@ class RankInput:
         return replace(self, rank=rank, cells=self.cells.map(moved), **tables)
 
 
-@dataclass(frozen=True)
-class FromText:
-    """What a rank's tables take from its trace's JSON text, read before the text is dropped."""
-
-    peers: frozenset[int]  # global ranks its p2p ops name; empty where they were not wanted
-    groups: pl.DataFrame | None  # its record_param_comms' groups (analysis.traces.comms.comm_groups)
-
-
-def from_text(trace: RawTrace, config: dict | None, alone: bool) -> FromText:
-    """The p2p peers named in the trace's text, where run.json (`config`), the trace's own process groups
-    and its being the run's only trace (`alone`) leave the pipelines unsaid, and the groups its
-    collectives name, where it has record_param_comms ops: one more decode of the text, where either is
-    wanted."""
-    peers, groups = _wants_peers(trace, config, alone), _wants_groups(trace.frame, config, alone)
-    comms = param_comms(trace) if peers or groups else []
-    return FromText(
-        frozenset(p2p_peers(comms, trace.rank)) if peers else frozenset(),
-        comm_groups(comms) if groups else None,
-    )
-
-
 def pipelines_said(config: dict | None, alone: bool) -> bool:
     """The pipelines are known without the trace: run.json's pipelines say them, and so does its dp
     of 1 (1 when absent), or the trace is the run's only one."""
@@ -107,7 +87,7 @@ def _wants_peers(trace: RawTrace, config: dict | None, alone: bool) -> bool:
 
 def one_pipeline(config: dict | None, alone: bool) -> bool:
     """The run is one pipeline: its only trace, or run.json's dp of 1 with no pipelines listed. Else its
-    traces' texts are read a second time (from_text), for the groups and maybe the peers."""
+    record_param_comms args are read (read_trace's `comms`), for the groups and maybe the peers."""
     return alone or (config is not None and config.get("dp", 1) == 1 and "pipelines" not in config)
 
 
@@ -131,13 +111,13 @@ def without_events(trace: RawTrace) -> RawTrace:
     )
 
 
-def rank_input(
-    trace: RawTrace, text: FromText | None = None, config: dict | None = None, alone: bool = True
-) -> RankInput:
-    """One rank's tables from its loaded trace (whose rank is known); `text`: what from_text read, before
-    the trace's text was dropped, else read here with `config` and `alone`."""
-    text = from_text(trace, config, alone) if text is None else text
+def rank_input(trace: RawTrace, config: dict | None = None, alone: bool = True) -> RankInput:
+    """One rank's tables from its loaded trace (whose rank is known), in a run of run.json `config`,
+    `alone` when it is the run's only trace. Its record_param_comms ops give the p2p peers where the
+    pipelines are not said otherwise, and the groups of its collectives where it may have several."""
     frame = trace.frame
+    peers = p2p_peers(trace.comms, trace.rank) if _wants_peers(trace, config, alone) else set()
+    said = comm_groups(trace.comms) if _wants_groups(frame, config, alone) else None
     groups = groups_of(trace.header.get("distributedInfo"))
     events = rank_events(frame)
     cells = cells_of(frame, trace.path, events)
@@ -150,8 +130,8 @@ def rank_input(
         memory=with_steps(memory_events(trace), events.steps),
         samples=run_queue_samples(trace),
         groups=groups,
-        group_collectives=collectives(frame, text.groups, groups),
-        peers=text.peers,
+        group_collectives=collectives(frame, said, groups),
+        peers=frozenset(peers),
         # labels name their stages; only the op-stream inference leaves every cell inferred
         stage_is_rank=cells.cells.height > 0 and bool(cells.cells["inferred"].all()),
     )

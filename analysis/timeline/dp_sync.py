@@ -22,8 +22,8 @@ import polars as pl
 
 from analysis.cells.labelled import cat_in, rows
 from analysis.job.layout import DP, STAGES, Group, group_scope
-from analysis.traces.comms import GROUP_SCHEMA, RECORD_PARAM_COMMS
-from analysis.traces.kineto import DEVICE_WORK_CATS
+from analysis.traces.comms import GROUP_SCHEMA
+from analysis.traces.kineto import DEVICE_WORK_CATS, RECORD_PARAM_COMMS
 
 # CPU: the dispatcher's collective ops, and the span of each on gloo's worker thread.
 CPU_CALLS = ("c10d::allreduce_", "c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::allgather_")

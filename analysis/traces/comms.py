@@ -4,10 +4,10 @@ torch records a p2p op's peer as "Dst Rank" (send) or "Src Rank" (recv), a rank 
 process group, and the group's global ranks as "Process Group Ranks" (a list, or its text in some
 versions; torch cuts a long one short, and then it is no list), beside the group's id ("Process Group
 Name") and description ("Process Group Description"); without the list the peer is taken as global
-(the default group's). Gloo traces record no record_param_comms; NCCL ones do. The frame keeps no
-args, so the event array is decoded a second time, a piece at a time, args kept raw and read only for
-record_param_comms: for the peers only where nothing else says which ranks form the pipelines
-(analysis.job.layout), for the groups only where the trace has collectives.
+(the default group's). Gloo traces record no record_param_comms; NCCL ones do. The loader keeps those
+args as it decodes the events (analysis.traces.events: `RawTrace.comms`), so the text is not held for
+them, and only its pieces that hold such ops are decoded twice: the peers are wanted only where nothing else says which ranks form the pipelines
+(analysis.job.layout), the groups only where the trace has collectives.
 """
 
 from __future__ import annotations
@@ -15,53 +15,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import msgspec
 import polars as pl
 
-from analysis.traces.events import decoded_pieces
-from analysis.traces.load import RawTrace
+from analysis.traces.events import ParamComms
+from analysis.traces.kineto import CommArgs
 
-RECORD_PARAM_COMMS = "record_param_comms"
 # index: the event's position in traceEvents (the frame's `index`); members: the group's global ranks,
 # null where the op does not list them; group_id, group_desc: what it says of the group, else null
 GROUP_SCHEMA = {"index": pl.Int64, "members": pl.List(pl.Int64), "group_id": pl.Utf8, "group_desc": pl.Utf8}
 
 
-class _Op(msgspec.Struct, gc=False):
-    name: str = ""
-    args: msgspec.Raw = msgspec.Raw()  # empty: no args
-
-
-class _CommArgs(msgspec.Struct, gc=False):
-    src: Any = msgspec.field(name="Src Rank", default=None)
-    dst: Any = msgspec.field(name="Dst Rank", default=None)
-    ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
-    group_id: Any = msgspec.field(name="Process Group Name", default=None)
-    group_desc: Any = msgspec.field(name="Process Group Description", default=None)
-
-
-_OPS = msgspec.json.Decoder(list[_Op])
-_ARGS = msgspec.json.Decoder(_CommArgs)
-
-
-ParamComms = list[tuple[int, "_CommArgs"]]
-
-
-def param_comms(trace: RawTrace) -> ParamComms:
-    """(index, args) of every record_param_comms op whose args decode as an object: one decode of the
-    text for `p2p_peers` and `comm_groups`."""
-    found = []
-    for offset, _, ops in decoded_pieces(trace.path, memoryview(trace.events_json), _OPS):
-        for position, op in enumerate(ops):
-            if op.name == RECORD_PARAM_COMMS and len(op.args):
-                try:
-                    found.append((offset + position, _ARGS.decode(op.args)))
-                except msgspec.DecodeError:  # args that are no object, or fields of other types: nothing said
-                    pass
-    return found
-
-
-def _members(args: _CommArgs) -> list[int] | None:
+def _members(args: CommArgs) -> list[int] | None:
     ranks = args.ranks
     if isinstance(ranks, str):
         try:

@@ -1,10 +1,12 @@
 """The traceEvents array (JSON text) -> one validated polars row per event, times in exact nanoseconds,
-and the values of its counter and instant events (kineto.COUNTER_VALUES) in a table of their own.
+the values of its counter and instant events (kineto.COUNTER_VALUES) in a table of their own, and the
+args of its record_param_comms ops (what analysis.traces.comms reads).
 
 The array is decoded piece by piece (analysis.traces.array_split), each piece into typed structs
 (analysis.traces.kineto) and at once into polars columns, so only one piece's Python objects live at a time:
 peak memory stays near the text plus the frame, not the ~3x of a whole array of objects. The counter
-values come from the same pass: the memory and run-queue tables need no second decode of the text.
+values and the record_param_comms args come from the same pass: the memory and run-queue tables and the
+p2p peers and process groups need no second decode of the text.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from analysis.traces.toplevel import NESTED_TOO_DEEPLY, shifted_offsets
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 COUNTER_SCHEMA = {"index": pl.Int64} | {name: pl.Int64 for name in kineto.COUNTER_VALUES}
+ParamComms = list[tuple[int, kineto.CommArgs]]  # (index, args) of the record_param_comms ops with args
 # About 20k events of compact JSON (fewer of Kineto's indented): their objects add ~8 MB to the peak
 # while the piece is converted; 1 MB pieces were ~20% slower (each piece costs ~20 small polars calls).
 PIECE_BYTES = 4 << 20
@@ -42,14 +45,21 @@ class Events:
     frame: pl.DataFrame  # index, ph, name, cat, pid, tid, start_ns, end_ns, args ids
     counters: pl.DataFrame  # COUNTER_SCHEMA: index and values of the "C" and "i" events
     dropped: int  # events dropped for a negative duration
+    comms: ParamComms
 
 
 def event_frame(
-    path: Path, events_json: msgspec.Raw, base_ns: int, max_events: int | None = None, limit: str = "events"
+    path: Path,
+    events_json: msgspec.Raw,
+    base_ns: int,
+    max_events: int | None = None,
+    limit: str = "events",
+    comms: bool = True,
 ) -> Events:
-    """The events' frame and counter values. More than `max_events` events is an InputError naming
-    `limit` (a field of analysis.traces.limits.Limits), raised as soon as a piece passes it."""
-    frames = EventFrames(path, max_events, limit)
+    """The events' frame and counter values (and the record_param_comms args, with `comms`). More than
+    `max_events` events is an InputError naming `limit` (a field of analysis.traces.limits.Limits),
+    raised as soon as a piece passes it."""
+    frames = EventFrames(path, max_events, limit, comms)
     with no_collection():
         for offset, piece, events in decoded_pieces(path, memoryview(events_json), kineto.EVENTS):
             frames.add(offset, piece, events)
@@ -59,12 +69,13 @@ def event_frame(
 
 class EventFrames:
     """The frame and counter values of an event array, a decoded piece at a time (`add`), then whole
-    (`finish`, once the base time is known)."""
+    (`finish`, once the base time is known); with `comms`, its record_param_comms ops' args too."""
 
-    def __init__(self, path: Path, max_events: int | None, limit: str) -> None:
-        self.path, self.max_events, self.limit = path, max_events, limit
+    def __init__(self, path: Path, max_events: int | None, limit: str, comms: bool = True) -> None:
+        self.path, self.max_events, self.limit, self.wants_comms = path, max_events, limit, comms
         self.frames: list[pl.DataFrame] = []
         self.counters: list[pl.DataFrame] = []
+        self.comms: ParamComms = []
         self.count = 0
 
     def add(self, offset: int, piece: Any, events: list[kineto.Event]) -> None:
@@ -79,6 +90,8 @@ class EventFrames:
             raise LimitExceeded(self.path, f"{scope} more than {limits.current().describe(self.limit)}")
         self.frames.append(_frame(self.path, offset, events, piece))
         self.counters.append(_counter_values(events, offset, self.frames[-1]["ph"]))
+        if self.wants_comms:
+            self.comms += _comms(piece, offset, self.frames[-1]["name"])
 
     def finish(self, base_ns: int) -> Events:
         frame = pl.concat(self.frames, rechunk=False).with_columns(
@@ -90,7 +103,7 @@ class EventFrames:
         if dropped:
             frame = frame.filter(~negative)
         frame = frame.with_columns(end_ns=pl.col("start_ns") + pl.col("dur_ns")).drop("ts_ns", "dur_ns")
-        return Events(frame, pl.concat(self.counters, rechunk=False), dropped)
+        return Events(frame, pl.concat(self.counters, rechunk=False), dropped, self.comms)
 
 
 @contextmanager
@@ -174,6 +187,16 @@ def _counter_values(events: list[kineto.Event], offset: int, ph: pl.Series) -> p
     args = [events[row].args or kineto.NO_ARGS for row in rows]
     values = {name: whole_numbers([getattr(a, name) for a in args]) for name in kineto.COUNTER_VALUES}
     return pl.DataFrame({"index": [offset + row for row in rows]} | values, schema=COUNTER_SCHEMA)
+
+
+def _comms(text: Any, offset: int, name: pl.Series) -> ParamComms:
+    """(index, args) of the piece's record_param_comms ops with args; the piece is decoded again, for
+    them alone, only where it holds one."""
+    rows = (name == kineto.RECORD_PARAM_COMMS).arg_true().to_list()
+    if not rows:
+        return []
+    ops = kineto.COMM_OPS.decode(text)
+    return [(offset + row, ops[row].args) for row in rows if ops[row].args is not None]
 
 
 def _times_in_whole_ns(text: Any) -> bool:

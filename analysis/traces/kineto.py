@@ -20,6 +20,8 @@ MAX_US = 4 * 10**15
 # Names torch.profiler gives: its step spans (ProfilerStep#N) and autograd's backward ops.
 STEP_PREFIX = "ProfilerStep#"
 BACKWARD_OP_PREFIX = "autograd::engine::evaluate_function:"
+# The op torch records around each c10d call, its peer and process group in its args.
+RECORD_PARAM_COMMS = "record_param_comms"
 # Event categories (lowercased: the 2021 format capitalises them) of work that runs on a GPU stream, and
 # of every event that lives on one (the device-side copies of user annotations too).
 DEVICE_WORK_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset")
@@ -75,6 +77,23 @@ class Event(msgspec.Struct, gc=False):
     args: Args | None = NO_ARGS  # shared, so a missing args costs no object (JSON null gives None)
 
 
+class CommArgs(msgspec.Struct, gc=False):
+    """What a record_param_comms op says of its peer and process group (analysis.traces.comms). Not in
+    Args: every field there costs every event's args a comparison per key it does not know (five more
+    made the decode 23% slower), so these are decoded in a second pass over the pieces that hold such ops."""
+
+    src: Any = msgspec.field(name="Src Rank", default=None)
+    dst: Any = msgspec.field(name="Dst Rank", default=None)
+    ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
+    group_id: Any = msgspec.field(name="Process Group Name", default=None)
+    group_desc: Any = msgspec.field(name="Process Group Description", default=None)
+
+
+class CommOp(msgspec.Struct, gc=False):
+    name: str = ""
+    args: CommArgs | None = None  # (an array EVENTS has decoded holds objects or null here)
+
+
 class EventTimes(msgspec.Struct, gc=False):
     """ts and dur as their JSON text, for exact nanoseconds where a float cannot give them."""
 
@@ -101,6 +120,7 @@ HEADER_TYPES: dict[str, Any] = {
 
 EVENTS = msgspec.json.Decoder(list[Event])
 EVENT_TIMES = msgspec.json.Decoder(list[EventTimes])
+COMM_OPS = msgspec.json.Decoder(list[CommOp])
 TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 

@@ -40,7 +40,7 @@ import polars as pl
 from analysis.errors import InputError, LimitExceeded, TraceWarning
 from analysis.traces import kineto, limits
 from analysis.traces.durations import has_pairs, pair_durations
-from analysis.traces.events import Events, event_frame, json_problem, where
+from analysis.traces.events import Events, ParamComms, event_frame, json_problem, where
 from analysis.traces.labels import check_label_numbers
 from analysis.traces.run_files import rank_from_name
 from analysis.traces.source import read_text
@@ -75,6 +75,7 @@ class RawTrace:
     events_json: msgspec.Raw  # the traceEvents array, verbatim
     frame: pl.DataFrame
     counters: pl.DataFrame  # analysis.traces.events.COUNTER_SCHEMA: the counter and instant events' values
+    comms: ParamComms  # its record_param_comms ops' args (analysis.traces.comms); empty unless asked for
     dropped: int  # events dropped: a negative duration, a "B" never ended, an "E" with no "B"
     paired: int = 0  # "E" events folded into their "B" (analysis.traces.durations)
     replaced: int = 0  # invalid UTF-8 sequences replaced by U+FFFD (analysis.traces.source)
@@ -97,10 +98,13 @@ class Budget:
         return cls(current.run_bytes, current.run_event_count)
 
 
-def read_trace(path: str | Path, budget: Budget | None = None, keep_text: bool = True) -> RawTrace:
+def read_trace(
+    path: str | Path, budget: Budget | None = None, keep_text: bool = True, comms: bool = True
+) -> RawTrace:
     """One trace file, within the limits in force (and what is left of the run's, with `budget`).
     Without `keep_text` the events are decoded as the file is read (analysis.traces.stream) where it
-    can be, and `events_json` is left empty."""
+    can be, and `events_json` is left empty. Without `comms`, `RawTrace.comms` is left empty (a run of
+    one pipeline reads none)."""
     path = Path(path)
     current = limits.current()
     byte_limit, byte_name = current.file_bytes, "file_mb"
@@ -109,7 +113,7 @@ def read_trace(path: str | Path, budget: Budget | None = None, keep_text: bool =
     event_limit, event_name = current.events, "events"
     if budget is not None and budget.events < event_limit:
         event_limit, event_name = budget.events, "run_events"
-    found = None if keep_text else streamed(path, byte_limit, byte_name, event_limit, event_name)
+    found = None if keep_text else streamed(path, byte_limit, byte_name, event_limit, event_name, comms)
     if found is not None:
         try:
             trace = _parse(path, found.metadata, msgspec.Raw(), found.frames.finish)
@@ -133,7 +137,7 @@ def read_trace(path: str | Path, budget: Budget | None = None, keep_text: bool =
             path,
             metadata,
             events_json,
-            lambda base: event_frame(path, events_json, base, event_limit, event_name),
+            lambda base: event_frame(path, events_json, base, event_limit, event_name, comms),
         )
 
     try:
@@ -203,6 +207,7 @@ def _parse(
         events_json,
         frame,
         events.counters,
+        events.comms,
         dropped,
         paired,
     )

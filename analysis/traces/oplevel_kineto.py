@@ -31,7 +31,7 @@ import polars as pl
 from analysis.errors import InputError
 from analysis.files import write_atomically
 from analysis.traces import kineto
-from analysis.traces.comms import RECORD_PARAM_COMMS
+from analysis.traces.kineto import RECORD_PARAM_COMMS
 from analysis.traces.oplevel import OpTimeline, read_timeline
 from analysis.whatif.graph import COMPUTE, DP_COLLECTIVES, EMBEDDING, P2P
 

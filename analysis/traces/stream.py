@@ -58,13 +58,14 @@ class _ReadError(Exception):
 
 
 def streamed(
-    path: Path, byte_limit: int, byte_name: str, max_events: int, event_name: str
+    path: Path, byte_limit: int, byte_name: str, max_events: int, event_name: str, comms: bool = True
 ) -> Streamed | None:
-    """The file's events and top level, or None where the whole read must decide."""
+    """The file's events and top level (with `comms`, its record_param_comms args too), or None where
+    the whole read must decide."""
     chunks = text_chunks(path, byte_limit, byte_name, STREAM_BYTES)
     if chunks is None:
         return None
-    frames = EventFrames(path, max_events, event_name)
+    frames = EventFrames(path, max_events, event_name, comms)
     try:
         with no_collection():
             metadata, size = _stream(path, _read(chunks), frames)
