@@ -63,8 +63,8 @@ def _part_columns() -> list[Column]:
 def _slowest_columns(what: str) -> list[Column]:
     return [
         Column(
-            "busy (ms, mean)",
-            f"mean busy time (compute + small_gemm + slowdown) of the {what}'s ranks",
+            "busy (ms)",
+            f"the mean over the {what}'s ranks of their busy time (compute + small_gemm + slowdown)",
             number(3),
         ),
         Column("busiest rank", f"the {what}'s rank with the most busy time"),
