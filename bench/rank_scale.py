@@ -4,7 +4,8 @@ process per core, and `--cluster local:N`. Per job and engine: the work's second
 peak RSS above its imports per rank (a cluster's workers are processes of their own), its CPU time per
 rank (the cross-rank step, and with `--jobs 1` the ranks' reading too: steadier than wall time on a
 loaded machine), and whether every
-file the analysis wrote is byte for byte the one `--jobs 1` wrote."""
+file the analysis wrote is byte for byte the one `--jobs 1` wrote. Then the job's run page: its build time,
+sizes and load time in a browser (bench.report_page)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.process import run_child
+from bench.report_page import report_page
 from runners.schedules import build
 from synthetic.data_parallel import write_job
 
@@ -43,7 +45,7 @@ def rank_scale(
 ) -> list[dict]:
     jobs = []
     for dp in dps:
-        directory = workdir / f"ranks-p{P}-dp{dp}"
+        directory = workdir / f"ranks-{P * dp}" / f"ranks-p{P}-dp{dp}"  # alone in its folder, for the report
         write_job(
             directory,
             build("1f1b", P, M),
@@ -72,5 +74,7 @@ def rank_scale(
                     "same_as_jobs_1": None if reference is None else written == reference,
                 }
             job["engines"][name] = entry
+        say(f"ranks: {ranks} ranks, the report's run page")
+        job["report"] = report_page(directory, workdir)
         jobs.append(job)
     return jobs

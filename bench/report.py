@@ -488,6 +488,33 @@ def _ranks(jobs: list[dict]) -> list[str]:
                 f"{run['peak_rss_mb']:.0f} | {entry['rss_above_imports_mib_per_rank']:.2f} | "
                 f"{entry['same_as_jobs_1']} |"
             )
+    return [*lines, "", *_report_pages(jobs)]
+
+
+def _report_pages(jobs: list[dict]) -> list[str]:
+    """Each job's run page (a result written before the report's figures came has none)."""
+    pages = [(job, job["report"]) for job in jobs if "report" in job]
+    if not pages:
+        return []
+    lines = [
+        "The job's run page (`analysis.report`, bench.report_page): build s, the report's pages built in the "
+        "bench's process; HTML and chart data, the page's files (chart data: every script beside it); opened, "
+        "the data the page loads when it opens (past 32 ranks one pipeline's timeline, the others on demand); "
+        "load s: headless Chromium from opening the page from file:// to every chart drawn, median of 3.",
+        "",
+        "| ranks (p x dp) | build s | HTML KB | chart data MB | opened MB | load s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for job, page in pages:
+        load = (
+            "no browser"
+            if page["load_s"] is None
+            else f"{page['load_s']:.2f} ({page['load_s_range'][0]:.2f}-{page['load_s_range'][1]:.2f})"
+        )
+        lines.append(
+            f"| {job['ranks']} ({job['p']} x {job['dp']}) | {page['build_s']:.1f} | {page['html_kb']:.0f} | "
+            f"{page['chart_data_mb']:.2f} | {page['opened_data_mb']:.2f} | {load} |"
+        )
     return [*lines, ""]
 
 

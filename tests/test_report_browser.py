@@ -12,16 +12,7 @@ from test_report_many_ranks import DP, SLOW, P, write_job_run
 
 from analysis.report import build_report, job_view
 from analysis.report.frames import TIMELINE_BINS
-
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+from bench.report_page import ARGS, CHROMIUM
 
 pytestmark = [
     pytest.mark.browser,

@@ -11,6 +11,7 @@ import polars as pl
 from analysis.report import run_charts
 from analysis.report.frames import coarsen
 from analysis.report.pages import Choice, Column, Figure, number, table
+from analysis.report.plot import Plot
 from analysis.report.run_tables import PART_MEANINGS
 from analysis.schema import RANK_PARTS, Summary
 
@@ -26,10 +27,6 @@ TABLE_PARTS = ("bubble", "p2p_wait", "dp_sync")
 
 def summarised(summary: Summary) -> bool:
     return len(summary.ranks) > TIMELINE_RANKS_MAX
-
-
-def pipeline_title(j: int, ranks: list[int]) -> str:
-    return f"measured, pipeline {j} (ranks {', '.join(map(str, ranks))})"
 
 
 def rank_frame(summary: Summary) -> pl.DataFrame:
@@ -66,8 +63,8 @@ def _part_columns() -> list[Column]:
 def _slowest_columns(what: str) -> list[Column]:
     return [
         Column(
-            "busy (ms, mean)",
-            f"mean busy time (compute + small_gemm + slowdown) of the {what}'s ranks",
+            "busy (ms)",
+            f"the mean over the {what}'s ranks of their busy time (compute + small_gemm + slowdown)",
             number(3),
         ),
         Column("busiest rank", f"the {what}'s rank with the most busy time"),
@@ -165,16 +162,29 @@ def heatmap_figure(frame: pl.DataFrame) -> Figure:
 def timeline_choice(
     summary: Summary, measured: pl.DataFrame, ideal: pl.DataFrame, caption: str, stem: str
 ) -> Choice:
-    """One pipeline's timeline over its own ideal one, a script file per pipeline; the slowest first."""
+    """One pipeline's timeline over its own ideal one, a script file per pipeline, the slowest drawn
+    first. Every pipeline has p ranks, so one chart takes each one's data (altair builds and validates a
+    chart in a tenth of a second: 32 of them doubled the page's build)."""
+    chosen = summary.straggler.pipeline if summary.straggler else 0
+    frames = [
+        {
+            # the dataset names run_charts.timelines gives one measured timeline and the ideal one
+            "measured": coarsen(measured.filter(pl.col("rank").is_in(line.ranks))),
+            "ideal": coarsen(ideal.filter(pl.col("rank").is_in(line.ranks))),
+        }
+        for line in summary.pipelines
+    ]
+    chart = run_charts.timelines(
+        [("measured: the pipeline picked above", frames[chosen]["measured"])],
+        frames[chosen]["ideal"],
+        len(summary.pipelines[chosen].ranks),
+        "its ideal timeline",
+    ).chart
+    slowest = {chosen: " (slowest)"} if summary.straggler else {}
     options = [
         (
-            f"pipeline {j}{' (slowest)' if summary.straggler and summary.straggler.pipeline == j else ''}",
-            run_charts.timelines(
-                [(pipeline_title(j, line.ranks), coarsen(measured.filter(pl.col("rank").is_in(line.ranks))))],
-                coarsen(ideal.filter(pl.col("rank").is_in(line.ranks))),
-                len(line.ranks),
-                f"ideal timeline, pipeline {j}",
-            ),
+            f"pipeline {j}: ranks {', '.join(map(str, line.ranks))}{slowest.get(j, '')}",
+            Plot(chart, frames[j]),
         )
         for j, line in enumerate(summary.pipelines)
     ]
@@ -183,5 +193,4 @@ def timeline_choice(
         f"{TIMELINE_RANKS_MAX} ranks drawn at once: pick a pipeline above the chart to draw its timeline (the "
         "ranks taken to share a clock) above its own ideal one."
     )
-    chosen = summary.straggler.pipeline if summary.straggler else 0
     return Choice("timeline", "pipeline", options, chosen, caption, stem)

@@ -59,14 +59,18 @@ class Choice:
         )
 
     def scripts(self) -> dict[str, str]:
-        """File name -> the script that hands its option's chart to assets/embed.js."""
-        return {
-            self.file(i): f"window.REPORT_DRAW({_json(self._chart(i, plot))});\n"
-            for i, (_, plot) in enumerate(self.options)
-        }
-
-    def _chart(self, i: int, plot: Plot) -> dict:
-        return {"id": self.slot, "file": self.file(i), "renderer": self.renderer, "spec": plot.spec()}
+        """File name -> the script that hands its option's chart to assets/embed.js. Options that share a
+        chart (their data differs) have it turned into a spec once."""
+        charts: dict[int, dict] = {}
+        scripts = {}
+        for i, (_, plot) in enumerate(self.options):
+            if id(plot.chart) not in charts:
+                charts[id(plot.chart)] = plot.chart.to_dict()
+            chart = {"id": self.slot, "file": self.file(i), "renderer": self.renderer}
+            scripts[self.file(i)] = (
+                f"window.REPORT_DRAW({_json(chart | {'spec': plot.spec(charts[id(plot.chart)])})});\n"
+            )
+        return scripts
 
 
 def _caption(text: str) -> str:

@@ -42,9 +42,11 @@ class Plot:
     chart: alt.TopLevelMixin
     datasets: dict[str, pl.DataFrame]
 
-    def spec(self) -> dict:
-        """The vega-lite spec with every dataset inlined (validated by altair without the data)."""
-        return self.chart.to_dict() | {"datasets": {name: f.to_dicts() for name, f in self.datasets.items()}}
+    def spec(self, chart: dict | None = None) -> dict:
+        """The vega-lite spec with every dataset inlined (validated by altair without the data); `chart`:
+        this plot's chart as a dict already, shared with other plots (altair validates each to_dict)."""
+        chart = self.chart.to_dict() if chart is None else chart
+        return chart | {"datasets": {name: f.to_dicts() for name, f in self.datasets.items()}}
 
 
 def scale(colours: dict[str, str], domain: tuple[str, ...]) -> alt.Scale:

@@ -95,7 +95,10 @@ def timeline_figure(run: Run, stem: str) -> Figure | Choice:
         return job_view.timeline_choice(summary, measured, ideal, caption, stem)
     slowest = summary.pipelines[summary.straggler.pipeline].ranks
     measured_plots = [
-        (job_view.pipeline_title(j, line.ranks), coarsen(measured.filter(pl.col("rank").is_in(line.ranks))))
+        (
+            f"measured, pipeline {j} (ranks {', '.join(map(str, line.ranks))})",
+            coarsen(measured.filter(pl.col("rank").is_in(line.ranks))),
+        )
         for j, line in enumerate(summary.pipelines)
     ]
     ideal = coarsen(ideal.filter(pl.col("rank").is_in(slowest)))
