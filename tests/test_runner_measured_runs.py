@@ -16,7 +16,13 @@ from conftest import trace_run
 from runners.mesh import Mesh
 from runners.presets import calibration_rows
 from runners.schedules import build, lower
-from runners.schedules.trace_names import LABEL_PREFIX, OPTIMIZER_STEP, RUN_QUEUE_COUNTER, WAIT_SENDS
+from runners.schedules.trace_names import (
+    LABEL_PREFIX,
+    OPTIMIZER_STEP,
+    RUN_QUEUE_COUNTER,
+    STASH_COUNTER,
+    WAIT_SENDS,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -182,9 +188,10 @@ def test_a_slowed_stage_is_slower_in_its_calibration_too(tmp_path):
         assert work["1"][rows] > (1 + FACTOR) / 2 * work["0"][rows], (rows, work)
 
 
-def test_the_torch_engine_stalls_inside_its_forwards_and_has_no_run_queue_counter(tmp_path):
+def test_the_torch_engine_stalls_inside_its_forwards_and_counts_its_stash_but_no_run_queue(tmp_path):
     """torch's GPipe labels `Forward i`; the stall is a pre-hook on the stage module, inside it (rank 1's
-    forwards wait for rank 0's inside their spans too, so only rank 0's are checked)."""
+    forwards wait for rank 0's inside their spans too, so only rank 0's are checked). Its stash counter
+    (runners.stash.SavedMeter) holds every microbatch at once, as GPipe does, and none at the end."""
     options = (
         f"--sched gpipe --engine torch --p 2 --m {M} --preset tiny --device cpu --steps 1 --timed-steps 1"
     )
@@ -194,6 +201,13 @@ def test_the_torch_engine_stalls_inside_its_forwards_and_has_no_run_queue_counte
     assert len(forwards) == M and all(e["dur"] >= STALL_MS * 1000 for e in forwards)
     assert not any(e.get("name") == RUN_QUEUE_COUNTER for rank in (0, 1) for e in events(run, rank))
     assert fewest_ms(run_json(run), "0", "F_ms") < STALL_MS
+    stash = [
+        e["args"] for e in sorted(events(run, 0), key=lambda e: e["ts"]) if e.get("name") == STASH_COUNTER
+    ]
+    assert max(a["microbatches"] for a in stash) == M and stash[-1] == {
+        "microbatches": 0,
+        "activation_bytes": 0,
+    }
 
 
 def test_a_host_stall_names_a_global_rank_and_slows_that_rank_alone_in_a_dp_job(tmp_path):

@@ -141,8 +141,7 @@ def candidate_caveats(analysis: Analysis, engine: str, target: Schedule, calibra
         caveats.append("B split into I and W in their unit-time ratio 1:1; the run measured no I or W")
     if engine != analysis.summary.engine:
         caveats.append(
-            f"runs on the {engine} engine; predicted from the {analysis.summary.engine} run's host times and "
-            "stash (a run without the stash counter reads its peak from the allocator, which holds more)"
+            f"runs on the {engine} engine; predicted from the {analysis.summary.engine} run's host times and stash"
         )
     if engine == "torch" and target.name == "zb":
         caveats.append(TORCH_ZB)
