@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from analysis.attribution.advice import Candidate
-from analysis.cli.advise import DEFAULT_VS, advice
+from analysis.cli.advise import advice
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from bench.runs import P, RunPlan, request
 from bench.stats import stats
 from runners.launch import LaunchError, launch
-from runners.presets import CALIBRATED_MS
+from runners.presets import ADVISED_VS, CALIBRATED_MS
 from runners.schedules import SCHEDULES
 
 SOURCE = ("native", "gpipe", 4, 1)  # engine, schedule, m, v
@@ -72,7 +72,7 @@ def advice_check(plan: RunPlan, repeats: int, progress: Callable[[str], None]) -
     fails is left out of its configuration's figures and named."""
     engine, name, m, v = SOURCE
     source = launch(request(plan, name, P, m, engine, v=v), plan.traces)
-    found = advice(source, list(SCHEDULES), list(CALIBRATED_MS), list(DEFAULT_VS), None)
+    found = advice(source, list(SCHEDULES), list(CALIBRATED_MS), list(ADVISED_VS), None)
     order = [_key(c) for c in found.candidates]
     checked = order[:TOP] + ([SOURCE] if SOURCE not in order[:TOP] else [])
     progress("  advised: " + ", ".join(f"{k[1]} m={k[2]} v={k[3]} ({k[0]})" for k in checked))

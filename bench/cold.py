@@ -38,7 +38,8 @@ def cold_passes(preset_name: str, pairs: int) -> dict:
     try:
         stage = build_stages(preset, (0,), 1, torch.device("cpu"))[0]
         batch = stage_input(preset, torch.device("cpu"))
-        forward, reset, backward = microbatch_passes(stage, batch, True, False, 1, accumulate=False)
+        forward, reset, passes = microbatch_passes(stage, batch, True, False, 1, accumulate=False)
+        backward = passes["B_ms"]
         times: dict[str, list[float]] = {"F warm": [], "B warm": [], "F cold": [], "B cold": []}
         for index in range(pairs + 1):  # the first pair allocates: left out
             for temperature in ("warm", "cold"):

@@ -6,7 +6,9 @@ Each candidate (a schedule an engine runs, at an m and v it admits) is `predict`
 its order's stash (runners.schedules.held): each forward holds its microbatch's rows times the bytes
 per row that the run's stash peak on that stage implies. A candidate that needs what the run did not
 measure says what was assumed (`caveats`) and is `extrapolated`; a run whose levels cannot be trusted
-(contended, noisy, no calibration) still lists every candidate, with `ranked` false and why.
+(contended, noisy, no calibration) still lists every candidate, with `ranked` false and why. A run
+made with --calibrate-advice (run.json advice_calibration) has its chunks, I and W timed and its stash
+per row measured at every advised v: those replace the layer shares and the unit-time split.
 """
 
 from __future__ import annotations
@@ -109,13 +111,25 @@ def stash_bytes_per_row(schedule: Schedule, config: dict, peaks: list[int | None
     }
 
 
-def peak_bytes(target: Schedule, config: dict, per_row: dict[int, float] | None, n_source: int) -> int | None:
+def peak_bytes(
+    target: Schedule,
+    config: dict,
+    per_row: dict[int, float] | None,
+    n_source: int,
+    timed: tuple | None = None,
+) -> int | None:
     """The largest rank's predicted stash peak: each forward holds its rows times its stage's bytes per
-    row, carried as the stage's time is (its share of the run's stages)."""
+    row, carried as the stage's time is (its share of the run's stages), or where the runner measured
+    the stash per row on both geometries (`timed`: advice_calibration at the run's v and the target's)
+    as the run's bytes per row times the target stage's measured over its shares' measured."""
     if per_row is None:
         return None
     shares = stage_shares(n_source, target.n_stages)
     per_stage = {c: sum(float(share) * per_row[s] for s, share in parts) for c, parts in shares.items()}
+    if timed is not None:
+        source, chunks = (entry["stash_bytes_per_row"] for entry in timed)
+        for c, parts in shares.items():
+            per_stage[c] *= chunks[str(c)] / sum(float(share) * source[str(s)] for s, share in parts)
     rows = rows_at(config, target.m)
     live = held(target, lambda a: rows[a.microbatch] * per_stage[a.stage])
     return round(max(max(rank, default=0.0) for rank in live))
@@ -127,18 +141,32 @@ def run_caveats(analysis: Analysis, calibrated: bool) -> list[str]:
     return notes + ([] if calibrated else [UNCALIBRATED])
 
 
-def candidate_caveats(analysis: Analysis, engine: str, target: Schedule, calibrated: bool) -> list[str]:
-    """What a candidate assumes beyond the run's measurements."""
+def timed_pair(config: dict, source: Schedule, v: int) -> tuple[dict, dict] | None:
+    """run.json advice_calibration (runners.measure.advice_calibration) at the run's v and at v, where the
+    runner timed both (--calibrate-advice)."""
+    timed = config.get("advice_calibration") or {}
+    pair = timed.get(str(source.v)), timed.get(str(v))
+    return None if None in pair else pair
+
+
+def candidate_caveats(
+    analysis: Analysis, engine: str, target: Schedule, calibrated: bool, timed: bool
+) -> list[str]:
+    """What a candidate assumes beyond the run's measurements (`timed`: its stages', I's and W's times
+    and stash per row calibrated by the runner)."""
     source = analysis.schedule
     measured_kinds = {kind for _, kind in analysis.model.kinds}
     caveats = []
-    if target.n_stages != source.n_stages:
+    if target.n_stages != source.n_stages and not timed:
         caveats.append(
             f"stage times at v={target.v} taken as shares of the layers of the run's stages at v={source.v}, "
             "host time per stage likewise; its stash per microbatch too"
         )
-    if target.split_backward and Kind.I.value not in measured_kinds:
-        caveats.append("B split into I and W in their unit-time ratio 1:1; the run measured no I or W")
+    if target.split_backward and Kind.I.value not in measured_kinds and not timed:
+        caveats.append(
+            "B split into I and W in their unit-time ratio 1:1; the run measured no I or W "
+            "(a run with --calibrate-advice times them)"
+        )
     if engine != analysis.summary.engine:
         caveats.append(
             f"runs on the {engine} engine; predicted from the {analysis.summary.engine} run's host times and stash"
@@ -160,13 +188,19 @@ def advise(
     ref = reference(analysis.cells, config, source.m)
     levels = step_levels([s.step_time_ms for s in analysis.summary.replayed_steps], config)
     per_row = stash_bytes_per_row(source, config, [r.peak_activation_bytes for r in analysis.summary.ranks])
+    own_rows = rows_at(config, source.m)[0]
     carried = {}  # v -> the run carried to p * v stages: (model, own, config)
     for v in sorted({v for *_, v in requests}):
-        moved = projection(analysis.model.kinds, source.n_stages, source.p * v)
+        moved, timed = (
+            projection(analysis.model.kinds, source.n_stages, source.p * v),
+            timed_pair(config, source, v),
+        )
+        if timed is not None:
+            moved = moved.calibrated(*(entry["calibration_by_rows"] for entry in timed), own_rows)
         carried[v] = (
             moved.model(analysis.model),
             moved.own(analysis.own, analysis.model),
-            moved.config(config),
+            moved.config(config, None if timed is None else timed[1]),
         )
     found, skipped = [], {}
     for engine, name, m, v in requests:
@@ -177,8 +211,9 @@ def advise(
             skipped[(engine, name, m, v)] = str(why)
             continue
         target = build(name, source.p, m, v)
-        peak = peak_bytes(target, config, per_row, source.n_stages)
-        caveats = candidate_caveats(analysis, engine, target, calibrated)
+        timed = timed_pair(config, source, v)
+        peak = peak_bytes(target, config, per_row, source.n_stages, timed)
+        caveats = candidate_caveats(analysis, engine, target, calibrated, timed is not None)
         fits = memory_limit_bytes is None or peak is None or peak <= memory_limit_bytes
         times = (guess.step_time_ms, guess.step_time_low_ms, guess.step_time_high_ms, guess.bubble_formula)
         found.append(Candidate(engine, name, m, v, *times, peak, fits, bool(caveats), caveats))
