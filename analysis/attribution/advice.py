@@ -191,10 +191,8 @@ def advise(
     own_rows = rows_at(config, source.m)[0]
     carried = {}  # v -> the run carried to p * v stages: (model, own, config)
     for v in sorted({v for *_, v in requests}):
-        moved, timed = (
-            projection(analysis.model.kinds, source.n_stages, source.p * v),
-            timed_pair(config, source, v),
-        )
+        moved = projection(analysis.model.kinds, source.n_stages, source.p * v)
+        timed = timed_pair(config, source, v)
         if timed is not None:
             moved = moved.calibrated(*(entry["calibration_by_rows"] for entry in timed), own_rows)
         carried[v] = (
