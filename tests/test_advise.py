@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from analysis.attribution.advice import UNCALIBRATED, peak_bytes, stash_bytes_per_row
+from analysis.attribution.advice import UNCALIBRATED, output_row_bytes, peak_bytes, stash_bytes_per_row
 from analysis.cli import advise as advise_cli
 from analysis.cli import main
 from analysis.job.run_dir import read_run
@@ -121,12 +121,21 @@ def test_the_stash_is_carried_by_rows_and_in_flight_count():
     per_row = stash_bytes_per_row(source, config, [4 * 128 * 100, 4 * 128 * 50])
     assert per_row == {0: 100, 1: 50}
 
-    def peak(name, m, v=1):
+    def peak(name, m, v=1, kept=0.0):
         return peak_bytes(
-            build(name, 2, m, v), config | {"dims": {"microbatch_rows": [512 // m] * m}}, per_row, 2
+            build(name, 2, m, v),
+            config | {"dims": {"microbatch_rows": [512 // m] * m}},
+            per_row,
+            2,
+            None,
+            kept,
         )
 
     assert peak("1f1b", 4) == 2 * 128 * 100
+    # on torch rank 1 also keeps its 4 outputs (60 B a row) to the step's end: after its last F it
+    # holds that microbatch's stash and all four
+    assert peak("1f1b", 4, kept=60) == 128 * 50 + 4 * 128 * 60
+    assert output_row_bytes({"dims": {"sample_shape": [512]}, "dtype": "bfloat16"}) == 1024
     assert peak("gpipe", 8) == 4 * 128 * 100
     assert peak("interleaved", 4, 2) == 128 * (4 * 50 + 25)
     assert stash_bytes_per_row(source, config, [1, None]) is None

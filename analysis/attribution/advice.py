@@ -13,8 +13,10 @@ per row measured at every advised v: those replace the layer shares and the unit
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 
 from analysis.attribution.predict import Unpredictable, predict, rows_at, step_levels
 from analysis.attribution.project import projection, stage_shares
@@ -26,6 +28,7 @@ from runners.schedules import Kind, Schedule, ScheduleError, build, held
 from runners.schedules.generate import check_request
 
 MIB = 2**20  # --memory-mb counts MiB
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}  # run.json dtype -> bytes an element
 UNCALIBRATED = (
     "no calibration in run.json: every stage's time taken as its measured busy time, linear in rows"
 )
@@ -117,11 +120,14 @@ def peak_bytes(
     per_row: dict[int, float] | None,
     n_source: int,
     timed: tuple | None = None,
+    kept_row_bytes: float = 0.0,
 ) -> int | None:
     """The largest rank's predicted stash peak: each forward holds its rows times its stage's bytes per
     row, carried as the stage's time is (its share of the run's stages), or where the runner measured
     the stash per row on both geometries (`timed`: advice_calibration at the run's v and the target's)
-    as the run's bytes per row times the target stage's measured over its shares' measured."""
+    as the run's bytes per row times the target stage's measured over its shares' measured. On the torch
+    engine (`kept_row_bytes`: output_row_bytes) the last stage's rank also holds each forward's output
+    there until the step ends: torch's schedules return them."""
     if per_row is None:
         return None
     shares = stage_shares(n_source, target.n_stages)
@@ -132,7 +138,21 @@ def peak_bytes(
             per_stage[c] *= chunks[str(c)] / sum(float(share) * source[str(s)] for s, share in parts)
     rows = rows_at(config, target.m)
     live = held(target, lambda a: rows[a.microbatch] * per_stage[a.stage])
-    return round(max(max(rank, default=0.0) for rank in live))
+    last = target.n_stages - 1
+    kept = [  # the last stage's outputs a torch schedule keeps from their forward to the step's end
+        accumulate(
+            rows[a.microbatch] * kept_row_bytes if (a.kind, a.stage) == (Kind.F, last) else 0.0 for a in order
+        )
+        for order in target.orders
+    ]
+    return round(max(max(map(sum, zip(rank, more)), default=0.0) for rank, more in zip(live, kept)))
+
+
+def output_row_bytes(config: dict) -> float:
+    """The bytes of one row of a stage's output (its input's shape, run.json dims.sample_shape, and
+    dtype); 0 where the dtype is not one of DTYPE_BYTES."""
+    dims = config.get("dims") or {}
+    return math.prod(dims.get("sample_shape") or [0]) * DTYPE_BYTES.get(config.get("dtype") or "", 0)
 
 
 def run_caveats(analysis: Analysis, calibrated: bool) -> list[str]:
@@ -210,7 +230,8 @@ def advise(
             continue
         target = build(name, source.p, m, v)
         timed = timed_pair(config, source, v)
-        peak = peak_bytes(target, config, per_row, source.n_stages, timed)
+        kept = output_row_bytes(config) if engine == "torch" != analysis.summary.engine else 0.0
+        peak = peak_bytes(target, config, per_row, source.n_stages, timed, kept)
         caveats = candidate_caveats(analysis, engine, target, calibrated, timed is not None)
         fits = memory_limit_bytes is None or peak is None or peak <= memory_limit_bytes
         times = (guess.step_time_ms, guess.step_time_low_ms, guess.step_time_high_ms, guess.bubble_formula)
