@@ -349,19 +349,36 @@ def _predict(part: dict) -> list[str]:
         "step (summary.json step_time_ms). The error is the median prediction against the median run; the "
         "interval of each repeat's prediction (step_time_low_ms, step_time_high_ms) holds the median run or not.",
         "",
-        "| schedule | m | predicted ms | measured ms | pairwise abs(predicted / measured - 1) | intervals ms |",
-        "|---|---|---|---|---|---|",
+        "| schedule | m | predicted ms | measured ms | pairwise abs(predicted / measured - 1) | intervals ms "
+        "| machine level |",
+        "|---|---|---|---|---|---|---|",
         *(
             f"| {c['schedule']} | {c['m']} | {_figure(c['predicted_ms'], 1)} | {_figure(c['measured_ms'], 1)} "
             f"| {_figure(c['error'])} | "
             + ", ".join(f"{low:.1f}-{high:.1f}" for low, high in c["intervals_ms"])
-            + " |"
+            + f" | {_figure(c['machine_level']) if c.get('machine_level') else '-'} |"
             for c in configs
         ),
+        "",
+        "Machine level: the target run's isolated calibration over its source run's at the same microbatch sizes "
+        "(both time every size one rank at a time), the median over stages, kinds and sizes: how much slower the "
+        "machine ran the target than its source, which the prediction cannot know.",
         "",
         f"The m={part['source_m']} runs' own typical step / measured - 1 (the variability and residual, which "
         f"every prediction inherits): {source or 'none'}.",
         "",
+        *(
+            [
+                f"Drift between repeats of one configuration, the m={part['source_m']} runs' measured step ms: "
+                + ", ".join(f"{s} {_figure(steps, 1)}" for s, steps in part["source_step_ms"].items())
+                + "; 1-minute load average at each repeat's start: "
+                + ", ".join(f"{load:.1f}" for load in part.get("load_average", []))
+                + ".",
+                "",
+            ]
+            if part.get("source_step_ms")
+            else []
+        ),
         *([*(f"Failed: {reason}" for reason in part["failed"]), ""] if part["failed"] else []),
     ]
 

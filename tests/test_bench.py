@@ -340,6 +340,19 @@ def test_predict_accuracy_pairs_each_prediction_with_its_repeat():
     assert accuracy("1f1b", 2, [101.0], [100.0], [(99.0, 102.0)])["error"]["verdict"] == "meets (one sample)"
 
 
+def test_the_machine_level_is_the_target_run_s_calibration_over_its_source_s():
+    """Every size both runs calibrated, target over source; a size only one of them has is left out."""
+    from bench.predict import machine_level
+
+    source = {
+        "calibration_by_rows": {"0": {"64": {"F_ms": 1.0, "B_ms": 2.0}, "32": {"F_ms": 0.5, "B_ms": 1.0}}}
+    }
+    target = {
+        "calibration_by_rows": {"0": {"64": {"F_ms": 1.2, "B_ms": 2.4}, "16": {"F_ms": 9.0, "B_ms": 9.0}}}
+    }
+    assert machine_level(source, target) == pytest.approx(1.2)
+
+
 def test_a_partial_run_replaces_its_sections_and_keeps_the_others():
     """results.json: the sections this run finished replace their earlier keys (a sweep without rows
     drops the earlier profiler and sim figures too); RESULTS.md: other sections' blocks stay verbatim."""
@@ -409,10 +422,13 @@ def test_bench_predict_smoke(tmp_path):
     for config in part["configs"]:
         predicted, measured = config["predicted_ms"]["median"], config["measured_ms"]["median"]
         assert config["error"]["median"] == pytest.approx(abs(predicted / measured - 1))
-    assert set(part["source_simulated_error"]) == {"gpipe", "1f1b"}
+        assert config["machine_level"]["n"] == 1
+    assert set(part["source_simulated_error"]) == set(part["source_step_ms"]) == {"gpipe", "1f1b"}
+    assert len(part["load_average"]) == 1
     text = (out / "RESULTS.md").read_text()
     assert "## 8. predict" in text and "abs(median predicted / median measured - 1), 1f1b m=2" in text
     assert part["coverage"]["of"] == 2 and "intervals holding the measured median" in text
+    assert "Drift between repeats of one configuration" in text and "| machine level |" in text
 
 
 def test_advice_section_judges_each_checked_candidate_by_its_error():

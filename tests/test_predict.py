@@ -11,20 +11,21 @@ import pytest
 
 from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import OwnSteps
-from analysis.attribution.predict import Unpredictable, predict, step_levels
+from analysis.attribution.predict import Unpredictable, concurrency, predict, step_levels
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
-from analysis.attribution.replay import Inputs, Tail
+from analysis.attribution.replay import Inputs, Replayed, Tail
 from analysis.cli import main
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import analysis_of, read_run
 from analysis.report import build_report
 from analysis.report.sweeps import predicted_steps
 from runners.presets import CALIBRATED_MS
-from runners.schedules import build, formula_bubble, lower
+from runners.schedules import Action, Kind, build, formula_bubble, lower
 from synthetic import write_run
 
-# no launch gaps: a synthetic rank's first action spares its gap, which a model of medians charges
-WORK = dict(durations_us={"F": 1000, "B": 2000}, p2p_latency_us=40, small_gemm=1.2, slowdown=1.1, steps=3)
+# no launch gaps: a synthetic rank's first action spares its gap, which a model of medians charges; no
+# slowdown: the generator's is one factor at every m, where predict carries it with the ranks' overlap
+WORK = dict(durations_us={"F": 1000, "B": 2000}, p2p_latency_us=40, small_gemm=1.2, steps=3)
 
 
 @pytest.mark.parametrize("name,p,v", [("gpipe", 2, 1), ("1f1b", 4, 1), ("interleaved", 2, 2)])
@@ -42,6 +43,33 @@ def test_a_prediction_at_another_m_is_that_m_s_step(tmp_path, name, p, v):
         assert predicted[m]["bubble_formula"] == formula_bubble(build(name, p, m, v))
         measured = analyze_run(read_run(tmp_path / f"m{m}")).summary.bubble_measured
         assert predicted[m]["bubble_predicted"] == pytest.approx(measured, abs=1e-4), m
+
+
+def test_a_slowdown_is_carried_as_far_as_ranks_compute_together(tmp_path):
+    """Busy time 1.3x the isolated work at m=4, where the ranks overlap. gpipe at m=1 never overlaps them:
+    its prediction is the isolated work (1.2 ms F, 2.4 ms B at the run's fixed 64 rows) and the two
+    hops, none of the slowdown. m=2 overlaps them less than m=4: its prediction lies between the steps
+    of runs made at m=2 with none and with all of it."""
+    write_run(tmp_path / "m4", build("gpipe", 2, 4), **WORK, slowdown=1.3)
+    assert main(["predict", str(tmp_path / "m4"), "--ms", "1,2"]) == 0
+    rows = json.loads((tmp_path / "m4" / "predict.json").read_text())
+    predicted = {row["m"]: row["step_time_ms"] for row in rows}
+    assert predicted[1] == pytest.approx(2 * (1.2 + 2.4) + 2 * 0.04)
+    made = {f: write_run(tmp_path / f"m2-{f}", build("gpipe", 2, 2), **WORK, slowdown=f) for f in (1.0, 1.3)}
+    steps = {f: run.truth[0].step_ns / 1e6 for f, run in made.items()}
+    assert steps[1.0] + 0.1 < predicted[2] < steps[1.3] - 0.1
+
+
+def test_concurrency_is_the_share_of_compute_time_with_another_rank_computing():
+    """Rank 0 computes over [0, 10] and [20, 30], rank 1 over [5, 15], a hop between them: 10 of the
+    30 compute-rank units overlap (5 on each rank); touching cells do not overlap."""
+    f0, b0, f1 = Action(0, Kind.F, 0), Action(0, Kind.B, 0), Action(1, Kind.F, 0)
+    send = Action(0, Kind.SEND_F, 0)
+    spans = {f0: (0.0, 10.0), send: (10.0, 12.0), b0: (20.0, 30.0), f1: (5.0, 15.0)}
+    replayed = Replayed(30.0, spans, (), {})
+    assert concurrency(replayed, ((f0, send, b0), (f1,))) == pytest.approx(10 / 30)
+    spans[f1] = (10.0, 20.0)
+    assert concurrency(replayed, ((f0, send, b0), (f1,))) == 0.0
 
 
 def _one_rank_run():

@@ -22,7 +22,7 @@ from conftest import summary_of
 from analysis import results
 from analysis.errors import TraceWarning
 from analysis.job.run_dir import analyze_dir
-from analysis.report import build_report, charts
+from analysis.report import build_report, run_charts
 from analysis.report.frames import coarsen, ideal_frame, step_origin, timeline_frame, waterfall_frame
 from analysis.report.inflight import measured_in_flight, peaks_frame, theory_peaks, thinned
 from analysis.report.runs import run_directories
@@ -150,7 +150,7 @@ def test_the_timeline_draws_the_median_steps_critical_path_on_its_own_track(tmp_
         (path["end_ns"] - path["start_ns"]).sum() / 1e6, abs=1e-3
     )
     assert "compute 0F0" in set(drawn["action"])
-    spec = charts.timeline(frame, "measured", 2).spec()
+    spec = run_charts.timeline(frame, "measured", 2).spec()
     assert "critical path" in spec["encoding"]["yOffset"]["scale"]["domain"]
 
 

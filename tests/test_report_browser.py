@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 from test_report import write_contract_run
+from test_report_many_ranks import DP, SLOW, P, write_job_run
 
-from analysis.report import build_report
+from analysis.report import build_report, job_view
 from analysis.report.frames import TIMELINE_BINS
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -39,8 +40,9 @@ def browser():
         chromium.close()
 
 
-def open_page(browser, page_path: Path, screenshot: Path) -> dict:
-    """Open one page, wait for every chart, and report what went wrong (errors, outside requests)."""
+def open_page(browser, page_path: Path, screenshot: Path, pick: dict[str, int] | None = None) -> dict:
+    """Open one page, wait for every chart, and report what went wrong (errors, outside requests);
+    `pick`: chart slot -> the option to pick in its list, and wait for it to be drawn."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     seen = {"outside": [], "errors": []}
 
@@ -59,6 +61,13 @@ def open_page(browser, page_path: Path, screenshot: Path) -> dict:
     page.goto(page_path.as_uri())
     page.wait_for_function("document.body.dataset.charts !== 'pending'", timeout=60_000)
     seen["seconds"] = time.perf_counter() - started
+    for slot, option in (pick or {}).items():
+        picker = page.locator(f"select[data-chart={slot}]")
+        picker.select_option(index=option)
+        wanted = picker.input_value()
+        page.wait_for_function(
+            f"document.getElementById('{slot}').dataset.shown === '{wanted}'", timeout=60_000
+        )
     seen["state"] = page.evaluate("document.body.dataset.charts")
     seen["charts"] = page.evaluate(
         "Array.from(document.querySelectorAll('div.chart')).map(d => [d.id, !!d.querySelector('svg, canvas')])"
@@ -68,6 +77,9 @@ def open_page(browser, page_path: Path, screenshot: Path) -> dict:
     rows = "Object.values(c.spec.datasets || {}).reduce((n, d) => n + d.length, 0)"
     seen["rows"] = dict(page.evaluate(charts % rows))
     seen["renderers"] = dict(page.evaluate(charts % "c.renderer"))
+    seen["shown"] = dict(
+        page.evaluate("Array.from(document.querySelectorAll('div.chart')).map(d => [d.id, d.dataset.shown])")
+    )
     seen["svg_nodes"] = dict(
         page.evaluate(charts % "document.getElementById(c.id).querySelectorAll('svg *').length")
     )
@@ -113,3 +125,19 @@ def test_timeline_with_a_hundred_thousand_cells_opens_with_its_rows_binned(brows
     # measured (3 tracks per rank) and ideal (1), each at most TIMELINE_BINS bars per rank and track
     assert 0 < rows <= (3 + 1) * p * TIMELINE_BINS < cells / 4, (rows, seen["seconds"])
     assert seen["renderers"]["timeline"] == "canvas" and seen["svg_nodes"]["timeline"] == 0, seen
+
+
+def test_a_job_of_many_ranks_draws_the_pipeline_the_reader_picks_offline(browser, tmp_path, monkeypatch):
+    """The page opens with the slowest pipeline's timeline, loaded from its file; picking another loads
+    that one's, from file:// alone."""
+    monkeypatch.setattr(job_view, "TIMELINE_RANKS_MAX", P * DP - 2)
+    write_job_run(tmp_path / "traces")
+    page_path = build_report(tmp_path / "traces", tmp_path / "reports").parent / "runs" / "job.html"
+    seen = open_page(browser, page_path, tmp_path / "job.png")
+    assert_clean(seen)
+    assert {"stages", "timeline"} <= {slot for slot, _ in seen["charts"]}
+    assert seen["shown"]["timeline"] == f"job.timeline-{SLOW}.js"
+    other = (SLOW + 1) % DP
+    seen = open_page(browser, page_path, tmp_path / "other.png", pick={"timeline": other})
+    assert_clean(seen)
+    assert seen["shown"]["timeline"] == f"job.timeline-{other}.js"

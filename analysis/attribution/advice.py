@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
 
-from analysis.attribution.predict import Unpredictable, predict, rows_at, step_levels
+from analysis.attribution.predict import Unpredictable, predict, rows_at, run_concurrency, step_levels
 from analysis.attribution.project import projection, stage_shares
 from analysis.attribution.reference import reference
 from analysis.results import Analysis
@@ -209,6 +209,7 @@ def advise(
     levels = step_levels([s.step_time_ms for s in analysis.summary.replayed_steps], config)
     per_row = stash_bytes_per_row(source, config, [r.peak_activation_bytes for r in analysis.summary.ranks])
     own_rows = rows_at(config, source.m)[0]
+    share = run_concurrency(source, analysis.model)  # what its slowdown was measured at
     carried = {}  # v -> the run carried to p * v stages: (model, own, config)
     for v in sorted({v for *_, v in requests}):
         moved = projection(analysis.model.kinds, source.n_stages, source.p * v)
@@ -224,7 +225,7 @@ def advise(
     for engine, name, m, v in requests:
         model, own, moved_config = carried[v]
         try:
-            guess = predict(source, model, own, ref, moved_config, m, where, levels, name=name, v=v)
+            guess = predict(source, model, own, ref, moved_config, m, where, levels, name, v, share)
         except Unpredictable as why:
             skipped[(engine, name, m, v)] = str(why)
             continue

@@ -3,9 +3,16 @@
 At m' the executed schedule is rebuilt (runners.schedules.build: same name, p, v), lowered (its SEND and
 RECV placed as runners.schedules.lower places them; at the run's own m the executed orders are kept)
 and replayed (analysis.attribution.replay) with one change of size: each (stage, kind)'s work is its
-isolated time at the m' microbatch's rows (run.json calibration_by_rows) times the ratio of its mean
-busy time to its isolated time at the run's own m (the slowdown carried over); its host time, its
-transfers and each rank's tail stay as measured. The microbatch sizes at m' split the same batch
+isolated time at the m' microbatch's rows (run.json calibration_by_rows) times its slowdown (mean busy
+time over isolated time at the run's own m); its host time, its transfers and each rank's tail stay as
+measured. The slowdown's excess over 1 is carried in proportion to concurrency: the share of the
+step's compute during which another rank computes too (`concurrency`, from the replay), at m' over
+the run's own. The calibration times one rank at a time, so what ranks computing together cost each
+other (cores and caches shared: at P=2 on 2 cores any third runnable thread takes a core from one of
+them) is in the run's slowdown only as far as its ranks overlapped: gpipe at m=1 never overlaps them,
+at m=2 less than at m=4. As m' changes that share the replay is repeated with the slowdown it implies
+(CONCURRENCY_ROUNDS times: on CPU runs a further three moved no step by 0.1%). A run whose ranks never
+overlapped carries its slowdown as it is. The microbatch sizes at m' split the same batch
 (runners.presets.microbatch_rows), or keep the run's size where it fixed one (`--rows-per-mb`).
 
 The interval resamples the run's own measurements. Each of SAMPLES replays draws every action's inputs
@@ -15,8 +22,8 @@ uncertainty); its step is then multiplied by the level of one whole step the run
 an unprofiled one over the median of its kind. That last factor is the machine's speed, which moves
 every cell of a step together: independent draws per cell average it away, and it is what moves one
 run's level against another's. The interval is the middle COVERAGE of those steps. It does not model
-latency growing with message size, nor a slowdown that changes with m (more microbatches in flight,
-more memory).
+latency growing with message size, nor a slowdown that changes with m for other reasons than
+concurrency (more microbatches in flight, more memory; the cost of a cell that follows an idle stretch).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import polars as pl
 from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import INPUT_COLUMNS, TAIL_PARTS, OwnSteps
 from analysis.attribution.reference import Reference, reference, reference_at
-from analysis.attribution.replay import Inputs, Step, Tail, replay, replay_all
+from analysis.attribution.replay import Inputs, Replayed, Step, Tail, replay, replay_all
 from analysis.errors import InputError
 from analysis.results import Analysis
 from runners.presets import microbatch_rows
@@ -39,6 +46,7 @@ from runners.schedules import Action, Kind, Schedule, ScheduleError, build, form
 NS_PER_MS = 1e6
 SAMPLES = 64  # resampled replays per m
 COVERAGE = 0.9  # of them, the middle share the interval holds
+CONCURRENCY_ROUNDS = 3  # replays that settle the slowdown at m' on the concurrency it implies
 
 
 class Unpredictable(Exception):
@@ -64,6 +72,13 @@ def rows_at(config: dict, m: int) -> list[int]:
     return microbatch_rows(sum(dims["microbatch_rows"]), m)
 
 
+def _own_isolated(model: StepModel, config: dict, own_m: int) -> dict:
+    """(stage, kind) -> its isolated time at the run's own microbatch rows (`config`'s calibration_by_rows)."""
+    own_rows = (config.get("dims") or {}).get("microbatch_rows")
+    own_keys = [(stage, kind, mb) for stage, kind in sorted(model.busy) for mb in range(own_m)]
+    return reference_at(own_keys, model.busy, config, own_m, own_rows).isolated_medians()
+
+
 def _scale(model: StepModel, config: dict, own_m: int, target: Schedule) -> dict:
     """Each compute action of `target` -> the factor from its (stage, kind)'s isolated time at the run's
     own m to its own isolated time at its microbatch's rows (`config`'s calibration_by_rows);
@@ -74,13 +89,40 @@ def _scale(model: StepModel, config: dict, own_m: int, target: Schedule) -> dict
         raise Unpredictable(
             f"run.json calibration_by_rows has no entry for m={target.m}'s microbatch rows {rows}"
         )
-    own_rows = (config.get("dims") or {}).get("microbatch_rows")
-    own_keys = [(stage, kind, mb) for stage, kind in sorted(model.busy) for mb in range(own_m)]
-    own = reference_at(own_keys, model.busy, config, own_m, own_rows).isolated_medians()
+    own = _own_isolated(model, config, own_m)
     return {
         Action(stage, Kind(kind), mb): ns / own[(stage, kind)] if own.get((stage, kind)) else 1.0
         for stage, kind, mb, ns in at_m.table.select("stage", "kind", "microbatch", "isolated_ns").iter_rows()
     }
+
+
+def concurrency(replayed: Replayed, orders) -> float:
+    """The share of the replayed step's compute time during which another rank computes too."""
+    events = sorted(  # at one instant an end before a start: touching cells do not overlap
+        (time, change)
+        for order in orders
+        for action in order
+        if action.kind.is_compute
+        for time, change in zip(replayed.spans[action], (1, -1))
+    )
+    together = total = 0.0
+    running, last = 0, 0.0
+    for time, change in events:
+        total += (time - last) * running
+        together += (time - last) * running if running > 1 else 0.0
+        running, last = running + change, time
+    return float(together / total) if total else 0.0
+
+
+def run_concurrency(schedule: Schedule, model: StepModel) -> float:
+    """`concurrency` of the run's typical step on its executed orders: the overlap its slowdown was measured at."""
+    return concurrency(replay(schedule, model.step()), model.orders)
+
+
+def _carried(slowdowns: dict, ratio: float) -> dict:
+    """(stage, kind) -> the factor on its measured busy time that carries its slowdown s (busy / isolated) to
+    `ratio` times the run's concurrency: (1 + (s - 1) * ratio) / s."""
+    return {key: (1 + (s - 1) * ratio) / s for key, s in slowdowns.items()}
 
 
 def _compute_keys(orders) -> list[tuple[int, str, int]]:
@@ -149,12 +191,14 @@ def predict(
     levels: list[float] | None = None,
     name: str | None = None,
     v: int | None = None,
+    source_concurrency: float | None = None,
 ) -> Prediction:
     """The step of `schedule` rebuilt at m microbatches (as schedule `name` with v chunks per rank where
-    given: `model`, `own` and `config` then carried to its stages by analysis.attribution.project);
-    `ref` is the run's own (isolated times at its m), `config` its run.json, `levels` its steps' levels
-    (step_levels; none: the interval leaves the level out); InputError naming `where` when the run
-    cannot predict at all, Unpredictable when this m cannot be."""
+    given: `model`, `own` and `config` then carried to its stages by analysis.attribution.project, and
+    `source_concurrency` the run's own, run_concurrency of its unprojected model); `ref` is the run's
+    own (isolated times at its m), `config` its run.json, `levels` its steps' levels (step_levels;
+    none: the interval leaves the level out); InputError naming `where` when the run cannot predict at
+    all, Unpredictable when this m cannot be."""
     if not ref.isolated:
         raise InputError(where, "predict needs the isolated calibration (run.json calibration_by_rows)")
     name, v = name or schedule.name, v or schedule.v
@@ -166,12 +210,25 @@ def predict(
     executed = (name, m, v) == (schedule.name, schedule.m, schedule.v)
     orders = model.orders if executed else lower(target).orders
     typical = model.step(orders)
-    scaled = {a: replace(i, work=i.work * scale.get(a, 1.0)) for a, i in typical.inputs.items()}
-    step_ns = replay(target, replace(typical, inputs=scaled)).makespan
+    own_share = run_concurrency(schedule, model) if source_concurrency is None else source_concurrency
+    isolated = _own_isolated(model, config, schedule.m)
+    slowdowns = {key: busy / isolated[key] for key, busy in model.busy.items() if isolated.get(key)}
+    carried: dict = {}  # (stage, kind) -> its slowdown carried to m's concurrency, on its busy time
+
+    def with_carried(factors: dict) -> dict:
+        return {a: f * carried.get((a.stage, a.kind.value), 1.0) for a, f in factors.items()}
+
+    for _ in range(CONCURRENCY_ROUNDS + 1):
+        work = with_carried(scale)
+        scaled = {a: replace(i, work=i.work * work.get(a, 1.0)) for a, i in typical.inputs.items()}
+        replayed = replay(target, replace(typical, inputs=scaled))
+        if own_share:
+            carried = _carried(slowdowns, concurrency(replayed, orders) / own_share)
+    step_ns = replayed.makespan
     rng = random.Random(m)  # the same interval on every call
     pools = _Pools(own, schedule.p)
     drawn = [
-        pools.step(orders, _scale(model, _resampled(config, rng), schedule.m, target), rng)
+        pools.step(orders, with_carried(_scale(model, _resampled(config, rng), schedule.m, target)), rng)
         for _ in range(SAMPLES)
     ]
     samples = sorted(r.makespan * rng.choice(levels or [1.0]) for r in replay_all(target, drawn))

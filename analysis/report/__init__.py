@@ -16,20 +16,28 @@ from analysis.report.runs import Run, load_run, run_directories
 from analysis.report.site import RUNS_DIR, page_stem, remove_stale_pages, write_atomic
 
 
-def _write_page(path: Path, title: str, body: str, figures: list, depth: int) -> None:
+def _write_page(
+    path: Path, title: str, body: str, figures: list, depth: int, choices: tuple = ()
+) -> set[str]:
+    """Write the page, its chart script and its choices' option scripts; return their file names."""
     script = path.with_suffix(".charts.js")
-    write_atomic(script, chart_script(figures))
+    files = {script.name: chart_script(figures)} | {
+        name: text for choice in choices for name, text in choice.scripts().items()
+    }
+    for name, text in files.items():
+        write_atomic(path.parent / name, text)
     write_atomic(path, document(title, body, script.name, assets_path(depth)))
+    return {path.name, *files}
 
 
-def _write_run_page(run: Run, out: Path, stem: str) -> None:
+def _write_run_page(run: Run, out: Path, stem: str) -> set[str]:
     page = out / RUNS_DIR / f"{stem}.html"
     merged = run.merged_trace
     merged_href = (
         Path(os.path.relpath(merged.resolve(), page.parent.resolve())).as_posix() if merged else None
     )
-    body, figures = run_page.body(run, merged_href)
-    _write_page(page, f"{run.run_id}: pipeline run", body, figures, depth=1)
+    body, figures, choices = run_page.body(run, merged_href, stem)
+    return _write_page(page, f"{run.run_id}: pipeline run", body, figures, 1, choices)
 
 
 def build_report(traces: Path, out: Path) -> Path:
@@ -37,16 +45,13 @@ def build_report(traces: Path, out: Path) -> Path:
     runs = [load_run(path) for path in run_directories(traces)]
     stems = _unique_stems([r.run_id for r in runs])
     write_assets(out)
-    for run in runs:
-        if run.error is None:
-            _write_run_page(run, out, stems[run.run_id])
-    remove_stale_pages(
-        out / RUNS_DIR,
-        {f"{stems[r.run_id]}{suffix}" for r in runs if r.error is None for suffix in (".html", ".charts.js")},
-    )
+    written = {
+        name for run in runs if run.error is None for name in _write_run_page(run, out, stems[run.run_id])
+    }
+    remove_stale_pages(out / RUNS_DIR, written)
     pages = {run_id: f"{RUNS_DIR}/{stem}.html" for run_id, stem in stems.items()}
     body, figures = index_page.body(runs, pages)
-    _write_page(out / "index.html", "Pipeline runs", body, figures, depth=0)
+    _write_page(out / "index.html", "Pipeline runs", body, figures, 0)
     return out / "index.html"
 
 

@@ -11,7 +11,7 @@ import polars as pl
 from analysis.attribution.advice import MIB, Advice
 from analysis.cli import advise
 from analysis.errors import InputError
-from analysis.report import charts
+from analysis.report import advice_chart
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
 
@@ -108,7 +108,7 @@ def section(run: Run) -> tuple[str, Figure | None]:
     limit = _limit_mib(advice)
     figure = Figure(
         "advice",
-        charts.advice_vs_m(candidates_frame(advice), charts.empty_measured(), limit),
+        advice_chart.advice_vs_m(candidates_frame(advice), advice_chart.empty_measured(), limit),
         "Predicted step time (left) and peak activation memory of the largest rank (right) against m, one "
         "line per schedule, v and engine, from this run alone (python -m analysis advise)"
         + (f"; the red rule is the memory limit, {limit:.1f} MiB" if limit is not None else "")
@@ -133,7 +133,7 @@ def sweep_figure(source: Run, runs: pl.DataFrame, name: str) -> Figure | None:
     )
     return Figure(
         name,
-        charts.advice_vs_m(candidates_frame(advice), measured, _limit_mib(advice)),
+        advice_chart.advice_vs_m(candidates_frame(advice), measured, _limit_mib(advice)),
         f"Advice from {html.escape(source.run_id)} (lines: predicted step and peak memory against m per "
         f"schedule, v and engine) with every run measured at p={s.p} on {s.device} as points on the same axes.",
     )

@@ -13,14 +13,41 @@ import vl_convert
 
 from analysis.report.site import ASSETS_DIR, write_atomic
 
-# Renders the charts the page's data script listed in window.REPORT_CHARTS, then marks <body> so a
-# test (or a person) can tell "still rendering" from "done" and "failed".
+# Renders the charts the page's data script listed in window.REPORT_CHARTS, and for each picker
+# (<select data-chart=SLOT>, pages.Choice) the chosen option's chart, loaded by a <script> whose file
+# calls window.REPORT_DRAW; then marks <body> so a test (or a person) can tell "still rendering" from
+# "done" and "failed". A drawn choice's slot says which file it shows in data-shown.
 EMBED_JS = """\
 (function () {
-  var charts = window.REPORT_CHARTS || [];
-  Promise.all(charts.map(function (chart) {
-    return vegaEmbed("#" + chart.id, chart.spec, {actions: false, renderer: chart.renderer});
-  })).then(function () {
+  var views = {}, waiting = {};
+  function draw(chart) {
+    if (views[chart.id]) views[chart.id].finalize();
+    return vegaEmbed("#" + chart.id, chart.spec, {actions: false, renderer: chart.renderer}).then(function (r) {
+      views[chart.id] = r;
+    });
+  }
+  window.REPORT_DRAW = function (chart) {
+    var done = waiting[chart.id];
+    if (chart.file !== done.file) return;  // a file the reader has since picked another over
+    draw(chart).then(function () {
+      document.getElementById(chart.id).dataset.shown = chart.file;
+      done.resolve();
+    }, done.reject);
+  };
+  function load(select) {
+    return new Promise(function (resolve, reject) {
+      var slot = select.dataset.chart, script = document.createElement("script");
+      waiting[slot] = {file: select.value, resolve: resolve, reject: reject};
+      script.src = select.value;
+      script.onerror = function () { reject(new Error("cannot load " + select.value)); };
+      document.body.appendChild(script);
+    });
+  }
+  var pickers = Array.prototype.slice.call(document.querySelectorAll("select[data-chart]"));
+  pickers.forEach(function (select) {
+    select.addEventListener("change", function () { load(select).catch(console.error); });
+  });
+  Promise.all((window.REPORT_CHARTS || []).map(draw).concat(pickers.map(load))).then(function () {
     document.body.dataset.charts = "rendered";
   }).catch(function (error) {
     document.body.dataset.charts = "failed";

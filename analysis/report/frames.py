@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.report.charts import CRITICAL_TRACK
+from analysis.report.run_charts import CRITICAL_TRACK
 from analysis.schema import COMPUTE_KINDS, RANK_PARTS, WATERFALL_TERMS, Summary
 
 # The terms that depart from the formula's step time (ideal + formula_bubble).

@@ -6,7 +6,7 @@ import html
 
 import polars as pl
 
-from analysis.report import advice_section, charts, sweeps
+from analysis.report import advice_section, sweep_charts, sweeps
 from analysis.report.frames import largest_deviation
 from analysis.report.pages import Column, Figure, Markup, link, number, table
 from analysis.report.runs import Run
@@ -169,7 +169,7 @@ def sweep_figures(runs: pl.DataFrame, by_id: dict[str, Run]) -> list[Figure]:
         figures.append(
             Figure(
                 "bubble-vs-m",
-                charts.bubble_vs_m(sweeps.formula_curve(family_runs), family_runs),
+                sweep_charts.bubble_vs_m(sweeps.formula_curve(family_runs), family_runs),
                 "Bubble as a fraction of the step against m: dashed lines are the formula, each schedule's "
                 "order replayed at unit times ((p-1)/(v*m+p-1) for gpipe, 1f1b and interleaved), points the "
                 "measured 1 - busy / (p * step time).",
@@ -184,7 +184,7 @@ def sweep_figures(runs: pl.DataFrame, by_id: dict[str, Run]) -> list[Figure]:
             figures.append(
                 Figure(
                     f"step-vs-m-{i}",
-                    charts.step_time_vs_m(
+                    sweep_charts.step_time_vs_m(
                         sweeps.step_terms(rows), sweeps.measured_steps(rows), predicted, family
                     ),
                     f"{family}: step time against m, stacked by waterfall term (ms); the line is the measured step "
@@ -208,7 +208,7 @@ def sweep_figures(runs: pl.DataFrame, by_id: dict[str, Run]) -> list[Figure]:
             figures.append(
                 Figure(
                     "memory-vs-m",
-                    charts.peak_memory_vs_m(memory),
+                    sweep_charts.peak_memory_vs_m(memory),
                     "Peak activation memory (largest rank, MiB) against m: GPipe holds every "
                     "microbatch until its backward, 1F1B at most p.",
                 )
@@ -218,7 +218,7 @@ def sweep_figures(runs: pl.DataFrame, by_id: dict[str, Run]) -> list[Figure]:
         figures.append(
             Figure(
                 "schedules",
-                charts.schedules_side_by_side(compared),
+                sweep_charts.schedules_side_by_side(compared),
                 "Schedules side by side at equal p and m: step time stacked by waterfall term (ms).",
             )
         )

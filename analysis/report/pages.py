@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from analysis.report.assets import bundle_name
-from analysis.report.charts import Plot
+from analysis.report.plot import Plot
 from analysis.report.site import ASSETS_DIR
 
 
@@ -27,9 +27,50 @@ class Figure:
     renderer: str = "svg"  # canvas for charts with many marks (timelines)
 
     def html(self) -> str:
-        return (
-            f'<div class="chart" id="{self.slot}"></div>\n<p class="caption">{html.escape(self.caption)}</p>'
+        return f'<div class="chart" id="{self.slot}"></div>\n{_caption(self.caption)}'
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A chart the reader picks from a list, drawn on demand: each option's spec is a script file beside
+    the page (browsers load <script src> from file://, never fetch()), so the page opens with one option's
+    data, not all of them. `stem` is the page's file stem, which the option files share."""
+
+    slot: str
+    label: str
+    options: list[tuple[str, Plot]]  # what the picker says, what it draws
+    chosen: int  # the option drawn when the page opens
+    caption: str
+    stem: str
+    renderer: str = "canvas"
+
+    def file(self, i: int) -> str:
+        return f"{self.stem}.{self.slot}-{i}.js"
+
+    def html(self) -> str:
+        options = "".join(
+            f'<option value="{html.escape(quote(self.file(i)))}"{" selected" if i == self.chosen else ""}>'
+            f"{html.escape(text)}</option>"
+            for i, (text, _) in enumerate(self.options)
         )
+        return (
+            f'<p><label>{html.escape(self.label)} <select data-chart="{self.slot}">{options}</select></label></p>\n'
+            f'<div class="chart" id="{self.slot}"></div>\n{_caption(self.caption)}'
+        )
+
+    def scripts(self) -> dict[str, str]:
+        """File name -> the script that hands its option's chart to assets/embed.js."""
+        return {
+            self.file(i): f"window.REPORT_DRAW({_json(self._chart(i, plot))});\n"
+            for i, (_, plot) in enumerate(self.options)
+        }
+
+    def _chart(self, i: int, plot: Plot) -> dict:
+        return {"id": self.slot, "file": self.file(i), "renderer": self.renderer, "spec": plot.spec()}
+
+
+def _caption(text: str) -> str:
+    return f'<p class="caption">{html.escape(text)}</p>'
 
 
 @dataclass(frozen=True)
@@ -85,8 +126,12 @@ def link(href: str, text: str) -> Markup:
 def chart_script(figures: list[Figure]) -> str:
     """The page's data script: every chart's vega-lite spec, data included, for assets/embed.js."""
     charts = [{"id": f.slot, "renderer": f.renderer, "spec": f.plot.spec()} for f in figures]
-    payload = json.dumps(charts, separators=(",", ":"), sort_keys=True).replace("<", "\\u003c")
-    return f"window.REPORT_CHARTS = {payload};\n"
+    return f"window.REPORT_CHARTS = {_json(charts)};\n"
+
+
+def _json(value) -> str:
+    """JSON for a script, `<` escaped so no string in it can close the script element."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).replace("<", "\\u003c")
 
 
 def document(title: str, body: str, script: str, assets: str) -> str:

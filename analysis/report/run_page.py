@@ -9,7 +9,7 @@ from dataclasses import replace
 import polars as pl
 
 from analysis.job.layout import to_local
-from analysis.report import advice_section, charts, hta_section, whatif_section
+from analysis.report import advice_section, hta_section, job_view, run_charts, whatif_section
 from analysis.report.frames import (
     coarsen,
     ideal_frame,
@@ -27,7 +27,7 @@ from analysis.report.inflight import (
     theory_peaks,
     thinned,
 )
-from analysis.report.pages import Column, Figure, table
+from analysis.report.pages import Choice, Column, Figure, table
 from analysis.report.run_tables import (
     config_html,
     figures_html,
@@ -59,8 +59,9 @@ def _path_shares(summary: Summary) -> str:
     )
 
 
-def timeline_figure(run: Run) -> Figure:
-    """Measured cells and gaps of the median step above the ideal timeline of the same step."""
+def timeline_figure(run: Run, stem: str) -> Figure | Choice:
+    """Measured cells and gaps of the median step above the ideal timeline of the same step: every
+    pipeline's at once, or in a job of many ranks the one the reader picks (job_view)."""
     analysis, step = run.analysis, run.summary.median_step
     origin = step_origin(analysis.cells, analysis.gaps, step)
     measured = timeline_frame(analysis.cells, analysis.gaps, step, origin, analysis.critical)
@@ -86,26 +87,26 @@ def timeline_figure(run: Run) -> Figure:
     if summary.dp == 1:
         return Figure(
             "timeline",
-            charts.timelines([("measured", shown_measured)], coarsen(ideal), ranks, "ideal timeline"),
+            run_charts.timelines([("measured", shown_measured)], coarsen(ideal), ranks, "ideal timeline"),
             caption,
             "canvas",
         )
+    if job_view.summarised(summary):
+        return job_view.timeline_choice(summary, measured, ideal, caption, stem)
     slowest = summary.pipelines[summary.straggler.pipeline].ranks
-    per_pipeline = [
-        (
-            f"measured, pipeline {j} (ranks {', '.join(map(str, line.ranks))})",
-            pl.col("rank").is_in(line.ranks),
-        )
+    measured_plots = [
+        (job_view.pipeline_title(j, line.ranks), coarsen(measured.filter(pl.col("rank").is_in(line.ranks))))
         for j, line in enumerate(summary.pipelines)
     ]
-    measured_plots = [(title, coarsen(measured.filter(inside))) for title, inside in per_pipeline]
     ideal = coarsen(ideal.filter(pl.col("rank").is_in(slowest)))
     caption += (
-        f" The job's {len(per_pipeline)} pipelines are drawn one above another on one time axis (the ranks "
+        f" The job's {len(measured_plots)} pipelines are drawn one above another on one time axis (the ranks "
         "taken to share a clock); the ideal timeline is the slowest pipeline's."
     )
     title = f"ideal timeline, pipeline {summary.straggler.pipeline}"
-    return Figure("timeline", charts.timelines(measured_plots, ideal, len(slowest), title), caption, "canvas")
+    return Figure(
+        "timeline", run_charts.timelines(measured_plots, ideal, len(slowest), title), caption, "canvas"
+    )
 
 
 def waterfall_figure(summary: Summary) -> Figure:
@@ -128,7 +129,7 @@ def waterfall_figure(summary: Summary) -> Figure:
             " This run has no isolated calibration: small_gemm and slowdown are unknown (no bar), their time "
             "is in imbalance, and the reference is each stage's measured median busy time."
         )
-    return Figure("waterfall", charts.waterfall(waterfall_frame(summary)), caption)
+    return Figure("waterfall", run_charts.waterfall(waterfall_frame(summary)), caption)
 
 
 def memory_figure(summary: Summary) -> Figure | None:
@@ -146,7 +147,7 @@ def memory_figure(summary: Summary) -> Figure | None:
         "Peak activation memory per rank in MiB: the most bytes held for backward at once (GPipe holds all m "
         "microbatches' activations, 1F1B at most p - s on stage s)."
     )
-    return Figure("memory", charts.memory_per_rank(frame), caption)
+    return Figure("memory", run_charts.memory_per_rank(frame), caption)
 
 
 def _measured_in_flight(analysis: Analysis, step: int, origin: int) -> tuple[pl.DataFrame, str]:
@@ -197,7 +198,7 @@ def in_flight_section(run: Run) -> tuple[str, Figure]:
     ]
     figure = Figure(
         "in-flight",
-        charts.in_flight(thinned(measured), over_time, peaks, "theory: the ideal timeline"),
+        run_charts.in_flight(thinned(measured), over_time, peaks, "theory: the ideal timeline"),
         f"Step {step}: microbatches in flight per rank (activations held for backward), measured from "
         f"{source}; below, the schedule's own count (runners.schedules.in_flight) over the ideal timeline "
         "of the same schedule; dashed: the schedule's peak (GPipe: m on every stage; 1F1B: p - s on "
@@ -206,18 +207,47 @@ def in_flight_section(run: Run) -> tuple[str, Figure]:
     return table(columns, [list(row) for row in peaks.iter_rows()]) + figure.html(), figure
 
 
-def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
-    """The run page's HTML body and the figures it places."""
-    summary = run.summary
-    timeline = timeline_figure(run)
-    waterfall = waterfall_figure(summary)
+def _per_rank(summary: Summary) -> tuple[list[str], Figure | None]:
+    """The per-rank table and parts chart; in a job of many ranks the table folded away and no chart (the
+    stage x pipeline heatmap draws the same parts)."""
+    if job_view.summarised(summary):
+        rows = f"<summary>every rank's parts ({len(summary.ranks)} rows)</summary>"
+        return [f"<details>{rows}{parts_html(summary)}</details>"], None
     parts = Figure(
         "parts",
-        charts.rank_parts(rank_parts_frame(summary)),
+        run_charts.rank_parts(rank_parts_frame(summary)),
         "Each rank's step split into its parts in ms (they sum to the step time): compute at full-batch "
         "efficiency, small_gemm and slowdown (no bar where unknown), bubble, p2p wait, launch overhead, other "
         "(work outside the schedule).",
     )
+    return [parts_html(summary), parts.html()], parts
+
+
+def _job_summary(summary: Summary) -> tuple[list[str], Figure | None]:
+    """Per-pipeline and per-stage summaries, for a job of many ranks only."""
+    if not job_view.summarised(summary):
+        return [], None
+    frame = job_view.rank_frame(summary)
+    heatmap = job_view.heatmap_figure(frame)
+    return [
+        "<h2>Pipelines and stages</h2>",
+        job_view.slowest_html(summary, frame),
+        "<h3>Per pipeline</h3>",
+        job_view.pipelines_html(summary, frame),
+        "<h3>Per stage</h3>",
+        job_view.stages_html(frame),
+        heatmap.html(),
+    ], heatmap
+
+
+def body(run: Run, merged_href: str | None, stem: str) -> tuple[str, list[Figure], tuple[Choice, ...]]:
+    """The run page's HTML body, the figures it places and the charts the reader picks (`stem`: the page's
+    file stem, which their files share)."""
+    summary = run.summary
+    timeline = timeline_figure(run, stem)
+    job_html, heatmap = _job_summary(summary)
+    waterfall = waterfall_figure(summary)
+    per_rank_html, parts = _per_rank(summary)
     memory = memory_figure(summary)
     in_flight_html, in_flight = in_flight_section(run)
     advice_html, advice = advice_section.section(run)
@@ -226,13 +256,13 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         f"<h1>{html.escape(run.run_id)}</h1>",
         figures_html(summary),
         *(f"<p>Note: {html.escape(note)}.</p>" for note in summary.notes),
+        *job_html,
         "<h2>Timeline</h2>",
         timeline.html(),
         "<h2>Waterfall: from the formula to the measurement</h2>",
         waterfall.html(),
         "<h2>Per rank</h2>",
-        parts_html(summary),
-        parts.html(),
+        *per_rank_html,
         whatif_section.section_html(summary),
         "<h2>Activation memory</h2>",
         in_flight_html,
@@ -246,6 +276,9 @@ def body(run: Run, merged_href: str | None) -> tuple[str, list[Figure]]:
         "<h2>Configuration</h2>",
         config_html(run),
     ]
-    return "\n".join(sections), [
-        f for f in (timeline, waterfall, parts, in_flight, memory, advice) if f is not None
-    ]
+    figures = [timeline, heatmap, waterfall, parts, in_flight, memory, advice]
+    return (
+        "\n".join(sections),
+        [f for f in figures if isinstance(f, Figure)],
+        tuple(f for f in figures if isinstance(f, Choice)),
+    )
