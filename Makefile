@@ -13,6 +13,7 @@ STEPS  ?= 3            # profiled steps per run
 DEVICE ?= auto         # auto (CUDA when there is a GPU; fewer than P: P streams on one) | cpu | cuda
 ROWS_PER_MB ?=         # fix the rows per microbatch (batch = M x this); empty = the preset's batch
 INJECT ?=              # delays injected on purpose, e.g. host:0:20,slow:1:2 (runners/inject.py)
+CALIBRATE_ADVICE ?= 0  # 1: also time what `make advise` would assume (chunks at each v, I and W)
 MODEL  ?=              # your stages: package.module:factory (runners/stage_factory.py); empty = the preset's
 MS     ?= 1 2 4 8 16 32  # the m values of `make sweep`, `make predict` and `make advise`
 MEMORY_MB ?=           # `make advise`: the activation memory per rank a candidate may hold, MiB
@@ -30,7 +31,8 @@ RUN_ARGS = --sched $(strip $(SCHED)) $(if $(strip $(P)),--p $(strip $(P))) --v $
            --steps $(strip $(STEPS)) --device $(strip $(DEVICE)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET))) \
            $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(strip $(ROWS_PER_MB))) \
            $(if $(strip $(INJECT)),--inject $(strip $(INJECT))) $(if $(strip $(MODEL)),--model $(strip $(MODEL))) \
-           --dp $(strip $(DP)) $(if $(filter 1,$(strip $(DP_OVERLAP))),--dp-overlap)
+           --dp $(strip $(DP)) $(if $(filter 1,$(strip $(DP_OVERLAP))),--dp-overlap) \
+           $(if $(filter 1,$(strip $(CALIBRATE_ADVICE))),--calibrate-advice)
 
 .PHONY: setup setup-dev trace sweep analyze merge predict advise hta report bench lint test fuzz browser clean
 .DEFAULT_GOAL := trace

@@ -1,11 +1,11 @@
 """Part `advice`: `python -m analysis advise`'s candidates from one run, checked by running them.
 
-One run (the preset, p=2, gpipe, m=4) is advised; the top TOP candidates and the starting configuration
-then run `repeats` times each, the configurations alternating within a repeat. Each is compared by its
-median of repeats: the profiled step (summary.json step_time_ms) against the predicted one, and the
-largest rank's measured peak activation memory (the stash counter; on the torch engine the profiler's
-memory events) against the predicted one. The top pick is measured best, or within PICK_TARGET of the
-best, among the configurations run.
+One run (the preset, p=2, gpipe, m=4, with --calibrate-advice: its chunks, I and W timed) is advised;
+the top TOP candidates and the starting configuration then run `repeats` times each, the configurations
+alternating within a repeat. Each is compared by its median of repeats: the profiled step (summary.json
+step_time_ms) against the predicted one, and the largest rank's measured peak activation memory (the
+stash counter, on either engine) against the predicted one. The top pick is measured best, or within
+PICK_TARGET of the best, among the configurations run.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from analysis.attribution.advice import Candidate
-from analysis.cli.advise import DEFAULT_VS, advice
+from analysis.cli.advise import advice
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from bench.runs import P, RunPlan, request
 from bench.stats import stats
 from runners.launch import LaunchError, launch
-from runners.presets import CALIBRATED_MS
+from runners.presets import ADVISED_VS, CALIBRATED_MS
 from runners.schedules import SCHEDULES
 
 SOURCE = ("native", "gpipe", 4, 1)  # engine, schedule, m, v
@@ -71,8 +71,8 @@ def advice_check(plan: RunPlan, repeats: int, progress: Callable[[str], None]) -
     """The SOURCE run advised, its top TOP candidates and itself run `repeats` times each; a run that
     fails is left out of its configuration's figures and named."""
     engine, name, m, v = SOURCE
-    source = launch(request(plan, name, P, m, engine, v=v), plan.traces)
-    found = advice(source, list(SCHEDULES), list(CALIBRATED_MS), list(DEFAULT_VS), None)
+    source = launch(request(plan, name, P, m, engine, v=v, calibrate_advice=True), plan.traces)
+    found = advice(source, list(SCHEDULES), list(CALIBRATED_MS), list(ADVISED_VS), None)
     order = [_key(c) for c in found.candidates]
     checked = order[:TOP] + ([SOURCE] if SOURCE not in order[:TOP] else [])
     progress("  advised: " + ", ".join(f"{k[1]} m={k[2]} v={k[3]} ({k[0]})" for k in checked))

@@ -93,7 +93,8 @@ def _rank(rank: int, preset_name: str, rounds: int, store: str, out: str) -> Non
     preset = PRESETS[preset_name]
     stage = build_stages(preset, (rank,), 1, torch.device("cpu"))[rank]
     batch = stage_input(preset, torch.device("cpu"))
-    forward, reset, backward = microbatch_passes(stage, batch, rank == 0, rank == 1, 1, accumulate=False)
+    forward, reset, passes = microbatch_passes(stage, batch, rank == 0, rank == 1, 1, accumulate=False)
+    backward = passes["B_ms"]
     token = torch.zeros(1)
     if rank == 1:
         for index in range(rounds):

@@ -332,7 +332,8 @@ def _advice(part: dict) -> list[str]:
     s = part["source"]
     return [
         *_verdicts(rows),
-        f"From one {s['engine']} {s['schedule']} p={s['p']} m={s['m']} run ({s['step_time_ms']:.1f} ms; "
+        f"From one {s['engine']} {s['schedule']} p={s['p']} m={s['m']} run with --calibrate-advice "
+        f"({s['step_time_ms']:.1f} ms; "
         f"ranked: {part['ranked']}{'; ' + '; '.join(part['run_caveats']) if part['run_caveats'] else ''}), "
         f"`python -m analysis advise RUN`; its top candidates and the starting configuration then ran "
         f"{part['repeats']} times each, alternating. Measured: the median of the profiled steps "

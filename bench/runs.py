@@ -43,13 +43,30 @@ class RunPlan:
 
 
 def request(
-    plan: RunPlan, schedule: str, p: int, m: int, engine: str = "native", inject: str = "", v: int = 1
+    plan: RunPlan,
+    schedule: str,
+    p: int,
+    m: int,
+    engine: str = "native",
+    inject: str = "",
+    v: int = 1,
+    calibrate_advice: bool = False,
 ):
     """The resolved CPU request with v chunks per rank, with the delays an --inject text names (raises
     RequestError, e.g. for an engine not registered yet)."""
     injections = parse_injections(inject)
     wanted = RunRequest(
-        schedule, p, m, v, engine, plan.preset, plan.steps, "cpu", plan.timed_steps, injections=injections
+        schedule,
+        p,
+        m,
+        v,
+        engine,
+        plan.preset,
+        plan.steps,
+        "cpu",
+        plan.timed_steps,
+        injections=injections,
+        calibrate_advice=calibrate_advice,
     )
     return resolve(wanted, lambda: 0)  # device cpu: the GPU count is never asked
 

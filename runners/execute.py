@@ -36,6 +36,8 @@ from runners.schedules.trace_names import OPTIMIZER_STEP, WAIT_SENDS, label
 from runners.stash import StashMeter
 
 Key = tuple[int, int]  # (stage, microbatch)
+# per Linear of a stage: (the module, its input, its output's gradient), what W needs after I
+WeightWork = list[tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -78,10 +80,7 @@ class StepState:
     forwards: dict[Key, Forward] = field(default_factory=dict)  # stashed for B / I
     output_grads: dict[Key, torch.Tensor] = field(default_factory=dict)  # gradients for B / I
     to_send: dict[tuple[Kind, int, int], torch.Tensor] = field(default_factory=dict)  # for SEND_F / SEND_B
-    # per Linear of the stage: (the module, its input, its output's gradient), what W needs after I
-    weight_work: dict[Key, list[tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]]] = field(
-        default_factory=dict
-    )
+    weight_work: dict[Key, WeightWork] = field(default_factory=dict)  # what W needs after I
     pending: list[PendingSend] = field(default_factory=list)
 
     def leftovers(self) -> list[str]:
@@ -146,28 +145,48 @@ def backward(ctx: StepContext, state: StepState, action: Action) -> None:
     _pass_input_grad(ctx, state, *key, stashed.input.grad)
 
 
+def input_work(
+    stage: Stage, stashed: Forward, output_grad: torch.Tensor | None, first: bool
+) -> tuple[WeightWork, torch.Tensor | None]:
+    """An I's compute: the gradients of every Linear's output (what W needs) and of the stage's input
+    (None on the first stage, whose input needs none)."""
+    targets = [pre_activation for _, pre_activation in stashed.taps]
+    if not first:
+        targets.append(stashed.input)
+    grads = torch.autograd.grad(stashed.output, targets, grad_outputs=output_grad)
+    pairs = [(lin, tap[0].detach(), g) for lin, tap, g in zip(stage.linears, stashed.taps, grads)]
+    return pairs, None if first else grads[-1]
+
+
+@torch.no_grad()
+def weight_work(pairs: WeightWork, accumulated: Callable[[torch.nn.Parameter], None] | None = None) -> None:
+    """A W's compute: weight.grad += grad_out^T @ input per Linear; `accumulated` told of each (written
+    outside autograd, so no hook saw it)."""
+    for linear, layer_input, grad in pairs:
+        weight_grad = grad.flatten(0, -2).T @ layer_input.flatten(0, -2)
+        linear.weight.grad = weight_grad if linear.weight.grad is None else linear.weight.grad + weight_grad
+        if accumulated is not None:
+            accumulated(linear.weight)
+
+
 def backward_input(ctx: StepContext, state: StepState, action: Action) -> None:
     """Roughly: output_grads[s-1, i] or to_send[SEND_B, s, i] = dx(s, i); weight_work[s, i] = what W needs."""
     key = (action.stage, action.microbatch)
     stashed = state.forwards.pop(key)
-    targets = [pre_activation for _, pre_activation in stashed.taps]
-    if action.stage > 0:
-        targets.append(stashed.input)
-    grads = torch.autograd.grad(stashed.output, targets, grad_outputs=_output_grad(ctx, state, key))
-    linears = ctx.stages[action.stage].linears
-    state.weight_work[key] = [(lin, tap[0].detach(), g) for lin, tap, g in zip(linears, stashed.taps, grads)]
-    if action.stage > 0:
-        _pass_input_grad(ctx, state, *key, grads[-1])
+    pairs, input_grad = input_work(
+        ctx.stages[action.stage], stashed, _output_grad(ctx, state, key), action.stage == 0
+    )
+    state.weight_work[key] = pairs
+    if input_grad is not None:
+        _pass_input_grad(ctx, state, *key, input_grad)
 
 
-@torch.no_grad()
 def backward_weight(ctx: StepContext, state: StepState, action: Action) -> None:
     """Roughly: weight.grad += grad_out^T @ input for each Linear's pair in weight_work.pop((s, i))."""
-    for linear, layer_input, grad in state.weight_work.pop((action.stage, action.microbatch)):
-        weight_grad = grad.flatten(0, -2).T @ layer_input.flatten(0, -2)
-        linear.weight.grad = weight_grad if linear.weight.grad is None else linear.weight.grad + weight_grad
-        if ctx.grad_sync is not None:  # written outside autograd: no hook saw it
-            ctx.grad_sync.accumulated(linear.weight)
+    weight_work(
+        state.weight_work.pop((action.stage, action.microbatch)),
+        None if ctx.grad_sync is None else ctx.grad_sync.accumulated,
+    )
 
 
 def _receive(ctx: StepContext, action: Action, src_stage: int, is_gradient: bool) -> torch.Tensor:

@@ -61,6 +61,7 @@ def torchrun_command(resolved: Resolved, run_dir: Path) -> list[str]:
         *(["--model", request.model] if request.model else []),
         *(["--dp", str(request.dp)] if request.dp > 1 else []),
         *(["--dp-overlap"] if request.dp_overlap else []),
+        *(["--calibrate-advice"] if request.calibrate_advice else []),
     ]
 
 

@@ -29,6 +29,11 @@ a calibration taken in one burst before the first step or after the profiled one
 machine from the one the steps ran on, and the whole-batch cells of an m=1 run, which should match it,
 do not. With DP > 1 pipelines only the first pipeline's ranks calibrate (its replicas hold the same
 stages), so run.json's calibration stays one entry per stage and costs what one pipeline's does.
+
+Asked (--calibrate-advice), one more round after the timed steps times what `python -m analysis advise`
+would otherwise assume (advice_calibration): the stages at every advised v, each a v-th of a v=1 stage,
+by F and B and then by the executor's I and W (runners.execute input_work, weight_work), and what the
+executor's stash holds per row for one forward through each.
 """
 
 from __future__ import annotations
@@ -45,10 +50,11 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from runners.execute import backward_work, forward_work
+from runners.execute import Forward, WeightWork, backward_work, forward_work, input_work, weight_work
 from runners.model import Stage
 from runners.runqueue import RunQueueMeter, uncontended_ms
 from runners.schedules.trace_names import OPERATOR_CATEGORY
+from runners.stash import held_bytes
 
 Times = dict[str, list[float]]  # {"F_ms": [...], "B_ms": [...]}
 Samples = dict[str, Times]  # stage index text -> times (the whole batch: run.json's calibration)
@@ -175,18 +181,26 @@ def pass_clock(timing: str, device: torch.device, profiler: object) -> Clock:
 
 
 def microbatch_passes(
-    stage: Stage, rows: torch.Tensor, is_first: bool, is_last: bool, m: int, accumulate: bool
-) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
-    """(forward, reset, backward) for one microbatch `rows` through `stage`, as the executor runs it:
-    forward, then reset (untimed: the state the executor's backward finds), then backward. m scales the
-    last stage's loss as the executor's does; accumulate: the weight gradients exist already."""
+    stage: Stage,
+    rows: torch.Tensor,
+    is_first: bool,
+    is_last: bool,
+    m: int,
+    accumulate: bool,
+    split: bool = False,
+) -> tuple[Callable[[], None], Callable[[], None], dict[str, Callable[[], None]]]:
+    """(forward, reset, backward passes by kind) for one microbatch `rows` through `stage`, as the executor
+    runs them: forward, then reset (untimed: the state the executor's backward finds), then B, or with
+    `split` I then W. m scales the last stage's loss as the executor's does; accumulate: the weight
+    gradients exist already."""
     x = rows.detach() if is_first else rows.detach().clone().requires_grad_()
     output_grad = None if is_last else torch.randn_like(rows)  # a stage keeps its input's shape
-    held: list[torch.Tensor] = []
+    held: list[Forward] = []
+    pairs: list[WeightWork] = []
     parameters = list(stage.parameters())
 
     def forward() -> None:
-        held.append(forward_work(stage, x, is_last, m)[0])
+        held.append(Forward(x, *forward_work(stage, x, is_last, m)[:2]))
 
     def reset() -> None:
         x.grad = None
@@ -197,9 +211,16 @@ def microbatch_passes(
                 parameter.grad = torch.zeros_like(parameter)
 
     def backward() -> None:
-        backward_work(held.pop(), output_grad)
+        backward_work(held.pop().output, output_grad)
 
-    return forward, reset, backward
+    def backward_input() -> None:
+        pairs.append(input_work(stage, held.pop(), output_grad, is_first)[0])
+
+    def backward_weight() -> None:
+        weight_work(pairs.pop())
+
+    passes = {"I_ms": backward_input, "W_ms": backward_weight} if split else {"B_ms": backward}
+    return forward, reset, passes
 
 
 def stage_samples(
@@ -211,22 +232,24 @@ def stage_samples(
     repeats: int,
     warmup: bool,
     clock: Clock | None = None,
+    split: bool = False,
 ) -> dict[str, list[Reading]]:
-    """F and B readings of one microbatch of `rows` rows through one stage on `clock` (default:
-    direct_clock; after one untimed warm-up if asked: the first pass at a size allocates). Leaves the
-    stage's gradients unset, as a step ends."""
+    """F and B (with `split`: I and W) readings of one microbatch of `rows` rows through one stage on
+    `clock` (default: direct_clock; after one untimed warm-up if asked: the first pass at a size
+    allocates). Leaves the stage's gradients unset, as a step ends."""
     clock = clock or direct_clock(batch.device)
     total = batch.shape[0]
     forward, reset, backward = microbatch_passes(
-        stage, batch[:rows], is_first, is_last, max(1, total // rows), accumulate=rows < total
+        stage, batch[:rows], is_first, is_last, max(1, total // rows), rows < total, split
     )
-    forward_ms, backward_ms = [], []
+    readings: dict[str, list[Reading]] = {"F_ms": [], **{kind: [] for kind in backward}}
     for _ in range(repeats + warmup):
-        forward_ms.append(clock(forward))
+        readings["F_ms"].append(clock(forward))
         reset()
-        backward_ms.append(clock(backward))
+        for kind, work in backward.items():
+            readings[kind].append(clock(work))
     stage.zero_grad(set_to_none=True)
-    return {"F_ms": forward_ms[warmup:], "B_ms": backward_ms[warmup:]}
+    return {kind: times[warmup:] for kind, times in readings.items()}
 
 
 def calibration_samples(
@@ -239,8 +262,10 @@ def calibration_samples(
     session: Session | None = None,
     ranks: tuple[int, ...] | None = None,
     timing: str | None = None,
+    split: bool = False,
 ) -> RowSamples:
-    """Every stage's F and B samples at every microbatch size (default: the whole batch only), measured
+    """Every stage's F and B (`split`: I and W) samples at every microbatch size (default: the whole
+    batch only), measured
     rank after rank (`ranks`, global; default every rank), each rank's turn inside `session`, timed by
     `timing` (timing_rule; default without the profiler's: CUDA events or the wall clock; op_union needs
     a profiler `session`), gathered on every rank (collective: every rank calls it)."""
@@ -254,7 +279,7 @@ def calibration_samples(
                 readings = {
                     str(s): {
                         str(rows): stage_samples(
-                            stage, batch, rows, s == 0, s == n_stages - 1, repeats, warmup, clock
+                            stage, batch, rows, s == 0, s == n_stages - 1, repeats, warmup, clock, split
                         )
                         for rows in row_counts
                     }
@@ -275,6 +300,65 @@ def calibration_samples(
             ((key, value) for part in gathered for key, value in part.items()), key=lambda item: int(item[0])
         )
     )
+
+
+def chunk_ids(v: int, stage_ranks: Iterable[int]) -> tuple[int, ...]:
+    """The stages at v chunks per rank (each a v-th of a v=1 stage's layers, in order) that these stage
+    ranks calibrate for advice: the chunks of the layers each holds at v=1."""
+    return tuple(c for rank in stage_ranks for c in range(rank * v, (rank + 1) * v))
+
+
+def stash_bytes_per_row(stage: Stage, batch: torch.Tensor, rows: int, is_last: bool, m: int) -> float:
+    """The bytes the executor's stash holds for one forward of `rows` rows through `stage`, per row."""
+    x = batch[:rows]
+    with torch.no_grad():
+        return held_bytes(Forward(x, *forward_work(stage, x, is_last, m)[:2])) / rows
+
+
+def advice_calibration(
+    chunks_of: Callable[[int], dict[int, Stage]],
+    batch: torch.Tensor,
+    p: int,
+    vs: Iterable[int],
+    row_counts: tuple[int, ...],
+    own_rows: int,
+    repeats: int,
+    **calibrating,
+) -> dict[str, dict]:
+    """run.json's advice_calibration (collective): per v of `vs`, every stage of p * v (`chunks_of(v)`:
+    this rank's to time) timed as calibration_samples times them (`calibrating`: its session, ranks and
+    timing), F and B, then F, I and W as the executor's zb runs them, at every size of `row_counts`;
+    and the stash one forward of `own_rows` rows holds there per row."""
+    found = {}
+    for v in vs:
+        chunks, n_stages = chunks_of(v), p * v
+        whole, split = (
+            calibration_samples(
+                chunks, batch, n_stages, row_counts, repeats, True, split=split, **calibrating
+            )
+            for split in (False, True)
+        )
+        samples = {
+            stage: {
+                rows: times | split[stage][rows] | {"F_ms": times["F_ms"] + split[stage][rows]["F_ms"]}
+                for rows, times in by_rows.items()
+            }
+            for stage, by_rows in whole.items()
+        }
+        mine = {
+            str(c): stash_bytes_per_row(chunk, batch, own_rows, c == n_stages - 1, batch.shape[0] // own_rows)
+            for c, chunk in chunks.items()
+        }
+        gathered: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(gathered, mine)
+        found[str(v)] = {
+            "calibration_by_rows": calibration_by_rows(samples),
+            "calibration_by_rows_samples_ms": samples,
+            "stash_bytes_per_row": dict(
+                sorted(((k, b) for part in gathered for k, b in part.items()), key=lambda item: int(item[0]))
+            ),
+        }
+    return found
 
 
 def pooled(rounds: list[RowSamples]) -> RowSamples:

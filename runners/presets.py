@@ -50,6 +50,9 @@ def microbatch_rows(rows: int, m: int) -> list[int]:
 # analysis compares a cell with the same work timed in isolation at the cell's own size.
 CALIBRATED_MS = (1, 2, 4, 8, 16, 32)
 
+# The chunks per rank `python -m analysis advise` tries by default; `--calibrate-advice` times their stages.
+ADVISED_VS = (1, 2, 4)
+
 
 def calibration_rows(rows: int, m: int) -> tuple[int, ...]:
     """The microbatch sizes to calibrate, largest (the whole batch) first: every size microbatch_rows

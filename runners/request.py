@@ -53,6 +53,8 @@ class RunRequest:
     model: str | None = None
     dp: int = 1  # pipelines (data-parallel replicas); the world is p x dp ranks (runners/mesh.py)
     dp_overlap: bool = False  # all-reduce each gradient bucket in the last backward (runners/grad_sync.py)
+    # also time what advise would otherwise assume: chunk-sized stages and I, W (runners.measure)
+    calibrate_advice: bool = False
 
     @property
     def mesh(self) -> Mesh:
@@ -272,6 +274,12 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
         help="launch each gradient bucket's all-reduce in the last backward, as DDP does "
         "(default: all buckets after it)",
     )
+    parser.add_argument(
+        "--calibrate-advice",
+        action="store_true",
+        help="also calibrate what `python -m analysis advise` would otherwise assume: the stages at every "
+        "advised v (chunks) and the backward split into I and W (run.json advice_calibration)",
+    )
 
 
 def request_from(args: argparse.Namespace, p: int, m: int | None = None) -> RunRequest:
@@ -296,4 +304,5 @@ def request_from(args: argparse.Namespace, p: int, m: int | None = None) -> RunR
         args.model,
         args.dp,
         args.dp_overlap,
+        args.calibrate_advice,
     )

@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,10 +36,12 @@ from runners.engines.protocol import RankSetup
 from runners.grad_sync import open_grad_sync
 from runners.inject import layer_factors
 from runners.measure import (
+    advice_calibration,
     at_rows,
     calibration,
     calibration_by_rows,
     calibration_samples,
+    chunk_ids,
     pooled,
     timed_step,
     timing_rule,
@@ -46,7 +49,7 @@ from runners.measure import (
 from runners.mesh import world_problem
 from runners.model import stage_input
 from runners.p2p import PEER_TIMEOUT
-from runners.presets import calibration_rows, microbatch_rows
+from runners.presets import ADVISED_VS, calibration_rows, microbatch_rows, preset_problem
 from runners.profile import profile_steps, session
 from runners.request import RequestError, Resolved, add_request_arguments, request_from, resolve
 from runners.rundir import git_revision, host_facts, write_run_json
@@ -61,6 +64,7 @@ PROFILER_WAIT, PROFILER_WARMUP = 1, 1
 # isolated passes pay the profiler's per-op cost as the profiled cells do, and on CPU are timed as the
 # union of their operators' spans, as busy time is (runners.measure); run.json says which.
 CALIBRATION_PROFILED = True
+ADVICE_REPEATS = 3  # samples per pass and size of --calibrate-advice's one round, after the timed steps
 
 
 def ended_together(step: Callable[[], None]) -> Callable[[], None]:
@@ -162,6 +166,17 @@ def parameter_digests(stages: dict) -> list[str]:
     return digests
 
 
+def advice_chunks(resolved: Resolved, v: int, stage_ranks: tuple[int, ...], device: torch.device) -> dict:
+    """The stages at v chunks per rank these stage ranks calibrate for advice (runners.measure.chunk_ids),
+    each slowed as the run's stage holding its first layer is."""
+    request = resolved.request
+    n_run, n_chunks = request.p * request.v, request.p * v
+    ids = chunk_ids(v, stage_ranks)
+    factors = layer_factors(request.injections)
+    slowed = {c: factors[c * n_run // n_chunks] for c in ids if c * n_run // n_chunks in factors}
+    return rank_stages(replace(resolved, request=replace(request, v=v)), ids, n_chunks, device, slowed)
+
+
 def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path) -> None:
     """Everything one rank does once the process group is up."""
     request, preset, rank = resolved.request, resolved.preset, dist.get_rank()
@@ -211,6 +226,23 @@ def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path) -
         )
         phases["timed_steps"] += calibrating - began
         phases["calibration"] += time.monotonic() - calibrating
+    advice = {}
+    if request.calibrate_advice:
+        calibrating_ranks = tuple(range(request.p)) if one_gpu else (stage_rank,) if replica == 0 else ()
+        began = time.monotonic()
+        advice["advice_calibration"] = advice_calibration(
+            lambda v: advice_chunks(resolved, v, calibrating_ranks, device),
+            batch,
+            request.p,
+            [v for v in ADVISED_VS if request.model is not None or preset_problem(preset, 1, v) is None],
+            row_counts,
+            microbatch_rows(preset.rows, request.m)[0],
+            ADVICE_REPEATS,
+            session=calibration_session,
+            ranks=request.mesh.pipeline(0),
+            timing=timing,
+        )
+        phases["advice_calibration"] = time.monotonic() - began
     began = time.monotonic()
     profile_steps(
         step,
@@ -243,6 +275,7 @@ def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path) -
                 "step_time_unprofiled_ms": statistics.median(step_ms),
                 "step_times_unprofiled_ms": step_ms,
                 "phases_s": {name: round(seconds, 3) for name, seconds in phases.items()},
+                **advice,
                 **replicas,
             },
         )

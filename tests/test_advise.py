@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from analysis.attribution.advice import UNCALIBRATED, peak_bytes, stash_bytes_per_row
+from analysis.attribution.advice import UNCALIBRATED, output_row_bytes, peak_bytes, stash_bytes_per_row
 from analysis.cli import advise as advise_cli
 from analysis.cli import main
 from analysis.job.run_dir import read_run
@@ -48,6 +48,47 @@ def test_another_schedule_is_the_step_of_its_run(tmp_path, name, m, v, durations
     assert candidate["extrapolated"] == (name != "1f1b")
 
 
+def test_chunks_i_and_w_the_runner_timed_replace_shares_and_the_unit_split(tmp_path):
+    """With --calibrate-advice's times (run.json advice_calibration) a chunk at v=2 takes 0.7 of its stage's
+    F, and I and W 0.3 and 0.15 of its B, not half and 1:1: zb v=2 is the step of the synthetic run
+    with those times per chunk, assumes nothing, and its stash per row is the measured chunk's."""
+    write_run(tmp_path / "gpipe", build("gpipe", 2, 4), durations_us=US, **WORK)
+    config = json.loads((tmp_path / "gpipe" / "run.json").read_text())
+    by_rows = config["calibration_by_rows"]
+    share = {"F_ms": ("F_ms", 0.7), "B_ms": ("B_ms", 0.45), "I_ms": ("B_ms", 0.3), "W_ms": ("B_ms", 0.15)}
+    chunks = {
+        str(c): {
+            rows: {kind: t[src] * f for kind, (src, f) in share.items()}
+            for rows, t in by_rows[str(c // 2)].items()
+        }
+        for c in range(4)
+    }
+    timed = {
+        "1": {
+            "calibration_by_rows": by_rows,
+            "calibration_by_rows_samples_ms": {},
+            "stash_bytes_per_row": {},
+        },
+        "2": {"calibration_by_rows": chunks, "calibration_by_rows_samples_ms": {}, "stash_bytes_per_row": {}},
+    }
+    (tmp_path / "gpipe" / "run.json").write_text(json.dumps(config | {"advice_calibration": timed}))
+    candidate = _advice(tmp_path / "gpipe", "--ms", "4", "--schedules", "zb", "--vs", "2")["by"][("zb", 4, 2)]
+    chunk_us = {"F": 700, "B": 900, "I": 600, "W": 300}
+    truth = write_run(tmp_path / "zb", build("zb", 2, 4, 2), durations_us=chunk_us, **WORK).truth[0]
+    assert candidate["step_time_ms"] == pytest.approx(truth.step_ns / 1e6, abs=1e-3)
+    assert not candidate["extrapolated"] and candidate["caveats"] == []
+    per_row = {0: 100, 1: 50}  # the run's; the runner measured a chunk at 0.6 of its stage's
+    measured = (
+        {"stash_bytes_per_row": {"0": 10, "1": 10}},
+        {"stash_bytes_per_row": {str(c): 6 for c in range(4)}},
+    )
+    target = build("zb", 2, 4, 2)
+    rows = {"dims": {"microbatch_rows": [128] * 4}}
+    assert peak_bytes(target, rows, per_row, 2, measured) == pytest.approx(
+        1.2 * peak_bytes(target, rows, per_row, 2), abs=1
+    )
+
+
 def test_the_advice_is_best_first_and_ranked_on_a_calibrated_run(tmp_path):
     write_run(tmp_path, build("gpipe", 2, 4), durations_us=US, **WORK)
     found = _advice(tmp_path)
@@ -81,12 +122,21 @@ def test_the_stash_is_carried_by_rows_and_in_flight_count():
     per_row = stash_bytes_per_row(source, config, [4 * 128 * 100, 4 * 128 * 50])
     assert per_row == {0: 100, 1: 50}
 
-    def peak(name, m, v=1):
+    def peak(name, m, v=1, kept=0.0):
         return peak_bytes(
-            build(name, 2, m, v), config | {"dims": {"microbatch_rows": [512 // m] * m}}, per_row, 2
+            build(name, 2, m, v),
+            config | {"dims": {"microbatch_rows": [512 // m] * m}},
+            per_row,
+            2,
+            None,
+            kept,
         )
 
     assert peak("1f1b", 4) == 2 * 128 * 100
+    # on torch rank 1 also keeps its 4 outputs (60 B a row) to the step's end: after its last F it
+    # holds that microbatch's stash and all four
+    assert peak("1f1b", 4, kept=60) == 128 * 50 + 4 * 128 * 60
+    assert output_row_bytes({"dims": {"sample_shape": [512]}, "dtype": "bfloat16"}) == 1024
     assert peak("gpipe", 8) == 4 * 128 * 100
     assert peak("interleaved", 4, 2) == 128 * (4 * 50 + 25)
     assert stash_bytes_per_row(source, config, [1, None]) is None

@@ -51,6 +51,7 @@ VARIABLES = [
     ("P=3", "p", 3),
     ("DP=2", "dp", 2),
     ("DP_OVERLAP=1", "dp_overlap", True),
+    ("CALIBRATE_ADVICE=1", "calibrate_advice", True),
     ("V=2", "v", 2),
     ("PRESET=tiny", "preset", "tiny"),
     ("ENGINE=torch", "engine", "torch"),

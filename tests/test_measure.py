@@ -139,14 +139,14 @@ def test_calibration_does_exactly_the_executors_forward_and_backward(m):
     with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as profiler:
         run_step(ctx, schedule.orders[0], optimizer)
         for s, stage in stages.items():
-            forward, reset, backward = microbatch_passes(
+            forward, reset, passes = microbatch_passes(
                 stage, batch[:rows], s == 0, s == 2, m, accumulate=m > 1
             )
             with record_function(f"calibration {s}F"):
                 forward()
             reset()
             with record_function(f"calibration {s}B"):
-                backward()
+                passes["B_ms"]()
             stage.zero_grad(set_to_none=True)
     events = list(profiler.events())
     spans = {event.name: event for event in events if event.name.startswith(("PP:", "calibration "))}
@@ -168,11 +168,11 @@ def test_a_slowed_stage_calibrates_its_extra_layers():
     batch = stage_input(EXEC_PRESET, torch.device("cpu"))
     counts = []
     for s in (0, 1):
-        forward, reset, backward = microbatch_passes(stages[s], batch, False, False, 1, accumulate=False)
+        forward, reset, passes = microbatch_passes(stages[s], batch, False, False, 1, accumulate=False)
         with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as profiler:
             forward()
             reset()
-            backward()
+            passes["B_ms"]()
         counts.append(Counter(event.name for event in profiler.events())["aten::mm"])
     assert counts == [2 + 2 * 2, 3 * (2 + 2 * 2)]
 

@@ -20,9 +20,10 @@ from analysis.traces.load import read_trace
 from analysis.traces.memory import memory_events, run_memory, step_peaks, with_steps
 from analysis.traces.run import load_run
 from analysis.traces.runqueue import run_queue_samples
-from runners.execute import Forward
+from runners.execute import Forward, forward_work
+from runners.model import Stage
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER, RUN_QUEUE_COUNTER, STASH_COUNTER
-from runners.stash import StashMeter, base_ns, counter_event, held_bytes, with_events
+from runners.stash import SavedMeter, StashMeter, base_ns, counter_event, held_bytes, with_events
 
 
 def test_held_bytes_counts_each_tensor_once_and_a_view_by_its_own_size():
@@ -45,6 +46,23 @@ def test_meter_counts_microbatches_across_both_stashes():
     assert [(k, b) for _, k, b in meter.samples] == [(1, 16), (2, 80), (2, 80), (1, 64)]
     times = [t for t, _, _ in meter.samples]
     assert times == sorted(times)
+
+
+def test_saved_meter_counts_what_the_native_stash_holds_until_backward_lets_it_go():
+    """torch's schedules hold a forward through autograd's saves and its output: the same bytes as the
+    native executor's Forward of that stage and input, two microbatches apart, none once backward ran."""
+    torch.manual_seed(0)
+    stage, inputs = Stage(16, 3), [torch.randn(8, 16, requires_grad=True) for _ in range(2)]
+    native = held_bytes(Forward(inputs[0], *forward_work(stage, inputs[0], False, 1)[:2]))
+    meter = StashMeter()
+    saved = SavedMeter.on({5: stage}, meter)
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        outputs = [stage(x) for x in inputs]
+    assert meter.samples[-1][1:] == (2, 2 * native)
+    for output in outputs:
+        output.sum().backward()
+    del output, outputs
+    assert meter.samples[-1][1:] == (0, 0)
 
 
 def test_counter_events_join_the_trace_exactly_on_its_clock():

@@ -16,7 +16,13 @@ from conftest import trace_run
 from runners.mesh import Mesh
 from runners.presets import calibration_rows
 from runners.schedules import build, lower
-from runners.schedules.trace_names import LABEL_PREFIX, OPTIMIZER_STEP, RUN_QUEUE_COUNTER, WAIT_SENDS
+from runners.schedules.trace_names import (
+    LABEL_PREFIX,
+    OPTIMIZER_STEP,
+    RUN_QUEUE_COUNTER,
+    STASH_COUNTER,
+    WAIT_SENDS,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -182,9 +188,10 @@ def test_a_slowed_stage_is_slower_in_its_calibration_too(tmp_path):
         assert work["1"][rows] > (1 + FACTOR) / 2 * work["0"][rows], (rows, work)
 
 
-def test_the_torch_engine_stalls_inside_its_forwards_and_has_no_run_queue_counter(tmp_path):
+def test_the_torch_engine_stalls_inside_its_forwards_and_counts_its_stash_but_no_run_queue(tmp_path):
     """torch's GPipe labels `Forward i`; the stall is a pre-hook on the stage module, inside it (rank 1's
-    forwards wait for rank 0's inside their spans too, so only rank 0's are checked)."""
+    forwards wait for rank 0's inside their spans too, so only rank 0's are checked). Its stash counter
+    (runners.stash.SavedMeter) holds every microbatch at once, as GPipe does, and none at the end."""
     options = (
         f"--sched gpipe --engine torch --p 2 --m {M} --preset tiny --device cpu --steps 1 --timed-steps 1"
     )
@@ -194,6 +201,14 @@ def test_the_torch_engine_stalls_inside_its_forwards_and_has_no_run_queue_counte
     assert len(forwards) == M and all(e["dur"] >= STALL_MS * 1000 for e in forwards)
     assert not any(e.get("name") == RUN_QUEUE_COUNTER for rank in (0, 1) for e in events(run, rank))
     assert fewest_ms(run_json(run), "0", "F_ms") < STALL_MS
+    assert "advice_calibration" not in run_json(run)  # only when asked
+    stash = [
+        e["args"] for e in sorted(events(run, 0), key=lambda e: e["ts"]) if e.get("name") == STASH_COUNTER
+    ]
+    assert max(a["microbatches"] for a in stash) == M and stash[-1] == {
+        "microbatches": 0,
+        "activation_bytes": 0,
+    }
 
 
 def test_a_host_stall_names_a_global_rank_and_slows_that_rank_alone_in_a_dp_job(tmp_path):
@@ -213,3 +228,22 @@ def test_a_host_stall_names_a_global_rank_and_slows_that_rank_alone_in_a_dp_job(
     assert all(len(found) == M for found in forwards_us.values()), forwards_us
     assert min(forwards_us[3]) >= STALL_MS * 1000, forwards_us
     assert all(min(forwards_us[rank]) < STALL_MS * 1000 for rank in (0, 1, 2)), forwards_us
+
+
+def test_calibrate_advice_times_each_advised_v_s_stages_with_i_and_w_and_their_stash_per_row(tmp_path):
+    """--calibrate-advice on the tiny preset (2 layers a rank: v=1 and v=2; v=4 has no layer each): every
+    stage of p * v timed at every calibrated size, F, B, I and W. A non-last stage's stash per row is its
+    input, and each Linear's output and GELU's (runners.execute.Forward): 5 activations at v=1, 3 at v=2."""
+    options = (
+        "--sched gpipe --p 2 --m 2 --preset tiny --device cpu --steps 1 --timed-steps 1 --calibrate-advice"
+    )
+    config = run_json(trace_run(tmp_path, *options.split()))
+    timed, row = config["advice_calibration"], 64 * 4  # the tiny preset's activation row, float32
+    assert sorted(timed) == ["1", "2"] and "advice_calibration" in config["phases_s"]
+    for v, entry in timed.items():
+        assert sorted(entry["calibration_by_rows"]) == [str(c) for c in range(2 * int(v))]
+        for by_rows in entry["calibration_by_rows"].values():
+            assert by_rows.keys() == config["calibration_by_rows"]["0"].keys()
+            assert all(sorted(kinds) == ["B_ms", "F_ms", "I_ms", "W_ms"] for kinds in by_rows.values())
+    assert timed["1"]["stash_bytes_per_row"]["0"] == 5 * row
+    assert [timed["2"]["stash_bytes_per_row"][str(c)] for c in range(3)] == [3 * row] * 3

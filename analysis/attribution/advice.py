@@ -6,13 +6,17 @@ Each candidate (a schedule an engine runs, at an m and v it admits) is `predict`
 its order's stash (runners.schedules.held): each forward holds its microbatch's rows times the bytes
 per row that the run's stash peak on that stage implies. A candidate that needs what the run did not
 measure says what was assumed (`caveats`) and is `extrapolated`; a run whose levels cannot be trusted
-(contended, noisy, no calibration) still lists every candidate, with `ranked` false and why.
+(contended, noisy, no calibration) still lists every candidate, with `ranked` false and why. A run
+made with --calibrate-advice (run.json advice_calibration) has its chunks, I and W timed and its stash
+per row measured at every advised v: those replace the layer shares and the unit-time split.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 
 from analysis.attribution.predict import Unpredictable, predict, rows_at, run_concurrency, step_levels
 from analysis.attribution.project import projection, stage_shares
@@ -24,6 +28,7 @@ from runners.schedules import Kind, Schedule, ScheduleError, build, held
 from runners.schedules.generate import check_request
 
 MIB = 2**20  # --memory-mb counts MiB
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}  # run.json dtype -> bytes an element
 UNCALIBRATED = (
     "no calibration in run.json: every stage's time taken as its measured busy time, linear in rows"
 )
@@ -109,16 +114,45 @@ def stash_bytes_per_row(schedule: Schedule, config: dict, peaks: list[int | None
     }
 
 
-def peak_bytes(target: Schedule, config: dict, per_row: dict[int, float] | None, n_source: int) -> int | None:
+def peak_bytes(
+    target: Schedule,
+    config: dict,
+    per_row: dict[int, float] | None,
+    n_source: int,
+    timed: tuple | None = None,
+    kept_row_bytes: float = 0.0,
+) -> int | None:
     """The largest rank's predicted stash peak: each forward holds its rows times its stage's bytes per
-    row, carried as the stage's time is (its share of the run's stages)."""
+    row, carried as the stage's time is (its share of the run's stages), or where the runner measured
+    the stash per row on both geometries (`timed`: advice_calibration at the run's v and the target's)
+    as the run's bytes per row times the target stage's measured over its shares' measured. On the torch
+    engine (`kept_row_bytes`: output_row_bytes) the last stage's rank also holds each forward's output
+    there until the step ends: torch's schedules return them."""
     if per_row is None:
         return None
     shares = stage_shares(n_source, target.n_stages)
     per_stage = {c: sum(float(share) * per_row[s] for s, share in parts) for c, parts in shares.items()}
+    if timed is not None:
+        source, chunks = (entry["stash_bytes_per_row"] for entry in timed)
+        for c, parts in shares.items():
+            per_stage[c] *= chunks[str(c)] / sum(float(share) * source[str(s)] for s, share in parts)
     rows = rows_at(config, target.m)
     live = held(target, lambda a: rows[a.microbatch] * per_stage[a.stage])
-    return round(max(max(rank, default=0.0) for rank in live))
+    last = target.n_stages - 1
+    kept = [  # the last stage's outputs a torch schedule keeps from their forward to the step's end
+        accumulate(
+            rows[a.microbatch] * kept_row_bytes if (a.kind, a.stage) == (Kind.F, last) else 0.0 for a in order
+        )
+        for order in target.orders
+    ]
+    return round(max(max(map(sum, zip(rank, more)), default=0.0) for rank, more in zip(live, kept)))
+
+
+def output_row_bytes(config: dict) -> float:
+    """The bytes of one row of a stage's output (its input's shape, run.json dims.sample_shape, and
+    dtype); 0 where the dtype is not one of DTYPE_BYTES."""
+    dims = config.get("dims") or {}
+    return math.prod(dims.get("sample_shape") or [0]) * DTYPE_BYTES.get(config.get("dtype") or "", 0)
 
 
 def run_caveats(analysis: Analysis, calibrated: bool) -> list[str]:
@@ -127,22 +161,35 @@ def run_caveats(analysis: Analysis, calibrated: bool) -> list[str]:
     return notes + ([] if calibrated else [UNCALIBRATED])
 
 
-def candidate_caveats(analysis: Analysis, engine: str, target: Schedule, calibrated: bool) -> list[str]:
-    """What a candidate assumes beyond the run's measurements."""
+def timed_pair(config: dict, source: Schedule, v: int) -> tuple[dict, dict] | None:
+    """run.json advice_calibration (runners.measure.advice_calibration) at the run's v and at v, where the
+    runner timed both (--calibrate-advice)."""
+    timed = config.get("advice_calibration") or {}
+    pair = timed.get(str(source.v)), timed.get(str(v))
+    return None if None in pair else pair
+
+
+def candidate_caveats(
+    analysis: Analysis, engine: str, target: Schedule, calibrated: bool, timed: bool
+) -> list[str]:
+    """What a candidate assumes beyond the run's measurements (`timed`: its stages', I's and W's times
+    and stash per row calibrated by the runner)."""
     source = analysis.schedule
     measured_kinds = {kind for _, kind in analysis.model.kinds}
     caveats = []
-    if target.n_stages != source.n_stages:
+    if target.n_stages != source.n_stages and not timed:
         caveats.append(
             f"stage times at v={target.v} taken as shares of the layers of the run's stages at v={source.v}, "
             "host time per stage likewise; its stash per microbatch too"
         )
-    if target.split_backward and Kind.I.value not in measured_kinds:
-        caveats.append("B split into I and W in their unit-time ratio 1:1; the run measured no I or W")
+    if target.split_backward and Kind.I.value not in measured_kinds and not timed:
+        caveats.append(
+            "B split into I and W in their unit-time ratio 1:1; the run measured no I or W "
+            "(a run with --calibrate-advice times them)"
+        )
     if engine != analysis.summary.engine:
         caveats.append(
-            f"runs on the {engine} engine; predicted from the {analysis.summary.engine} run's host times and "
-            "stash (a run without the stash counter reads its peak from the allocator, which holds more)"
+            f"runs on the {engine} engine; predicted from the {analysis.summary.engine} run's host times and stash"
         )
     if engine == "torch" and target.name == "zb":
         caveats.append(TORCH_ZB)
@@ -161,14 +208,18 @@ def advise(
     ref = reference(analysis.cells, config, source.m)
     levels = step_levels([s.step_time_ms for s in analysis.summary.replayed_steps], config)
     per_row = stash_bytes_per_row(source, config, [r.peak_activation_bytes for r in analysis.summary.ranks])
+    own_rows = rows_at(config, source.m)[0]
     share = run_concurrency(source, analysis.model)  # what its slowdown was measured at
     carried = {}  # v -> the run carried to p * v stages: (model, own, config)
     for v in sorted({v for *_, v in requests}):
         moved = projection(analysis.model.kinds, source.n_stages, source.p * v)
+        timed = timed_pair(config, source, v)
+        if timed is not None:
+            moved = moved.calibrated(*(entry["calibration_by_rows"] for entry in timed), own_rows)
         carried[v] = (
             moved.model(analysis.model),
             moved.own(analysis.own, analysis.model),
-            moved.config(config),
+            moved.config(config, None if timed is None else timed[1]),
         )
     found, skipped = [], {}
     for engine, name, m, v in requests:
@@ -179,8 +230,10 @@ def advise(
             skipped[(engine, name, m, v)] = str(why)
             continue
         target = build(name, source.p, m, v)
-        peak = peak_bytes(target, config, per_row, source.n_stages)
-        caveats = candidate_caveats(analysis, engine, target, calibrated)
+        timed = timed_pair(config, source, v)
+        kept = output_row_bytes(config) if engine == "torch" != analysis.summary.engine else 0.0
+        peak = peak_bytes(target, config, per_row, source.n_stages, timed, kept)
+        caveats = candidate_caveats(analysis, engine, target, calibrated, timed is not None)
         fits = memory_limit_bytes is None or peak is None or peak <= memory_limit_bytes
         times = (guess.step_time_ms, guess.step_time_low_ms, guess.step_time_high_ms, guess.bubble_formula)
         found.append(Candidate(engine, name, m, v, *times, peak, fits, bool(caveats), caveats))

@@ -98,8 +98,34 @@ class Projection:
             )
         return own._replace(actions=pl.concat(frames) if frames else own.actions.clear())
 
-    def config(self, config: dict) -> dict:
-        """run.json with each calibration's stages carried to the target's (B also from I + W)."""
+    def calibrated(self, source: dict, target: dict, rows: int) -> Projection:
+        """The work of each target compute key weighted by what the runner timed (run.json
+        advice_calibration's calibration_by_rows on the run's stages, `source`, and on the target's,
+        `target`) instead of by layer shares and unit times: its sources' weights scaled so that their
+        sum of the source times at `rows` rows makes the target's time there."""
+
+        def ms(entries: dict, key: Key) -> float:
+            return entries[str(key[0])][str(rows)][f"{key[1]}_ms"]
+
+        sources = dict(self.sources)
+        for key, parts in self.sources.items():
+            if key[1] in COMPUTE_KINDS:
+                made = sum(weight * ms(source, src) for src, weight in parts)
+                sources[key] = [(src, weight * ms(target, key) / made) for src, weight in parts]
+        return replace(self, sources=sources)
+
+    def config(self, config: dict, measured: dict | None = None) -> dict:
+        """run.json with each calibration's stages carried to the target's (B also from I + W), or
+        replaced by what the runner timed on them (`measured`: run.json advice_calibration at the
+        target's v)."""
+        if measured is not None:
+            by_rows = measured["calibration_by_rows"]
+            total = str(sum((config.get("dims") or {}).get("microbatch_rows") or []))
+            return config | {
+                "calibration": {stage: sizes[total] for stage, sizes in by_rows.items() if total in sizes},
+                "calibration_by_rows": by_rows,
+                "calibration_by_rows_samples_ms": measured["calibration_by_rows_samples_ms"],
+            }
         carried = {}
         for name in CALIBRATION_KEYS:
             entries = config.get(name) or {}

@@ -22,10 +22,8 @@ from analysis.files import write_atomically
 from analysis.job.run_dir import analysis_of
 from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import ADVICE_FILE
-from runners.presets import CALIBRATED_MS
+from runners.presets import ADVISED_VS, CALIBRATED_MS
 from runners.schedules import SCHEDULES
-
-DEFAULT_VS = (1, 2, 4)
 
 
 def _schedules(text: str) -> list[str]:
@@ -65,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--vs",
         type=microbatch_counts,
-        default=list(DEFAULT_VS),
+        default=list(ADVISED_VS),
         help="chunks per rank where admitted (default: %(default)s)",
     )
 

@@ -43,6 +43,7 @@ from runners.mesh import Mesh
 from runners.model import Stage, loss_of
 from runners.p2p import PEER_TIMEOUT
 from runners.schedules.trace_names import OPTIMIZER_STEP
+from runners.stash import SavedMeter, StashMeter
 
 PIPELINE_GROUP = "pp"  # each pipeline's group when there are several (torchtitan's name for the dim)
 
@@ -93,16 +94,19 @@ def step_function(
     n_stages: int,
     batch: torch.Tensor,
     optimizer: torch.optim.Optimizer,
+    meter: StashMeter,
     grad_sync: GradSync | None = None,
 ) -> Callable[[], None]:
     """One training step: torch's schedule over the whole batch, the DP sync if any, then the same SGD
-    step as native."""
+    step as native; what the schedule holds for backward sampled into `meter`."""
+    saved = SavedMeter.on(stages, meter)
     inputs = (batch,) if 0 in stages else ()
     # torch splits the target alongside the batch and hands each piece to the loss; ours ignores it.
     target = torch.empty(batch.shape[0], 0, device=batch.device) if n_stages - 1 in stages else None
 
     def step() -> None:
-        with during_step(grad_sync):
+        saved.begin_step()
+        with during_step(grad_sync), torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
             schedule.step(*inputs, target=target)
         with torch.profiler.record_function(OPTIMIZER_STEP):
             optimizer.step()
@@ -133,4 +137,6 @@ def build_step(setup: RankSetup) -> Callable[[], None]:
     schedule = build_schedule(
         request.schedule, setup.stages, n_stages, request.m, setup.batch.device, group, request.dp_overlap
     )
-    return step_function(schedule, setup.stages, n_stages, setup.batch, setup.optimizer, setup.grad_sync)
+    return step_function(
+        schedule, setup.stages, n_stages, setup.batch, setup.optimizer, setup.meter, setup.grad_sync
+    )

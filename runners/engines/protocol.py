@@ -25,7 +25,7 @@ class RankSetup:
     stages: dict[int, Stage]  # stage index -> module, this rank's only
     batch: torch.Tensor  # the whole batch that enters stage 0
     optimizer: torch.optim.Optimizer
-    meter: StashMeter  # the native executor samples its stash here; other engines leave it empty
+    meter: StashMeter  # each engine samples its stash here (torch's through runners.stash.SavedMeter)
     run_queue: RunQueueMeter  # the native executor samples it around every action; torch's cannot
     replica: int = 0  # which pipeline (runners/mesh.py)
     grad_sync: GradSync | None = None  # DP > 1: what averages the gradients over the replicas
