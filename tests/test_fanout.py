@@ -14,7 +14,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import dask
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -179,17 +178,33 @@ def test_a_cluster_that_cannot_be_used_is_one_line(tmp_path, monkeypatch):
     )
 
 
-def test_a_worker_that_dies_or_lacks_the_package_is_one_line(scheduler, monkeypatch):
-    engine = cluster.Engine("local:1")
-    try:  # (no retries on other workers: the first death is the task's)
-        with (
-            dask.config.set({"distributed.scheduler.allowed-failures": 0}),
-            pytest.raises(InputError) as died,
-        ):
-            list(engine.map_in_order(os._exit, [3]))
-    finally:
-        engine.close()
-    assert str(died.value).startswith("cluster local:1: every worker that read a rank's file died (")
+def _reading_with(
+    task: str, directory: Path, *flags: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """`analyze DIRECTORY FLAGS` in a process of its own (so that Dask's log lines, if any, reach its
+    stderr), each rank's file read by `def task(work)` in `task` (sent to the workers by value)."""
+    script = f"import os, sys, time\nfrom analysis.cli import main\nfrom analysis.ranks import pool\n{task}\n"
+    script += "pool._task = task\nsys.exit(main(sys.argv[1:]))\n"
+    return subprocess.Popen(
+        [sys.executable, "-c", script, "analyze", str(directory), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | (env or {}),
+    )
+
+
+def test_a_worker_that_dies_is_one_line_and_nothing_else(tmp_path):
+    write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
+    no_retries = {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}  # (the first death is the task's)
+    died = _reading_with("def task(work):\n    os._exit(3)", tmp_path, "--cluster", "local:1", env=no_retries)
+    _, err = died.communicate(timeout=120)
+    assert died.returncode == 2 and re.fullmatch(
+        r"error: cluster local:1: every worker that read a rank's file died \([^\n]*\)\n", err
+    ), err
+
+
+def test_a_worker_that_lacks_the_package_is_one_line(scheduler, monkeypatch):
     monkeypatch.setattr(cluster, "_PACKAGE", "not_installed_anywhere")
     with cluster.applied(scheduler):
         with pytest.raises(InputError) as lacking:

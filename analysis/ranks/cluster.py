@@ -20,7 +20,7 @@ import importlib.util
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -28,6 +28,9 @@ from analysis.errors import InputError
 
 LOCAL = "local:"
 CONNECT_TIMEOUT = "20s"
+# Dask's log lines, silenced while a command uses a cluster (here and in a LocalCluster's workers): what fails
+# there reaches the user as this package's one line (InputError), never as Dask's log of it beside.
+SILENT = logging.CRITICAL + 1
 _INSTALL = "pip install 'pipeline-bubbles[cluster]'"
 _PACKAGE = __name__.partition(".")[0]  # what the workers import to run the per-rank function
 _CURRENT: ContextVar[Engine | None] = ContextVar("cluster", default=None)
@@ -62,6 +65,7 @@ class Engine:
         self.spec = spec
         self.client: Any = None
         self.local: Any = None
+        self.quiet = ExitStack()
 
     def map_in_order(self, work: Callable[[Any], Any], tasks: list) -> Iterator[Any]:
         """`work` over `tasks` on the cluster, the results yielded in the tasks' order; the results not
@@ -91,7 +95,9 @@ class Engine:
             import distributed
         except ImportError:
             raise InputError(None, f"--cluster needs Dask's distributed package: {_INSTALL}") from None
-        logging.getLogger("distributed").setLevel(logging.ERROR)  # (its INFO lines are not ours to print)
+        from distributed.utils import silence_logging_cmgr
+
+        self.quiet.enter_context(silence_logging_cmgr(SILENT))  # (Dask's one handler for all its loggers)
         if self.spec.startswith(LOCAL):
             self.local = local_cluster(int(self.spec.removeprefix(LOCAL)))
             self.client = distributed.Client(self.local)
@@ -112,9 +118,10 @@ class Engine:
         return self.client
 
     def close(self) -> None:
-        for part in (self.client, self.local):
-            if part is not None:
-                part.close()
+        with self.quiet:  # (closing may log too)
+            for part in (self.client, self.local):
+                if part is not None:
+                    part.close()
 
 
 def local_cluster(workers: int) -> Any:
@@ -132,7 +139,7 @@ def local_cluster(workers: int) -> Any:
             processes=True,
             dashboard_address="127.0.0.1:0",
             scheduler_kwargs={"dashboard": False},
-            silence_logs=logging.ERROR,
+            silence_logs=SILENT,
         )
 
 
