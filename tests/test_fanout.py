@@ -9,8 +9,10 @@ import gzip
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,6 +204,53 @@ def test_a_worker_that_dies_is_one_line_and_nothing_else(tmp_path):
     assert died.returncode == 2 and re.fullmatch(
         r"error: cluster local:1: every worker that read a rank's file died \([^\n]*\)\n", err
     ), err
+
+
+def test_a_worker_that_dies_or_a_scheduler_lost_on_a_running_cluster_is_one_line(tmp_path):
+    """On a scheduler of its own process (tcp://), with one worker process: a task that kills its worker,
+    then the scheduler killed while a rank is read."""
+    write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
+    serving = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nfrom distributed import LocalCluster\n"
+            "with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None) as local:\n"
+            "    print(local.scheduler_address, flush=True)\n    time.sleep(120)\n",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=os.environ | {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"},
+        start_new_session=True,  # (its worker processes killed with it)
+    )
+    try:
+        scheduler = serving.stdout.readline().strip()
+        died = _reading_with("def task(work):\n    os._exit(3)", tmp_path, "--cluster", scheduler)
+        assert (died.wait(120), died.stderr.read()) == (
+            2,
+            f"error: cluster {scheduler}: every worker that read a rank's file died (out of memory or killed? "
+            "their logs say why)\n",
+        )
+        started = tmp_path / "started"
+        reading = _reading_with(
+            f"def task(work):\n    open({str(started)!r}, 'w').close()\n    time.sleep(60)",
+            tmp_path,
+            "--cluster",
+            scheduler,
+        )
+        deadline = time.monotonic() + 60
+        while not started.exists() and reading.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(serving.pid, signal.SIGKILL)
+        assert (reading.wait(60), reading.stderr.read()) == (
+            2,
+            f"error: cluster {scheduler}: the ranks' reads were cancelled (scheduler-connection-lost): the "
+            "scheduler stopped, was killed or cannot be reached?\n",
+        )
+    finally:
+        if serving.poll() is None:
+            os.killpg(serving.pid, signal.SIGKILL)
 
 
 def test_a_worker_that_lacks_the_package_is_one_line(scheduler, monkeypatch):

@@ -72,6 +72,7 @@ class Engine:
         yet taken are cancelled when the caller stops early."""
         client = self._client()
         from distributed import KilledWorker
+        from distributed.client import FutureCancelledError
 
         pending = deque(client.map(work, tasks, pure=False))
         try:
@@ -83,6 +84,12 @@ class Engine:
                         None,
                         f"cluster {self.spec}: every worker that read a rank's file died (out of memory or "
                         "killed? their logs say why)",
+                    ) from None
+                except FutureCancelledError as error:  # (all of them, when the client loses its scheduler)
+                    raise InputError(
+                        None,
+                        f"cluster {self.spec}: the ranks' reads were cancelled ({error.reason}): the scheduler "
+                        "stopped, was killed or cannot be reached?",
                     ) from None
         finally:
             if pending:
