@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -206,16 +207,16 @@ def test_a_worker_that_dies_is_one_line_and_nothing_else(tmp_path):
     ), err
 
 
-def test_a_worker_that_dies_or_a_scheduler_lost_on_a_running_cluster_is_one_line(tmp_path):
-    """On a scheduler of its own process (tcp://), with one worker process: a task that kills its worker,
-    then the scheduler killed while a rank is read."""
-    write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
+@contextmanager
+def _scheduler_process(workers: int) -> Iterator[tuple[str, subprocess.Popen]]:
+    """The address of a LocalCluster of `workers` worker processes that runs in a process of its own
+    (killed with them at the end: os.killpg), where a task that fails is not retried, and that process."""
     serving = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import time\nfrom distributed import LocalCluster\n"
-            "with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None) as local:\n"
+            f"with LocalCluster(n_workers={workers}, threads_per_worker=1, dashboard_address=None) as local:\n"
             "    print(local.scheduler_address, flush=True)\n    time.sleep(120)\n",
         ],
         stdout=subprocess.PIPE,
@@ -225,7 +226,17 @@ def test_a_worker_that_dies_or_a_scheduler_lost_on_a_running_cluster_is_one_line
         start_new_session=True,  # (its worker processes killed with it)
     )
     try:
-        scheduler = serving.stdout.readline().strip()
+        yield serving.stdout.readline().strip(), serving
+    finally:
+        if serving.poll() is None:
+            os.killpg(serving.pid, signal.SIGKILL)
+
+
+def test_a_worker_that_dies_or_a_scheduler_lost_on_a_running_cluster_is_one_line(tmp_path):
+    """On a scheduler of its own process (tcp://), with one worker process: a task that kills its worker,
+    then the scheduler killed while a rank is read."""
+    write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
+    with _scheduler_process(1) as (scheduler, serving):
         died = _reading_with("def task(work):\n    os._exit(3)", tmp_path, "--cluster", scheduler)
         assert (died.wait(120), died.stderr.read()) == (
             2,
@@ -248,9 +259,17 @@ def test_a_worker_that_dies_or_a_scheduler_lost_on_a_running_cluster_is_one_line
             f"error: cluster {scheduler}: the ranks' reads were cancelled (scheduler-connection-lost): the "
             "scheduler stopped, was killed or cannot be reached?\n",
         )
-    finally:
-        if serving.poll() is None:
-            os.killpg(serving.pid, signal.SIGKILL)
+
+
+def test_a_cluster_without_workers_is_one_line_not_a_wait_for_ever(monkeypatch):
+    monkeypatch.setattr(cluster, "WORKERLESS_S", 1.0)
+    with _scheduler_process(0) as (scheduler, _), cluster.applied(scheduler):
+        with pytest.raises(InputError) as none:
+            list(cluster.current().map_in_order(abs, [1]))
+    assert str(none.value) == (
+        f"cluster {scheduler}: no worker to read the ranks for 1 s (none started, or each died or left? "
+        "their logs say why)"
+    )
 
 
 def test_a_worker_that_lacks_the_package_is_one_line(scheduler, monkeypatch):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -31,6 +32,10 @@ CONNECT_TIMEOUT = "20s"
 # Dask's log lines, silenced while a command uses a cluster (here and in a LocalCluster's workers): what fails
 # there reaches the user as this package's one line (InputError), never as Dask's log of it beside.
 SILENT = logging.CRITICAL + 1
+# A rank's result is waited for WAIT_S at a time, and the cluster checked to have a worker between waits;
+# none for WORKERLESS_S (longer than a nanny takes to restart a dead worker) ends the command.
+WAIT_S = 1.0
+WORKERLESS_S = 20.0
 _INSTALL = "pip install 'pipeline-bubbles[cluster]'"
 _PACKAGE = __name__.partition(".")[0]  # what the workers import to run the per-rank function
 _CURRENT: ContextVar[Engine | None] = ContextVar("cluster", default=None)
@@ -78,7 +83,9 @@ class Engine:
         try:
             while pending:
                 try:
-                    yield pending.popleft().result()  # (the future dropped: its result is released there)
+                    yield self._result(
+                        pending.popleft()
+                    )  # (the future dropped: its result is released there)
                 except KilledWorker:  # (also a worker that cannot load the task: joined after the check)
                     raise InputError(
                         None,
@@ -94,6 +101,25 @@ class Engine:
         finally:
             if pending:
                 client.cancel(list(pending))
+
+    def _result(self, future: Any) -> Any:
+        """The future's result; an InputError once the cluster has had no worker for WORKERLESS_S (a worker
+        without a nanny that died, or none started: the scheduler would wait for one for ever)."""
+        since = None
+        while True:
+            try:
+                return future.result(timeout=WAIT_S)
+            except TimeoutError:
+                if self.client.nthreads():
+                    since = None
+                    continue
+                since = time.monotonic() if since is None else since
+                if time.monotonic() - since >= WORKERLESS_S:
+                    raise InputError(
+                        None,
+                        f"cluster {self.spec}: no worker to read the ranks for {WORKERLESS_S:g} s (none "
+                        "started, or each died or left? their logs say why)",
+                    ) from None
 
     def _client(self) -> Any:
         if self.client is not None:
