@@ -80,6 +80,12 @@ def _throughput_verdicts(part: dict) -> list[str]:
                 )
             else:
                 rows.append(f"| {label} ({where}) | {_unmeasured(size, name)} | | |")
+    growth = part.get("growth") or {}
+    for task, g in growth.items():
+        if isinstance(g, dict) and "time_per_mb" in g:
+            per_mb = g["time_per_mb"]
+            label = f"{task}: time per MB, {growth['ratio']:.1f}x the size / the smallest set (linear: 1)"
+            rows.append(f"| {label} | {_figure(per_mb, 2)} | {per_mb['target']:.2f} | {per_mb['verdict']} |")
     return _verdicts(rows)
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.process import ChildRun, run_child
-from bench.stats import stats, verdict
+from bench.stats import WIDE_SPREAD, Stats, stats, verdict
 from bench.traceset import TraceSet, replicate_run
 
 MB = 1_000_000
@@ -33,6 +33,9 @@ TARGETS = {
     "one_process_rss_above_start_over_largest_file": 1.5,
     "replay_share": 0.10,  # every step's own replay and critical path / analyze's work
 }
+# Time linear in the input: from the smallest set to the largest, time per MB grows by no more than the
+# spread this machine's repeats are read within
+GROWTH_TARGET = 1 + WIDE_SPREAD
 TASKS = ("decode", "analyze", "analyze_jobs1", "hta", "merge")
 TASK_TIMEOUT_S = 3600.0  # ours and the floor: a hung child, not a slow one (HTA has its own cap)
 
@@ -155,15 +158,29 @@ def _line(run: ChildRun) -> str:
 
 def growth(small: dict, large: dict, by: str) -> dict:
     """Time and memory growth from the `small` set to the `large` one, against the growth in `by`
-    (mb: size; ranks: the rank count, the two sets of about one size)."""
-    result = {"by": by, "ratio": large[by] / small[by], "size_ratio": large["mb"] / small["mb"]}
+    (mb: size; ranks: the rank count, the two sets of about one size). Against size, each task's time per
+    MB on the large set over the small one's, its range from the two sets' ranges, against GROWTH_TARGET."""
+    ratio = large[by] / small[by]
+    result = {"by": by, "ratio": ratio, "size_ratio": large["mb"] / small["mb"]}
     for task in TASKS:
         a, b = small["tasks"][task], large["tasks"][task]
         if "work_s" in a and "work_s" in b:
+            ta, tb = a["work_s"], b["work_s"]
             result[task] = {
-                "time_ratio": b["work_s"]["median"] / a["work_s"]["median"],
+                "time_ratio": tb["median"] / ta["median"],
                 "rss_ratio": b["tree_rss_mb"]["median"] / a["tree_rss_mb"]["median"],
             }
+            if by == "mb":
+                per_mb = Stats(
+                    tb["median"] / ta["median"] / ratio,
+                    tb["min"] / ta["max"] / ratio,
+                    tb["max"] / ta["min"] / ratio,
+                    min(ta["n"], tb["n"]),
+                )
+                result[task]["time_per_mb"] = per_mb.to_json() | {
+                    "target": GROWTH_TARGET,
+                    "verdict": verdict(per_mb, GROWTH_TARGET),
+                }
     return result
 
 

@@ -18,6 +18,7 @@ from bench.process import run_child
 from bench.runs import COLD_PAIRS
 from bench.stats import stats, verdict
 from bench.suite import main
+from bench.throughput import GROWTH_TARGET, TASKS, growth
 from bench.traceset import replicate_run
 from runners.schedules import build
 from synthetic.generate import write_run
@@ -114,6 +115,26 @@ def test_stats_and_verdicts():
     assert verdict(stats([15.0]), 20.0, lower_is_better=False) == "misses (one sample)"
     with pytest.raises(ValueError):
         stats([])
+
+
+def test_growth_judges_time_per_mb_from_the_smallest_set_to_the_largest():
+    def size(mb: float, seconds: tuple[float, float, float]) -> dict:
+        low, median, high = seconds
+        work = {"median": median, "min": low, "max": high, "n": 3}
+        unmeasured = dict.fromkeys(TASKS, {"status": "skipped"})
+        return {"mb": mb, "tasks": unmeasured | {"analyze": {"work_s": work, "tree_rss_mb": {"median": mb}}}}
+
+    small = size(100, (0.9, 1.0, 1.1))
+    linear = growth(small, size(1000, (9.5, 10.0, 10.5)), "mb")["analyze"]["time_per_mb"]
+    assert linear["median"] == pytest.approx(1.0) and linear["verdict"] == "meets"
+    # time per MB up 1.48-1.97x: slower than linear by more than the target allows, over the whole range
+    over = 1.3 * GROWTH_TARGET
+    worse = growth(small, size(1000, (10 * over, 11 * over, 12 * over)), "mb")["analyze"]["time_per_mb"]
+    assert worse["min"] > GROWTH_TARGET and worse["verdict"] == "misses"
+    assert (
+        "time_per_mb"
+        not in growth(small | {"ranks": 4}, size(100, (1, 1, 1)) | {"ranks": 8}, "ranks")["analyze"]
+    )
 
 
 def test_child_decodes_every_event_and_is_stopped_at_its_timeout(source, tmp_path):

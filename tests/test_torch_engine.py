@@ -6,6 +6,7 @@ interleaved, fused OVERLAP_F_B labels for dualpipev)."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from analysis.job.run_dir import read_run
 from runners.schedules import build
 
 M = 4
+RESIDUAL_TARGET = 0.03  # of the step
 pytestmark = pytest.mark.slow
 
 
@@ -42,6 +44,16 @@ def test_v_schedules_every_compute_action_of_every_stage_is_found(tmp_path, sche
         assert sorted(got) == sorted(wanted), (rank, step)
     assert compute.select("rank", "step").n_unique() == 2 * result.summary.steps_analyzed
     assert (result.summary.inferred_cells > 0) == (schedule == "dualpipev")  # the fused halves
+    # Completeness: what the steps' own replays leave of the measured step, less the two waits no recorded
+    # activity explains (a rank's step opened late; the step ran on after every rank's last activity), is
+    # within the residual's 3% target, as the median over the run's steps. Measured, 8 runs each at load
+    # 10-17 on 2 cores: zbv -2.03..+0.06%, dualpipev -1.17..+0.23%. The whole residual is not held to 3%:
+    # one dualpipev run in 8 had 4.09%, its ran-on wait alone 3.49% of the step (descheduled at the step's end).
+    left = [
+        (step.residual_ms - step.opened_late_ms - step.ran_on_ms) / step.step_time_ms
+        for step in result.summary.replayed_steps
+    ]
+    assert abs(statistics.median(left)) <= RESIDUAL_TARGET, left
 
 
 @pytest.mark.parametrize("engine", ["native", "torch"])
