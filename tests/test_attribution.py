@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import msgspec
 import polars as pl
 import pytest
@@ -10,7 +12,7 @@ from test_cells import gpipe_m1_run, span
 from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import measure
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
-from analysis.attribution.replay import Inputs, Step, Tail, replay
+from analysis.attribution.replay import Inputs, Step, Tail, replay, replay_all
 from analysis.attribution.waterfall import ladder
 from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
 from analysis.job.measure import analyze_run
@@ -320,3 +322,28 @@ def test_a_cell_off_the_critical_path_has_slack():
     assert replayed.makespan == 8
     assert replayed.slack[Action(0, Kind.B, 0)] == 1
     assert replayed.slack[Action(0, Kind.B, 1)] == 0
+
+
+def _reachable(root: object) -> int:
+    """How many distinct objects `root` reaches (shared ones counted once)."""
+    seen, todo = set(), [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            todo.extend(gc.get_referents(obj))
+    return len(seen)
+
+
+def test_the_replays_of_many_steps_hold_no_object_per_action_for_their_spans():
+    """A measured run replays every step and keeps the replays; their spans are read from the node
+    times shared by the steps, not held as a dict of tuples per step (three objects an action)."""
+    schedule = build("1f1b", 2, 8)
+    orders = lower(schedule).orders
+    step = Step(orders, {a: Inputs(lead=1.0, work=10.0) for o in orders for a in o}, [Tail()] * 2)
+    actions = sum(map(len, orders))
+
+    def held(n: int) -> int:
+        return _reachable([r.spans for r in replay_all(schedule, [step] * n)])
+
+    assert (held(40) - held(20)) / 20 < actions
