@@ -15,11 +15,13 @@ from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
 from analysis.attribution.replay import Inputs, Step, Tail, replay, replay_all
 from analysis.attribution.waterfall import ladder
 from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
+from analysis.job.join import analyze_job
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS, WATERFALL_TERMS
 from runners.schedules import Action, Kind, build, lower, simulate
 from runners.schedules.trace_names import RUN_QUEUE_COUNTER
+from synthetic.data_parallel import write_job
 
 CALIBRATION = {"0": {"F_ms": 0.008, "B_ms": 0.016}, "1": {"F_ms": 0.016, "B_ms": 0.024}}
 # m = 1: the one microbatch is the whole batch, so its isolated time is the whole batch's
@@ -347,3 +349,19 @@ def test_the_replays_of_many_steps_hold_no_object_per_action_for_their_spans():
         return _reachable([r.spans for r in replay_all(schedule, [step] * n)])
 
     assert (held(40) - held(20)) / 20 < actions
+
+
+def test_the_inputs_of_all_steps_taken_at_once_are_each_steps_own(tmp_path):
+    """OwnSteps.steps (one pass over the tables, as a measured run takes every step's inputs) gives what
+    OwnSteps.step gives one step at a time, and an empty step for a number not analysed; each step's
+    lead and DP-sync tail are made to differ, so a row given to the wrong step shows."""
+    write_job(tmp_path, build("1f1b", 2, 4), 2, slow_pipeline=1, slow_factor=1.2, sync_us=500.0)
+    own = analyze_job(read_run(tmp_path)).own
+    own = own._replace(
+        actions=own.actions.with_columns(pl.col("lead") + pl.col("step")),
+        tails=own.tails.with_columns(pl.col("dp_sync") + pl.col("step")),
+    )
+    numbers = sorted(own.tails["step"].unique().to_list())
+    assert len(numbers) > 1 and own.tails["dp_sync"].min() > 0
+    asked = [*numbers, max(numbers) + 1]
+    assert own.steps(asked, 2) == [own.step(n, 2) for n in asked]
