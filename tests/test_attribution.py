@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import msgspec
 import polars as pl
 import pytest
@@ -10,14 +12,16 @@ from test_cells import gpipe_m1_run, span
 from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import measure
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
-from analysis.attribution.replay import Inputs, Step, Tail, replay
+from analysis.attribution.replay import Inputs, Step, Tail, replay, replay_all
 from analysis.attribution.waterfall import ladder
 from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
+from analysis.job.join import analyze_job
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS, WATERFALL_TERMS
 from runners.schedules import Action, Kind, build, lower, simulate
 from runners.schedules.trace_names import RUN_QUEUE_COUNTER
+from synthetic.data_parallel import write_job
 
 CALIBRATION = {"0": {"F_ms": 0.008, "B_ms": 0.016}, "1": {"F_ms": 0.016, "B_ms": 0.024}}
 # m = 1: the one microbatch is the whole batch, so its isolated time is the whole batch's
@@ -320,3 +324,44 @@ def test_a_cell_off_the_critical_path_has_slack():
     assert replayed.makespan == 8
     assert replayed.slack[Action(0, Kind.B, 0)] == 1
     assert replayed.slack[Action(0, Kind.B, 1)] == 0
+
+
+def _reachable(root: object) -> int:
+    """How many distinct objects `root` reaches (shared ones counted once)."""
+    seen, todo = set(), [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            todo.extend(gc.get_referents(obj))
+    return len(seen)
+
+
+def test_the_replays_of_many_steps_hold_no_object_per_action_for_their_spans():
+    """A measured run replays every step and keeps the replays; their spans are read from the node
+    times shared by the steps, not held as a dict of tuples per step (three objects an action)."""
+    schedule = build("1f1b", 2, 8)
+    orders = lower(schedule).orders
+    step = Step(orders, {a: Inputs(lead=1.0, work=10.0) for o in orders for a in o}, [Tail()] * 2)
+    actions = sum(map(len, orders))
+
+    def held(n: int) -> int:
+        return _reachable([r.spans for r in replay_all(schedule, [step] * n)])
+
+    assert (held(40) - held(20)) / 20 < actions
+
+
+def test_the_inputs_of_all_steps_taken_at_once_are_each_steps_own(tmp_path):
+    """OwnSteps.steps (one pass over the tables, as a measured run takes every step's inputs) gives what
+    OwnSteps.step gives one step at a time, and an empty step for a number not analysed; each step's
+    lead and DP-sync tail are made to differ, so a row given to the wrong step shows."""
+    write_job(tmp_path, build("1f1b", 2, 4), 2, slow_pipeline=1, slow_factor=1.2, sync_us=500.0)
+    own = analyze_job(read_run(tmp_path)).own
+    own = own._replace(
+        actions=own.actions.with_columns(pl.col("lead") + pl.col("step")),
+        tails=own.tails.with_columns(pl.col("dp_sync") + pl.col("step")),
+    )
+    numbers = sorted(own.tails["step"].unique().to_list())
+    assert len(numbers) > 1 and own.tails["dp_sync"].min() > 0
+    asked = [*numbers, max(numbers) + 1]
+    assert own.steps(asked, 2) == [own.step(n, 2) for n in asked]

@@ -28,7 +28,7 @@ makespan, across ranks) and each cell's slack (how much its work could grow befo
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,10 +82,29 @@ class Segment:
     action: Action | None
 
 
+class _Spans(Mapping[Action, tuple[float, float]]):
+    """Each action's (start, end), read from one column of a replay's node times when asked: a measured
+    run replays every step and reads no step's spans, and a dict of them per step was the bulk of what
+    its replays held."""
+
+    def __init__(self, at: dict[Action, dict[str, int]], times: np.ndarray) -> None:
+        self._at, self._times = at, times  # shared by every step of one graph; this step's column
+
+    def __getitem__(self, action: Action) -> tuple[float, float]:
+        nodes = self._at[action]
+        return self._times[nodes["begun"]], self._times[nodes["end"]]
+
+    def __iter__(self) -> Iterator[Action]:
+        return iter(self._at)
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+
 @dataclass(frozen=True)
 class Replayed:
     makespan: float
-    spans: dict[Action, tuple[float, float]]  # each action's start (its work's, for compute) and end
+    spans: Mapping[Action, tuple[float, float]]  # each action's start (its work's, for compute) and end
     path: tuple[Segment, ...]  # the critical path, in time order, tiling [0, makespan]
     slack: dict[Action, float]  # each compute action: how much its work could grow before the step does
 
@@ -168,14 +187,13 @@ class _Compiled:
         found = []
         for column in range(len(steps)):
             at_time, late = time[:, column], latest[:, column]
-            spans = {a: (at_time[nodes["begun"]], at_time[nodes["end"]]) for a, nodes in self.at.items()}
             slack = {
                 a: late[nodes["end"]] - at_time[nodes["end"]]
                 for a, nodes in self.at.items()
                 if a.kind.is_compute
             }
             path = _critical_path(self.graph, at_time, table[:, column], self.finish)
-            found.append(Replayed(float(at_time[self.finish]), spans, path, slack))
+            found.append(Replayed(float(at_time[self.finish]), _Spans(self.at, at_time), path, slack))
         return found
 
 

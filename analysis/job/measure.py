@@ -259,7 +259,7 @@ def measure_run(
     parts = rank_parts(cells, gaps, spans, skews)
     own = measure(shape, cells, waits, gaps, spans, on_gpu)
     steps = parts["step"].unique().sort().to_list()
-    replays = dict(zip(steps, replay_all(shape, [own.step(step, shape.p) for step in steps])))
+    replays = dict(zip(steps, replay_all(shape, own.steps(steps, shape.p))))
     model = fit(own, median_step(parts), shape.p)
     first_stage = spans.filter(pl.col("rank") == shape.rank_of(0))
     origins = dict(first_stage.select("step", "start_ns").iter_rows())
