@@ -248,8 +248,18 @@ RECV_LABEL = re.compile(r"PP:(\d+)(RECV_[FB])(\d+)")
 RECV_WAITS = ("c10d::recv_", "gloo:recv")
 
 
+def union_us(spans: list[dict], end: float) -> float:
+    """The us the spans cover, each clipped to `end`: a gloo:recv nests in its c10d::recv_ call, so a sum
+    would count that time twice."""
+    covered, reach = 0.0, float("-inf")
+    for start, stop in sorted((w["ts"], min(w["ts"] + w["dur"], end)) for w in spans):
+        covered += max(0.0, stop - max(start, reach))
+        reach = max(reach, stop)
+    return covered
+
+
 def recv_wait_ns(run: Path) -> dict[tuple[int, int, int, str, int], float]:
-    """Per PP RECV label (rank, step, stage, kind, microbatch): the ns its receive's calls and spans took."""
+    """Per PP RECV label (rank, step, stage, kind, microbatch): the ns its receive's calls and spans cover."""
     found = {}
     for rank in range(P):
         trace = json.loads(gzip.decompress((run / f"rank{rank}.json.gz").read_bytes()))
@@ -266,10 +276,10 @@ def recv_wait_ns(run: Path) -> dict[tuple[int, int, int, str, int], float]:
                 continue
             step = next((n for n, start, end in steps if start <= label["ts"] < end), None)
             end = label["ts"] + label["dur"]
-            inside = [w["dur"] for w in waits if w["tid"] == label["tid"] and label["ts"] <= w["ts"] <= end]
+            inside = [w for w in waits if w["tid"] == label["tid"] and label["ts"] <= w["ts"] <= end]
             stage, kind, microbatch = match.groups()
             if step is not None:
-                found[(rank, step, int(stage), kind, int(microbatch))] = 1e3 * sum(inside)
+                found[(rank, step, int(stage), kind, int(microbatch))] = 1e3 * union_us(inside, end)
     return found
 
 
