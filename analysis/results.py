@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import msgspec
@@ -80,7 +80,8 @@ class _ScheduleFile(msgspec.Struct):
 class _ModelFile(msgspec.Struct):
     # stage, kind, and its mean lead, pre, work, transfer, post (ns)
     kinds: list[tuple[int, str, float, float, float, float, float]]
-    tails_ns: list[tuple[float, float, float]]  # per rank: dp_sync, other, launch_overhead
+    # per rank: dp_sync, other, launch_overhead, barrier (older files: the first three)
+    tails_ns: list[tuple[float, ...]]
     orders: list[list[str]]  # per rank, its lowered actions as the median step ran them
     blocking_sends: bool
     eager_receives: bool
@@ -90,7 +91,7 @@ def _model_json(model: StepModel) -> bytes:
     kinds = [
         (stage, kind, i.lead, i.pre, i.work, i.transfer, i.post) for (stage, kind), i in model.kinds.items()
     ]
-    tails = [(t.dp_sync, t.other, t.launch_overhead) for t in model.tails]
+    tails = [astuple(t) for t in model.tails]
     orders = [[str(action) for action in order] for order in model.orders]
     document = _ModelFile(sorted(kinds), tails, orders, model.blocking_sends, model.eager_receives)
     return msgspec.json.format(msgspec.json.encode(document)) + b"\n"

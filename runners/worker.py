@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from runners.engines import ENGINES, single_gpu
 from runners.engines.protocol import RankSetup
@@ -56,6 +57,7 @@ from runners.rundir import git_revision, host_facts, write_run_json
 from runners.runqueue import RunQueueMeter
 from runners.schedules import Schedule, build, lower
 from runners.schedules.single_gpu import SINGLE_GPU
+from runners.schedules.trace_names import STEP_END_BARRIER
 from runners.stage_factory import checked_sample_shape, rank_stages
 from runners.stash import StashMeter
 
@@ -71,11 +73,13 @@ def ended_together(step: Callable[[], None]) -> Callable[[], None]:
     """The step followed by a barrier across the pipeline ranks, as training loops end a step when they
     reduce the loss or the gradient norm over the stages (torchtitan clips gradients over the PP mesh).
     Without it each rank's ProfilerStep is its own phase of the period (the last stage's starts while
-    the first still runs the previous step), and the step's time, the longest of them, reads long."""
+    the first still runs the previous step), and the step's time, the longest of them, reads long. The
+    barrier is labelled: the analysis replays it (the last rank's arrival, then each rank's release)."""
 
     def step_then_barrier() -> None:
         step()
-        dist.barrier()
+        with record_function(STEP_END_BARRIER):
+            dist.barrier()
 
     return step_then_barrier
 

@@ -101,7 +101,14 @@ def _one_rank_run():
         orient="row",
     )
     tails = pl.DataFrame(
-        {"step": [0], "rank": [0], "dp_sync": [0.0], "other": [5e5], "launch_overhead": [0.0]}
+        {
+            "step": [0],
+            "rank": [0],
+            "dp_sync": [0.0],
+            "other": [5e5],
+            "launch_overhead": [0.0],
+            "barrier": [0.0],
+        }
     )
     own = OwnSteps(cells, tails, blocking_sends=False, eager_receives=False)
     isolated = [(0, kind, mb, 0.0, ns) for kind, ns in (("F", 2e6), ("B", 4e6)) for mb in range(2)]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import polars as pl
 
-from analysis.attribution.own_step import INPUT_COLUMNS, TAIL_PARTS, OwnSteps
+from analysis.attribution.own_step import INPUT_COLUMNS, TAIL_COLUMNS, OwnSteps
 from analysis.attribution.replay import Inputs, Step, Tail
 from runners.schedules import Action
 
@@ -68,7 +68,7 @@ def fit(own: OwnSteps, median_step: int, p: int) -> StepModel:
     over the receives that saw it)."""
     # an eager receive of a (stage, kind) that always found its data there has no transfer seen: 0
     kinds = own.actions.group_by("stage", "kind").agg(pl.col(c).mean().fill_null(0.0) for c in INPUT_COLUMNS)
-    tails = own.tails.group_by("rank").agg(pl.col(c).mean() for c in TAIL_PARTS)
+    tails = own.tails.group_by("rank").agg(pl.col(c).mean() for c in TAIL_COLUMNS)
     per_rank = {rank: Tail(*values) for rank, *values in tails.iter_rows()}
     return StepModel(
         {(stage, kind): Inputs(*values) for stage, kind, *values in kinds.iter_rows()},

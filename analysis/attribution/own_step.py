@@ -15,7 +15,10 @@ Per rank and step the cells run in order on one lane, each measured from the tra
   stream); of that, the time classed as waiting on the peer is its `transfer` and the rest `pre`. A
   blocking send (one that waited for its receiver: it began before the receiver's wait and ended after
   it, CPU only) instead has `transfer` from the later of its start and the receiver's wait to its end;
-- the tail: per class, the gaps after the rank's last action (dp_sync, other, launch_overhead).
+- the tail: per class, the gaps after the rank's last action (dp_sync, other, launch_overhead) up to
+  the step-end barrier where the trace labels one (else to the window's end); then the barrier: from the
+  last rank's arrival to this rank's window end (the collective's own time, the rank's thread waking,
+  the window closing).
 
 Times stay integer ns until they are differences (a float at ~1.8e18 ns resolves only 256 ns).
 """
@@ -34,7 +37,8 @@ KEY = ["stage", "kind", "microbatch"]
 HOST_CLASSES = ("launch_overhead", "other", "dp_sync")  # time the rank spends on its own: no dependency
 WAIT_CLASSES = ("bubble", "p2p_wait")  # time waiting on a peer
 INPUT_COLUMNS = ("lead", "pre", "work", "transfer", "post")
-TAIL_PARTS = ("dp_sync", "other", "launch_overhead")
+TAIL_PARTS = ("dp_sync", "other", "launch_overhead")  # the gap classes of a tail
+TAIL_COLUMNS = (*TAIL_PARTS, "barrier")  # a tail's inputs (analysis.attribution.replay.Tail's fields)
 # on the lane at one instant (an NCCL send and the receive after it): the send first, as the host
 # issued it right after its producer
 _LANE_ORDER = {"SEND_F": 0, "SEND_B": 0, "RECV_F": 1, "RECV_B": 1}
@@ -43,7 +47,7 @@ _LANE_ORDER = {"SEND_F": 0, "SEND_B": 0, "RECV_F": 1, "RECV_B": 1}
 class OwnSteps(NamedTuple):
     """Every analysed step's inputs: `actions` (step, rank, position, KEY, INPUT_COLUMNS in ns; an eager
     receive that was posted after its data had left has no transfer of its own: null) in each rank's
-    lane order, `tails` (step, rank, TAIL_PARTS in ns), whether sends block and receives are eager."""
+    lane order, `tails` (step, rank, TAIL_COLUMNS in ns), whether sends block and receives are eager."""
 
     actions: pl.DataFrame
     tails: pl.DataFrame
@@ -75,7 +79,7 @@ class OwnSteps(NamedTuple):
             orders[rank].append(action)
             inputs[action] = Inputs(*(0.0 if value is None else value for value in values))
         tails = [Tail()] * p
-        for rank, *values in tail_rows.select("rank", *TAIL_PARTS).iter_rows():
+        for rank, *values in tail_rows.select("rank", *TAIL_COLUMNS).iter_rows():
             tails[rank] = Tail(*values)
         return Step(tuple(map(tuple, orders)), inputs, tails, self.blocking_sends, self.eager_receives)
 
@@ -135,9 +139,11 @@ def measure(
     gaps: pl.DataFrame,
     windows: pl.DataFrame,
     on_gpu: bool,
+    barriers: pl.DataFrame | None = None,
 ) -> OwnSteps:
     """The inputs of every step of `windows` (rank, step, start_ns, end_ns) from the cells (with busy_ns),
-    their waits and the classified gaps, all ranks on one clock; the cells' ranks are the schedule's."""
+    their waits, the classified gaps and the step-end barriers (rank, step, start_ns, end_ns; None: the
+    loop has none), all ranks on one clock; the cells' ranks are the schedule's."""
     steps = windows["step"].unique().implode()
     lane_order = pl.col("kind").replace_strict(_LANE_ORDER, default=2, return_dtype=pl.Int8)
     rows = (
@@ -189,23 +195,52 @@ def measure(
     blocking = not on_gpu and _sends_block(timed)
     eager = _receives_eager(timed)
     actions = timed.select("step", "rank", "position", *KEY, **_inputs(blocking, eager))
-    last = timed.group_by(per_lane).agg(pl.col("lane_end").max(), pl.col("w_start", "w_end").first())
-    tails = last.select(*per_lane, "w_start", active_end=_active_end(last, gaps)).with_columns(
-        **{part: _class_time(gaps, (part,), last, ("lane_end", "w_end")) for part in TAIL_PARTS}
+    last = _with_barrier(
+        timed.group_by(per_lane).agg(pl.col("lane_end").max(), pl.col("w_start", "w_end").first()), barriers
+    )
+    tails = last.select(*per_lane, "w_start", "barrier", active_end=_active_end(last, gaps)).with_columns(
+        **{part: _class_time(gaps, (part,), last, ("lane_end", "arrived")) for part in TAIL_PARTS}
     )
     return OwnSteps(actions, tails.sort(per_lane), blocking, eager)
 
 
+def _with_barrier(last: pl.DataFrame, barriers: pl.DataFrame | None) -> pl.DataFrame:
+    """`last` (rank, step, lane_end, w_start, w_end) with `arrived`, when the rank entered the step-end
+    barrier (its window's end where it has none), `released`, when the barrier let it go (null without
+    one), and `barrier`, from the last rank's arrival to this rank's window end (ns)."""
+    if barriers is None:
+        barriers = pl.DataFrame(
+            schema={"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64}
+        )
+    spans = barriers.group_by("rank", "step").agg(
+        arrived=pl.col("start_ns").min(), released=pl.col("end_ns").max()
+    )
+    return (
+        last.join(spans, on=["rank", "step"], how="left", maintain_order="left")
+        .with_columns(arrived=pl.coalesce("arrived", "w_end"))
+        .with_columns(
+            barrier=(pl.col("w_end") - pl.col("arrived").max().over("step"))
+            .clip(lower_bound=0)
+            .cast(pl.Float64)
+        )
+    )
+
+
 def _active_end(last: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
-    """Per row of `last` (rank, step, lane_end, w_end): when the rank's last recorded activity of the step
-    ended: its last action, or the last stretch of its own time (HOST_CLASSES) after it."""
+    """Per row of `last` (rank, step, lane_end, w_end, released): when the rank's last recorded activity of
+    the step ended: its last action, the last stretch of its own time (HOST_CLASSES) after it, or its
+    step-end barrier."""
     own = gaps.filter(pl.col("class").is_in(HOST_CLASSES)).select("rank", "step", gap_end="end_ns")
     after = (
         last.with_row_index("row")
         .join(own, on=["rank", "step"], how="left")
         .filter(pl.col("gap_end").is_null() | (pl.col("gap_end") <= pl.col("w_end")))
         .group_by("row")
-        .agg(pl.max_horizontal("lane_end", pl.col("gap_end").max()).first().alias("active_end"))
+        .agg(
+            pl.max_horizontal("lane_end", pl.col("gap_end").max(), pl.col("released").first())
+            .first()
+            .alias("active_end")
+        )
         .sort("row")
     )
     return after["active_end"]

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import polars as pl
 
 from analysis.attribution.model import StepModel
-from analysis.attribution.own_step import INPUT_COLUMNS, TAIL_PARTS, OwnSteps
+from analysis.attribution.own_step import INPUT_COLUMNS, TAIL_COLUMNS, OwnSteps
 from analysis.attribution.reference import Reference, reference, reference_at
 from analysis.attribution.replay import Inputs, Replayed, Step, Tail, replay, replay_all
 from analysis.errors import InputError
@@ -163,7 +163,7 @@ class _Pools:
         cells = own.actions.group_by("stage", "kind").agg(pl.col(c) for c in INPUT_COLUMNS)
         self.cells = {(stage, kind): list(zip(*values)) for stage, kind, *values in cells.iter_rows()}
         self.tails: dict[int, list[Tail]] = {}
-        for step, rank, *values in own.tails.select("step", "rank", *TAIL_PARTS).iter_rows():
+        for step, rank, *values in own.tails.select("step", "rank", *TAIL_COLUMNS).iter_rows():
             self.tails.setdefault(step, [Tail()] * p)[rank] = Tail(*values)
         self.transport = (own.blocking_sends, own.eager_receives)
 

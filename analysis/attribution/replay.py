@@ -14,12 +14,13 @@ stream on GPU. An action is posted once the lane is free plus its `lead` (host t
   transfer starts no earlier than the receiver's wait.
 
 Each rank then waits for its sends to be delivered and runs its tail (the DP sync, the work outside
-the schedule such as the optimizer step, host time), and the step ends when the last rank's tail does:
-the step-end barrier, as a max over ranks. No start time is an input: every time follows from the
-inputs and the dependencies, so a dependency the graph lacks shows up as the difference from the
-measured step (the completeness residual). Like torch.distributed.pipelining's simulator it is not
-high-fidelity about what it does not see: compute overlapping communication beyond what the order
-allows, contention between ranks, message sizes.
+the schedule such as the optimizer step, host time); the step-end barrier lets every rank go once the
+last rank's tail is done (a max over ranks), each after its own `barrier` time (the collective, its
+thread waking, its window closing), and the step ends when the last rank is let go. No start time is
+an input: every time follows from the inputs and the dependencies, so a dependency the graph lacks
+shows up as the difference from the measured step (the completeness residual). Like
+torch.distributed.pipelining's simulator it is not high-fidelity about what it does not see: compute
+overlapping communication beyond what the order allows, contention between ranks, message sizes.
 
 The graph gives the replay (earliest times), its critical path (the chain of inputs whose sum is the
 makespan, across ranks) and each cell's slack (how much its work could grow before the step does).
@@ -56,6 +57,7 @@ class Tail:
     dp_sync: float = 0.0  # exposed data-parallel collectives
     other: float = 0.0  # work outside the schedule: the optimizer step, data loading
     launch_overhead: float = 0.0  # host time
+    barrier: float = 0.0  # after the last rank reached the step-end barrier, until this rank's step ended
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ class Deadlock(ValueError):
 
 _FIELDS = ("lead", "pre", "work", "transfer", "post")  # Inputs', in the weight table's blocks
 _TAIL_PARTS = ("dp_sync", "other", "launch_overhead")  # Tail's, in the order a rank runs them
+_TAIL_ROWS = (*_TAIL_PARTS, "barrier")  # Tail's fields, in the weight table's blocks
 
 
 class _Graph:
@@ -126,7 +129,7 @@ class _Graph:
     def __init__(self, n_actions: int, p: int) -> None:
         self.incoming: list[list[tuple[int, int, str, int, Action | None]]] = [[]]
         self.n, self.p = n_actions, p
-        self.zero = 6 * n_actions + 3 * p  # the weight table's last row is 0
+        self.zero = 6 * n_actions + len(_TAIL_ROWS) * p  # the weight table's last row is 0
 
     def node(self) -> int:
         self.incoming.append([])
@@ -140,7 +143,7 @@ class _Graph:
         if field == "lead+pre":
             return 5 * self.n + index
         if field.startswith("tail:"):
-            return 6 * self.n + _TAIL_PARTS.index(field[5:]) * self.p + index
+            return 6 * self.n + _TAIL_ROWS.index(field[5:]) * self.p + index
         return _FIELDS.index(field) * self.n + index
 
 
@@ -168,7 +171,7 @@ class _Compiled:
                     table[2 * n + i, column], table[3 * n + i, column] = got.work, got.transfer
                     table[4 * n + i, column] = got.post
             for rank, tail in enumerate(step.tails[: self.p]):
-                for k, part in enumerate(_TAIL_PARTS):
+                for k, part in enumerate(_TAIL_ROWS):
                     table[6 * n + k * self.p + rank, column] = getattr(tail, part)
         table[5 * n : 6 * n] = table[:n] + table[n : 2 * n]
         return table
@@ -213,7 +216,7 @@ def _build(schedule: Schedule, orders, index: dict[Action, int], blocking: bool,
     for rank, order in enumerate(orders):
         for action in order:
             _action_edges(schedule, graph, at, index, rank, action, blocking, eager)
-    finish = graph.node()
+    arrived = graph.node()  # the last rank at the step-end barrier
     for rank, order in enumerate(orders):
         after = graph.node()
         graph.edge(after, lane_ends[rank], graph.zero, "hop", rank, None)
@@ -224,7 +227,10 @@ def _build(schedule: Schedule, orders, index: dict[Action, int], blocking: bool,
             done = graph.node()
             graph.edge(done, after, graph.row(f"tail:{part}", rank), part, rank, None)
             after = done
-        graph.edge(finish, after, graph.zero, "other", rank, None)
+        graph.edge(arrived, after, graph.zero, "other", rank, None)
+    finish = graph.node()
+    for rank in range(len(orders)):  # the barrier's own time is work outside the schedule
+        graph.edge(finish, arrived, graph.row("tail:barrier", rank), "other", rank, None)
     return graph, at, finish
 
 

@@ -39,6 +39,7 @@ from analysis.cells.labelled import (
     labelled_cells,
     operator_spans,
     rank_events,
+    step_end_barriers,
     step_labels,
     unscheduled_union,
 )
@@ -80,7 +81,13 @@ def cells_of(
     )
     unscheduled = _unscheduled_ops(ops, labels)
     return RankCells(
-        cells, waits.sort("rank", "start_ns"), steps, None, unscheduled, operator_spans(events.ops, labels)
+        cells,
+        waits.sort("rank", "start_ns"),
+        steps,
+        None,
+        unscheduled,
+        operator_spans(events.ops, labels),
+        barriers=step_end_barriers(frame, steps),
     )
 
 

@@ -22,15 +22,15 @@ from analysis.cells.labels import label_spans
 from analysis.cells.spans import assign_steps, rows, union
 from analysis.traces.kineto import DEVICE_WORK_CATS, STEP_PREFIX
 from runners.schedules import COMPUTE_KINDS
-from runners.schedules.trace_names import LABEL_PREFIX, OPERATOR_CATEGORY, WAIT_SENDS
+from runners.schedules.trace_names import LABEL_PREFIX, OPERATOR_CATEGORY, STEP_END_BARRIER, WAIT_SENDS
 
 # Blocking p2p waits on the host thread: the recv call and gloo's span of it (gloo may block inside the
 # call before its span opens, or inside the span), until the data arrived.
 HOST_WAIT_NAMES = ("gloo:recv", "c10d::recv_")
 SYNCHRONIZE = r"^(cuda|hip)(Device|Stream|Event)Synchronize$"
-# Host spans that are not work of the rank's own: labels, steps, and async comm spans that outlive
-# the call that started them (gloo:send runs until the peer has the data).
-NOT_HOST_WORK = (LABEL_PREFIX, STEP_PREFIX, WAIT_SENDS, "gloo:", "nccl:")
+# Host spans that are not work of the rank's own: labels, steps, waits on peers, and async comm spans
+# that outlive the call that started them (gloo:send runs until the peer has the data).
+NOT_HOST_WORK = (LABEL_PREFIX, STEP_PREFIX, WAIT_SENDS, STEP_END_BARRIER, "gloo:", "nccl:")
 
 CELL_SCHEMA = {
     "rank": pl.Int64,
@@ -64,6 +64,8 @@ class RankCells:
     send_waits: pl.DataFrame | None = None
     # GPU: rank, step, start_ns, end_ns of the host's synchronize calls (blocked until the device is done)
     host_syncs: pl.DataFrame | None = None
+    # CPU, our runners: rank, step, start_ns, end_ns of the step-end barrier (absent: the loop has none)
+    barriers: pl.DataFrame | None = None
 
     def map(self, change: Callable[[pl.DataFrame], pl.DataFrame]) -> RankCells:
         """The same rank with `change` applied to each of its frames."""
@@ -224,10 +226,15 @@ def host_syncs(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     return assign_steps(calls, steps).select("rank", "step", "start_ns", "end_ns")
 
 
-def _send_waits(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """The executor's `PP wait for sends` spans (runners.schedules.trace_names), by step."""
-    spans = rows(frame, (pl.col("name") == WAIT_SENDS) & (pl.col("ph") == "X"), "rank", "start_ns", "end_ns")
+def _named_spans(frame: pl.DataFrame, steps: pl.DataFrame, name: str) -> pl.DataFrame:
+    """The rank's spans called `name`, by step."""
+    spans = rows(frame, (pl.col("name") == name) & (pl.col("ph") == "X"), "rank", "start_ns", "end_ns")
     return assign_steps(spans, steps).select("rank", "step", "start_ns", "end_ns")
+
+
+def step_end_barriers(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """The runner's `PP step-end barrier` spans (runners.schedules.trace_names), by step."""
+    return _named_spans(frame, steps, STEP_END_BARRIER)
 
 
 def device_events(frame: pl.DataFrame) -> pl.DataFrame:
@@ -319,7 +326,8 @@ def labelled_cells(events: RankEvents, labels: pl.DataFrame) -> RankCells:
     else:
         kernels = None
         waits = _host_waits(events.frame, labels)
-    send_waits = None if kernels is not None else _send_waits(events.frame, events.steps)
+    send_waits = None if kernels is not None else _named_spans(events.frame, events.steps, WAIT_SENDS)
+    barriers = None if kernels is not None else step_end_barriers(events.frame, events.steps)
     blocked = waits.group_by(CELL_KEY).agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("blocked_ns"))
     cells = (
         labels.join(blocked, on=CELL_KEY, how="left")
@@ -331,5 +339,5 @@ def labelled_cells(events: RankEvents, labels: pl.DataFrame) -> RankCells:
     ops = None if kernels is not None else operator_spans(events.ops, labels)
     syncs = None if kernels is None else host_syncs(events.frame, events.steps)
     return RankCells(
-        cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, ops, send_waits, syncs
+        cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, ops, send_waits, syncs, barriers
     )

@@ -4,7 +4,8 @@ Every executed action runs inside `record_function(label(action))`, torch.distri
 compact form with a `PP:` prefix (`PP:0F3`, `PP:1RECV_B0`; the stage is the global stage; `PP:` names
 only actions). After its last action the native executor waits for its pending sends in a span of their
 own, then takes the optimizer step in another; with DP > 1 pipelines both engines average the
-gradients over the DP group in DP_GRAD_SYNC just before the optimizer step. The runner adds Chrome
+gradients over the DP group in DP_GRAD_SYNC just before the optimizer step, and every rank ends the step
+in STEP_END_BARRIER. The runner adds Chrome
 counter tracks ("ph": "C") on the profiler's clock; the comments name their args.
 """
 
@@ -15,6 +16,9 @@ from .actions import Action
 LABEL_PREFIX = "PP:"
 WAIT_SENDS = "PP wait for sends"  # the native executor completing the step's isends, after its last action
 OPTIMIZER_STEP = "optimizer_step"  # the SGD step and zero_grad, after the schedule (both engines)
+# the barrier across the pipeline's ranks that ends each step (runners.worker), from the call to its
+# return on the rank's thread: when the rank arrived, and when the barrier let it go on
+STEP_END_BARRIER = "PP step-end barrier"
 # DP > 1: the gradient buckets' all-reduces over the DP group ("dp"), one span a step after the schedule;
 # it holds every bucket's launch and wait, or only the waits where they were launched in the backward
 # (run.json dp_overlap). Not needed to find the sync: the collectives themselves are the data.
