@@ -136,10 +136,11 @@ class StepReplay(msgspec.Struct, kw_only=True):
     step_time_ms: float
     replay_ms: float  # the step replayed from its own measurements
     residual_ms: float  # step_time_ms - replay_ms: the completeness residual
-    # two waits no measured activity explains, named (they are in the residual, not beside it): the
-    # latest rank's step opened this long after the first's, nothing recorded before it (the previous
-    # step still holding it, a descheduled thread); the step ran on this long after every rank's last
-    # recorded activity (the step-end barrier's own cost, the profiler closing the step)
+    # two waits, named: the latest rank's step opened this long after the first's, nothing recorded
+    # before it (the previous step still holding it, a descheduled thread); the step ran on this long
+    # after every rank's last recorded activity (its step-end barrier's included). Without a labelled
+    # step-end barrier (others' loops) no measured activity explains them: they are in the residual.
+    # With one (our runners) the replay starts each rank at its opening and ends it by the barrier.
     opened_late_ms: float
     ran_on_ms: float
 

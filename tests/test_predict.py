@@ -108,6 +108,7 @@ def _one_rank_run():
             "other": [5e5],
             "launch_overhead": [0.0],
             "barrier": [0.0],
+            "opened": [0.0],
         }
     )
     own = OwnSteps(cells, tails, blocking_sends=False, eager_receives=False)

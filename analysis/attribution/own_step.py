@@ -18,7 +18,8 @@ Per rank and step the cells run in order on one lane, each measured from the tra
 - the tail: per class, the gaps after the rank's last action (dp_sync, other, launch_overhead) up to
   the step-end barrier where the trace labels one (else to the window's end); then the barrier: from the
   last rank's arrival to this rank's window end (the collective's own time, the rank's thread waking,
-  the window closing).
+  the window closing), and how long after the step's first window this rank's opened (the previous
+  barrier let it go later), where its lane starts.
 
 Times stay integer ns until they are differences (a float at ~1.8e18 ns resolves only 256 ns).
 """
@@ -38,7 +39,11 @@ HOST_CLASSES = ("launch_overhead", "other", "dp_sync")  # time the rank spends o
 WAIT_CLASSES = ("bubble", "p2p_wait")  # time waiting on a peer
 INPUT_COLUMNS = ("lead", "pre", "work", "transfer", "post")
 TAIL_PARTS = ("dp_sync", "other", "launch_overhead")  # the gap classes of a tail
-TAIL_COLUMNS = (*TAIL_PARTS, "barrier")  # a tail's inputs (analysis.attribution.replay.Tail's fields)
+TAIL_COLUMNS = (
+    *TAIL_PARTS,
+    "barrier",
+    "opened",
+)  # a rank's step-edge inputs (analysis.attribution.replay.Tail's fields)
 # on the lane at one instant (an NCCL send and the receive after it): the send first, as the host
 # issued it right after its producer
 _LANE_ORDER = {"SEND_F": 0, "SEND_B": 0, "RECV_F": 1, "RECV_B": 1}
@@ -198,16 +203,19 @@ def measure(
     last = _with_barrier(
         timed.group_by(per_lane).agg(pl.col("lane_end").max(), pl.col("w_start", "w_end").first()), barriers
     )
-    tails = last.select(*per_lane, "w_start", "barrier", active_end=_active_end(last, gaps)).with_columns(
-        **{part: _class_time(gaps, (part,), last, ("lane_end", "arrived")) for part in TAIL_PARTS}
-    )
+    tails = last.select(
+        *per_lane, "w_start", "barrier", "opened", active_end=_active_end(last, gaps)
+    ).with_columns(**{part: _class_time(gaps, (part,), last, ("lane_end", "arrived")) for part in TAIL_PARTS})
     return OwnSteps(actions, tails.sort(per_lane), blocking, eager)
 
 
 def _with_barrier(last: pl.DataFrame, barriers: pl.DataFrame | None) -> pl.DataFrame:
     """`last` (rank, step, lane_end, w_start, w_end) with `arrived`, when the rank entered the step-end
     barrier (its window's end where it has none), `released`, when the barrier let it go (null without
-    one), and `barrier`, from the last rank's arrival to this rank's window end (ns)."""
+    one), `opened`, how long after the step's first window this rank's opened where the step has a
+    barrier (the previous one let the rank go later; 0 without one: a late opening there is the previous
+    step running on, named in the residual), and `barrier`, from the last rank's arrival to this rank's
+    window end less `opened` (ns): the step is the longest window, each measured from its own opening."""
     if barriers is None:
         barriers = pl.DataFrame(
             schema={"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64}
@@ -215,14 +223,19 @@ def _with_barrier(last: pl.DataFrame, barriers: pl.DataFrame | None) -> pl.DataF
     spans = barriers.group_by("rank", "step").agg(
         arrived=pl.col("start_ns").min(), released=pl.col("end_ns").max()
     )
+    ended = pl.col("released").is_not_null().any().over("step")
     return (
         last.join(spans, on=["rank", "step"], how="left", maintain_order="left")
-        .with_columns(arrived=pl.coalesce("arrived", "w_end"))
         .with_columns(
-            barrier=(pl.col("w_end") - pl.col("arrived").max().over("step"))
-            .clip(lower_bound=0)
-            .cast(pl.Float64)
+            arrived=pl.coalesce("arrived", "w_end"),
+            opened=pl.when(ended).then(pl.col("w_start") - pl.col("w_start").min().over("step")).otherwise(0),
         )
+        .with_columns(
+            barrier=(pl.col("w_end") - pl.col("arrived").max().over("step") - pl.col("opened")).clip(
+                lower_bound=0
+            ),
+        )
+        .with_columns(pl.col("opened", "barrier").cast(pl.Float64))
     )
 
 

@@ -16,11 +16,13 @@ stream on GPU. An action is posted once the lane is free plus its `lead` (host t
 Each rank then waits for its sends to be delivered and runs its tail (the DP sync, the work outside
 the schedule such as the optimizer step, host time); the step-end barrier lets every rank go once the
 last rank's tail is done (a max over ranks), each after its own `barrier` time (the collective, its
-thread waking, its window closing), and the step ends when the last rank is let go. No start time is
-an input: every time follows from the inputs and the dependencies, so a dependency the graph lacks
-shows up as the difference from the measured step (the completeness residual). Like
-torch.distributed.pipelining's simulator it is not high-fidelity about what it does not see: compute
-overlapping communication beyond what the order allows, contention between ranks, message sizes.
+thread waking, its window closing). A rank's step begins `opened` after the first rank's (the previous
+barrier let it go later), and the step is its longest: each rank's `barrier` is counted from its own
+opening. No other start time is an input: every time follows from the inputs and the dependencies, so
+a dependency the graph lacks shows up as the difference from the measured step (the completeness
+residual). Like torch.distributed.pipelining's simulator it is not high-fidelity about what it does
+not see: compute overlapping communication beyond what the order allows, contention between ranks,
+message sizes.
 
 The graph gives the replay (earliest times), its critical path (the chain of inputs whose sum is the
 makespan, across ranks) and each cell's slack (how much its work could grow before the step does).
@@ -57,7 +59,9 @@ class Tail:
     dp_sync: float = 0.0  # exposed data-parallel collectives
     other: float = 0.0  # work outside the schedule: the optimizer step, data loading
     launch_overhead: float = 0.0  # host time
-    barrier: float = 0.0  # after the last rank reached the step-end barrier, until this rank's step ended
+    # after the last rank reached the step-end barrier until this rank's step ended, less `opened`
+    barrier: float = 0.0
+    opened: float = 0.0  # the rank's step began this long after the first rank's (the previous barrier's)
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ class Deadlock(ValueError):
 
 _FIELDS = ("lead", "pre", "work", "transfer", "post")  # Inputs', in the weight table's blocks
 _TAIL_PARTS = ("dp_sync", "other", "launch_overhead")  # Tail's, in the order a rank runs them
-_TAIL_ROWS = (*_TAIL_PARTS, "barrier")  # Tail's fields, in the weight table's blocks
+_TAIL_ROWS = (*_TAIL_PARTS, "barrier", "opened")  # Tail's fields, in the weight table's blocks
 
 
 class _Graph:
@@ -205,7 +209,8 @@ def _build(schedule: Schedule, orders, index: dict[Action, int], blocking: bool,
     end and, for a RECV, delivered) and the finish."""
     graph, at, lane_ends = _Graph(len(index), len(orders)), {}, []
     for rank, order in enumerate(orders):
-        free = 0
+        free = graph.node()  # the rank's step begins
+        graph.edge(free, 0, graph.row("tail:opened", rank), "other", rank, None)
         for action in order:
             i = index[action]
             nodes = at[action] = {"posted": graph.node(), "begun": graph.node(), "end": graph.node()}
