@@ -7,7 +7,7 @@ import gc
 import msgspec
 import polars as pl
 import pytest
-from test_cells import gpipe_m1_run, span
+from test_cells import cpu_action, gpipe_m1_run, span, trace, write_trace
 
 from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import measure
@@ -20,7 +20,7 @@ from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS, WATERFALL_TERMS
 from runners.schedules import Action, Kind, build, lower, simulate
-from runners.schedules.trace_names import RUN_QUEUE_COUNTER
+from runners.schedules.trace_names import OPTIMIZER_STEP, RUN_QUEUE_COUNTER, STEP_END_BARRIER
 from synthetic.data_parallel import write_job
 
 CALIBRATION = {"0": {"F_ms": 0.008, "B_ms": 0.016}, "1": {"F_ms": 0.016, "B_ms": 0.024}}
@@ -68,6 +68,37 @@ def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
     assert (replayed.opened_late_ms, replayed.ran_on_ms) == pytest.approx((0.0, 0.009))
     assert summary.bubble_measured == pytest.approx(1 - 80 / 200)
     assert summary.bubble_seed is None  # no isolated calibration
+
+
+def test_a_labelled_step_end_barrier_and_a_late_opening_are_replayed_not_left_in_the_residual(tmp_path):
+    # gpipe m=1 (us): rank 1's window opens 2 after rank 0's (aligned: rank 0's from its first F at 2)
+    # and closes 6 after it; the last rank reaches the barrier at 92. Replayed from its own opening, rank
+    # 1's window is the step: 2 + the chain to the last arrival (90) + its barrier time 106 - 92 - 2 = 102.
+    # Without the barrier's or the opening's inputs the replay misses by 12 us or overshoots by 2.
+    rank0 = [
+        *cpu_action("0F0", 2, 12),
+        *cpu_action("0SEND_F0", 12, 13),
+        *cpu_action("0RECV_B0", 14, 70, wait=(15, 69)),
+        *cpu_action("0B0", 71, 91),
+        span(OPTIMIZER_STEP, 91, 92),
+        span(STEP_END_BARRIER, 92, 97),
+    ]
+    rank1 = [
+        *cpu_action("1RECV_F0", 5, 16, wait=(6, 15)),
+        *cpu_action("1F0", 17, 37),
+        *cpu_action("1B0", 38, 68),
+        *cpu_action("1SEND_B0", 68, 69),
+        span(OPTIMIZER_STEP, 69, 70),
+        span(STEP_END_BARRIER, 70, 104),
+    ]
+    write_trace(tmp_path, trace(0, [(0, 100)], rank0))
+    write_trace(tmp_path, trace(1, [(4, 106)], rank1))
+    summary = analyze_run(read_run(tmp_path)).summary
+    (replayed,) = summary.replayed_steps
+    assert replayed.step_time_ms == pytest.approx(0.102)
+    assert replayed.residual_ms == pytest.approx(0.0, abs=1e-9)
+    # the barrier's span is a wait, not the rank's own work: rank 1's other is its optimizer step alone
+    assert summary.ranks[1].other_ms == pytest.approx(0.001)
 
 
 def test_calibration_splits_busy_time_into_compute_small_gemm_and_slowdown(tmp_path):
