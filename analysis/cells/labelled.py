@@ -18,7 +18,7 @@ from pathlib import Path
 import polars as pl
 import polars.selectors as cs
 
-from analysis.cells.labels import label_spans
+from analysis.cells.labels import TORCH_HOUSEKEEPING, label_spans
 from analysis.cells.spans import assign_steps, rows, union
 from analysis.traces.kineto import DEVICE_WORK_CATS, STEP_PREFIX
 from runners.schedules import COMPUTE_KINDS
@@ -290,10 +290,16 @@ def _unscheduled(
         on_label_thread = pl.any_horizontal(
             pl.lit(False), *((pl.col("rank") == rank) & (pl.col("tid") == tid) for rank, tid in threads)
         )
+        housekeeping = pl.col("name").str.starts_with(LABEL_PREFIX) & pl.col("name").str.contains(
+            TORCH_HOUSEKEEPING
+        )
         host = (
             (pl.col("ph") == "X")
             & pl.col("cat").is_in([OPERATOR_CATEGORY, "user_annotation"])
-            & ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK)
+            & (
+                ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK)
+                | housekeeping
+            )
         )
         work = rows(events.frame, host & on_label_thread, "rank", "start_ns", "end_ns")
     return unscheduled_union(assign_steps(work.select("rank", "start_ns", "end_ns"), steps))

@@ -13,9 +13,12 @@ from runners.schedules import Action, ActionParseError
 from runners.schedules.trace_names import LABEL_PREFIX
 
 # torch's runtime also labels bookkeeping (PP:0REDUCE_GRAD, PP:1UNSHARD): not actions of the IR, so
-# not cells. DualPipeV's fused PP:(0F1;3B0)OVERLAP_F_B is not parsed as one: analysis.cells.fused cuts it
-# into its F and B cells.
-TORCH_BOOKKEEPING = r"(UNSHARD|RESHARD|REDUCE_GRAD|OVERLAP_F_B)$"
+# not cells. Its gradient scaling and (un)sharding are the rank's own work outside the schedule
+# (analysis.cells.labelled counts them so); DualPipeV's fused PP:(0F1;3B0)OVERLAP_F_B is not parsed as
+# one: analysis.cells.fused cuts it into its F and B cells.
+_HOUSEKEEPING = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
+TORCH_HOUSEKEEPING = rf"({'|'.join(_HOUSEKEEPING)})$"
+TORCH_BOOKKEEPING = rf"({'|'.join((*_HOUSEKEEPING, 'OVERLAP_F_B'))})$"
 
 
 def label_spans(frame: pl.DataFrame, source: str | Path | None = None) -> pl.DataFrame:
