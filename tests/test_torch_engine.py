@@ -19,21 +19,28 @@ from analysis.job.run_dir import read_run
 from runners.schedules import build
 
 M = 4
-RESIDUAL_TARGET = 0.03  # of the step
+# The completeness residual's band on the torch engine's V schedules, of the step, for the median of
+# RESIDUAL_STEPS profiled steps (the replay's target is 3%). Measured, --steps 3, 2 shared cores: 10 runs
+# each at load 3.8-6.9, the median of a run's steps zbv +0.05..+0.11%, dualpipev +0.05..+0.76%; 8 more
+# at load 5-7, +0.03..+0.10%. Single steps reached +2.40% (3 of 60 above 1%): a rank's thread off its
+# core where nothing is recorded (4-8 ms before torch's first op of the step, between the schedule's
+# end and the optimizer). Five steps: a run fails only if three of them do.
+RESIDUAL_BAND = 0.01
+RESIDUAL_STEPS = 5
 pytestmark = pytest.mark.slow
 
 
-def trace(traces: Path, engine: str, schedule: str, v: int, preset: str = "tiny") -> Path:
+def trace(traces: Path, engine: str, schedule: str, v: int, preset: str = "tiny", steps: int = 3) -> Path:
     options = f"--p 2 --m {M} --v {v} --sched {schedule} --engine {engine} --preset {preset} --device cpu"
-    # --steps 3: the median step, not one noisy one
-    return trace_run(traces, *options.split(), *"--steps 3 --timed-steps 1".split())
+    # several steps: the median step, not one noisy one
+    return trace_run(traces, *options.split(), *f"--steps {steps} --timed-steps 1".split())
 
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
 def test_v_schedules_every_compute_action_of_every_stage_is_found(tmp_path, schedule):
     # v=1 is the option's default; a V implies 2. The cpu preset: its steps are long enough that the
     # optimizer and the step-end barrier stay a small share of them; on tiny's they left too much unexplained.
-    run = trace(tmp_path, "torch", schedule, 1, preset="cpu")
+    run = trace(tmp_path, "torch", schedule, 1, preset="cpu", steps=RESIDUAL_STEPS)
     assert json.loads((run / "run.json").read_text())["v"] == 2
     result = analyze_run(read_run(run))
     expected = build(schedule, 2, M, 2)  # dualpipev: B for some microbatches, I and W for others
@@ -44,16 +51,15 @@ def test_v_schedules_every_compute_action_of_every_stage_is_found(tmp_path, sche
         assert sorted(got) == sorted(wanted), (rank, step)
     assert compute.select("rank", "step").n_unique() == 2 * result.summary.steps_analyzed
     assert (result.summary.inferred_cells > 0) == (schedule == "dualpipev")  # the fused halves
-    # Completeness: what the steps' own replays leave of the measured step, less the two waits no recorded
-    # activity explains (a rank's step opened late; the step ran on after every rank's last activity), is
-    # within the residual's 3% target, as the median over the run's steps. Measured, 8 runs each at load
-    # 10-17 on 2 cores: zbv -2.03..+0.06%, dualpipev -1.17..+0.23%. The whole residual is not held to 3%:
-    # one dualpipev run in 8 had 4.09%, its ran-on wait alone 3.49% of the step (descheduled at the step's end).
-    left = [
-        (step.residual_ms - step.opened_late_ms - step.ran_on_ms) / step.step_time_ms
-        for step in result.summary.replayed_steps
-    ]
-    assert abs(statistics.median(left)) <= RESIDUAL_TARGET, left
+    # Completeness: the whole residual (measured step - the step's own replay), as the median over the
+    # run's steps, is within RESIDUAL_BAND. The step-end barrier, each rank's opening and torch's gradient
+    # scaling are replayed from their spans; left out, the residual reached 4.1% (one dualpipev run in 8
+    # at load 10-17) and medians of 0.2-4.0% (9 runs at load 2.5-6).
+    residuals = [step.residual_ms / step.step_time_ms for step in result.summary.replayed_steps]
+    assert abs(statistics.median(residuals)) <= RESIDUAL_BAND, residuals
+    # every step ended in the labelled barrier, and the replay took its time (the earliest opener's is > 0)
+    barrier = result.own.tails.group_by("step").agg(pl.col("barrier").max())["barrier"]
+    assert barrier.len() == result.summary.steps_analyzed and (barrier > 0).all(), barrier.to_list()
 
 
 @pytest.mark.parametrize("engine", ["native", "torch"])

@@ -21,7 +21,9 @@ applies here as in the native engine; a `host` stall is a forward pre-hook on th
 so it runs inside torch's forward action before the stage's ops (in the F's label where the class writes
 one; Schedule1F1B writes none, so there it is host time between ops). torch's action loop cannot be
 instrumented from outside, so its traces carry no run-queue counter, and torch waits for its sends
-inside its own step, not in a span of ours.
+inside its own step, not in a span of ours (the replay has them as the sends' delivery). Its gradient
+scaling runs in its own `PP:<stage>REDUCE_GRAD` label, which the analysis counts as work outside the
+schedule; the worker's step-end barrier (runners.worker) is labelled for both engines.
 """
 
 from __future__ import annotations
