@@ -47,7 +47,8 @@ class Rules:
         1_000_000,
         "ns. Idle between two actions (CPU) or before a rank's first action (CPU, GPU) up to this long is "
         "launch_overhead (the host getting to it); longer, between actions it is other (optimizer, data "
-        "loading), before the first action bubble (nothing to do yet)",
+        "loading), before the first action bubble (nothing to do yet) unless that action is compute (it "
+        "waits on no peer: launch_overhead at any length)",
     )
     kernel_wait_max_ns: int = _rule(
         30,

@@ -143,14 +143,17 @@ def test_a_wait_inside_a_send_splits_at_its_receivers_posting():
     ]
 
 
-def test_long_idle_between_actions_is_other_and_long_head_is_bubble(tmp_path):
+def test_long_idle_between_actions_is_other_and_long_head_before_a_receive_is_bubble(tmp_path):
     gaps = analyze_run(read_run(gpipe_m1_run(tmp_path)), rules=Rules(host_gap_max_ns=1 * US + 1)).gaps
-    # rank 0: (0,2) before its first action is now too long for a launch: nothing to do, bubble;
-    # (12,15) = SEND 1 us (p2p) + (13,14) between + (14,15) inside RECV, each short
-    assert totals(gaps, 0) == {"bubble": 64 * US, "p2p_wait": 2 * US, "launch_overhead": 4 * US}
+    # rank 0: (0,2) before its first action, a forward that waits on no peer, is the host getting to it
+    # at any length: launch_overhead, as are (13,14) between and (14,15) inside RECV, each short
+    assert totals(gaps, 0) == {"bubble": 62 * US, "p2p_wait": 2 * US, "launch_overhead": 6 * US}
     gaps = analyze_run(read_run(gpipe_m1_run(tmp_path)), rules=Rules(host_gap_max_ns=US // 2)).gaps
     # every stretch between actions (1 us each: (13,14), (70,71) on rank 0) is now other
     assert totals(gaps, 0)["other"] == 2 * US
+    # rank 1's (0,1) before its first action, a receive, is now too long for a launch: nothing to do yet
+    head = gaps.filter((pl.col("rank") == 1) & (pl.col("start_ns") == 0))
+    assert head.select("class", "end_ns").rows() == [("bubble", 1 * US)]
 
 
 def test_gaps_never_overlap_and_stay_inside_the_step(tmp_path):

@@ -10,7 +10,8 @@ launched kernel pending, HTA's host-wait rule; CPU: framework time inside RECV a
 actions up to a threshold), else other. Idle before a rank's first action of the step or after its
 last is bubble (the schedule had nothing for it: fill and drain) unless the rank was busy with work
 outside the schedule there (optimizer step, kernels no action launched): other; a short idle before
-the first action is the host getting to it: launch_overhead.
+the first action, or any before a first action that is compute (it waits on no peer: the first
+stage's forward), is the host getting to it: launch_overhead.
 """
 
 from __future__ import annotations
@@ -204,10 +205,13 @@ def _class(name: str) -> pl.Expr:
 
 def _edge() -> pl.Expr:
     """Idle outside the rank's first-to-last action: work outside the schedule, or the host getting to
-    its first action (`head`, resolved by length), or nothing to do: fill and drain."""
+    its first action (at any length where that is compute, else `head`, resolved by length), or nothing
+    to do: fill and drain."""
     return (
         pl.when(pl.col("unscheduled") > 0)
         .then(_class("other"))
+        .when(pl.col("ready_head") > 0)
+        .then(_class("launch_overhead"))
         .when(pl.col("head") > 0)
         .then(_class("head"))
         .otherwise(_class("bubble"))

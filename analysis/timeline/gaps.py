@@ -134,6 +134,7 @@ LAYERS = (
     "unposted",
     "active",
     "head",
+    "ready_head",
     "unscheduled",
     "host_sync",
     *WAIT_LAYERS,
@@ -193,6 +194,13 @@ def _head(cells: pl.DataFrame) -> pl.DataFrame:
     return cells.group_by("rank", "step").agg((first - 2**62).alias("start_ns"), first.alias("end_ns"))
 
 
+def _ready_head(cells: pl.DataFrame) -> pl.DataFrame:
+    """The heads (`_head`) of the steps whose first action is compute, which waits on no peer's cell: the
+    rank had work from the step's start (the first stage's forward)."""
+    first = cells.sort("start_ns").group_by("rank", "step").first()
+    return _head(first.filter(pl.col("kind").is_in(COMPUTE_KINDS)))
+
+
 def timeline(rank: RankCells, waits: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Elementary segments of each step window with coverage of LAYERS (the work outside the schedule
     as the union of its spans per step, as the rank's cells keep it: only whether some runs matters,
@@ -212,6 +220,7 @@ def timeline(rank: RankCells, waits: pl.DataFrame, steps: pl.DataFrame) -> pl.Da
                 _active(rank.cells if rank.kernels is None else _compute_stream_work(rank.cells)), "active"
             ),
             layer(_head(rank.cells), "head"),
+            layer(_ready_head(rank.cells), "ready_head"),
             layer(rank.unscheduled, "unscheduled"),  # (a union per step already: RankCells)
             *([] if rank.host_syncs is None else [layer(rank.host_syncs, "host_sync")]),
             waits.select(INTERVAL),
