@@ -157,6 +157,10 @@ def test_a_run_s_drift_moves_its_overlapping_cells_but_not_gpipe_at_m_1(tmp_path
     }
     assert drifted[1] == pytest.approx(steady[1]) == pytest.approx(2 * (1.2 + 2.4) + 2 * 0.04)
     assert drifted[2] < steady[2] - 1.0
+    # advise takes the drift out as predict does: its gpipe m=2 is predict's
+    assert main(["advise", str(tmp_path / "m4"), "--schedules", "gpipe", "--ms", "2", "--vs", "1"]) == 0
+    (advised,) = json.loads((tmp_path / "m4" / "advice.json").read_text())["candidates"]
+    assert advised["step_time_ms"] == pytest.approx(drifted[2])
 
 
 def test_the_interval_carries_the_run_s_step_levels():

@@ -173,6 +173,12 @@ def step_levels(replayed_ms: list[float], config: dict) -> list[float]:
     return [time / statistics.median(times) for times in (replayed_ms, unprofiled) if times for time in times]
 
 
+def run_levels(analysis: Analysis, config: dict) -> tuple[list[float], float]:
+    """The analysed run's step_levels and calibration_drift, from its replayed steps and run.json."""
+    replayed_ms = [s.step_time_ms for s in analysis.summary.replayed_steps]
+    return step_levels(replayed_ms, config), calibration_drift(replayed_ms, config)
+
+
 class _Pools:
     """The run's own inputs to draw from: every measured cell's per (stage, kind), every step's tails."""
 
@@ -268,8 +274,7 @@ def predict_each(
 ) -> tuple[list[Prediction], dict[int, str]]:
     """The analysed run's step predicted at each of `ms` that can be, and why each other cannot."""
     ref = reference(analysis.cells, config, analysis.schedule.m)
-    replayed_ms = [s.step_time_ms for s in analysis.summary.replayed_steps]
-    levels, drift = step_levels(replayed_ms, config), calibration_drift(replayed_ms, config)
+    levels, drift = run_levels(analysis, config)
     found, skipped = [], {}
     for m in ms:
         try:
