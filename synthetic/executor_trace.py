@@ -1,5 +1,6 @@
-"""A run directory from synthetic.executor_sim: CPU-shaped Kineto traces of the native executor's steps,
-run.json with the calibration, and truth.json with each step's true times.
+"""A run directory from synthetic.executor_sim (shape "cpu") or synthetic.executor_gpu ("gpu"): Kineto
+traces of the native executor's steps, run.json with the calibration, and truth.json with each step's
+true times.
 
     run = write_executor_run(DIR, build("gpipe", 2, 16), durations_us={"F": 1000, "B": 2000},
                              transport=Transport(RENDEZVOUS, transfer_ns=50_000), host=HostTime(tail_ns=300_000))
@@ -18,6 +19,11 @@ inside compute spans before the work, in asynchronous SEND calls), bubble (a REC
 wait before the partner posted; the wait for sends before their last receiver posted, with a
 rendezvous; idle after the tail until the barrier), p2p_wait (those waits after the partner posted),
 other (the tail).
+
+GPU (NCCL, eager delivery by default): per action its `PP:` label on the host thread around one
+cudaLaunchKernel, the kernel (correlation id, ac2g flow) with its device-side label on the compute
+stream or its peer's comm stream; `PP wait for sends`, then `optimizer_step` around the optimizer's
+launch. truth.json's actions are the kernels' times; its parts are synthetic.executor_gpu.rank_parts.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from typing import Any
 from runners.schedules import Action, Schedule, lower
 from runners.schedules.trace_names import OPTIMIZER_STEP, WAIT_SENDS, label
 from synthetic import shapes
-from synthetic.executor_sim import RECVS, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
+from synthetic.executor_gpu import COMPUTE_STREAM, LAUNCH_NS, GpuStep, Kernel, simulate_gpu_step
+from synthetic.executor_gpu import rank_parts as gpu_parts
+from synthetic.executor_sim import EAGER, RECVS, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
 from synthetic.truth import (
     DEFAULT_US,
     ROWS_PER_MICROBATCH,
@@ -49,6 +57,8 @@ BASE_TIME_NS = 1_700_000_000 * 10**9  # baseTimeNanoseconds; event times count f
 ORIGIN_NS = 10 * 10**9
 STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step spans
 OPTIMIZER_OP = "aten::add_"  # the SGD update's operator inside optimizer_step
+GEMM_KERNEL = "ampere_sgemm_128x64_tn"  # a compute action's kernel
+OPTIMIZER_KERNEL = "multi_tensor_apply_kernel"  # the SGD update's kernel
 
 
 def rank_parts(run: StepRun, rank: int, transport: Transport, host: HostTime) -> dict[str, int]:
@@ -101,29 +111,84 @@ def _rank_events(run: StepRun, rank: int, steps: int) -> list[dict[str, Any]]:
     return events
 
 
-def _document(run: StepRun, rank: int, p: int, steps: int, run_id: str) -> dict[str, Any]:
+def _gpu_rank_events(run: GpuStep, rank: int, steps: int) -> list[dict[str, Any]]:
+    """Every step's events of one rank on a GPU: host labels around their launches, kernels on the
+    compute and comm streams with ac2g flows, the wait for sends and the optimizer's launch."""
+    pid, device = 4000 + rank, rank
+    events = shapes.metadata(pid, pid, "python", f"thread {pid} (python)")
+    for stream in sorted({k.stream for k in run.kernels[rank]}):
+        events += shapes.metadata(device, stream, f"GPU {device}", f"stream {stream}")
+    waits = run.send_waits[rank]
+    for step in range(steps):
+        shift = ORIGIN_NS + step * run.step_ns
+        events.append(
+            shapes.span(f"{STEP_PREFIX}{step}", "user_annotation", pid, pid, shift, shift + run.step_ns)
+        )
+        events.append(shapes.span(WAIT_SENDS, "user_annotation", pid, pid, *(t + shift for t in waits)))
+        for number, kernel in enumerate(run.kernels[rank]):
+            correlation = step * len(run.kernels[rank]) + number + 1
+            events += _launched(kernel, pid, device, correlation, shift)
+    return events
+
+
+def _launched(kernel: Kernel, pid: int, device: int, correlation: int, shift: int) -> list[dict[str, Any]]:
+    """A kernel's host label (PP: or optimizer_step) around its cudaLaunchKernel, the kernel and its
+    device-side label, and the ac2g flow from launch to kernel."""
+    name = label(kernel.action) if kernel.action else OPTIMIZER_STEP
+    comm = kernel.stream != COMPUTE_STREAM
+    kernel_name = (
+        shapes.SENDRECV_KERNEL if comm else OPTIMIZER_KERNEL if kernel.action is None else GEMM_KERNEL
+    )
+    start, end, launched = kernel.start + shift, kernel.end + shift, kernel.launch_end + shift
+    ids = {"correlation": correlation, "External id": correlation}
+    on_stream = {"device": device, "stream": kernel.stream}
+    flow = {"id": correlation, "cat": "ac2g", "name": "ac2g"}
+    return [
+        shapes.span(name, "user_annotation", pid, pid, kernel.label_start + shift, launched),
+        shapes.span("cudaLaunchKernel", "cuda_runtime", pid, pid, launched - LAUNCH_NS, launched, **ids),
+        shapes.span(kernel_name, "kernel", device, kernel.stream, start, end, **on_stream, **ids),
+        shapes.span(name, "gpu_user_annotation", device, kernel.stream, start, end, **on_stream),
+        flow | {"ph": "s", "pid": pid, "tid": pid, "ts": (launched - LAUNCH_NS) / 1000},
+        flow | {"ph": "f", "pid": device, "tid": kernel.stream, "ts": start / 1000, "bp": "e"},
+    ]
+
+
+def _document(run: StepRun | GpuStep, rank: int, p: int, steps: int, run_id: str) -> dict[str, Any]:
+    on_gpu = isinstance(run, GpuStep)
+    gpu = [{"id": rank, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
     return {
         "schemaVersion": 1,
-        "deviceProperties": [],
-        "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": p},
+        "deviceProperties": gpu if on_gpu else [],
+        "distributedInfo": {"backend": "nccl" if on_gpu else "gloo", "rank": rank, "world_size": p},
         "run_id": run_id,
         "baseTimeNanoseconds": BASE_TIME_NS,
         "traceName": f"synthetic executor rank{rank}",
-        "traceEvents": _rank_events(run, rank, steps),
+        "traceEvents": _gpu_rank_events(run, rank, steps) if on_gpu else _rank_events(run, rank, steps),
     }
 
 
-def truth_document(run: StepRun, transport: Transport, host: HostTime, steps: int) -> dict[str, Any]:
+def truth_document(
+    run: StepRun | GpuStep, transport: Transport, host: HostTime, steps: int
+) -> dict[str, Any]:
     """truth.json's content (module docstring)."""
-    ranks = {
-        str(rank): {
-            "actions": [[label(d.action), d.start, d.end] for d in run.actions[rank]],
-            "lane_end_ns": run.ends[rank].lane_end,
-            "sends_done_ns": run.ends[rank].sends_done,
-            "parts_ns": rank_parts(run, rank, transport, host),
+    if isinstance(run, GpuStep):
+        ranks = {
+            str(rank): {
+                "actions": [[label(k.action), k.start, k.end] for k in kernels if k.action],
+                "parts_ns": gpu_parts(run, rank),
+            }
+            for rank, kernels in run.kernels.items()
         }
-        for rank in run.actions
-    }
+    else:
+        ranks = {
+            str(rank): {
+                "actions": [[label(d.action), d.start, d.end] for d in run.actions[rank]],
+                "lane_end_ns": run.ends[rank].lane_end,
+                "sends_done_ns": run.ends[rank].sends_done,
+                "parts_ns": rank_parts(run, rank, transport, host),
+            }
+            for rank in run.actions
+        }
     return {
         "transport": asdict(transport),
         "steps": [{"step": step, "step_ns": run.step_ns, "ranks": ranks} for step in range(steps)],
@@ -131,9 +196,9 @@ def truth_document(run: StepRun, transport: Transport, host: HostTime, steps: in
 
 
 def run_config(
-    schedule: Schedule, work: Work, step_ns: int, transport: Transport, run_id: str
+    schedule: Schedule, work: Work, step_ns: int, transport: Transport, run_id: str, on_gpu: bool = False
 ) -> dict[str, Any]:
-    """run.json: the keys synthetic.generate writes for a CPU run, and the transport."""
+    """run.json: the keys synthetic.generate writes for a run, and the transport."""
     step_ms = step_ns / 1e6
     return {
         "schedule": schedule.name,
@@ -142,8 +207,8 @@ def run_config(
         "v": schedule.v,
         "engine": "synthetic",
         "preset": None,
-        "device": "cpu",
-        "backend": "gloo",
+        "device": "cuda" if on_gpu else "cpu",
+        "backend": "nccl" if on_gpu else "gloo",
         "mode": "processes",
         "dtype": "float32",
         "run_id": run_id,
@@ -175,13 +240,19 @@ def write_executor_run(
     host: HostTime | None = None,
     steps: int = 3,
     run_id: str = "synthetic-executor",
-) -> StepRun:
+    shape: str = "cpu",
+) -> StepRun | GpuStep:
     """rank{r}.json.gz, truth.json and run.json (last, with complete) of `steps` simulated steps; by
-    default a rendezvous without transfer time and no host time."""
-    transport, host = transport or Transport(), host or HostTime()
+    default a rendezvous (cpu) or eager delivery (gpu) without transfer time, and no host time."""
+    if shape not in ("cpu", "gpu"):
+        raise ValueError(f"shape {shape!r}: cpu or gpu")
+    on_gpu = shape == "gpu"
+    transport = transport or Transport(EAGER if on_gpu else RENDEZVOUS)
+    host = host or HostTime()
     lowered = schedule if schedule.lowered else lower(schedule)
     work = Work(durations_us)
-    run = simulate_step(lowered, lambda action: work.measured_ns(action, lowered.m), transport, host)
+    step = simulate_gpu_step if on_gpu else simulate_step
+    run = step(lowered, lambda action: work.measured_ns(action, lowered.m), transport, host)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for rank in range(lowered.p):
@@ -189,7 +260,7 @@ def write_executor_run(
         _write(directory / f"rank{rank}.json.gz", gzip.compress(json.dumps(document).encode(), 6))
     truth = truth_document(run, transport, host, steps)
     _write(directory / "truth.json", json.dumps(truth, indent=1).encode())
-    config = run_config(schedule, work, run.step_ns, transport, run_id)
+    config = run_config(schedule, work, run.step_ns, transport, run_id, on_gpu)
     _write(directory / "run.json", json.dumps(config, indent=1).encode())
     return run
 
