@@ -176,7 +176,14 @@ def simulate_gpu_step(
 
 def rank_parts(step: GpuStep, rank: int) -> dict[str, int]:
     """The true parts of one rank's step window (module docstring), ns; they sum to step.step_ns."""
-    parts = dict.fromkeys(("compute", "launch_overhead", "bubble", "p2p_wait", "other"), 0)
+    parts = queued_parts(step, rank)
+    parts["p2p_wait"] += parts.pop("p2p_queued")
+    return parts
+
+
+def queued_parts(step: GpuStep, rank: int) -> dict[str, int]:
+    """rank_parts with its p2p_wait queued behind the rank's own SEND apart, as p2p_queued."""
+    parts = dict.fromkeys(("compute", "launch_overhead", "bubble", "p2p_wait", "p2p_queued", "other"), 0)
     kernels = step.kernels[rank]
     opens = kernels[0].start
     free, receiving = opens, []
@@ -201,9 +208,10 @@ def _gap(free: int, kernel: Kernel, receiving: list[Kernel]) -> dict[str, int]:
     sent = max((r.partner_started for r in receiving), default=free)
     parts: dict[str, int] = {}
     for a, b in zip(points, points[1:]):
-        if b <= kernel.launch_end and not any(r.start <= a and b <= r.end for r in receiving):
+        running = any(r.start <= a and b <= r.end for r in receiving)
+        if b <= kernel.launch_end and not running:
             name = "launch_overhead"
         else:
-            name = "bubble" if b <= sent else "p2p_wait"
+            name = "bubble" if b <= sent else "p2p_wait" if running else "p2p_queued"
         parts[name] = parts.get(name, 0) + b - a
     return parts

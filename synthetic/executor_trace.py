@@ -23,7 +23,8 @@ other (the tail).
 GPU (NCCL, eager delivery by default): per action its `PP:` label on the host thread around one
 cudaLaunchKernel, the kernel (correlation id, ac2g flow) with its device-side label on the compute
 stream or its peer's comm stream; `PP wait for sends`, then `optimizer_step` around the optimizer's
-launch. truth.json's actions are the kernels' times; its parts are synthetic.executor_gpu.rank_parts.
+launch. truth.json's actions are the kernels' times; its parts are synthetic.executor_gpu.rank_parts,
+and p2p_queued_ns says how much of p2p_wait the compute stream spent queued behind the rank's own SEND.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 from runners.schedules import Action, Schedule, lower
 from runners.schedules.trace_names import OPTIMIZER_STEP, WAIT_SENDS, label
 from synthetic import shapes
-from synthetic.executor_gpu import COMPUTE_STREAM, LAUNCH_NS, GpuStep, Kernel, simulate_gpu_step
+from synthetic.executor_gpu import COMPUTE_STREAM, LAUNCH_NS, GpuStep, Kernel, queued_parts, simulate_gpu_step
 from synthetic.executor_gpu import rank_parts as gpu_parts
 from synthetic.executor_sim import EAGER, RECVS, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
 from synthetic.truth import (
@@ -176,6 +177,7 @@ def truth_document(
             str(rank): {
                 "actions": [[label(k.action), k.start, k.end] for k in kernels if k.action],
                 "parts_ns": gpu_parts(run, rank),
+                "p2p_queued_ns": queued_parts(run, rank)["p2p_queued"],
             }
             for rank, kernels in run.kernels.items()
         }
