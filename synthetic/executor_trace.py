@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.schedules import Action, Schedule, lower
-from runners.schedules.trace_names import OPTIMIZER_STEP, WAIT_SENDS, label
+from runners.schedules.trace_names import DP_GRAD_SYNC, OPTIMIZER_STEP, WAIT_SENDS, label
 from synthetic import shapes
 from synthetic.executor_gpu import COMPUTE_STREAM, LAUNCH_NS, GpuStep, Kernel, queued_parts, simulate_gpu_step
 from synthetic.executor_gpu import rank_parts as gpu_parts
@@ -58,13 +58,16 @@ BASE_TIME_NS = 1_700_000_000 * 10**9  # baseTimeNanoseconds; event times count f
 ORIGIN_NS = 10 * 10**9
 STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step spans
 OPTIMIZER_OP = "aten::add_"  # the SGD update's operator inside optimizer_step
+ALLREDUCE_CALL_NS = 5_000  # CPU: the c10d::allreduce_ call that hands the gradients to gloo's thread
+GLOO_TID_OFFSET = 50  # gloo's worker thread is tid pid + 50
+Group = Mapping[str, Any]  # a collective's record_param_comms args that name its process group
 GEMM_KERNEL = "ampere_sgemm_128x64_tn"  # a compute action's kernel
 OPTIMIZER_KERNEL = "multi_tensor_apply_kernel"  # the SGD update's kernel
 
 
 def rank_parts(run: StepRun, rank: int, transport: Transport, host: HostTime) -> dict[str, int]:
     """The true parts of one rank's step (module docstring), ns; they sum to run.step_ns."""
-    parts = dict.fromkeys(("compute", "launch_overhead", "bubble", "p2p_wait", "other"), 0)
+    parts = dict.fromkeys(("compute", "launch_overhead", "bubble", "p2p_wait", "dp_sync", "other"), 0)
     free = 0
     for done in run.actions[rank]:
         parts["launch_overhead"] += done.start - free
@@ -83,12 +86,15 @@ def rank_parts(run: StepRun, rank: int, transport: Transport, host: HostTime) ->
     ready = min(max(end.lane_end, posted if posted is not None else end.lane_end), end.sends_done)
     parts["bubble"] += ready - end.lane_end + run.step_ns - end.tail_end
     parts["p2p_wait"] += end.sends_done - ready
-    parts["other"] += end.tail_end - end.sends_done
+    tail = end.sends_done if end.synced is None else end.synced
+    parts["dp_sync"] += tail - end.sends_done
+    parts["other"] += end.tail_end - tail
     return parts
 
 
-def _rank_events(run: StepRun, rank: int, steps: int) -> list[dict[str, Any]]:
-    """Every step's events of one rank's thread (pid = tid), on the trace's clock."""
+def _rank_events(run: StepRun, rank: int, steps: int, group: Group | None = None) -> list[dict[str, Any]]:
+    """Every step's events of one rank's thread (pid = tid), on the trace's clock; `group`: the DP
+    group's record_param_comms args, where the rank all-reduces its gradients."""
     pid = 4000 + rank
     events = shapes.metadata(pid, pid, "python", f"thread {pid} (python)")
     end = run.ends[rank]
@@ -105,11 +111,27 @@ def _rank_events(run: StepRun, rank: int, steps: int) -> list[dict[str, Any]]:
         events.append(
             shapes.span(WAIT_SENDS, "user_annotation", pid, pid, end.lane_end + shift, end.sends_done + shift)
         )
-        if end.tail_end > end.sends_done:
-            tail = (end.sends_done + shift, end.tail_end + shift)
+        if end.synced is not None:
+            events += _all_reduce(pid, end.sends_done + shift, end.synced + shift, group or {})
+        tail_start = end.sends_done if end.synced is None else end.synced
+        if end.tail_end > tail_start:
+            tail = (tail_start + shift, end.tail_end + shift)
             events.append(shapes.span(OPTIMIZER_STEP, "user_annotation", pid, pid, *tail))
             events.append(shapes.span(OPTIMIZER_OP, "cpu_op", pid, pid, *tail))
     return events
+
+
+def _all_reduce(pid: int, start: int, end: int, group: Group) -> list[dict[str, Any]]:
+    """The gradients' all-reduce on gloo, as the runner's DP_GRAD_SYNC records it: the c10d call (its
+    record_param_comms naming the group) on the main thread, then gloo's run of it on gloo's thread."""
+    call = (start, start + ALLREDUCE_CALL_NS)
+    params = {"Collective name": "allreduce", **group}
+    return [
+        shapes.span(DP_GRAD_SYNC, "user_annotation", pid, pid, start, end),
+        shapes.span("c10d::allreduce_", "cpu_op", pid, pid, *call),
+        shapes.span("record_param_comms", "cpu_op", pid, pid, call[0] + 1_000, call[1] - 1_000, **params),
+        shapes.span("gloo:all_reduce", "user_annotation", pid, pid + GLOO_TID_OFFSET, start, end),
+    ]
 
 
 def _gpu_rank_events(run: GpuStep, rank: int, steps: int) -> list[dict[str, Any]]:
@@ -154,17 +176,27 @@ def _launched(kernel: Kernel, pid: int, device: int, correlation: int, shift: in
     ]
 
 
-def _document(run: StepRun | GpuStep, rank: int, p: int, steps: int, run_id: str) -> dict[str, Any]:
+def rank_document(
+    run: StepRun | GpuStep,
+    rank: int,
+    steps: int,
+    run_id: str,
+    distributed: Mapping[str, Any],
+    group: Group | None = None,
+) -> dict[str, Any]:
+    """The trace of the run's local rank `rank`; `distributed`: its global rank and world_size (and
+    pg_config), `group` its DP group (_rank_events)."""
     on_gpu = isinstance(run, GpuStep)
     gpu = [{"id": rank, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
+    events = _gpu_rank_events(run, rank, steps) if on_gpu else _rank_events(run, rank, steps, group)
     return {
         "schemaVersion": 1,
         "deviceProperties": gpu if on_gpu else [],
-        "distributedInfo": {"backend": "nccl" if on_gpu else "gloo", "rank": rank, "world_size": p},
+        "distributedInfo": {"backend": "nccl" if on_gpu else "gloo", **distributed},
         "run_id": run_id,
         "baseTimeNanoseconds": BASE_TIME_NS,
-        "traceName": f"synthetic executor rank{rank}",
-        "traceEvents": _gpu_rank_events(run, rank, steps) if on_gpu else _rank_events(run, rank, steps),
+        "traceName": f"synthetic executor rank{distributed['rank']}",
+        "traceEvents": events,
     }
 
 
@@ -225,6 +257,14 @@ def run_config(
     }
 
 
+def write_trace(path: Path, document: Mapping[str, Any]) -> None:
+    _write(path, gzip.compress(json.dumps(document).encode(), 6))
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    _write(path, json.dumps(data, indent=1).encode())
+
+
 def _write(path: Path, data: bytes) -> None:
     """Write beside `path`, then rename over it: a reader never sees half a file."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -258,12 +298,12 @@ def write_executor_run(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for rank in range(lowered.p):
-        document = _document(run, rank, lowered.p, steps, run_id)
-        _write(directory / f"rank{rank}.json.gz", gzip.compress(json.dumps(document).encode(), 6))
+        document = rank_document(run, rank, steps, run_id, {"rank": rank, "world_size": lowered.p})
+        write_trace(directory / f"rank{rank}.json.gz", document)
     truth = truth_document(run, transport, host, steps)
-    _write(directory / "truth.json", json.dumps(truth, indent=1).encode())
+    write_json(directory / "truth.json", truth)
     config = run_config(schedule, work, run.step_ns, transport, run_id, on_gpu)
-    _write(directory / "run.json", json.dumps(config, indent=1).encode())
+    write_json(directory / "run.json", config)
     return run
 
 
