@@ -1,5 +1,6 @@
-"""PP x DP from synthetic.executor_sim: dp replicas of one pipeline and the gradients' all-reduce after
-each rank's wait for its sends, on gloo (CPU), written as the runner's run directory with the truth.
+"""PP x DP from synthetic.executor_sim (CPU) or executor_gpu (GPU): dp replicas of one pipeline and the
+gradients' all-reduce after each rank's wait for its sends, on gloo (CPU) or as an NCCL kernel on the
+DP group's stream (GPU), written as the runner's run directory with the truth.
 
     job = write_executor_job(DIR, build("1f1b", 2, 4), dp=2, slow_replica=1, slow_factor=1.5,
                              sync_us=300, transport=Transport(RENDEZVOUS, 50_000), host=HostTime(tail_ns=300_000))
@@ -9,8 +10,10 @@ ranks laid out as the runner's mesh, pp outermost: stage s of replica j is globa
 replicas share nothing until the all-reduce, so each is simulated alone (without its tail) and the
 all-reduce is placed after: stage s of replica j joins its DP group (stage s of every replica) when its
 sends are done, at e(j, s), and every member leaves at max over j of e(j, s) + `sync_us` (the ring's
-transfer once the last member is there). Then the tail (the optimizer step); the step ends with the last
-rank's tail, a barrier. Truth per rank: dp_sync = the all-reduce's whole time (nothing runs beside it),
+transfer once the last member is there; on GPU e(j, s) is when the all-reduce's kernel can start,
+executor_gpu's `ready`, and the GPU replicas are simulated again with the group's ends). Then the tail
+(the optimizer step, which a GPU job needs: its all-reduce's time is read under it); the step ends with
+the last rank's tail, a barrier. Truth per rank: dp_sync = the all-reduce's whole time (nothing runs beside it),
 dp_skew = the part before the last member arrived; the slow replica's compute beyond the others' is its
 slowdown (the calibration is the others').
 """
@@ -22,7 +25,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from runners.schedules import Schedule, lower
-from synthetic.executor_sim import HostTime, StepRun, Transport, simulate_step
+from synthetic.executor_gpu import GpuStep, simulate_gpu_step
+from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
 from synthetic.executor_trace import rank_document, run_config, truth_document, write_json, write_trace
 from synthetic.truth import DEFAULT_US, Durations, Work
 
@@ -31,7 +35,7 @@ PP_GROUP = "pp_stages"  # a pipeline's ranks
 
 
 class Job(NamedTuple):
-    runs: list[StepRun]  # replica j's steps, its ranks local (stage order)
+    runs: list[StepRun] | list[GpuStep]  # replica j's steps, its ranks local (stage order)
     pipelines: list[list[int]]  # global ranks in stage order, one list per replica
     skew_ns: dict[int, int]  # global rank -> its wait in the all-reduce for the last member
 
@@ -43,26 +47,38 @@ def simulate_job(
     transport: Transport,
     host: HostTime,
     sync_ns: int,
+    shape: str,
 ) -> Job:
     """The dp replicas' steps (module docstring), replica j's compute from work[j]."""
-    untailed = replace(host, tail_ns=0)
-    alone = [
-        simulate_step(schedule, lambda a, w=w: w.measured_ns(a, schedule.m), transport, untailed)
-        for w in work
-    ]
-    joined = {s: max(run.ends[s].sends_done for run in alone) for s in range(schedule.p)}
-    runs, skew = [], {}
-    for j, run in enumerate(alone):
-        ends = {}
-        for s, end in run.ends.items():
-            synced = joined[s] + sync_ns
-            ends[s] = replace(end, synced=synced, tail_end=synced + host.tail_ns)
-            skew[s * dp + j] = joined[s] - end.sends_done
-        runs.append(StepRun(run.actions, ends, 0))
-    step_ns = max(end.tail_end for run in runs for end in run.ends.values())
-    runs = [replace(run, step_ns=step_ns) for run in runs]
+    work_ns = [lambda a, w=w: w.measured_ns(a, schedule.m) for w in work]
+    if shape == "gpu":  # each rank's all-reduce kernel begins at ready[s] and lasts until the group's end
+        alone = [simulate_gpu_step(schedule, timed, transport, host, synced={}) for timed in work_ns]
+        arrived = [run.ready for run in alone]
+    else:  # each rank joins when its sends are done
+        alone = [simulate_step(schedule, timed, transport, replace(host, tail_ns=0)) for timed in work_ns]
+        arrived = [{s: end.sends_done for s, end in run.ends.items()} for run in alone]
+    joined = {s: max(ready[s] for ready in arrived) for s in range(schedule.p)}
+    synced = {s: joined[s] + sync_ns for s in joined}
+    skew = {s * dp + j: joined[s] - ready[s] for j, ready in enumerate(arrived) for s in ready}
+    if shape == "gpu":
+        runs = [simulate_gpu_step(schedule, timed, transport, host, synced=synced) for timed in work_ns]
+    else:
+        runs = [
+            StepRun(
+                run.actions,
+                {
+                    s: replace(end, synced=synced[s], tail_end=synced[s] + host.tail_ns)
+                    for s, end in run.ends.items()
+                },
+                0,
+            )
+            for run in alone
+        ]
+    step_ns = max(
+        run.step_ns if shape == "gpu" else max(e.tail_end for e in run.ends.values()) for run in runs
+    )
     pipelines = [[s * dp + j for s in range(schedule.p)] for j in range(dp)]
-    return Job(runs, pipelines, skew)
+    return Job([replace(run, step_ns=step_ns) for run in runs], pipelines, skew)
 
 
 def _groups(pipelines: list[list[int]]) -> list[dict[str, Any]]:
@@ -94,14 +110,18 @@ def write_executor_job(
     host: HostTime | None = None,
     steps: int = 3,
     run_id: str = "synthetic-executor-dp",
+    shape: str = "cpu",
 ) -> Job:
     """rank{g}.json.gz per global rank, truth.json (per global rank, dp_skew_ns beside its parts) and
     run.json (dp, the mesh and the pipelines), written last."""
-    transport, host = transport or Transport(), host or HostTime()
+    if shape not in ("cpu", "gpu"):
+        raise ValueError(f"shape {shape!r}: cpu or gpu")
+    transport = transport or Transport(EAGER if shape == "gpu" else RENDEZVOUS)
+    host = host or HostTime()
     lowered = schedule if schedule.lowered else lower(schedule)
     reference = Work(durations_us)  # the calibration's
     work = [Work(durations_us, slowdown=slow_factor if j == slow_replica else 1.0) for j in range(dp)]
-    job = simulate_job(lowered, dp, work, transport, host, round(sync_us * 1000))
+    job = simulate_job(lowered, dp, work, transport, host, round(sync_us * 1000), shape)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     groups = _groups(job.pipelines)
@@ -128,7 +148,7 @@ def write_executor_job(
             for step in truth["steps"]:
                 step["ranks"][str(rank)] = told | {"parts_ns": parts, "dp_skew_ns": job.skew_ns[rank]}
     write_json(directory / "truth.json", truth)
-    config = run_config(schedule, reference, job.runs[0].step_ns, transport, run_id) | {
+    config = run_config(schedule, reference, job.runs[0].step_ns, transport, run_id, shape == "gpu") | {
         "dp": dp,
         "world_size": world,
         "mesh": {"dim_names": ["pp", "dp"], "shape": [lowered.p, dp]},

@@ -16,24 +16,28 @@ On the device each kernel starts once it is launched and its stream is free:
 - eager delivery (NCCL's small messages; Transport EAGER): the data leaves when the SEND's kernel
   starts and arrives `transfer_ns` later; the SEND's kernel ends then, the RECV's at
   max(its start, arrival);
-- the optimizer's kernel after every SEND's kernel (the step's send.wait()).
+- with data parallelism (`synced`), the gradients' all-reduce on the DP group's stream (DP_STREAM),
+  launched after the wait for sends, once the compute stream and every SEND's kernel are done, until
+  its group's end;
+- the optimizer's kernel after every SEND's kernel (the step's send.wait()) and the all-reduce.
 Each rank's device is replayed in order until every rank is done; a RECV whose SEND has not started
 waits for it (DeadlockError if it never does). The step ends when the last kernel of any rank does,
 and every rank's host starts the next one then (a barrier).
 
 The truth (`rank_parts`) is the compute stream's view of a step window that opens at the rank's first
 kernel, as long as the step: compute (its compute kernels), other (the optimizer's), and each idle ns
-before a kernel is: waiting for a RECV that is running (bubble before the peer's SEND kernel started,
-p2p_wait after); else launch_overhead while the host had not yet launched that kernel; else queued
-behind the rank's own SEND (a RECV behind it on the peer's comm stream, or the optimizer waiting for the
-sends): bubble before the awaited RECV's SEND started, p2p_wait after (the transfer: eagerly the sender
-never waits for its receiver). After the last kernel: bubble (drain) until the step's end, then
-launch_overhead until the window closes: the next step's host getting to its first kernel.
+before a kernel is: dp_sync under the all-reduce; waiting for a RECV that is running (bubble before the
+peer's SEND kernel started, p2p_wait after); else launch_overhead while the host had not yet launched
+that kernel; else queued behind the rank's own SEND (a RECV behind it on the peer's comm stream, or the
+optimizer waiting for the sends): bubble before the awaited RECV's SEND started, p2p_wait after (the
+transfer: eagerly the sender never waits for its receiver). After the last kernel: bubble (drain) until
+the step's end, then launch_overhead until the window closes: the next step's host getting to its first
+kernel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from runners.schedules import Action, Schedule
@@ -44,6 +48,7 @@ LAUNCH_NS = 4_000  # one cudaLaunchKernel call
 SYNC_CALL_NS = 2_000  # the end of step's cudaStreamWaitEvent calls on the sends
 COMPUTE_STREAM = 7
 COMM_STREAM_BASE = 20  # the comm stream to peer rank q is COMM_STREAM_BASE + q
+DP_STREAM = 13  # the DP group's communicator's stream
 
 
 @dataclass(frozen=True)
@@ -63,12 +68,13 @@ class Kernel:
 
 @dataclass(frozen=True)
 class GpuStep:
-    """One simulated step: every rank's kernels in launch order (the optimizer's last, if any), where
-    its host waited for its sends ([start, end]), and the step's length."""
+    """One simulated step: every rank's kernels in launch order (the DP all-reduce's and the optimizer's
+    last, if any), where its host waited for its sends ([start, end]), and the step's length."""
 
     kernels: dict[int, list[Kernel]]
     send_waits: dict[int, tuple[int, int]]
     step_ns: int
+    ready: dict[int, int]  # with DP: when each rank's all-reduce began
 
 
 @dataclass
@@ -134,7 +140,7 @@ class _Replay:
         device.position += 1
         return True
 
-    def run(self) -> GpuStep:
+    def run(self, synced: Mapping[int, int] | None) -> GpuStep:
         progressed = True
         while progressed:
             progressed = False
@@ -147,31 +153,45 @@ class _Replay:
                 "deadlock: "
                 + "; ".join(f"rank {r} in {self.schedule.orders[r][self.devices[r].position]}" for r in stuck)
             )
-        waits = {}
+        waits, ready = {}, {}
         for rank, device in enumerate(self.devices):
             last = self.labels[rank][-1][1]
-            waits[rank] = (last, last + SYNC_CALL_NS)
-            if self.host.tail_ns:
-                opens, launched = waits[rank][1], waits[rank][1] + LAUNCH_NS
-                start = max(launched, device.stream_at, device.sends_end)
+            waits[rank] = host = (last, last + SYNC_CALL_NS)
+            drained = max(device.stream_at, device.sends_end)
+            if synced is not None:  # the all-reduce, once the compute stream and the sends are done
+                launched = host[1] + LAUNCH_NS
+                ready[rank] = start = max(launched, drained)
                 device.kernels.append(
-                    Kernel(None, opens, launched, COMPUTE_STREAM, start, start + self.host.tail_ns)
+                    Kernel(None, *host, DP_STREAM, start, max(start, synced.get(rank, start)))
+                )
+                drained, host = device.kernels[-1].end, (launched, launched)
+            if self.host.tail_ns:
+                launched = host[1] + LAUNCH_NS
+                start = max(launched, drained)
+                device.kernels.append(
+                    Kernel(None, host[1], launched, COMPUTE_STREAM, start, start + self.host.tail_ns)
                 )
         step_ns = max(k.end for d in self.devices for k in d.kernels)
-        return GpuStep({r: d.kernels for r, d in enumerate(self.devices)}, waits, step_ns)
+        return GpuStep({r: d.kernels for r, d in enumerate(self.devices)}, waits, step_ns, ready)
 
 
 def simulate_gpu_step(
-    schedule: Schedule, work_ns: Callable[[Action], int], transport: Transport, host: HostTime | None = None
+    schedule: Schedule,
+    work_ns: Callable[[Action], int],
+    transport: Transport,
+    host: HostTime | None = None,
+    synced: Mapping[int, int] | None = None,
 ) -> GpuStep:
-    """One step of the lowered `schedule` on GPUs (module docstring); eager transport only."""
+    """One step of the lowered `schedule` on GPUs (module docstring); eager transport only. With
+    `synced` (data parallelism: synthetic.executor_dp) each rank all-reduces its gradients before the
+    optimizer, until synced[rank] (or no time where absent); GpuStep.ready says when each one began."""
     if not schedule.lowered:
         raise ValueError(
             f"{schedule.name}: simulate_gpu_step runs a lowered schedule (runners.schedules.lower)"
         )
     if transport.semantics != EAGER:
         raise ValueError("the GPU executor is simulated with eager delivery (NCCL's small messages) only")
-    return _Replay(schedule, work_ns, transport, host or HostTime()).run()
+    return _Replay(schedule, work_ns, transport, host or HostTime()).run(synced)
 
 
 def rank_parts(step: GpuStep, rank: int) -> dict[str, int]:
@@ -183,12 +203,13 @@ def rank_parts(step: GpuStep, rank: int) -> dict[str, int]:
 
 def queued_parts(step: GpuStep, rank: int) -> dict[str, int]:
     """rank_parts with its p2p_wait queued behind the rank's own SEND apart, as p2p_queued."""
-    parts = dict.fromkeys(("compute", "launch_overhead", "bubble", "p2p_wait", "p2p_queued", "other"), 0)
+    names = ("compute", "launch_overhead", "bubble", "p2p_wait", "p2p_queued", "dp_sync", "other")
+    parts = dict.fromkeys(names, 0)
     kernels = step.kernels[rank]
     opens = kernels[0].start
     free, receiving = opens, []
     for kernel in kernels:
-        if kernel.action is not None and kernel.action.kind in RECVS:
+        if kernel.stream == DP_STREAM or kernel.action is not None and kernel.action.kind in RECVS:
             receiving.append(kernel)
         elif kernel.stream == COMPUTE_STREAM:
             for name, ns in _gap(free, kernel, receiving).items():
@@ -203,13 +224,15 @@ def queued_parts(step: GpuStep, rank: int) -> dict[str, int]:
 def _gap(free: int, kernel: Kernel, receiving: list[Kernel]) -> dict[str, int]:
     """The idle [free, kernel.start] before a compute-stream kernel, by the rule of the module docstring."""
     times = {free, kernel.start, kernel.launch_end, *(t for r in receiving for t in (r.start, r.end))}
-    times |= {r.partner_started for r in receiving}
+    times |= {r.partner_started for r in receiving if r.partner_started is not None}
     points = sorted(t for t in times if free <= t <= kernel.start)
-    sent = max((r.partner_started for r in receiving), default=free)
+    sent = max((r.partner_started for r in receiving if r.partner_started is not None), default=free)
     parts: dict[str, int] = {}
     for a, b in zip(points, points[1:]):
-        running = any(r.start <= a and b <= r.end for r in receiving)
-        if b <= kernel.launch_end and not running:
+        running = [r for r in receiving if r.start <= a and b <= r.end]
+        if any(r.stream == DP_STREAM for r in running):
+            name = "dp_sync"
+        elif b <= kernel.launch_end and not running:
             name = "launch_overhead"
         else:
             name = "bubble" if b <= sent else "p2p_wait" if running else "p2p_queued"

@@ -41,7 +41,15 @@ from typing import Any
 from runners.schedules import Action, Schedule, lower
 from runners.schedules.trace_names import DP_GRAD_SYNC, OPTIMIZER_STEP, WAIT_SENDS, label
 from synthetic import shapes
-from synthetic.executor_gpu import COMPUTE_STREAM, LAUNCH_NS, GpuStep, Kernel, queued_parts, simulate_gpu_step
+from synthetic.executor_gpu import (
+    COMPUTE_STREAM,
+    DP_STREAM,
+    LAUNCH_NS,
+    GpuStep,
+    Kernel,
+    queued_parts,
+    simulate_gpu_step,
+)
 from synthetic.executor_gpu import rank_parts as gpu_parts
 from synthetic.executor_sim import EAGER, RECVS, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
 from synthetic.truth import (
@@ -63,6 +71,7 @@ GLOO_TID_OFFSET = 50  # gloo's worker thread is tid pid + 50
 Group = Mapping[str, Any]  # a collective's record_param_comms args that name its process group
 GEMM_KERNEL = "ampere_sgemm_128x64_tn"  # a compute action's kernel
 OPTIMIZER_KERNEL = "multi_tensor_apply_kernel"  # the SGD update's kernel
+ALLREDUCE_KERNEL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 
 
 def rank_parts(run: StepRun, rank: int, transport: Transport, host: HostTime) -> dict[str, int]:
@@ -134,9 +143,10 @@ def _all_reduce(pid: int, start: int, end: int, group: Group) -> list[dict[str, 
     ]
 
 
-def _gpu_rank_events(run: GpuStep, rank: int, steps: int) -> list[dict[str, Any]]:
+def _gpu_rank_events(run: GpuStep, rank: int, steps: int, group: Group | None) -> list[dict[str, Any]]:
     """Every step's events of one rank on a GPU: host labels around their launches, kernels on the
-    compute and comm streams with ac2g flows, the wait for sends and the optimizer's launch."""
+    compute and comm streams with ac2g flows, the wait for sends, the DP all-reduce's launch inside its
+    record_param_comms (naming `group`), and the optimizer's launch."""
     pid, device = 4000 + rank, rank
     events = shapes.metadata(pid, pid, "python", f"thread {pid} (python)")
     for stream in sorted({k.stream for k in run.kernels[rank]}):
@@ -150,28 +160,40 @@ def _gpu_rank_events(run: GpuStep, rank: int, steps: int) -> list[dict[str, Any]
         events.append(shapes.span(WAIT_SENDS, "user_annotation", pid, pid, *(t + shift for t in waits)))
         for number, kernel in enumerate(run.kernels[rank]):
             correlation = step * len(run.kernels[rank]) + number + 1
-            events += _launched(kernel, pid, device, correlation, shift)
+            events += _launched(kernel, pid, device, correlation, shift, group or {})
     return events
 
 
-def _launched(kernel: Kernel, pid: int, device: int, correlation: int, shift: int) -> list[dict[str, Any]]:
-    """A kernel's host label (PP: or optimizer_step) around its cudaLaunchKernel, the kernel and its
-    device-side label, and the ac2g flow from launch to kernel."""
-    name = label(kernel.action) if kernel.action else OPTIMIZER_STEP
-    comm = kernel.stream != COMPUTE_STREAM
-    kernel_name = (
-        shapes.SENDRECV_KERNEL if comm else OPTIMIZER_KERNEL if kernel.action is None else GEMM_KERNEL
-    )
+def _names(kernel: Kernel) -> tuple[str, str]:
+    """A kernel's host label and its kernel's name."""
+    if kernel.action is not None:
+        comm = kernel.stream != COMPUTE_STREAM
+        return label(kernel.action), shapes.SENDRECV_KERNEL if comm else GEMM_KERNEL
+    if kernel.stream == DP_STREAM:
+        return DP_GRAD_SYNC, ALLREDUCE_KERNEL
+    return OPTIMIZER_STEP, OPTIMIZER_KERNEL
+
+
+def _launched(
+    kernel: Kernel, pid: int, device: int, correlation: int, shift: int, group: Group
+) -> list[dict[str, Any]]:
+    """A kernel's host label around its cudaLaunchKernel (an all-reduce's inside its record_param_comms),
+    the kernel and its device-side label, and the ac2g flow from launch to kernel."""
+    name, kernel_name = _names(kernel)
     start, end, launched = kernel.start + shift, kernel.end + shift, kernel.launch_end + shift
+    launch = (launched - LAUNCH_NS, launched)
     ids = {"correlation": correlation, "External id": correlation}
     on_stream = {"device": device, "stream": kernel.stream}
     flow = {"id": correlation, "cat": "ac2g", "name": "ac2g"}
+    params = {"Collective name": "allreduce", **group}
+    said = [shapes.span("record_param_comms", "cpu_op", pid, pid, *launch, **params)]
     return [
         shapes.span(name, "user_annotation", pid, pid, kernel.label_start + shift, launched),
-        shapes.span("cudaLaunchKernel", "cuda_runtime", pid, pid, launched - LAUNCH_NS, launched, **ids),
+        *(said if kernel.stream == DP_STREAM else []),
+        shapes.span("cudaLaunchKernel", "cuda_runtime", pid, pid, *launch, **ids),
         shapes.span(kernel_name, "kernel", device, kernel.stream, start, end, **on_stream, **ids),
         shapes.span(name, "gpu_user_annotation", device, kernel.stream, start, end, **on_stream),
-        flow | {"ph": "s", "pid": pid, "tid": pid, "ts": (launched - LAUNCH_NS) / 1000},
+        flow | {"ph": "s", "pid": pid, "tid": pid, "ts": launch[0] / 1000},
         flow | {"ph": "f", "pid": device, "tid": kernel.stream, "ts": start / 1000, "bp": "e"},
     ]
 
@@ -188,7 +210,7 @@ def rank_document(
     pg_config), `group` its DP group (_rank_events)."""
     on_gpu = isinstance(run, GpuStep)
     gpu = [{"id": rank, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
-    events = _gpu_rank_events(run, rank, steps) if on_gpu else _rank_events(run, rank, steps, group)
+    events = (_gpu_rank_events if on_gpu else _rank_events)(run, rank, steps, group)
     return {
         "schemaVersion": 1,
         "deviceProperties": gpu if on_gpu else [],
