@@ -64,13 +64,12 @@ def simulate_job(
         runs = [simulate_gpu_step(schedule, timed, transport, host, synced=synced) for timed in work_ns]
     else:
         runs = [
-            StepRun(
-                run.actions,
-                {
+            replace(
+                run,
+                ends={
                     s: replace(end, synced=synced[s], tail_end=synced[s] + host.tail_ns)
                     for s, end in run.ends.items()
                 },
-                0,
             )
             for run in alone
         ]

@@ -9,8 +9,10 @@ Each step is one simulate_step (every step alike), steps back to back, every ran
 step's length (the barrier). What a rank's thread records, as the native executor's gloo traces do
 (shapes.cpu_cell): a `PP:` span per action; inside a compute span its two operators from its work's
 start; inside a RECV span `c10d::recv_` and `gloo:recv` over the blocked time (the whole span: a RECV is
-posted when it begins); inside a SEND span `c10d::send`; after the last action `PP wait for sends`
-until the sends are released, then `optimizer_step` holding an `aten::add_` over the tail.
+posted when it begins); inside a SEND span `c10d::send`, and from its end a `gloo:send` span until the
+step's wait for sends returns from that send (as real gloo traces hold it, over everything between);
+after the last action `PP wait for sends` until the sends are released, then `optimizer_step` holding an
+`aten::add_` over the tail.
 
 truth.json: {"transport", "steps": [{"step", "step_ns", "ranks": {rank: {"actions": [[label, start_ns,
 end_ns], ...] in order, "lane_end_ns", "sends_done_ns", "parts_ns": {...}}}}]}, times from the step's
@@ -51,7 +53,16 @@ from synthetic.executor_gpu import (
     simulate_gpu_step,
 )
 from synthetic.executor_gpu import rank_parts as gpu_parts
-from synthetic.executor_sim import EAGER, RECVS, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
+from synthetic.executor_sim import (
+    EAGER,
+    RECVS,
+    RENDEZVOUS,
+    SENDS,
+    HostTime,
+    StepRun,
+    Transport,
+    simulate_step,
+)
 from synthetic.truth import (
     DEFAULT_US,
     ROWS_PER_MICROBATCH,
@@ -66,6 +77,7 @@ BASE_TIME_NS = 1_700_000_000 * 10**9  # baseTimeNanoseconds; event times count f
 ORIGIN_NS = 10 * 10**9
 STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step spans
 OPTIMIZER_OP = "aten::add_"  # the SGD update's operator inside optimizer_step
+GLOO_SEND = "gloo:send"  # gloo's span of an isend, on the sending thread
 ALLREDUCE_CALL_NS = 5_000  # CPU: the c10d::allreduce_ call that hands the gradients to gloo's thread
 GLOO_TID_OFFSET = 50  # gloo's worker thread is tid pid + 50
 Group = Mapping[str, Any]  # a collective's record_param_comms args that name its process group
@@ -117,6 +129,10 @@ def _rank_events(run: StepRun, rank: int, steps: int, group: Group | None = None
             start = done.work_start if kind.is_compute else done.end if kind in RECVS else done.start
             cell = shapes.Cell(done.action, done.start + shift, start + shift, done.end + shift, True)
             events += shapes.cpu_cell(cell, pid, host_in_label=True)
+        events += [
+            shapes.span(GLOO_SEND, "user_annotation", pid, pid, call_end + shift, waited + shift)
+            for call_end, waited in _gloo_sends(run, rank)
+        ]
         events.append(
             shapes.span(WAIT_SENDS, "user_annotation", pid, pid, end.lane_end + shift, end.sends_done + shift)
         )
@@ -128,6 +144,18 @@ def _rank_events(run: StepRun, rank: int, steps: int, group: Group | None = None
             events.append(shapes.span(OPTIMIZER_STEP, "user_annotation", pid, pid, *tail))
             events.append(shapes.span(OPTIMIZER_OP, "cpu_op", pid, pid, *tail))
     return events
+
+
+def _gloo_sends(run: StepRun, rank: int) -> list[tuple[int, int]]:
+    """Each SEND's gloo:send span, as real gloo traces hold it: from the end of its c10d::send call until
+    the step's wait for sends returns from it (in order, from the rank's last action on, once the send
+    is released): not the transfer, which may end long before."""
+    waited, spans = run.ends[rank].lane_end, []
+    for done in run.actions[rank]:
+        if done.action.kind in SENDS:
+            waited = max(waited, run.released[done.action], done.end)
+            spans.append((done.end, waited))
+    return spans
 
 
 def _all_reduce(pid: int, start: int, end: int, group: Group) -> list[dict[str, Any]]:
