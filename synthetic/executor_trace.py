@@ -36,7 +36,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,9 @@ def rank_parts(run: StepRun, rank: int, transport: Transport, host: HostTime) ->
     return parts
 
 
-def _rank_events(run: StepRun, rank: int, steps: int, group: Group | None = None) -> list[dict[str, Any]]:
+def _rank_events(
+    run: StepRun, rank: int, steps: int, group: Group | None = None, labels: bool = True
+) -> list[dict[str, Any]]:
     """Every step's events of one rank's thread (pid = tid), on the trace's clock; `group`: the DP
     group's record_param_comms args, where the rank all-reduces its gradients."""
     pid = 4000 + rank
@@ -128,20 +130,24 @@ def _rank_events(run: StepRun, rank: int, steps: int, group: Group | None = None
             kind = done.action.kind
             start = done.work_start if kind.is_compute else done.end if kind in RECVS else done.start
             cell = shapes.Cell(done.action, done.start + shift, start + shift, done.end + shift, True)
-            events += shapes.cpu_cell(cell, pid, host_in_label=True)
+            if labels:
+                events += shapes.cpu_cell(cell, pid, host_in_label=True)
+            else:  # autograd's sequence numbers: distinct per (step, microbatch)
+                sequence = 1 + 2 * (step * len(run.actions[rank]) + done.action.microbatch)
+                events += shapes.cpu_cell_unlabelled(replace(cell, start=start + shift), pid, sequence)
         events += [
             shapes.span(GLOO_SEND, "user_annotation", pid, pid, call_end + shift, waited + shift)
             for call_end, waited in _gloo_sends(run, rank)
         ]
-        events.append(
-            shapes.span(WAIT_SENDS, "user_annotation", pid, pid, end.lane_end + shift, end.sends_done + shift)
-        )
+        if labels:
+            waiting = (end.lane_end + shift, end.sends_done + shift)
+            events.append(shapes.span(WAIT_SENDS, "user_annotation", pid, pid, *waiting))
         if end.synced is not None:
             events += _all_reduce(pid, end.sends_done + shift, end.synced + shift, group or {})
         tail_start = end.sends_done if end.synced is None else end.synced
         if end.tail_end > tail_start:
             tail = (tail_start + shift, end.tail_end + shift)
-            events.append(shapes.span(OPTIMIZER_STEP, "user_annotation", pid, pid, *tail))
+            events += [shapes.span(OPTIMIZER_STEP, "user_annotation", pid, pid, *tail)] if labels else []
             events.append(shapes.span(OPTIMIZER_OP, "cpu_op", pid, pid, *tail))
     return events
 
@@ -233,12 +239,15 @@ def rank_document(
     run_id: str,
     distributed: Mapping[str, Any],
     group: Group | None = None,
+    labels: bool = True,
 ) -> dict[str, Any]:
     """The trace of the run's local rank `rank`; `distributed`: its global rank and world_size (and
     pg_config), `group` its DP group (_rank_events)."""
     on_gpu = isinstance(run, GpuStep)
     gpu = [{"id": rank, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
-    events = (_gpu_rank_events if on_gpu else _rank_events)(run, rank, steps, group)
+    events = (
+        _gpu_rank_events(run, rank, steps, group) if on_gpu else _rank_events(run, rank, steps, group, labels)
+    )
     return {
         "schemaVersion": 1,
         "deviceProperties": gpu if on_gpu else [],
@@ -333,6 +342,7 @@ def write_executor_run(
     steps: int = 3,
     run_id: str = "synthetic-executor",
     shape: str = "cpu",
+    labels: bool = True,
 ) -> StepRun | GpuStep:
     """rank{r}.json.gz, truth.json and run.json (last, with complete) of `steps` simulated steps; by
     default a rendezvous (cpu) or eager delivery (gpu) without transfer time, and no host time."""
@@ -348,7 +358,8 @@ def write_executor_run(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for rank in range(lowered.p):
-        document = rank_document(run, rank, steps, run_id, {"rank": rank, "world_size": lowered.p})
+        distributed = {"rank": rank, "world_size": lowered.p}
+        document = rank_document(run, rank, steps, run_id, distributed, labels=labels)
         write_trace(directory / f"rank{rank}.json.gz", document)
     truth = truth_document(run, transport, host, steps)
     write_json(directory / "truth.json", truth)
