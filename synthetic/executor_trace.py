@@ -44,6 +44,7 @@ from runners.schedules import Action, Schedule, lower
 from runners.schedules.trace_names import DP_GRAD_SYNC, OPTIMIZER_STEP, WAIT_SENDS, label
 from synthetic import shapes
 from synthetic.executor_gpu import (
+    COMM_STREAM_BASE,
     COMPUTE_STREAM,
     DP_STREAM,
     LAUNCH_NS,
@@ -177,24 +178,44 @@ def _all_reduce(pid: int, start: int, end: int, group: Group) -> list[dict[str, 
     ]
 
 
-def _gpu_rank_events(run: GpuStep, rank: int, steps: int, group: Group | None) -> list[dict[str, Any]]:
+def _gpu_rank_events(
+    run: GpuStep, rank: int, steps: int, group: Group | None, labels: bool = True
+) -> list[dict[str, Any]]:
     """Every step's events of one rank on a GPU: host labels around their launches, kernels on the
     compute and comm streams with ac2g flows, the wait for sends, the DP all-reduce's launch inside its
-    record_param_comms (naming `group`), and the optimizer's launch."""
+    record_param_comms (naming `group`), and the optimizer's launch. Without `labels` (a hand-written
+    loop) an action's launch sits inside the ops torch.profiler records instead (shapes.gpu_cell_unlabelled:
+    a B's on autograd's thread), with no label anywhere."""
     pid, device = 4000 + rank, rank
     events = shapes.metadata(pid, pid, "python", f"thread {pid} (python)")
+    if not labels:
+        autograd = pid + shapes.AUTOGRAD_TID_OFFSET
+        events += shapes.metadata(pid, autograd, "python", f"thread {autograd} (pt_autograd_0)")[1:]
     for stream in sorted({k.stream for k in run.kernels[rank]}):
         events += shapes.metadata(device, stream, f"GPU {device}", f"stream {stream}")
     waits = run.send_waits[rank]
+    per_step = len(run.kernels[rank])
     for step in range(steps):
         shift = ORIGIN_NS + step * run.step_ns
         events.append(
             shapes.span(f"{STEP_PREFIX}{step}", "user_annotation", pid, pid, shift, shift + run.step_ns)
         )
-        events.append(shapes.span(WAIT_SENDS, "user_annotation", pid, pid, *(t + shift for t in waits)))
+        if labels:
+            events.append(shapes.span(WAIT_SENDS, "user_annotation", pid, pid, *(t + shift for t in waits)))
         for number, kernel in enumerate(run.kernels[rank]):
-            correlation = step * len(run.kernels[rank]) + number + 1
-            events += _launched(kernel, pid, device, correlation, shift, group or {})
+            correlation = step * per_step + number + 1
+            if labels or kernel.action is None:
+                launched = _launched(kernel, pid, device, correlation, shift, group or {})
+                events += [e for e in launched if labels or "user_annotation" not in e.get("cat", "")]
+            else:
+                cell = shapes.Cell(
+                    kernel.action, kernel.start + shift, kernel.start + shift, kernel.end + shift, False
+                )
+                sequence = 1 + 2 * (step * per_step + kernel.action.microbatch)  # autograd's, per microbatch
+                peer = kernel.stream - COMM_STREAM_BASE
+                events += shapes.gpu_cell_unlabelled(
+                    cell, pid, device, correlation, kernel.launch_end + shift, sequence, peer
+                )
     return events
 
 
@@ -245,9 +266,7 @@ def rank_document(
     pg_config), `group` its DP group (_rank_events)."""
     on_gpu = isinstance(run, GpuStep)
     gpu = [{"id": rank, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
-    events = (
-        _gpu_rank_events(run, rank, steps, group) if on_gpu else _rank_events(run, rank, steps, group, labels)
-    )
+    events = (_gpu_rank_events if on_gpu else _rank_events)(run, rank, steps, group, labels)
     return {
         "schemaVersion": 1,
         "deviceProperties": gpu if on_gpu else [],

@@ -111,8 +111,9 @@ UNLABELLED = {
 
 
 @pytest.mark.parametrize("name", UNLABELLED)
-# CPU (gloo, with gloo:send as real traces hold it): tests/test_independent_truth.py
-@pytest.mark.parametrize("shape,batched", [("gpu", False), ("gpu", True)])
+# not batched, on the independent generator: tests/test_independent_truth.py (CPU, with gloo:send as real
+# traces hold it) and tests/test_independent_gpu.py
+@pytest.mark.parametrize("shape,batched", [("gpu", True)])
 def test_unlabelled_runs_are_inferred_with_their_parts_recovered(tmp_path, name, shape, batched):
     """No PP: labels (a hand-written loop, Schedule1F1B): the cells come from the op stream alone, on CPU
     (gloo) and GPU (NCCL, backward on autograd's thread, sends and receives coalesced where batched)."""

@@ -26,6 +26,7 @@ from runners.schedules import build, lower
 from synthetic.executor_gpu import COMPUTE_STREAM, LAUNCH_NS, simulate_gpu_step
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
 from synthetic.executor_trace import stalls_before, write_executor_run
+from synthetic.orders import deeper_warmup_1f1b, reverse_backward_gpipe
 from synthetic.truth import Work
 
 US = 1_000
@@ -91,10 +92,9 @@ def test_the_analysis_replays_the_gpu_truth_but_the_next_steps_head(analysed):
     assert last.residual_ms == pytest.approx(0, abs=1e-6)  # its window closes with the profiler
 
 
-def test_each_gpu_ranks_parts_are_the_truths(analysed):
-    _, truth, result = analysed
+def _assert_parts_are_the_truths(truth, summary):
     step = truth["steps"][0]
-    for entry in result.summary.ranks:
+    for entry in summary.ranks:
         true = step["ranks"][str(entry.rank)]["parts_ns"]
         assert sum(true.values()) == step["step_ns"]
         measured = {part: entry.part_ms(part) * 1e6 for part in PARTS}
@@ -103,6 +103,39 @@ def test_each_gpu_ranks_parts_are_the_truths(analysed):
         assert {part: measured[part] + moved.get(part, 0) for part in PARTS} == {
             part: pytest.approx(true[part], abs=1) for part in PARTS
         }, entry.rank
+
+
+def test_each_gpu_ranks_parts_are_the_truths(analysed):
+    _, truth, result = analysed
+    _assert_parts_are_the_truths(truth, result.summary)
+
+
+UNLABELLED = {
+    "gpipe": build("gpipe", 4, 8),
+    "1f1b": build("1f1b", 4, 8),
+    "reverse-backward gpipe": reverse_backward_gpipe(3, 4),
+    "1f1b with a deeper warm-up": deeper_warmup_1f1b(3, 6),
+}
+
+
+@pytest.mark.parametrize("name", UNLABELLED)
+def test_unlabelled_gpu_runs_are_inferred_with_their_parts_recovered(tmp_path, name):
+    """No PP: labels (a hand-written loop on NCCL): the cells come from the ops around the launches,
+    a backward's on autograd's thread, and every part is the labelled run's."""
+    schedule = UNLABELLED[name]
+    write_executor_run(
+        tmp_path,
+        schedule,
+        durations_us=DURATIONS,
+        transport=EAGER_HOP,
+        host=HostTime(**HOST),
+        shape="gpu",
+        labels=False,
+    )
+    result = analyze_run(read_run(tmp_path))
+    assert result.summary.inferred_cells == result.cells.height
+    assert result.schedule.orders == schedule.orders
+    _assert_parts_are_the_truths(json.loads((tmp_path / "truth.json").read_text()), result.summary)
 
 
 def test_gpu_sends_overlapping_compute_leave_compute_whole_and_count_the_hop_on_the_receiver(tmp_path):
