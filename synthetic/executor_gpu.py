@@ -19,6 +19,9 @@ On the device each kernel starts once it is launched and its stream is free:
 - with data parallelism (`synced`), the gradients' all-reduce on the DP group's stream (DP_STREAM),
   launched after the wait for sends, once the compute stream and every SEND's kernel are done, until
   its group's end;
+- batched (batch_isend_irecv): a SEND and the RECV right after it in the order are one kernel, launched
+  from the RECV's label, on the RECV's peer's stream after both peers' streams are free; its data leaves
+  at its start and it ends once the received data arrived and the sent data reached its receiver;
 - the optimizer's kernel after every SEND's kernel (the step's send.wait()) and the all-reduce.
 Each rank's device is replayed in order until every rank is done; a RECV whose SEND has not started
 waits for it (DeadlockError if it never does). The step ends when the last kernel of any rank does,
@@ -90,8 +93,11 @@ class _Device:
 
 
 class _Replay:
-    def __init__(self, schedule: Schedule, work_ns: Callable[[Action], int], transport: Transport, host):
+    def __init__(
+        self, schedule: Schedule, work_ns: Callable[[Action], int], transport: Transport, host, batched: bool
+    ):
         self.schedule, self.work_ns, self.transport, self.host = schedule, work_ns, transport, host
+        self.batched = batched
         self.labels = {r: self._host(order) for r, order in enumerate(schedule.orders)}
         self.devices = [_Device() for _ in schedule.orders]
         self.sent: dict[Action, int] = {}  # a RECV -> when its SEND's kernel started
@@ -116,6 +122,9 @@ class _Replay:
             return False
         action = order[device.position]
         opens, launched = self.labels[rank][device.position]
+        following = order[device.position + 1] if device.position + 1 < len(order) else None
+        if self.batched and action.kind in SENDS and following is not None and following.kind in RECVS:
+            return self._pair(rank, action, following)
         if action.kind.is_compute:
             start = max(launched, device.stream_at)
             kernel = Kernel(action, opens, launched, COMPUTE_STREAM, start, start + self.work_ns(action))
@@ -138,6 +147,28 @@ class _Replay:
             device.comm_free[peer] = kernel.end
         device.kernels.append(kernel)
         device.position += 1
+        return True
+
+    def _pair(self, rank: int, send: Action, recv: Action) -> bool:
+        """A SEND and the RECV after it as batch_isend_irecv issues them: one kernel, launched from the
+        RECV's slot, that sends at its start and ends once both halves are done (False while the RECV's
+        data has not left: the kernel has started, its start is the same when asked again)."""
+        device = self.devices[rank]
+        peers = (self.peer(send), self.peer(recv))
+        opens, launched = self.labels[rank][device.position + 1]
+        start = max(launched, device.stream_at, *(device.comm_free.get(peer, 0) for peer in peers))
+        self.sent[matching_recv(send)] = start  # its data leaves whether or not the RECV's has come
+        if recv not in self.sent:
+            return False
+        end = max(self.transport.released(start, start), self.transport.delivered(self.sent[recv], start))
+        stream = COMM_STREAM_BASE + peers[1]
+        device.kernels.append(
+            Kernel(send, self.labels[rank][device.position][0], launched, stream, start, end)
+        )
+        device.kernels.append(Kernel(recv, opens, launched, stream, start, end, self.sent[recv]))
+        device.stream_at = device.sends_end = max(device.sends_end, device.stream_at, end)
+        device.comm_free |= dict.fromkeys(peers, end)
+        device.position += 2
         return True
 
     def run(self, synced: Mapping[int, int] | None) -> GpuStep:
@@ -181,17 +212,19 @@ def simulate_gpu_step(
     transport: Transport,
     host: HostTime | None = None,
     synced: Mapping[int, int] | None = None,
+    batched: bool = False,
 ) -> GpuStep:
     """One step of the lowered `schedule` on GPUs (module docstring); eager transport only. With
     `synced` (data parallelism: synthetic.executor_dp) each rank all-reduces its gradients before the
-    optimizer, until synced[rank] (or no time where absent); GpuStep.ready says when each one began."""
+    optimizer, until synced[rank] (or no time where absent); GpuStep.ready says when each one began.
+    `batched`: each SEND with the RECV right after it is one kernel (batch_isend_irecv's, module docstring)."""
     if not schedule.lowered:
         raise ValueError(
             f"{schedule.name}: simulate_gpu_step runs a lowered schedule (runners.schedules.lower)"
         )
     if transport.semantics != EAGER:
         raise ValueError("the GPU executor is simulated with eager delivery (NCCL's small messages) only")
-    return _Replay(schedule, work_ns, transport, host or HostTime()).run(synced)
+    return _Replay(schedule, work_ns, transport, host or HostTime(), batched).run(synced)
 
 
 def rank_parts(step: GpuStep, rank: int) -> dict[str, int]:

@@ -40,7 +40,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from runners.schedules import Action, Schedule, lower
+from runners.schedules import Action, Kind, Schedule, lower
 from runners.schedules.trace_names import DP_GRAD_SYNC, OPTIMIZER_STEP, WAIT_SENDS, label
 from synthetic import shapes
 from synthetic.executor_gpu import (
@@ -202,21 +202,37 @@ def _gpu_rank_events(
         )
         if labels:
             events.append(shapes.span(WAIT_SENDS, "user_annotation", pid, pid, *(t + shift for t in waits)))
-        for number, kernel in enumerate(run.kernels[rank]):
+        kernels = run.kernels[rank]
+        for number, kernel in enumerate(kernels):
             correlation = step * per_step + number + 1
-            if labels or kernel.action is None:
+            paired = number + 1 < len(kernels) and kernels[number + 1].launch_end == kernel.launch_end
+            if number and kernels[number - 1].launch_end == kernel.launch_end:
+                continue  # a batched RECV: its SEND's kernel carries it
+            if paired:  # batch_isend_irecv's: both calls, one kernel
+                send, recv = (_cell(k, shift) for k in kernels[number : number + 2])
+                peers = (
+                    rank + (1 if kernel.action.kind is Kind.SEND_F else -1),
+                    kernels[number + 1].stream - COMM_STREAM_BASE,
+                )
+                events += shapes.pair_cell(
+                    send, recv, pid, device, correlation, kernel.launch_end + shift, peers
+                )
+            elif labels or kernel.action is None:
                 launched = _launched(kernel, pid, device, correlation, shift, group or {})
                 events += [e for e in launched if labels or "user_annotation" not in e.get("cat", "")]
             else:
-                cell = shapes.Cell(
-                    kernel.action, kernel.start + shift, kernel.start + shift, kernel.end + shift, False
-                )
+                cell = _cell(kernel, shift)
                 sequence = 1 + 2 * (step * per_step + kernel.action.microbatch)  # autograd's, per microbatch
                 peer = kernel.stream - COMM_STREAM_BASE
                 events += shapes.gpu_cell_unlabelled(
                     cell, pid, device, correlation, kernel.launch_end + shift, sequence, peer
                 )
     return events
+
+
+def _cell(kernel: Kernel, shift: int) -> shapes.Cell:
+    """An action's kernel as synthetic.shapes draws a cell: its device span (a comm cell's from its start)."""
+    return shapes.Cell(kernel.action, kernel.start + shift, kernel.start + shift, kernel.end + shift, False)
 
 
 def _names(kernel: Kernel) -> tuple[str, str]:
@@ -362,6 +378,7 @@ def write_executor_run(
     run_id: str = "synthetic-executor",
     shape: str = "cpu",
     labels: bool = True,
+    batched: bool = False,
 ) -> StepRun | GpuStep:
     """rank{r}.json.gz, truth.json and run.json (last, with complete) of `steps` simulated steps; by
     default a rendezvous (cpu) or eager delivery (gpu) without transfer time, and no host time."""
@@ -372,8 +389,14 @@ def write_executor_run(
     host = host or HostTime()
     lowered = schedule if schedule.lowered else lower(schedule)
     work = Work(durations_us)
-    step = simulate_gpu_step if on_gpu else simulate_step
-    run = step(lowered, lambda action: work.measured_ns(action, lowered.m), transport, host)
+    if batched and (labels or not on_gpu):
+        raise ValueError("batched p2p is written GPU-shaped and unlabelled (shape='gpu', labels=False)")
+    work_ns = lambda action: work.measured_ns(action, lowered.m)  # noqa: E731
+    run = (
+        simulate_gpu_step(lowered, work_ns, transport, host, batched=batched)
+        if on_gpu
+        else simulate_step(lowered, work_ns, transport, host)
+    )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for rank in range(lowered.p):

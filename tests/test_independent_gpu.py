@@ -165,3 +165,38 @@ def test_gpu_sends_overlapping_compute_leave_compute_whole_and_count_the_hop_on_
         assert entry.compute_ms * 1e6 == pytest.approx(truth[str(entry.rank)]["parts_ns"]["compute"], abs=1)
     # every hop waited for once, on its receiver: 4 microbatches x 2 directions x 300 us at most
     assert sum(entry.p2p_wait_ms for entry in result.summary.ranks) <= 8 * 0.3 + 1e-6
+
+
+@pytest.mark.parametrize("name", UNLABELLED)
+def test_batched_gpu_runs_are_inferred_with_their_work_and_waits_recovered(tmp_path, name):
+    """batch_isend_irecv: each SEND with the RECV after it is one kernel, sending at its start, ending
+    once both halves are done. A third departure: the analysis books a pair's wait bubble until its
+    SEND's receiver posted (a rendezvous), but an eager send does not wait for its receiver (the
+    deeper warm-up's middle rank: 250 us of its 650 us p2p_wait read as bubble); so the waits are
+    asserted as their sum, and p2p_wait only moves to bubble."""
+    schedule = UNLABELLED[name]
+    host = HostTime(**HOST)
+    write_executor_run(
+        tmp_path,
+        schedule,
+        durations_us=DURATIONS,
+        transport=EAGER_HOP,
+        host=host,
+        shape="gpu",
+        labels=False,
+        batched=True,
+    )
+    result = analyze_run(read_run(tmp_path))
+    assert result.summary.inferred_cells == result.cells.height
+    assert result.schedule.orders == schedule.orders
+    step = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
+    assert result.summary.step_time_ms == pytest.approx(step["step_ns"] / 1e6, abs=1e-6)
+    for entry in result.summary.ranks:
+        true = step["ranks"][str(entry.rank)]["parts_ns"]
+        measured = {part: entry.part_ms(part) * 1e6 for part in PARTS}
+        assert measured["compute"] == pytest.approx(true["compute"], abs=1)
+        assert measured["other"] == pytest.approx(true["other"], abs=1)
+        assert measured["launch_overhead"] + HEAD == pytest.approx(true["launch_overhead"], abs=1)
+        waits = measured["bubble"] + measured["p2p_wait"] - HEAD
+        assert waits == pytest.approx(true["bubble"] + true["p2p_wait"], abs=1), entry.rank
+        assert measured["p2p_wait"] <= true["p2p_wait"] + 1, entry.rank
