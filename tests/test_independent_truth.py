@@ -36,7 +36,13 @@ def _step(schedule, transport, host=None):
 
 
 def test_the_generator_imports_neither_the_analysis_nor_its_replay():
-    for name in ("executor_sim.py", "executor_gpu.py", "executor_trace.py", "executor_dp.py"):
+    for name in (
+        "executor_sim.py",
+        "executor_gpu.py",
+        "executor_events.py",
+        "executor_trace.py",
+        "executor_dp.py",
+    ):
         tree = ast.parse((GENERATOR / name).read_text())
         imported = [
             (node.module, alias.name)
