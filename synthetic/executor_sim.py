@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from runners.schedules import Action, Kind, Schedule
-from runners.schedules.dependencies import matching_recv
+from runners.schedules.dependencies import matching_recv, matching_send
 
 RENDEZVOUS, EAGER = "rendezvous", "eager"
 SENDS, RECVS = (Kind.SEND_F, Kind.SEND_B), (Kind.RECV_F, Kind.RECV_B)
@@ -104,21 +104,26 @@ class Executed:
 @dataclass(frozen=True)
 class RankEnd:
     """How a rank's step ends, ns: its last action's end, the end of its wait for its sends (and the
-    latest post of those sends' receivers, None without sends), the end of its tail."""
+    latest post of those sends' receivers, None without sends), the end of its tail; with data
+    parallelism (synthetic.executor_dp) the end of the gradients' all-reduce, which starts at sends_done
+    and comes before the tail."""
 
     lane_end: int
     sends_done: int
     last_receiver_post: int | None
     tail_end: int
+    synced: int | None = None
 
 
 @dataclass(frozen=True)
 class StepRun:
-    """One simulated step: every action per rank in its order, each rank's end, and the step's length."""
+    """One simulated step: every action per rank in its order, each rank's end, the step's length, and
+    when each SEND's sender part was released (Transport.released)."""
 
     actions: dict[int, list[Executed]]
     ends: dict[int, RankEnd]
     step_ns: int
+    released: dict[Action, int]
 
 
 @dataclass
@@ -163,7 +168,11 @@ class _Simulation:
         if len(self.ends) < len(self.orders):
             raise DeadlockError(self._stuck())
         step_ns = max(end.tail_end for end in self.ends.values())
-        return StepRun(self.actions, dict(sorted(self.ends.items())), step_ns)
+        released = {
+            matching_send(recv): self.transport.released(m.send_posted, m.recv_posted)
+            for recv, m in self.messages.items()
+        }
+        return StepRun(self.actions, dict(sorted(self.ends.items())), step_ns, released)
 
     def free(self, rank: int, time: int) -> None:
         """The rank's thread is free at `time`: the host time before its next action, or the step's end."""

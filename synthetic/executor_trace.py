@@ -1,5 +1,6 @@
-"""A run directory from synthetic.executor_sim: CPU-shaped Kineto traces of the native executor's steps,
-run.json with the calibration, and truth.json with each step's true times.
+"""A run directory from synthetic.executor_sim (shape "cpu") or synthetic.executor_gpu ("gpu"): Kineto
+traces of the native executor's steps, run.json with the calibration, and truth.json with each step's
+true times.
 
     run = write_executor_run(DIR, build("gpipe", 2, 16), durations_us={"F": 1000, "B": 2000},
                              transport=Transport(RENDEZVOUS, transfer_ns=50_000), host=HostTime(tail_ns=300_000))
@@ -8,8 +9,10 @@ Each step is one simulate_step (every step alike), steps back to back, every ran
 step's length (the barrier). What a rank's thread records, as the native executor's gloo traces do
 (shapes.cpu_cell): a `PP:` span per action; inside a compute span its two operators from its work's
 start; inside a RECV span `c10d::recv_` and `gloo:recv` over the blocked time (the whole span: a RECV is
-posted when it begins); inside a SEND span `c10d::send`; after the last action `PP wait for sends`
-until the sends are released, then `optimizer_step` holding an `aten::add_` over the tail.
+posted when it begins); inside a SEND span `c10d::send`, and from its end a `gloo:send` span until the
+step's wait for sends returns from that send (as real gloo traces hold it, over everything between);
+after the last action `PP wait for sends` until the sends are released, then `optimizer_step` holding an
+`aten::add_` over the tail.
 
 truth.json: {"transport", "steps": [{"step", "step_ns", "ranks": {rank: {"actions": [[label, start_ns,
 end_ns], ...] in order, "lane_end_ns", "sends_done_ns", "parts_ns": {...}}}}]}, times from the step's
@@ -18,6 +21,12 @@ inside compute spans before the work, in asynchronous SEND calls), bubble (a REC
 wait before the partner posted; the wait for sends before their last receiver posted, with a
 rendezvous; idle after the tail until the barrier), p2p_wait (those waits after the partner posted),
 other (the tail).
+
+GPU (NCCL, eager delivery by default): per action its `PP:` label on the host thread around one
+cudaLaunchKernel, the kernel (correlation id, ac2g flow) with its device-side label on the compute
+stream or its peer's comm stream; `PP wait for sends`, then `optimizer_step` around the optimizer's
+launch. truth.json's actions are the kernels' times; its parts are synthetic.executor_gpu.rank_parts,
+and p2p_queued_ns says how much of p2p_wait the compute stream spent queued behind the rank's own SEND.
 """
 
 from __future__ import annotations
@@ -32,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from runners.schedules import Action, Schedule, lower
-from runners.schedules.trace_names import OPTIMIZER_STEP, WAIT_SENDS, label
-from synthetic import shapes
-from synthetic.executor_sim import RECVS, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
+from runners.schedules.trace_names import label
+from synthetic.executor_events import BASE_TIME_NS, Group, cpu_rank_events, gpu_rank_events
+from synthetic.executor_gpu import GpuStep, queued_parts, simulate_gpu_step
+from synthetic.executor_gpu import rank_parts as gpu_parts
+from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
 from synthetic.truth import (
     DEFAULT_US,
     ROWS_PER_MICROBATCH,
@@ -45,15 +56,10 @@ from synthetic.truth import (
     dims,
 )
 
-BASE_TIME_NS = 1_700_000_000 * 10**9  # baseTimeNanoseconds; event times count from ORIGIN_NS after it
-ORIGIN_NS = 10 * 10**9
-STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step spans
-OPTIMIZER_OP = "aten::add_"  # the SGD update's operator inside optimizer_step
-
 
 def rank_parts(run: StepRun, rank: int, transport: Transport, host: HostTime) -> dict[str, int]:
     """The true parts of one rank's step (module docstring), ns; they sum to run.step_ns."""
-    parts = dict.fromkeys(("compute", "launch_overhead", "bubble", "p2p_wait", "other"), 0)
+    parts = dict.fromkeys(("compute", "launch_overhead", "bubble", "p2p_wait", "dp_sync", "other"), 0)
     free = 0
     for done in run.actions[rank]:
         parts["launch_overhead"] += done.start - free
@@ -72,58 +78,60 @@ def rank_parts(run: StepRun, rank: int, transport: Transport, host: HostTime) ->
     ready = min(max(end.lane_end, posted if posted is not None else end.lane_end), end.sends_done)
     parts["bubble"] += ready - end.lane_end + run.step_ns - end.tail_end
     parts["p2p_wait"] += end.sends_done - ready
-    parts["other"] += end.tail_end - end.sends_done
+    tail = end.sends_done if end.synced is None else end.synced
+    parts["dp_sync"] += tail - end.sends_done
+    parts["other"] += end.tail_end - tail
     return parts
 
 
-def _rank_events(run: StepRun, rank: int, steps: int) -> list[dict[str, Any]]:
-    """Every step's events of one rank's thread (pid = tid), on the trace's clock."""
-    pid = 4000 + rank
-    events = shapes.metadata(pid, pid, "python", f"thread {pid} (python)")
-    end = run.ends[rank]
-    for step in range(steps):
-        shift = ORIGIN_NS + step * run.step_ns
-        events.append(
-            shapes.span(f"{STEP_PREFIX}{step}", "user_annotation", pid, pid, shift, shift + run.step_ns)
-        )
-        for done in run.actions[rank]:
-            kind = done.action.kind
-            start = done.work_start if kind.is_compute else done.end if kind in RECVS else done.start
-            cell = shapes.Cell(done.action, done.start + shift, start + shift, done.end + shift, True)
-            events += shapes.cpu_cell(cell, pid, host_in_label=True)
-        events.append(
-            shapes.span(WAIT_SENDS, "user_annotation", pid, pid, end.lane_end + shift, end.sends_done + shift)
-        )
-        if end.tail_end > end.sends_done:
-            tail = (end.sends_done + shift, end.tail_end + shift)
-            events.append(shapes.span(OPTIMIZER_STEP, "user_annotation", pid, pid, *tail))
-            events.append(shapes.span(OPTIMIZER_OP, "cpu_op", pid, pid, *tail))
-    return events
-
-
-def _document(run: StepRun, rank: int, p: int, steps: int, run_id: str) -> dict[str, Any]:
+def rank_document(
+    run: StepRun | GpuStep,
+    rank: int,
+    steps: int,
+    run_id: str,
+    distributed: Mapping[str, Any],
+    group: Group | None = None,
+    labels: bool = True,
+) -> dict[str, Any]:
+    """The trace of the run's local rank `rank`; `distributed`: its global rank and world_size (and
+    pg_config), `group` its DP group (_rank_events)."""
+    on_gpu = isinstance(run, GpuStep)
+    gpu = [{"id": rank, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
+    events = (gpu_rank_events if on_gpu else cpu_rank_events)(run, rank, steps, group, labels)
     return {
         "schemaVersion": 1,
-        "deviceProperties": [],
-        "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": p},
+        "deviceProperties": gpu if on_gpu else [],
+        "distributedInfo": {"backend": "nccl" if on_gpu else "gloo", **distributed},
         "run_id": run_id,
         "baseTimeNanoseconds": BASE_TIME_NS,
-        "traceName": f"synthetic executor rank{rank}",
-        "traceEvents": _rank_events(run, rank, steps),
+        "traceName": f"synthetic executor rank{distributed['rank']}",
+        "traceEvents": events,
     }
 
 
-def truth_document(run: StepRun, transport: Transport, host: HostTime, steps: int) -> dict[str, Any]:
+def truth_document(
+    run: StepRun | GpuStep, transport: Transport, host: HostTime, steps: int
+) -> dict[str, Any]:
     """truth.json's content (module docstring)."""
-    ranks = {
-        str(rank): {
-            "actions": [[label(d.action), d.start, d.end] for d in run.actions[rank]],
-            "lane_end_ns": run.ends[rank].lane_end,
-            "sends_done_ns": run.ends[rank].sends_done,
-            "parts_ns": rank_parts(run, rank, transport, host),
+    if isinstance(run, GpuStep):
+        ranks = {
+            str(rank): {
+                "actions": [[label(k.action), k.start, k.end] for k in kernels if k.action],
+                "parts_ns": gpu_parts(run, rank),
+                "p2p_queued_ns": queued_parts(run, rank)["p2p_queued"],
+            }
+            for rank, kernels in run.kernels.items()
         }
-        for rank in run.actions
-    }
+    else:
+        ranks = {
+            str(rank): {
+                "actions": [[label(d.action), d.start, d.end] for d in run.actions[rank]],
+                "lane_end_ns": run.ends[rank].lane_end,
+                "sends_done_ns": run.ends[rank].sends_done,
+                "parts_ns": rank_parts(run, rank, transport, host),
+            }
+            for rank in run.actions
+        }
     return {
         "transport": asdict(transport),
         "steps": [{"step": step, "step_ns": run.step_ns, "ranks": ranks} for step in range(steps)],
@@ -131,9 +139,9 @@ def truth_document(run: StepRun, transport: Transport, host: HostTime, steps: in
 
 
 def run_config(
-    schedule: Schedule, work: Work, step_ns: int, transport: Transport, run_id: str
+    schedule: Schedule, work: Work, step_ns: int, transport: Transport, run_id: str, on_gpu: bool = False
 ) -> dict[str, Any]:
-    """run.json: the keys synthetic.generate writes for a CPU run, and the transport."""
+    """run.json: the keys synthetic.generate writes for a run, and the transport."""
     step_ms = step_ns / 1e6
     return {
         "schedule": schedule.name,
@@ -142,8 +150,8 @@ def run_config(
         "v": schedule.v,
         "engine": "synthetic",
         "preset": None,
-        "device": "cpu",
-        "backend": "gloo",
+        "device": "cuda" if on_gpu else "cpu",
+        "backend": "nccl" if on_gpu else "gloo",
         "mode": "processes",
         "dtype": "float32",
         "run_id": run_id,
@@ -156,6 +164,14 @@ def run_config(
         "synthetic_transport": transport.semantics,
         "complete": True,
     }
+
+
+def write_trace(path: Path, document: Mapping[str, Any]) -> None:
+    _write(path, gzip.compress(json.dumps(document).encode(), 6))
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    _write(path, json.dumps(data, indent=1).encode())
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -175,22 +191,37 @@ def write_executor_run(
     host: HostTime | None = None,
     steps: int = 3,
     run_id: str = "synthetic-executor",
-) -> StepRun:
+    shape: str = "cpu",
+    labels: bool = True,
+    batched: bool = False,
+) -> StepRun | GpuStep:
     """rank{r}.json.gz, truth.json and run.json (last, with complete) of `steps` simulated steps; by
-    default a rendezvous without transfer time and no host time."""
-    transport, host = transport or Transport(), host or HostTime()
+    default a rendezvous (cpu) or eager delivery (gpu) without transfer time, and no host time."""
+    if shape not in ("cpu", "gpu"):
+        raise ValueError(f"shape {shape!r}: cpu or gpu")
+    on_gpu = shape == "gpu"
+    transport = transport or Transport(EAGER if on_gpu else RENDEZVOUS)
+    host = host or HostTime()
     lowered = schedule if schedule.lowered else lower(schedule)
     work = Work(durations_us)
-    run = simulate_step(lowered, lambda action: work.measured_ns(action, lowered.m), transport, host)
+    if batched and (labels or not on_gpu):
+        raise ValueError("batched p2p is written GPU-shaped and unlabelled (shape='gpu', labels=False)")
+    work_ns = lambda action: work.measured_ns(action, lowered.m)  # noqa: E731
+    run = (
+        simulate_gpu_step(lowered, work_ns, transport, host, batched=batched)
+        if on_gpu
+        else simulate_step(lowered, work_ns, transport, host)
+    )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for rank in range(lowered.p):
-        document = _document(run, rank, lowered.p, steps, run_id)
-        _write(directory / f"rank{rank}.json.gz", gzip.compress(json.dumps(document).encode(), 6))
+        distributed = {"rank": rank, "world_size": lowered.p}
+        document = rank_document(run, rank, steps, run_id, distributed, labels=labels)
+        write_trace(directory / f"rank{rank}.json.gz", document)
     truth = truth_document(run, transport, host, steps)
-    _write(directory / "truth.json", json.dumps(truth, indent=1).encode())
-    config = run_config(schedule, work, run.step_ns, transport, run_id)
-    _write(directory / "run.json", json.dumps(config, indent=1).encode())
+    write_json(directory / "truth.json", truth)
+    config = run_config(schedule, work, run.step_ns, transport, run_id, on_gpu)
+    write_json(directory / "run.json", config)
     return run
 
 

@@ -18,6 +18,7 @@ from runners.schedules import build, lower
 from synthetic.executor_sim import EAGER, RENDEZVOUS, DeadlockError, HostTime, Transport, simulate_step
 from synthetic.executor_trace import stalls_before, write_executor_run
 from synthetic.generate import synthesize
+from synthetic.orders import deeper_warmup_1f1b, reverse_backward_gpipe
 from synthetic.truth import Work
 
 US = 1_000
@@ -35,7 +36,13 @@ def _step(schedule, transport, host=None):
 
 
 def test_the_generator_imports_neither_the_analysis_nor_its_replay():
-    for name in ("executor_sim.py", "executor_trace.py"):
+    for name in (
+        "executor_sim.py",
+        "executor_gpu.py",
+        "executor_events.py",
+        "executor_trace.py",
+        "executor_dp.py",
+    ):
         tree = ast.parse((GENERATOR / name).read_text())
         imported = [
             (node.module, alias.name)
@@ -202,3 +209,40 @@ def test_eager_receives_all_posted_late_on_a_stage_are_analysed(tmp_path):
     )
     summary = analyze_run(read_run(tmp_path)).summary
     assert summary.replayed_steps[0].residual_ms == pytest.approx(0, abs=1e-3)
+
+
+UNLABELLED = {
+    "gpipe": build("gpipe", 4, 8),
+    "1f1b": build("1f1b", 4, 8),
+    "reverse-backward gpipe": reverse_backward_gpipe(3, 4),
+    "1f1b with a deeper warm-up": deeper_warmup_1f1b(3, 6),
+}
+
+
+@pytest.mark.parametrize("name", UNLABELLED)
+def test_unlabelled_cpu_runs_are_inferred_with_their_parts_recovered(tmp_path, name):
+    """No PP: labels (a hand-written loop with isends): the cells come from the op stream alone, and
+    each gloo:send runs, as in real gloo traces, from its call until the step's wait for sends returns
+    from it, over the host time after the call (launch_overhead, not p2p_wait) and the wait itself
+    (bubble until the receiver posted, the transfer after)."""
+    schedule = UNLABELLED[name]
+    host = HostTime(before_ns=3 * US, inside_ns=2 * US)
+    run = write_executor_run(
+        tmp_path,
+        schedule,
+        durations_us=DURATIONS,
+        transport=Transport(RENDEZVOUS, TRANSFER),
+        host=host,
+        labels=False,
+    )
+    result = analyze_run(read_run(tmp_path))
+    assert result.summary.inferred_cells == result.cells.height
+    assert result.schedule.orders == schedule.orders
+    assert all(step.residual_ms == pytest.approx(0, abs=1e-3) for step in result.summary.replayed_steps)
+    truth = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
+    assert result.summary.step_time_ms == pytest.approx(run.step_ns / 1e6, abs=1e-6)
+    for entry in result.summary.ranks:
+        true = truth["ranks"][str(entry.rank)]["parts_ns"]
+        assert {part: entry.part_ms(part) for part in true} == {
+            part: pytest.approx(ns / 1e6, abs=1e-3) for part, ns in true.items()
+        }, entry.rank

@@ -45,7 +45,9 @@ def test_bare_ops_become_recv_compute_send_with_the_wait_up_to_the_arrival():
             ("aten::linear", "cpu_op", 60, 70),
             ("aten::gelu", "cpu_op", 70, 75),
             ("c10d::send", "cpu_op", 76, 78),
-            ("gloo:send", "user_annotation", 78, 400),  # isend: returns at once
+            # isend: returns at once; gloo's span runs until the step's wait returns from it, as in real
+            # gloo traces, over what the rank does meanwhile: it is not the send's time
+            ("gloo:send", "user_annotation", 78, 400),
             ("autograd::engine::evaluate_function: MmBackward0", "cpu_op", 80, 120),
             ("aten::add_", "cpu_op", 130, 140),  # optimizer: no GEMM, not a cell
         ]
@@ -53,8 +55,23 @@ def test_bare_ops_become_recv_compute_send_with_the_wait_up_to_the_arrival():
     assert found == [
         ("RECV_F", 0, 10 * ms, 40 * ms, 30 * ms),
         ("F", 0, 41 * ms, 75 * ms, 0),
-        ("SEND_F", 0, 76 * ms, 80 * ms, 0),  # cut where the next op starts
+        ("SEND_F", 0, 76 * ms, 78 * ms, 0),  # the call alone
         ("B", 0, 80 * ms, 120 * ms, 0),
+    ]
+
+
+def test_a_blocking_sends_cell_holds_its_wait_and_an_isends_is_its_call():
+    events = [
+        ("aten::linear", "cpu_op", 41, 60),
+        ("c10d::send", "cpu_op", 61, 62),
+        ("gloo:send", "user_annotation", 62, 79),  # blocking: the call's wait returned at 79
+        ("aten::linear", "cpu_op", 80, 90),
+        ("c10d::send", "cpu_op", 91, 92),
+        ("gloo:send", "user_annotation", 92, 300),  # an isend, waited for at the step's end
+    ]
+    assert [row[:4] for row in cells(events) if row[0] == "SEND_F"] == [
+        ("SEND_F", 0, 61_000, 79_000),
+        ("SEND_F", 1, 91_000, 92_000),
     ]
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import OwnSteps
-from analysis.attribution.predict import Unpredictable, concurrency, predict, step_levels
+from analysis.attribution.predict import Unpredictable, calibration_drift, concurrency, predict, step_levels
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
 from analysis.attribution.replay import Inputs, Replayed, Tail
 from analysis.cli import main
@@ -133,6 +133,42 @@ def test_busy_time_scales_with_the_isolated_calibration_and_the_rest_is_kept():
     assert found.bubble_predicted == pytest.approx(1 - busy_ms / found.step_time_ms)
     with pytest.raises(Unpredictable, match=r"no entry for m=8's microbatch rows \[8\]"):
         predict(schedule, model, own, ref, config, 8, "run.json")
+
+
+def test_the_slowdown_leaves_out_the_machine_s_drift_since_the_calibration():
+    """Profiled steps at 1.25x the median of the unprofiled ones, which ran between the calibration's
+    rounds: the machine ran the cells 1.25x slower than the calibration, so each busy time is divided
+    by 1.25 before it is scaled (one rank: no concurrency moves it); host time and the tail stay."""
+    schedule, model, own, ref, config = _one_rank_run()
+    drift = calibration_drift([12.5, 10.0, 12.5], {"step_times_unprofiled_ms": [9.0, 10.0, 11.0]})
+    assert drift == pytest.approx(1.25)
+    assert calibration_drift([12.5], {}) == 1.0
+    found = predict(schedule, model, own, ref, config, 4, "run.json", drift=drift)
+    busy_ms = 4 * (1.5 + 2.5 * 2) / 1.25
+    assert found.step_time_ms == pytest.approx(busy_ms + 4 * (0.1 + 0.2) + 0.5)
+
+
+def test_a_run_s_drift_moves_its_overlapping_cells_but_not_gpipe_at_m_1(tmp_path):
+    """The m=4 run's unprofiled steps at 0.8x its profiled ones: m=2 is predicted lower than with none, m=1
+    (whose ranks never overlap) stays the isolated work and the two hops."""
+    write_run(tmp_path / "m4", build("gpipe", 2, 4), **WORK, slowdown=1.3)
+    assert main(["predict", str(tmp_path / "m4"), "--ms", "1,2"]) == 0
+    steady = {
+        row["m"]: row["step_time_ms"] for row in json.loads((tmp_path / "m4" / "predict.json").read_text())
+    }
+    config = json.loads((tmp_path / "m4" / "run.json").read_text())
+    config["step_times_unprofiled_ms"] = [0.8 * ms for ms in config["step_times_unprofiled_ms"]]
+    (tmp_path / "m4" / "run.json").write_text(json.dumps(config))
+    assert main(["predict", str(tmp_path / "m4"), "--ms", "1,2"]) == 0
+    drifted = {
+        row["m"]: row["step_time_ms"] for row in json.loads((tmp_path / "m4" / "predict.json").read_text())
+    }
+    assert drifted[1] == pytest.approx(steady[1]) == pytest.approx(2 * (1.2 + 2.4) + 2 * 0.04)
+    assert drifted[2] < steady[2] - 1.0
+    # advise takes the drift out as predict does: its gpipe m=2 is predict's
+    assert main(["advise", str(tmp_path / "m4"), "--schedules", "gpipe", "--ms", "2", "--vs", "1"]) == 0
+    (advised,) = json.loads((tmp_path / "m4" / "advice.json").read_text())["candidates"]
+    assert advised["step_time_ms"] == pytest.approx(drifted[2])
 
 
 def test_the_interval_carries_the_run_s_step_levels():

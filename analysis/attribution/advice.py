@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
 
-from analysis.attribution.predict import Unpredictable, predict, rows_at, run_concurrency, step_levels
+from analysis.attribution.predict import Unpredictable, predict, rows_at, run_concurrency, run_levels
 from analysis.attribution.project import projection, stage_shares
 from analysis.attribution.reference import reference
 from analysis.results import Analysis
@@ -206,7 +206,8 @@ def advise(
     calibrated = bool(config.get("calibration_by_rows"))
     config = config if calibrated else linear_calibration(analysis, config)
     ref = reference(analysis.cells, config, source.m)
-    levels = step_levels([s.step_time_ms for s in analysis.summary.replayed_steps], config)
+    levels, drift = run_levels(analysis, config)
+    drift = drift if calibrated else 1.0  # a calibration made of the busy times themselves drifted with them
     per_row = stash_bytes_per_row(source, config, [r.peak_activation_bytes for r in analysis.summary.ranks])
     own_rows = rows_at(config, source.m)[0]
     share = run_concurrency(source, analysis.model)  # what its slowdown was measured at
@@ -225,7 +226,7 @@ def advise(
     for engine, name, m, v in requests:
         model, own, moved_config = carried[v]
         try:
-            guess = predict(source, model, own, ref, moved_config, m, where, levels, name, v, share)
+            guess = predict(source, model, own, ref, moved_config, m, where, levels, name, v, share, drift)
         except Unpredictable as why:
             skipped[(engine, name, m, v)] = str(why)
             continue

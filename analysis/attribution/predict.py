@@ -12,8 +12,15 @@ other (cores and caches shared: at P=2 on 2 cores any third runnable thread take
 them) is in the run's slowdown only as far as its ranks overlapped: gpipe at m=1 never overlaps them,
 at m=2 less than at m=4. As m' changes that share the replay is repeated with the slowdown it implies
 (CONCURRENCY_ROUNDS times: on CPU runs a further three moved no step by 0.1%). A run whose ranks never
-overlapped carries its slowdown as it is. The microbatch sizes at m' split the same batch
-(runners.presets.microbatch_rows), or keep the run's size where it fixed one (`--rows-per-mb`).
+overlapped carries its slowdown as it is. The slowdown is first taken back to the calibration's
+machine: the calibration's rounds run between the unprofiled steps (runners.worker), the cells were
+measured in the profiled steps after them, and the machine's speed moves between the two; a slowdown
+measured across that move would carry it to every m as if the pipeline caused it. So busy time is
+divided by the run's drift, its profiled steps' median over its unprofiled steps' (`calibration_drift`;
+over 27 quiet p=2 runs a run's mean slowdown followed it with a correlation of 0.88). Both kinds of step
+run the same pipeline, so what ranks computing together cost each other stays in the slowdown. The
+microbatch sizes at m' split the same batch (runners.presets.microbatch_rows), or keep the run's size
+where it fixed one (`--rows-per-mb`).
 
 The interval resamples the run's own measurements. Each of SAMPLES replays draws every action's inputs
 from one measured cell of its (stage, kind) (its work scaled the same way), every rank's tail from one
@@ -119,10 +126,20 @@ def run_concurrency(schedule: Schedule, model: StepModel) -> float:
     return concurrency(replay(schedule, model.step()), model.orders)
 
 
-def _carried(slowdowns: dict, ratio: float) -> dict:
-    """(stage, kind) -> the factor on its measured busy time that carries its slowdown s (busy / isolated) to
-    `ratio` times the run's concurrency: (1 + (s - 1) * ratio) / s."""
-    return {key: (1 + (s - 1) * ratio) / s for key, s in slowdowns.items()}
+def calibration_drift(replayed_ms: list[float], config: dict) -> float:
+    """The median of the run's profiled steps (`replayed_ms`) over that of run.json's unprofiled ones, which
+    run between the calibration's rounds: how much slower the machine ran the cells than the calibration
+    (1 where either is missing)."""
+    unprofiled = config.get("step_times_unprofiled_ms") or []
+    if not replayed_ms or not unprofiled:
+        return 1.0
+    return statistics.median(replayed_ms) / statistics.median(unprofiled)
+
+
+def _carried(slowdowns: dict, ratio: float, drift: float) -> dict:
+    """(stage, kind) -> the factor on its measured busy time that carries its slowdown s (busy / drift /
+    isolated) to `ratio` times the run's concurrency: (1 + (s - 1) * ratio) / (s * drift)."""
+    return {key: (1 + (s - 1) * ratio) / (s * drift) for key, s in slowdowns.items()}
 
 
 def _compute_keys(orders) -> list[tuple[int, str, int]]:
@@ -154,6 +171,12 @@ def step_levels(replayed_ms: list[float], config: dict) -> list[float]:
     and run.json's unprofiled ones. The machine's speed as it moved during the run."""
     unprofiled = config.get("step_times_unprofiled_ms") or []
     return [time / statistics.median(times) for times in (replayed_ms, unprofiled) if times for time in times]
+
+
+def run_levels(analysis: Analysis, config: dict) -> tuple[list[float], float]:
+    """The analysed run's step_levels and calibration_drift, from its replayed steps and run.json."""
+    replayed_ms = [s.step_time_ms for s in analysis.summary.replayed_steps]
+    return step_levels(replayed_ms, config), calibration_drift(replayed_ms, config)
 
 
 class _Pools:
@@ -192,13 +215,14 @@ def predict(
     name: str | None = None,
     v: int | None = None,
     source_concurrency: float | None = None,
+    drift: float = 1.0,
 ) -> Prediction:
     """The step of `schedule` rebuilt at m microbatches (as schedule `name` with v chunks per rank where
     given: `model`, `own` and `config` then carried to its stages by analysis.attribution.project, and
     `source_concurrency` the run's own, run_concurrency of its unprojected model); `ref` is the run's
     own (isolated times at its m), `config` its run.json, `levels` its steps' levels (step_levels;
-    none: the interval leaves the level out); InputError naming `where` when the run cannot predict at
-    all, Unpredictable when this m cannot be."""
+    none: the interval leaves the level out), `drift` its calibration_drift; InputError naming `where`
+    when the run cannot predict at all, Unpredictable when this m cannot be."""
     if not ref.isolated:
         raise InputError(where, "predict needs the isolated calibration (run.json calibration_by_rows)")
     name, v = name or schedule.name, v or schedule.v
@@ -212,8 +236,9 @@ def predict(
     typical = model.step(orders)
     own_share = run_concurrency(schedule, model) if source_concurrency is None else source_concurrency
     isolated = _own_isolated(model, config, schedule.m)
-    slowdowns = {key: busy / isolated[key] for key, busy in model.busy.items() if isolated.get(key)}
-    carried: dict = {}  # (stage, kind) -> its slowdown carried to m's concurrency, on its busy time
+    slowdowns = {key: busy / drift / isolated[key] for key, busy in model.busy.items() if isolated.get(key)}
+    # (stage, kind) -> its slowdown carried to m's concurrency, on its busy time; first at the run's own
+    carried = _carried(slowdowns, 1.0, drift)
 
     def with_carried(factors: dict) -> dict:
         return {a: f * carried.get((a.stage, a.kind.value), 1.0) for a, f in factors.items()}
@@ -223,7 +248,7 @@ def predict(
         scaled = {a: replace(i, work=i.work * work.get(a, 1.0)) for a, i in typical.inputs.items()}
         replayed = replay(target, replace(typical, inputs=scaled))
         if own_share:
-            carried = _carried(slowdowns, concurrency(replayed, orders) / own_share)
+            carried = _carried(slowdowns, concurrency(replayed, orders) / own_share, drift)
     step_ns = replayed.makespan
     rng = random.Random(m)  # the same interval on every call
     pools = _Pools(own, schedule.p)
@@ -249,13 +274,12 @@ def predict_each(
 ) -> tuple[list[Prediction], dict[int, str]]:
     """The analysed run's step predicted at each of `ms` that can be, and why each other cannot."""
     ref = reference(analysis.cells, config, analysis.schedule.m)
-    levels = step_levels([s.step_time_ms for s in analysis.summary.replayed_steps], config)
+    levels, drift = run_levels(analysis, config)
     found, skipped = [], {}
     for m in ms:
         try:
-            found.append(
-                predict(analysis.schedule, analysis.model, analysis.own, ref, config, m, where, levels)
-            )
+            model = (analysis.schedule, analysis.model, analysis.own, ref, config)
+            found.append(predict(*model, m, where, levels, drift=drift))
         except Unpredictable as why:
             skipped[m] = str(why)
     return found, skipped

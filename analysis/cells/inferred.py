@@ -19,8 +19,9 @@ Three shapes of trace this project did not write (torch.distributed.pipelining, 
   1F1B).
 
 A recv's RECV cell runs from the recv call to its data's arrival (the later of the call's end and its
-`gloo:recv` end, cut at the next op), all of it blocked; a send's SEND cell from the send call until
-the next op starts (a blocking send's wait included). Inferred cells carry `inferred=True`.
+`gloo:recv` end, cut at the next op), all of it blocked; a blocking send's SEND cell from the send call
+until its `gloo:send` ended (its wait included); an isend's, whose `gloo:send` runs past the next op
+(until the step's wait for sends returns from it), is the call alone. Inferred cells carry `inferred=True`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ from analysis.traces.kineto import BACKWARD_OP_PREFIX, STEP_PREFIX
 from runners.schedules.trace_names import OPERATOR_CATEGORY
 
 TORCH_LABEL = r"^(Forward|Backward) (\d+)$"
-ARRIVALS = ("gloo:recv", "gloo:send")  # async spans: from the call until the peer's data moved
+# async spans a p2p call opens: gloo:recv until its data arrived; gloo:send until the wait returned from
+# it, for an isend the step's wait for sends (real gloo traces), not its transfer
+ARRIVALS = ("gloo:recv", "gloo:send")
 
 
 def cells_of(
@@ -110,6 +113,10 @@ def _top_level_ops(events: RankEvents) -> pl.DataFrame:
     the op starting with it, so it still cuts the op stream there."""
     frame = events.frame
     is_p2p = pl.col("name").is_in(RECV_OPS + SEND_OPS)
+    is_send = pl.col("name").is_in(SEND_OPS)
+    # an isend's gloo:send outlives the next op: it ends when the step's wait returns from it (real gloo
+    # traces), not when its data moved, so the call alone is the send; a blocking send's ends before
+    outlives = (pl.col("arrival_ns") > pl.col("next_start")).fill_null(True)
     ops = (
         events.ops.filter(_main_thread(frame))
         .sort(
@@ -134,11 +141,11 @@ def _top_level_ops(events: RankEvents) -> pl.DataFrame:
             strategy="forward",
             check_sortedness=False,
         )
+        .with_columns(next_start=pl.col("start_ns").shift(-1))
         .with_columns(
-            next_start=pl.col("start_ns").shift(-1),
             # a p2p op's span reaches its data's arrival (gloo's span that the call opened, not a later
             # call's), but never into the next op
-            end_ns=pl.when(is_p2p & (pl.col("arrival_start") <= pl.col("end_ns")))
+            end_ns=pl.when(is_p2p & (pl.col("arrival_start") <= pl.col("end_ns")) & ~(is_send & outlives))
             .then(pl.max_horizontal("end_ns", "arrival_ns"))
             .otherwise("end_ns"),
         )

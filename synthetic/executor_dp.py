@@ -1,0 +1,157 @@
+"""PP x DP from synthetic.executor_sim (CPU) or executor_gpu (GPU): dp replicas of one pipeline and the
+gradients' all-reduce after each rank's wait for its sends, on gloo (CPU) or as an NCCL kernel on the
+DP group's stream (GPU), written as the runner's run directory with the truth.
+
+    job = write_executor_job(DIR, build("1f1b", 2, 4), dp=2, slow_replica=1, slow_factor=1.5,
+                             sync_us=300, transport=Transport(RENDEZVOUS, 50_000), host=HostTime(tail_ns=300_000))
+
+Replica j is simulate_step of the schedule (replica `slow_replica`'s compute x `slow_factor`), its
+ranks laid out as the runner's mesh, pp outermost: stage s of replica j is global rank s * dp + j. The
+replicas share nothing until the all-reduce, so each is simulated alone (without its tail) and the
+all-reduce is placed after: stage s of replica j joins its DP group (stage s of every replica) when its
+sends are done, at e(j, s), and every member leaves at max over j of e(j, s) + `sync_us` (the ring's
+transfer once the last member is there; on GPU e(j, s) is when the all-reduce's kernel can start,
+executor_gpu's `ready`, and the GPU replicas are simulated again with the group's ends). Then the tail
+(the optimizer step, which a GPU job needs: its all-reduce's time is read under it); the step ends with
+the last rank's tail, a barrier. Truth per rank: dp_sync = the all-reduce's whole time (nothing runs beside it),
+dp_skew = the part before the last member arrived; the slow replica's compute beyond the others' is its
+slowdown (the calibration is the others').
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from runners.schedules import Schedule, lower
+from synthetic.executor_gpu import GpuStep, simulate_gpu_step
+from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
+from synthetic.executor_trace import rank_document, run_config, truth_document, write_json, write_trace
+from synthetic.truth import DEFAULT_US, Durations, Work
+
+DP_GROUP = "dp"  # the runner's DP groups' description (pg_config's pg_desc)
+PP_GROUP = "pp_stages"  # a pipeline's ranks
+
+
+class Job(NamedTuple):
+    runs: list[StepRun] | list[GpuStep]  # replica j's steps, its ranks local (stage order)
+    pipelines: list[list[int]]  # global ranks in stage order, one list per replica
+    skew_ns: dict[int, int]  # global rank -> its wait in the all-reduce for the last member
+
+
+def simulate_job(
+    schedule: Schedule,
+    dp: int,
+    work: list[Work],
+    transport: Transport,
+    host: HostTime,
+    sync_ns: int,
+    shape: str,
+) -> Job:
+    """The dp replicas' steps (module docstring), replica j's compute from work[j]."""
+    work_ns = [lambda a, w=w: w.measured_ns(a, schedule.m) for w in work]
+    if shape == "gpu":  # each rank's all-reduce kernel begins at ready[s] and lasts until the group's end
+        alone = [simulate_gpu_step(schedule, timed, transport, host, synced={}) for timed in work_ns]
+        arrived = [run.ready for run in alone]
+    else:  # each rank joins when its sends are done
+        alone = [simulate_step(schedule, timed, transport, replace(host, tail_ns=0)) for timed in work_ns]
+        arrived = [{s: end.sends_done for s, end in run.ends.items()} for run in alone]
+    joined = {s: max(ready[s] for ready in arrived) for s in range(schedule.p)}
+    synced = {s: joined[s] + sync_ns for s in joined}
+    skew = {s * dp + j: joined[s] - ready[s] for j, ready in enumerate(arrived) for s in ready}
+    if shape == "gpu":
+        runs = [simulate_gpu_step(schedule, timed, transport, host, synced=synced) for timed in work_ns]
+    else:
+        runs = [
+            replace(
+                run,
+                ends={
+                    s: replace(end, synced=synced[s], tail_end=synced[s] + host.tail_ns)
+                    for s, end in run.ends.items()
+                },
+            )
+            for run in alone
+        ]
+    step_ns = max(
+        run.step_ns if shape == "gpu" else max(e.tail_end for e in run.ends.values()) for run in runs
+    )
+    pipelines = [[s * dp + j for s in range(schedule.p)] for j in range(dp)]
+    return Job([replace(run, step_ns=step_ns) for run in runs], pipelines, skew)
+
+
+def _groups(pipelines: list[list[int]]) -> list[dict[str, Any]]:
+    """pg_config: every stage's DP group, then every pipeline's."""
+    dp_groups = [[ranks[s] for ranks in pipelines] for s in range(len(pipelines[0]))]
+    named = [(DP_GROUP, ranks) for ranks in dp_groups] + [(PP_GROUP, ranks) for ranks in pipelines]
+    return [{"pg_name": str(i), "pg_desc": d, "ranks": r} for i, (d, r) in enumerate(named)]
+
+
+def _slowed(
+    parts: dict[str, int], schedule: Schedule, rank: int, work: Work, reference: Work
+) -> dict[str, int]:
+    """A rank's parts with its compute beyond the `reference` work's as slowdown."""
+    actions = [a for a in schedule.orders[rank] if a.kind.is_compute]
+    slowdown = sum(work.measured_ns(a, schedule.m) - reference.measured_ns(a, schedule.m) for a in actions)
+    return parts | {"compute": parts["compute"] - slowdown, "slowdown": slowdown}
+
+
+def write_executor_job(
+    directory: str | Path,
+    schedule: Schedule,
+    dp: int,
+    *,
+    durations_us: Durations = DEFAULT_US,
+    slow_replica: int = 0,
+    slow_factor: float = 1.0,
+    sync_us: float = 0.0,
+    transport: Transport | None = None,
+    host: HostTime | None = None,
+    steps: int = 3,
+    run_id: str = "synthetic-executor-dp",
+    shape: str = "cpu",
+) -> Job:
+    """rank{g}.json.gz per global rank, truth.json (per global rank, dp_skew_ns beside its parts) and
+    run.json (dp, the mesh and the pipelines), written last."""
+    if shape not in ("cpu", "gpu"):
+        raise ValueError(f"shape {shape!r}: cpu or gpu")
+    transport = transport or Transport(EAGER if shape == "gpu" else RENDEZVOUS)
+    host = host or HostTime()
+    lowered = schedule if schedule.lowered else lower(schedule)
+    reference = Work(durations_us)  # the calibration's
+    work = [Work(durations_us, slowdown=slow_factor if j == slow_replica else 1.0) for j in range(dp)]
+    job = simulate_job(lowered, dp, work, transport, host, round(sync_us * 1000), shape)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    groups = _groups(job.pipelines)
+    world = lowered.p * dp
+    truth: dict[str, Any] = {
+        "steps": [{"step": k, "step_ns": job.runs[0].step_ns, "ranks": {}} for k in range(steps)]
+    }
+    for j, run in enumerate(job.runs):
+        replica = truth_document(run, transport, host, steps)
+        for s in range(lowered.p):
+            rank = job.pipelines[j][s]
+            said = groups[s]
+            group = {
+                "Process Group Name": said["pg_name"],
+                "Process Group Description": said["pg_desc"],
+                "Process Group Ranks": str(said["ranks"]),
+            }
+            distributed = {"rank": rank, "world_size": world, "pg_config": groups}
+            write_trace(
+                directory / f"rank{rank}.json.gz", rank_document(run, s, steps, run_id, distributed, group)
+            )
+            told = replica["steps"][0]["ranks"][str(s)]
+            parts = _slowed(told["parts_ns"], lowered, s, work[j], reference)
+            for step in truth["steps"]:
+                step["ranks"][str(rank)] = told | {"parts_ns": parts, "dp_skew_ns": job.skew_ns[rank]}
+    write_json(directory / "truth.json", truth)
+    config = run_config(schedule, reference, job.runs[0].step_ns, transport, run_id, shape == "gpu") | {
+        "dp": dp,
+        "world_size": world,
+        "mesh": {"dim_names": ["pp", "dp"], "shape": [lowered.p, dp]},
+        "pipelines": job.pipelines,
+    }
+    write_json(directory / "run.json", config)
+    return job
