@@ -155,7 +155,8 @@ def test_the_timeline_draws_the_median_steps_critical_path_on_its_own_track(tmp_
 
 
 def test_a_huge_step_is_drawn_from_time_bins_that_keep_its_time(tmp_path):
-    analysis = results.read(write_contract_run(tmp_path, "run", "1f1b", p=4, m=400, forward_ms=0.01, steps=1))
+    # huge against rows_max below: m=100 gives 2,015 rows, twice the 1,000 (m=400's 8,015 cost 4x the time)
+    analysis = results.read(write_contract_run(tmp_path, "run", "1f1b", p=4, m=100, forward_ms=0.01, steps=1))
     frame = timeline_frame(analysis.cells, analysis.gaps, 0, step_origin(analysis.cells, analysis.gaps, 0))
     bars = coarsen(frame, bins=50, rows_max=1000)
     assert frame.height > 1000 and bars.height <= 4 * 3 * 50
