@@ -5,8 +5,9 @@
 
 Each replica j is synthetic.generate's replay of the schedule (the slow one's compute x slow_factor),
 its ranks laid out as the runner's mesh, pp outermost: stage s of replica j is global rank s * dp + j.
-After its last action each rank joins its DP group's all-reduce (stage s's ranks of every replica): it
-starts there, at e(j, s), and ends on every member at the latest start plus `sync_us`, the transfer.
+After its last action (GPU: once its SEND kernels are done, as the compute stream waits for the sends)
+each rank joins its DP group's all-reduce (stage s's ranks of every replica): it starts there, at
+e(j, s), and ends on every member at the latest start plus `sync_us`, the transfer.
 The step is as long as the longest sync; every rank idles after its sync until then (drain: bubble).
 Truth per rank: dp_sync = end - e(j, s), all of it exposed (nothing computes after the last action),
 and of it dp_skew = the latest start - e(j, s), the wait for the slowest replica; bubble is the rest
@@ -27,7 +28,7 @@ from typing import Any, NamedTuple
 from analysis.files import write_atomically
 from runners.schedules import Schedule, lower
 from synthetic import shapes
-from synthetic.generate import ORIGIN_NS, OptionError, run_config, synthesize
+from synthetic.generate import ORIGIN_NS, OptionError, run_config, sends_until_received, synthesize
 from synthetic.truth import RankTruth
 
 CALL_NS = 5_000  # CPU: the c10d::allreduce_ call that hands the buckets to gloo's thread
@@ -82,7 +83,8 @@ def synthesize_job(
         raise OptionError("a PP x DP job takes one slowdown factor")
     factors = [slowdown * (slow_factor if j == slow_pipeline else 1.0) for j in range(dp)]
     alone = [synthesize(lowered, slowdown=f, shape=shape, steps=1, **options) for f in factors]
-    ends = [[max(cell.end for cell in run.cells[s]) for s in range(p)] for run in alone]  # e(j, s)
+    drawn = [sends_until_received(run.cells) if shape == "gpu" else run.cells for run in alone]
+    ends = [[max(cell.end for cell in cells[s]) for s in range(p)] for cells in drawn]  # e(j, s)
     latest = [max(ends[j][s] for j in range(dp)) for s in range(p)]
     sync_end = [latest[s] + round(sync_us * 1000) for s in range(p)]
     step_ns = max(sync_end)

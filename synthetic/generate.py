@@ -151,7 +151,7 @@ def synthesize(
     cells = _cells(lowered, rows, gap)
     truth = {r: rank_truth(r, step_ns, cells, work, lowered.m, gap, pairs) for r in cells}
     offsets = clock_offset_ns or {}
-    drawn = _sends_until_received(cells) if shape == "gpu" else cells
+    drawn = sends_until_received(cells) if shape == "gpu" else cells
     if host_in_labels and (shape != "cpu" or not labels):
         raise OptionError(
             "host_in_labels draws the launch gaps inside CPU labels: shape cpu, with labels only"
@@ -212,7 +212,7 @@ class _Style(NamedTuple):
         return 1 + 2 * (step * self.m + action.microbatch)
 
 
-def _sends_until_received(cells: dict[int, list[shapes.Cell]]) -> dict[int, list[shapes.Cell]]:
+def sends_until_received(cells: dict[int, list[shapes.Cell]]) -> dict[int, list[shapes.Cell]]:
     """GPU: each SEND's NCCL kernel runs until its receiver has the data, as an isend does on its own
     stream, overlapping whatever the sender computes next (the truth does not change: the sender never
     waits for it, unless batched). A RECV's start is its data's arrival (its end too, unless batched)."""
