@@ -64,6 +64,8 @@ class RankCells:
     send_waits: pl.DataFrame | None = None
     # GPU: rank, step, start_ns, end_ns of the host's synchronize calls (blocked until the device is done)
     host_syncs: pl.DataFrame | None = None
+    # GPU: rank, step, start_ns, end_ns of the next step's host getting to its first launch (next_heads)
+    next_heads: pl.DataFrame | None = None
 
     def map(self, change: Callable[[pl.DataFrame], pl.DataFrame]) -> RankCells:
         """The same rank with `change` applied to each of its frames."""
@@ -224,6 +226,20 @@ def host_syncs(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     return assign_steps(calls, steps).select("rank", "step", "start_ns", "end_ns")
 
 
+def next_heads(host_steps: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
+    """GPU: from each step's host span start to the end of its first launch call, under the previous
+    step's number: the device's window of that step closes at this step's first kernel, so the host
+    getting to it lies in that window."""
+    issued = kernels.group_by("rank", "step").agg(end_ns=pl.col("issued_ns").min())
+    return (
+        host_steps.select("rank", "step", "start_ns")
+        .join(issued, on=["rank", "step"])
+        .sort("rank", "step")
+        .with_columns(step=pl.col("step").shift(1).over("rank"))
+        .drop_nulls("step")
+    )
+
+
 def _send_waits(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """The executor's `PP wait for sends` spans (runners.schedules.trace_names), by step."""
     spans = rows(frame, (pl.col("name") == WAIT_SENDS) & (pl.col("ph") == "X"), "rank", "start_ns", "end_ns")
@@ -330,6 +346,7 @@ def labelled_cells(events: RankEvents, labels: pl.DataFrame) -> RankCells:
     unscheduled = _unscheduled(events, labels, kernels, steps)
     ops = None if kernels is not None else operator_spans(events.ops, labels)
     syncs = None if kernels is None else host_syncs(events.frame, events.steps)
+    heads = None if kernels is None else next_heads(events.steps, kernels)
     return RankCells(
-        cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, ops, send_waits, syncs
+        cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, ops, send_waits, syncs, heads
     )
