@@ -152,7 +152,7 @@ def synthesize(
         rows, step_ns = timeline.rows, max(round(timeline.makespan), step_ns or 0)
     cells = _cells(lowered, rows, gap)
     truth = {r: rank_truth(r, step_ns, cells, work, lowered.m, gap, pairs) for r in cells}
-    if shape == "gpu" and steps > 1:  # the analysed step is one before the last
+    if shape in ("gpu", SINGLE_GPU) and steps > 1:  # the analysed step is one before the last
         truth = {r: _with_next_head(truth[r], cells[r], step_ns, pairs) for r in cells}
     offsets = clock_offset_ns or {}
     drawn = sends_until_received(cells) if shape == "gpu" else cells
