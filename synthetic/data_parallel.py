@@ -5,12 +5,14 @@
 
 Each replica j is synthetic.generate's replay of the schedule (the slow one's compute x slow_factor),
 its ranks laid out as the runner's mesh, pp outermost: stage s of replica j is global rank s * dp + j.
-After its last action each rank joins its DP group's all-reduce (stage s's ranks of every replica): it
-starts there, at e(j, s), and ends on every member at the latest start plus `sync_us`, the transfer.
+After its last action (GPU: once its SEND kernels are done, as the compute stream waits for the sends)
+each rank joins its DP group's all-reduce (stage s's ranks of every replica): it starts there, at
+e(j, s), and ends on every member at the latest start plus `sync_us`, the transfer.
 The step is as long as the longest sync; every rank idles after its sync until then (drain: bubble).
 Truth per rank: dp_sync = end - e(j, s), all of it exposed (nothing computes after the last action),
 and of it dp_skew = the latest start - e(j, s), the wait for the slowest replica; bubble is the rest
-of what the replay's truth called bubble. Per replica, its step alone: its last rank's end plus the
+of what the replay's truth called bubble (GPU: the next step's head, launch_overhead there, is dp_sync
+where the sync covers it). Per replica, its step alone: its last rank's end plus the
 transfer. CPU: c10d::allreduce_ on the main thread (CALL_NS) and its
 gloo:all_reduce on gloo's thread until the end; GPU: an NCCL AllReduce kernel on the comm stream.
 Each rank's trace records its process groups (distributedInfo.pg_config) as the runner names them.
@@ -26,8 +28,9 @@ from typing import Any, NamedTuple
 
 from analysis.files import write_atomically
 from runners.schedules import Schedule, lower
+from synthetic import batched as batching
 from synthetic import shapes
-from synthetic.generate import ORIGIN_NS, OptionError, run_config, synthesize
+from synthetic.generate import ORIGIN_NS, OptionError, next_head, run_config, sends_until_received, synthesize
 from synthetic.truth import RankTruth
 
 CALL_NS = 5_000  # CPU: the c10d::allreduce_ call that hands the buckets to gloo's thread
@@ -82,7 +85,9 @@ def synthesize_job(
         raise OptionError("a PP x DP job takes one slowdown factor")
     factors = [slowdown * (slow_factor if j == slow_pipeline else 1.0) for j in range(dp)]
     alone = [synthesize(lowered, slowdown=f, shape=shape, steps=1, **options) for f in factors]
-    ends = [[max(cell.end for cell in run.cells[s]) for s in range(p)] for run in alone]  # e(j, s)
+    drawn = [sends_until_received(run.cells) if shape == "gpu" else run.cells for run in alone]
+    pairs = batching.pairs(lowered) if options.get("batched") else {}
+    ends = [[max(cell.end for cell in cells[s]) for s in range(p)] for cells in drawn]  # e(j, s)
     latest = [max(ends[j][s] for j in range(dp)) for s in range(p)]
     sync_end = [latest[s] + round(sync_us * 1000) for s in range(p)]
     step_ns = max(sync_end)
@@ -107,10 +112,15 @@ def synthesize_job(
             traces[rank] = document | {"traceEvents": events, "distributedInfo": info}
             told = run.truth[s]
             exposed = sync[1] - sync[0]
+            under = 0  # of the next step's head (launch_overhead in the truth), the part under the sync
+            if shape == "gpu" and steps > 1:
+                head = next_head(run.cells[s], step_ns, pairs)
+                under = max(0, min(head[1], sync[1]) - max(head[0], sync[0]))
             truth[rank] = replace(
                 told,
                 rank=rank,
-                bubble_ns=told.bubble_ns - exposed,
+                launch_overhead_ns=told.launch_overhead_ns - under,
+                bubble_ns=told.bubble_ns - exposed + under,
                 dp_sync_ns=exposed,
                 dp_skew_ns=latest[s] - ends[j][s],
             )

@@ -7,7 +7,9 @@ The lowered schedule is replayed by runners.schedules.simulate with the chosen c
 reference time x small_gemm x slowdown: synthetic.truth), the p2p latency on every cross-rank edge and
 the launch gap before every compute action but a rank's first (a device's step begins with its first
 work: idle before that cannot be told from the previous step's); each step is one replay, steps back
-to back. Per rank and step the truth splits the step exactly (synthetic.truth.RankTruth).
+to back. Per rank and step the truth splits the step exactly (synthetic.truth.RankTruth); on GPU with
+more than one step (one before the last is analysed) the window ends with the next step's host getting
+to its first launch, launch_overhead where the rank is idle by then (next_head).
 Clock offsets shift a rank's timestamps only, never the truth.
 
 labels=False writes the same run without `PP:` labels, as torch.profiler records a hand-written loop
@@ -150,8 +152,10 @@ def synthesize(
         rows, step_ns = timeline.rows, max(round(timeline.makespan), step_ns or 0)
     cells = _cells(lowered, rows, gap)
     truth = {r: rank_truth(r, step_ns, cells, work, lowered.m, gap, pairs) for r in cells}
+    if shape in ("gpu", SINGLE_GPU) and steps > 1:  # the analysed step is one before the last
+        truth = {r: _with_next_head(truth[r], cells[r], step_ns, pairs) for r in cells}
     offsets = clock_offset_ns or {}
-    drawn = _sends_until_received(cells) if shape == "gpu" else cells
+    drawn = sends_until_received(cells) if shape == "gpu" else cells
     if host_in_labels and (shape != "cpu" or not labels):
         raise OptionError(
             "host_in_labels draws the launch gaps inside CPU labels: shape cpu, with labels only"
@@ -212,7 +216,7 @@ class _Style(NamedTuple):
         return 1 + 2 * (step * self.m + action.microbatch)
 
 
-def _sends_until_received(cells: dict[int, list[shapes.Cell]]) -> dict[int, list[shapes.Cell]]:
+def sends_until_received(cells: dict[int, list[shapes.Cell]]) -> dict[int, list[shapes.Cell]]:
     """GPU: each SEND's NCCL kernel runs until its receiver has the data, as an isend does on its own
     stream, overlapping whatever the sender computes next (the truth does not change: the sender never
     waits for it, unless batched). A RECV's start is its data's arrival (its end too, unless batched)."""
@@ -272,6 +276,28 @@ def _document(
                 )
             ]
     return _header(rank, schedule.p, shape == "gpu", run_id) | {"traceEvents": events}
+
+
+def next_head(cells: list[shapes.Cell], step_ns: int, pairs: Mapping[Action, Action]) -> tuple[int, int]:
+    """GPU: the next step's host getting to its first launch (STEP_HEAD_NS, then the first unit's host
+    spans up to its launch), on this step's clock: a step before the last has it in its device window,
+    which closes at the next step's first kernel."""
+    first = _units(cells, pairs)[0]
+    device_start = first[0].start if first[0].action.kind.is_compute else first[0].issue
+    return step_ns + shapes.host_start(first, device_start) - STEP_HEAD_NS, step_ns + device_start
+
+
+def _with_next_head(
+    truth: RankTruth, cells: list[shapes.Cell], step_ns: int, pairs: Mapping[Action, Action]
+) -> RankTruth:
+    """`truth` with the next head (next_head) launch_overhead where the compute stream is idle by then,
+    not drain bubble."""
+    start, end = next_head(cells, step_ns, pairs)
+    last = max(cell.end for cell in cells if not cell.action.kind.value.startswith("SEND"))
+    moved = max(0, end - max(start, last))
+    return replace(
+        truth, launch_overhead_ns=truth.launch_overhead_ns + moved, bubble_ns=truth.bubble_ns - moved
+    )
 
 
 def _units(cells: list[shapes.Cell], pairs: Mapping[Action, Action]) -> list[tuple[shapes.Cell, ...]]:

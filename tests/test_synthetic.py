@@ -346,14 +346,16 @@ def test_batched_pair_by_hand():
     SEND_B0 with RECV_F1. Rank 1 posts its pair at 4050 (after B0), RECV_F1's data is there (sent at
     2000), but SEND_B0 reaches rank 0 only at 4100, so F1 starts at 4100, not 4050: B1 ends at 7100,
     rank 0's B1 runs 7150-9150. Both partners were ready at 4050: the 50 until 4100 is p2p_wait on
-    both ranks, as are the 50 of each unbatched hop."""
+    both ranks, as are the 50 of each unbatched hop. Rank 1, done at 9100, ends its window (the step
+    before the last) with the next step's host getting to its first launch: 15 of launch_overhead."""
     result = synthesize(build("1f1b", 2, 2), shape="gpu", labels=False, batched=True, p2p_latency_us=50)
     unbatched = synthesize(build("1f1b", 2, 2), shape="gpu", labels=False, p2p_latency_us=50)
     assert unbatched.truth[0].step_ns == 9_100_000
-    for rank in (0, 1):
+    for rank, head in ((0, 0), (1, 15_000)):
         truth = result.truth[rank]
         assert truth.step_ns == 9_150_000
-        assert (truth.compute_ns, truth.p2p_wait_ns, truth.bubble_ns) == (6_000_000, 100_000, 3_050_000)
+        assert (truth.compute_ns, truth.p2p_wait_ns) == (6_000_000, 100_000)
+        assert (truth.launch_overhead_ns, truth.bubble_ns) == (head, 3_050_000 - head)
     starts = {c.action: (c.start, c.end) for cells in result.cells.values() for c in cells}
     assert starts[Action(1, Kind.F, 1)][0] == 4_100_000 and starts[Action(0, Kind.B, 1)] == (
         7_150_000,

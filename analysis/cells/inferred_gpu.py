@@ -28,6 +28,7 @@ from analysis.cells.labelled import (
     _device_windows,
     _unscheduled,
     host_syncs,
+    next_heads,
 )
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
 from analysis.cells.spans import assign_steps, union
@@ -158,7 +159,10 @@ def gpu_cells(events: RankEvents) -> RankCells:
     steps = _device_windows(events.frame, host_steps, cells)
     unscheduled = _unscheduled(events, cells, kernels, steps)
     syncs = host_syncs(events.frame, host_steps)
-    return RankCells(cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, host_syncs=syncs)
+    heads = next_heads(host_steps, kernels)
+    return RankCells(
+        cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, host_syncs=syncs, next_heads=heads
+    )
 
 
 def _compute_cells(timed: pl.DataFrame) -> pl.DataFrame:

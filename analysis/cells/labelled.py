@@ -66,6 +66,8 @@ class RankCells:
     host_syncs: pl.DataFrame | None = None
     # CPU, our runners: rank, step, start_ns, end_ns of the step-end barrier (absent: the loop has none)
     barriers: pl.DataFrame | None = None
+    # GPU: rank, step, start_ns, end_ns of the next step's host getting to its first launch (next_heads)
+    next_heads: pl.DataFrame | None = None
 
     def map(self, change: Callable[[pl.DataFrame], pl.DataFrame]) -> RankCells:
         """The same rank with `change` applied to each of its frames."""
@@ -226,6 +228,20 @@ def host_syncs(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     return assign_steps(calls, steps).select("rank", "step", "start_ns", "end_ns")
 
 
+def next_heads(host_steps: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
+    """GPU: from each step's host span start to the end of its first launch call, under the previous
+    step's number: the device's window of that step closes at this step's first kernel, so the host
+    getting to it lies in that window."""
+    issued = kernels.group_by("rank", "step").agg(end_ns=pl.col("issued_ns").min())
+    return (
+        host_steps.select("rank", "step", "start_ns")
+        .join(issued, on=["rank", "step"])
+        .sort("rank", "step")
+        .with_columns(step=pl.col("step").shift(1).over("rank"))
+        .drop_nulls("step")
+    )
+
+
 def _named_spans(frame: pl.DataFrame, steps: pl.DataFrame, name: str) -> pl.DataFrame:
     """The rank's spans called `name`, by step."""
     spans = rows(frame, (pl.col("name") == name) & (pl.col("ph") == "X"), "rank", "start_ns", "end_ns")
@@ -344,6 +360,16 @@ def labelled_cells(events: RankEvents, labels: pl.DataFrame) -> RankCells:
     unscheduled = _unscheduled(events, labels, kernels, steps)
     ops = None if kernels is not None else operator_spans(events.ops, labels)
     syncs = None if kernels is None else host_syncs(events.frame, events.steps)
+    heads = None if kernels is None else next_heads(events.steps, kernels)
     return RankCells(
-        cells, waits.sort("rank", "start_ns"), steps, kernels, unscheduled, ops, send_waits, syncs, barriers
+        cells,
+        waits.sort("rank", "start_ns"),
+        steps,
+        kernels,
+        unscheduled,
+        ops,
+        send_waits,
+        syncs,
+        barriers,
+        heads,
     )

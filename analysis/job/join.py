@@ -78,14 +78,11 @@ def _instances(run: RunInput, pipelines: list[list[int]]) -> pl.DataFrame:
 
 
 def _done(rank: RankInput) -> pl.DataFrame:
-    """A rank's cells (rank, step, start_ns) with done_ns, when each stopped holding the rank: its end; on
-    GPU a SEND's start (its kernel runs on the comm stream until the receiver has the data, the compute
-    stream free: the hop is counted on the receiver). The executor's wait for its sends after its last
-    action (CPU) holds the rank too: a replica is not at its all-reduce before it ends."""
-    sending = pl.col("kind").str.starts_with("SEND") & rank.on_gpu
-    cells = rank.cells.cells.select(
-        "rank", "step", "start_ns", done_ns=pl.when(sending).then("start_ns").otherwise("end_ns")
-    )
+    """A rank's cells (rank, step, start_ns) with done_ns, when each stopped holding the rank: its end, a
+    GPU SEND's too (the compute stream waits for the sends to drain before the all-reduce). The executor's
+    wait for its sends after its last action (CPU) holds the rank too: a replica is not at its all-reduce
+    before it ends."""
+    cells = rank.cells.cells.select("rank", "step", "start_ns", done_ns="end_ns")
     waits = rank.cells.send_waits
     if waits is None:
         return cells

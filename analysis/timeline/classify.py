@@ -226,15 +226,19 @@ def _queue_rule(host: pl.Expr, queued_class: pl.Expr) -> pl.Expr:
 
 
 def _gpu_idle() -> pl.Expr:
-    """The queue rule; with nothing queued, outside the actions it is the edge's, work outside the
-    schedule is other; a host blocked in a synchronize call while its own send is open waits for the
-    receiver, the rendezvous rule of CPU sends (Megatron's p2p synchronizes after its sends): bubble
-    before the receiver posted, p2p_wait after; else the host was late: launch_overhead. With work
-    queued behind the rank's own send (a blocking send: the compute stream waits for the receiver to
-    take the data) it is bubble, the pipeline partner not ready; queued behind anything else, other."""
+    """The queue rule; with nothing queued, outside the actions it is the edge's, but once the next
+    step's host began getting to its first launch (the window runs to the next step's first kernel) it
+    is launch_overhead; work outside the schedule is other; a host blocked in a synchronize call while
+    its own send is open waits for the receiver, the rendezvous rule of CPU sends (Megatron's p2p
+    synchronizes after its sends): bubble before the receiver posted, p2p_wait after; else the host was
+    late: launch_overhead. With work queued behind the rank's own send (a blocking send: the compute
+    stream waits for the receiver to take the data) it is bubble, the pipeline partner not ready; queued
+    behind anything else, other."""
     blocked = pl.col("host_sync") > 0
     host = (
-        pl.when(pl.col("active") == 0)
+        pl.when((pl.col("active") == 0) & (pl.col("next_head") > 0) & (pl.col("unscheduled") == 0))
+        .then(_class("launch_overhead"))
+        .when(pl.col("active") == 0)
         .then(_edge())
         .when(pl.col("unscheduled") > 0)
         .then(_class("other"))

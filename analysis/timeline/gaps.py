@@ -125,7 +125,8 @@ def runs(labelled: pl.DataFrame, column: str, keys: tuple[str, ...] = ("rank", "
 WAIT_LAYERS = ("bubble_wait", "p2p_wait", "unmatched_wait")
 # unposted (classify.split_waits): a blocking SEND before its receiver posted; not a wait layer, it makes
 # nothing idle (a SEND cell is idle on CPU anyway)
-# host_sync: GPU, the host blocked in a synchronize call (RankCells.host_syncs)
+# host_sync: GPU, the host blocked in a synchronize call (RankCells.host_syncs); next_head: GPU, the next
+# step's host getting to its first launch (RankCells.next_heads)
 LAYERS = (
     "busy",
     "issued",
@@ -137,6 +138,7 @@ LAYERS = (
     "ready_head",
     "unscheduled",
     "host_sync",
+    "next_head",
     *WAIT_LAYERS,
 )
 
@@ -223,6 +225,7 @@ def timeline(rank: RankCells, waits: pl.DataFrame, steps: pl.DataFrame) -> pl.Da
             layer(_ready_head(rank.cells), "ready_head"),
             layer(rank.unscheduled, "unscheduled"),  # (a union per step already: RankCells)
             *([] if rank.host_syncs is None else [layer(rank.host_syncs, "host_sync")]),
+            *([] if rank.next_heads is None else [layer(rank.next_heads, "next_head")]),
             waits.select(INTERVAL),
         ],
         how="vertical_relaxed",
