@@ -51,3 +51,14 @@ def blocked_gpipe(p: int, m: int, v: int) -> Schedule:
         for r in range(p)
     )
     return Schedule(CUSTOM, p, m, v, orders, placement="custom", stage_ranks=stage_ranks)
+
+
+def unlabelled_orders() -> dict[str, Schedule]:
+    """The orders an unlabelled run's inference is checked on: two generated schedules and two that no
+    generator writes (a loop without PP: labels executes any of them)."""
+    return {
+        "gpipe": build("gpipe", 4, 8),
+        "1f1b": build("1f1b", 4, 8),
+        "reverse-backward gpipe": reverse_backward_gpipe(3, 4),
+        "1f1b with a deeper warm-up": deeper_warmup_1f1b(3, 6),
+    }

@@ -14,7 +14,7 @@ from analysis.schema import RANK_PARTS
 from analysis.traces.load import load_trace
 from runners.schedules import build
 from synthetic.generate import write_run
-from synthetic.orders import deeper_warmup_1f1b, reverse_backward_gpipe
+from synthetic.orders import unlabelled_orders
 
 INJECTED_PARTS = ("compute", "small_gemm", "slowdown", "bubble", "p2p_wait", "launch_overhead")  # RankTruth's
 CASES = [
@@ -102,12 +102,7 @@ def test_without_calibration_small_gemm_and_slowdown_are_unknown_and_compute_is_
         assert close(rank.compute_ms, truth.compute_ns + truth.small_gemm_ns + truth.slowdown_ns)
 
 
-UNLABELLED = {
-    "gpipe": build("gpipe", 4, 8),
-    "1f1b": build("1f1b", 4, 8),
-    "reverse-backward gpipe": reverse_backward_gpipe(3, 4),
-    "1f1b with a deeper warm-up": deeper_warmup_1f1b(3, 6),
-}
+UNLABELLED = unlabelled_orders()
 
 
 @pytest.mark.parametrize("name", UNLABELLED)

@@ -26,7 +26,7 @@ from runners.schedules import build, lower
 from synthetic.executor_gpu import COMPUTE_STREAM, simulate_gpu_step
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
 from synthetic.executor_trace import stalls_before, write_executor_run
-from synthetic.orders import deeper_warmup_1f1b, reverse_backward_gpipe
+from synthetic.orders import unlabelled_orders
 from synthetic.truth import Work
 
 US = 1_000
@@ -108,12 +108,7 @@ def test_each_gpu_ranks_parts_are_the_truths(analysed):
     _assert_parts_are_the_truths(truth, result.summary)
 
 
-UNLABELLED = {
-    "gpipe": build("gpipe", 4, 8),
-    "1f1b": build("1f1b", 4, 8),
-    "reverse-backward gpipe": reverse_backward_gpipe(3, 4),
-    "1f1b with a deeper warm-up": deeper_warmup_1f1b(3, 6),
-}
+UNLABELLED = unlabelled_orders()
 
 
 @pytest.mark.parametrize("name", UNLABELLED)

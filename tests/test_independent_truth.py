@@ -18,7 +18,7 @@ from runners.schedules import build, lower
 from synthetic.executor_sim import EAGER, RENDEZVOUS, DeadlockError, HostTime, Transport, simulate_step
 from synthetic.executor_trace import stalls_before, write_executor_run
 from synthetic.generate import synthesize
-from synthetic.orders import deeper_warmup_1f1b, reverse_backward_gpipe
+from synthetic.orders import unlabelled_orders
 from synthetic.truth import Work
 
 US = 1_000
@@ -211,12 +211,7 @@ def test_eager_receives_all_posted_late_on_a_stage_are_analysed(tmp_path):
     assert summary.replayed_steps[0].residual_ms == pytest.approx(0, abs=1e-3)
 
 
-UNLABELLED = {
-    "gpipe": build("gpipe", 4, 8),
-    "1f1b": build("1f1b", 4, 8),
-    "reverse-backward gpipe": reverse_backward_gpipe(3, 4),
-    "1f1b with a deeper warm-up": deeper_warmup_1f1b(3, 6),
-}
+UNLABELLED = unlabelled_orders()
 
 
 @pytest.mark.parametrize("name", UNLABELLED)
