@@ -53,7 +53,7 @@ class RunRequest:
     model: str | None = None
     dp: int = 1  # pipelines (data-parallel replicas); the world is p x dp ranks (runners/mesh.py)
     dp_overlap: bool = False  # all-reduce each gradient bucket in the last backward (runners/grad_sync.py)
-    # also time what advise would otherwise assume: chunk-sized stages and I, W (runners.measure)
+    # also time what advise would otherwise assume: chunk-sized stages and I, W (runners.advice_calibration)
     calibrate_advice: bool = False
 
     @property

@@ -32,17 +32,16 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from runners.advice_calibration import advice_calibration, chunk_ids
 from runners.engines import ENGINES, single_gpu
 from runners.engines.protocol import RankSetup
 from runners.grad_sync import open_grad_sync
 from runners.inject import layer_factors
 from runners.measure import (
-    advice_calibration,
     at_rows,
     calibration,
     calibration_by_rows,
     calibration_samples,
-    chunk_ids,
     pooled,
     timed_step,
     timing_rule,
@@ -171,7 +170,7 @@ def parameter_digests(stages: dict) -> list[str]:
 
 
 def advice_chunks(resolved: Resolved, v: int, stage_ranks: tuple[int, ...], device: torch.device) -> dict:
-    """The stages at v chunks per rank these stage ranks calibrate for advice (runners.measure.chunk_ids),
+    """The stages at v chunks per rank these stage ranks calibrate for advice (runners.advice_calibration.chunk_ids),
     each slowed as the run's stage holding its first layer is."""
     request = resolved.request
     n_run, n_chunks = request.p * request.v, request.p * v

@@ -162,7 +162,7 @@ def run_caveats(analysis: Analysis, calibrated: bool) -> list[str]:
 
 
 def timed_pair(config: dict, source: Schedule, v: int) -> tuple[dict, dict] | None:
-    """run.json advice_calibration (runners.measure.advice_calibration) at the run's v and at v, where the
+    """run.json advice_calibration (runners.advice_calibration) at the run's v and at v, where the
     runner timed both (--calibrate-advice)."""
     timed = config.get("advice_calibration") or {}
     pair = timed.get(str(source.v)), timed.get(str(v))
