@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import replace
 
 import polars as pl
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import OwnSteps
 from analysis.attribution.predict import Unpredictable, calibration_drift, concurrency, predict, step_levels
-from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
+from analysis.attribution.reference import REFERENCE_SCHEMA, Reference, reference
 from analysis.attribution.replay import Inputs, Replayed, Tail
 from analysis.cli import main
 from analysis.job.measure import analyze_run
@@ -243,3 +244,16 @@ def test_predict_without_ms_predicts_every_calibrated_count(tmp_path, capsys):
         int(line.split()[0]) for line in capsys.readouterr().out.splitlines() if line[:6].strip().isdigit()
     ]
     assert written == printed == list(CALIBRATED_MS)
+
+
+def test_an_order_that_deadlocks_with_the_run_s_blocking_sends_is_unpredictable_not_a_crash(tmp_path):
+    """A run whose sends block (as a c10d::send that waits for its receiver does) cannot run 1f1b's lowered
+    order, whose two ranks each send before they receive: that candidate is skipped with its reason."""
+    write_run(tmp_path, build("gpipe", 2, 4), **WORK)
+    analysis = analyze_run(read_run(tmp_path))
+    config = json.loads((tmp_path / "run.json").read_text())
+    ref = reference(analysis.cells, config, 4)
+    blocking = replace(analysis.model, blocking_sends=True)
+    with pytest.raises(Unpredictable, match="deadlocks with the run's blocking sends"):
+        predict(analysis.schedule, blocking, analysis.own, ref, config, 4, "run.json", name="1f1b")
+    assert predict(analysis.schedule, analysis.model, analysis.own, ref, config, 4, "run.json", name="1f1b")

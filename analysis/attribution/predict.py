@@ -44,7 +44,7 @@ import polars as pl
 from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import INPUT_COLUMNS, TAIL_COLUMNS, OwnSteps
 from analysis.attribution.reference import Reference, reference, reference_at
-from analysis.attribution.replay import Inputs, Replayed, Step, Tail, replay, replay_all
+from analysis.attribution.replay import Deadlock, Inputs, Replayed, Step, Tail, replay, replay_all
 from analysis.errors import InputError
 from analysis.results import Analysis
 from runners.presets import microbatch_rows
@@ -246,7 +246,10 @@ def predict(
     for _ in range(CONCURRENCY_ROUNDS + 1):
         work = with_carried(scale)
         scaled = {a: replace(i, work=i.work * work.get(a, 1.0)) for a, i in typical.inputs.items()}
-        replayed = replay(target, replace(typical, inputs=scaled))
+        try:
+            replayed = replay(target, replace(typical, inputs=scaled))
+        except Deadlock:  # the run's sends block (as measured), and this order needs them not to
+            raise Unpredictable(f"{name} m={m} v={v} deadlocks with the run's blocking sends") from None
         if own_share:
             carried = _carried(slowdowns, concurrency(replayed, orders) / own_share, drift)
     step_ns = replayed.makespan
