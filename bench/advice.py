@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from analysis.attribution.advice import Candidate
+from analysis.attribution.advice import PROMISED_STEP_ERROR, Candidate
 from analysis.cli.advise import advice
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
@@ -24,7 +24,7 @@ from runners.schedules import SCHEDULES
 
 SOURCE = ("native", "gpipe", 4, 1)  # engine, schedule, m, v
 TOP = 3
-STEP_TARGET = 0.10  # abs(predicted / measured - 1), median of the repeats
+STEP_TARGET = PROMISED_STEP_ERROR  # abs(predicted / measured - 1), median of the repeats
 PICK_TARGET = 0.05  # the top pick's measured step / the measured best - 1
 MEMORY_TARGET = 0.10  # abs(predicted / measured peak activation bytes - 1)
 

@@ -8,7 +8,13 @@ import warnings
 
 import pytest
 
-from analysis.attribution.advice import UNCALIBRATED, output_row_bytes, peak_bytes, stash_bytes_per_row
+from analysis.attribution.advice import (
+    UNCALIBRATED,
+    output_row_bytes,
+    peak_bytes,
+    spread_caveat,
+    stash_bytes_per_row,
+)
 from analysis.cli import advise as advise_cli
 from analysis.cli import main
 from analysis.job.run_dir import read_run
@@ -187,3 +193,11 @@ def test_a_noisy_run_lists_its_candidates_unranked_with_the_note(tmp_path):
     found = _advice(tmp_path, "--ms", "4", "--schedules", "gpipe,1f1b")
     assert not found["ranked"] and len(found["candidates"]) == 2
     assert any("unprofiled steps spread" in why for why in found["caveats"])
+    # the steps' levels (0.5x to 1.5x) widen every candidate's interval past the promised error
+    assert all(any("its interval" in why for why in c["caveats"]) for c in found["candidates"])
+
+
+def test_a_candidate_whose_interval_reaches_beyond_the_promised_error_says_so():
+    """The caveat follows the interval against PROMISED_STEP_ERROR of the point, on either side."""
+    assert spread_caveat(100.0, 91.0, 109.0) == []
+    assert spread_caveat(100.0, 89.0, 105.0) and spread_caveat(100.0, 95.0, 111.0)

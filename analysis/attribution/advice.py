@@ -5,8 +5,9 @@ Each candidate (a schedule an engine runs, at an m and v it admits) is `predict`
 (analysis.attribution.project), so one model answers both. Its peak activation memory per rank replays
 its order's stash (runners.schedules.held): each forward holds its microbatch's rows times the bytes
 per row that the run's stash peak on that stage implies. A candidate that needs what the run did not
-measure says what was assumed (`caveats`) and is `extrapolated`; a run whose levels cannot be trusted
-(contended, noisy, no calibration) still lists every candidate, with `ranked` false and why. A run
+measure says what was assumed (`caveats`) and is `extrapolated`; one whose interval reaches beyond
+PROMISED_STEP_ERROR of its step says that too. A run whose levels cannot be trusted (contended, noisy,
+no calibration) still lists every candidate, with `ranked` false and why. A run
 made with --calibrate-advice (run.json advice_calibration) has its chunks, I and W timed and its stash
 per row measured at every advised v: those replace the layer shares and the unit-time split.
 """
@@ -32,6 +33,9 @@ DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}  # run.j
 UNCALIBRATED = (
     "no calibration in run.json: every stage's time taken as its measured busy time, linear in rows"
 )
+# The step error a prediction is offered within (the bench checks it: bench/advice.py); a candidate whose
+# interval, from the run's own spread, reaches further says so in its caveats
+PROMISED_STEP_ERROR = 0.10
 TORCH_ZB = f"torch runs zb as {TORCH_CLASSES['zb']}, whose W order differs from the one replayed here"
 
 
@@ -48,7 +52,7 @@ class Candidate:
     peak_activation_bytes: int | None  # the largest rank's; None: the run measured no stash
     fits: bool  # within the memory limit (true without one)
     extrapolated: bool  # needs what the run did not measure: `caveats` say what was assumed
-    caveats: list[str] = field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)  # what was assumed; an interval wider than promised
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,17 @@ def run_caveats(analysis: Analysis, calibrated: bool) -> list[str]:
     return notes + ([] if calibrated else [UNCALIBRATED])
 
 
+def spread_caveat(step_ms: float, low_ms: float, high_ms: float) -> list[str]:
+    """Where the interval reaches beyond PROMISED_STEP_ERROR of the point: the run's own spread (its cells',
+    its steps' levels) allows a larger error than the one advice is checked against."""
+    if low_ms >= step_ms * (1 - PROMISED_STEP_ERROR) and high_ms <= step_ms * (1 + PROMISED_STEP_ERROR):
+        return []
+    return [
+        f"its interval ({low_ms:.1f}-{high_ms:.1f} ms) reaches beyond {PROMISED_STEP_ERROR:.0%} of the "
+        "predicted step: the run's own spread allows a larger error"
+    ]
+
+
 def timed_pair(config: dict, source: Schedule, v: int) -> tuple[dict, dict] | None:
     """run.json advice_calibration (runners.advice_calibration) at the run's v and at v, where the
     runner timed both (--calibrate-advice)."""
@@ -234,10 +249,11 @@ def advise(
         timed = timed_pair(config, source, v)
         kept = output_row_bytes(config) if engine == "torch" != analysis.summary.engine else 0.0
         peak = peak_bytes(target, config, per_row, source.n_stages, timed, kept)
-        caveats = candidate_caveats(analysis, engine, target, calibrated, timed is not None)
+        assumed = candidate_caveats(analysis, engine, target, calibrated, timed is not None)
         fits = memory_limit_bytes is None or peak is None or peak <= memory_limit_bytes
         times = (guess.step_time_ms, guess.step_time_low_ms, guess.step_time_high_ms, guess.bubble_formula)
-        found.append(Candidate(engine, name, m, v, *times, peak, fits, bool(caveats), caveats))
+        caveats = assumed + spread_caveat(*times[:3])
+        found.append(Candidate(engine, name, m, v, *times, peak, fits, bool(assumed), caveats))
     found.sort(key=lambda c: (not c.fits, c.step_time_ms))
     caveats = run_caveats(analysis, calibrated)
     s = analysis.summary
