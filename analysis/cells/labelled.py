@@ -231,8 +231,12 @@ def host_syncs(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
 def next_heads(host_steps: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
     """GPU: from each step's host span start to the end of its first launch call, under the previous
     step's number: the device's window of that step closes at this step's first kernel, so the host
-    getting to it lies in that window."""
-    issued = kernels.group_by("rank", "step").agg(end_ns=pl.col("issued_ns").min())
+    getting to it lies in that window. Only where that kernel ran as soon as it was issued: one that then
+    waited (a host far ahead of its device, as op-level timelines are converted) did not wait for the host."""
+    first = kernels.sort("issued_ns").group_by("rank", "step").first()
+    issued = first.filter(pl.col("start_ns") <= pl.col("issued_ns")).select(
+        "rank", "step", end_ns="issued_ns"
+    )
     return (
         host_steps.select("rank", "step", "start_ns")
         .join(issued, on=["rank", "step"])
