@@ -36,6 +36,7 @@ from runners.advice_calibration import advice_calibration, chunk_ids
 from runners.engines import ENGINES, single_gpu
 from runners.engines.protocol import RankSetup
 from runners.grad_sync import open_grad_sync
+from runners.heap import keep_heap, minor_faults, reserve_heap
 from runners.inject import layer_factors
 from runners.measure import (
     at_rows,
@@ -81,6 +82,17 @@ def ended_together(step: Callable[[], None]) -> Callable[[], None]:
             dist.barrier()
 
     return step_then_barrier
+
+
+def faults_counted(step: Callable[[], None], counts: list[int]) -> Callable[[], None]:
+    """The step, appending the minor page faults each call takes to `counts` (runners.heap)."""
+
+    def counting() -> None:
+        before = minor_faults()
+        step()
+        counts.append(minor_faults() - before)
+
+    return counting
 
 
 def threads_per_rank(ranks_on_node: int) -> int:
@@ -156,17 +168,20 @@ def run_facts(
     }
 
 
+def gathered(mine: object) -> list:
+    """Every global rank's `mine`, in rank order (collective)."""
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
+
+
 def parameter_digests(stages: dict) -> list[str]:
     """Per global rank, a digest of its parameters' bytes (collective): the replicas of a stage agree
     exactly when their gradients were synced, since each pipeline trains on its own batch."""
     flat = torch.cat(
         [p.detach().flatten() for _, stage in sorted(stages.items()) for p in stage.parameters()]
     )
-    digests: list[str] = [""] * dist.get_world_size()
-    dist.all_gather_object(
-        digests, hashlib.sha256(flat.cpu().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
-    )
-    return digests
+    return gathered(hashlib.sha256(flat.cpu().view(torch.uint8).numpy().tobytes()).hexdigest()[:16])
 
 
 def advice_chunks(resolved: Resolved, v: int, stage_ranks: tuple[int, ...], device: torch.device) -> dict:
@@ -180,8 +195,8 @@ def advice_chunks(resolved: Resolved, v: int, stage_ranks: tuple[int, ...], devi
     return rank_stages(replace(resolved, request=replace(request, v=v)), ids, n_chunks, device, slowed)
 
 
-def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path) -> None:
-    """Everything one rank does once the process group is up."""
+def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path, heap_kept: bool) -> None:
+    """Everything one rank does once the process group is up (`heap_kept`: runners.heap's settings took)."""
     request, preset, rank = resolved.request, resolved.preset, dist.get_rank()
     device = (
         torch.device("cuda", torch.cuda.current_device())
@@ -210,10 +225,12 @@ def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path) -
         return session(on_cuda, request.profile_memory) if CALIBRATION_PROFILED else contextlib.nullcontext()
 
     step()  # first step allocates; keep it out of the timings
+    reserved = reserve_heap()
     step_ms, rounds, phases = [], [], {"timed_steps": 0.0, "calibration": 0.0, "profiled_steps": 0.0}
+    timed_faults, profiled_faults = [], []
     for index in range(request.timed_steps):  # calibration samples beside the steps (runners/measure.py)
         began = time.monotonic()
-        step_ms.append(timed_step(step, device))
+        step_ms.append(timed_step(faults_counted(step, timed_faults), device))
         calibrating = time.monotonic()
         rounds.append(
             calibration_samples(
@@ -248,7 +265,7 @@ def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path) -
         phases["advice_calibration"] = time.monotonic() - began
     began = time.monotonic()
     profile_steps(
-        step,
+        faults_counted(step, profiled_faults),
         run_dir / f"rank{rank}.json.gz",
         request.steps,
         on_cuda,
@@ -260,6 +277,13 @@ def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path) -
     )
     dist.barrier()  # every rank's trace is on disk before run.json says complete
     phases["profiled_steps"] = time.monotonic() - began
+    heap = gathered(
+        {
+            "reserve_mb": reserved >> 20,
+            "minor_faults_timed_steps": timed_faults,
+            "minor_faults_profiled_steps": profiled_faults,
+        }
+    )
     replicas = {"parameter_digests": parameter_digests(stages)} if request.dp > 1 else {}
     if rank == 0:
         facts = run_facts(resolved, schedule, sample_shape, device, torch.get_num_threads())
@@ -278,6 +302,7 @@ def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path) -
                 "step_time_unprofiled_ms": statistics.median(step_ms),
                 "step_times_unprofiled_ms": step_ms,
                 "phases_s": {name: round(seconds, 3) for name, seconds in phases.items()},
+                "heap": {"kept": heap_kept, "ranks": heap},
                 **advice,
                 **replicas,
             },
@@ -294,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     world, local_world = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
     set_up_torch(local_world)  # before any op of the checks below starts torch's threads
+    heap_kept = keep_heap()
     try:
         if args.virtual_ranks is None:
             problem = world_problem(world, args.dp)
@@ -318,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     args.run_dir.mkdir(parents=True, exist_ok=True)
     dist.init_process_group(resolved.backend, timeout=PEER_TIMEOUT, device_id=device_id)
     try:
-        run_rank(resolved, sample_shape, args.run_dir)
+        run_rank(resolved, sample_shape, args.run_dir, heap_kept)
     finally:
         dist.destroy_process_group()
     return 0
