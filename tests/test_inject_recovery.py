@@ -1,9 +1,9 @@
 """Delays injected on purpose into real 2-rank gloo runs (`python -m runners trace --inject`), against the
 same runs without them in alternating A/B pairs: the analysis must put each delay where it belongs.
 
-The cases, the figures read from each summary and the checks with their targets are bench/inject.py's
-(`python -m bench --only inject` runs more pairs and reports their ranges); here the median over the
-pairs of each check's figure must meet its target.
+The cases and the figures read from each summary are bench/inject.py's (`python -m bench --only inject`
+runs more pairs and reports every pair's delta without a verdict); the targets are here, each stated once
+with the spread that bench measured, and asserted on the median over these tests' pairs.
 """
 
 from __future__ import annotations
@@ -20,11 +20,31 @@ from bench.inject import HOST, SLOW, Case, measured, recovery
 
 pytestmark = pytest.mark.slow
 
-# The slow stage's imbalance (median delta over the pairs) as a share of its added work (median injected).
-# Measured with `python -m bench --only inject --inject-pairs 5` (load 4-9 on 2 cores, other work running):
-# single pairs 0.24, 0.34, 0.34, 0.40, 0.60 of 248-320 ms injected; over the 10 choices of 3 of those pairs
-# 0.27-0.40. Half the measured share or twice it is a misattribution, not noise.
-IMBALANCE_SHARE = (0.2, 0.6)
+# Spreads measured by `python -m bench --only inject --inject-pairs N` on 2 shared cores with the heap kept
+# (no page faults in the steps): 6 pairs at load 0-3.4 and 8 at load 3-8 ("quiet" and "loaded" below).
+
+# host:0:20 at gpipe m=4, 80 ms injected a step. The bounds are the issue's Done-means: rank 0's
+# launch_overhead grows by 80 ms within 15%, its busy time by at most 12 ms. Measured single pairs:
+# launch_overhead 80.1-82.4 ms quiet, 80.6-89.5 loaded (medians of 2: 1.01-1.08 of 80 ms); busy 0.6-1.3 ms.
+HOST_STALL_TOLERANCE = 0.15
+HOST_BUSY_GROWTH_MAX_MS = 12.0
+# Rank 1 waits for each stalled forward (gpipe): its bubble grows by this share of the stall at least.
+# Measured single pairs 0.97-1.15, one loaded pair 0.28 (medians of 2 of the loaded 8: 0.62-1.09).
+HOST_PEER_BUBBLE_SHARE_MIN = 0.5
+
+# slow:1:4 at gpipe m=4 on the cpu preset, 218-303 ms more work a step (3 x stage 1's calibrated F + B).
+# Its imbalance delta as a share of its pair's injected, median over the pairs. Measured single pairs
+# 83-87 ms of 218-236 quiet, 0.29-0.45 loaded (medians of 3: 0.33-0.42); before the heap was kept 0.24-0.60 at load
+# 4-9 (medians of 3: 0.27-0.40). Work read as anything else takes it towards 0; half or twice it is wrong.
+SLOW_IMBALANCE_SHARE = (0.2, 0.6)
+# small_gemm and slowdown: |median delta over the pairs| within their bands. small_gemm's spread shrank
+# with the heap kept: single pairs 7-17 ms quiet, -24..57 loaded (medians of 3: 9-49 ms), against -78..160
+# before (9 pairs, load 1.3-7, which set the old 100 ms): 60 ms now. slowdown's did not: 5..372 ms quiet
+# (median 64), -66..511 loaded (median 227; medians of 3: 82-406), against -67..195 before and -91..24
+# (median 11) in the previous bench run (5 pairs, load 3.4-5.5). Both runs today sit above zero, the loaded
+# one far beyond the band: a bias, cause not yet measured, that more pairs do not remove. The band is kept.
+SLOW_SMALL_GEMM_BAND_MS = 60.0
+SLOW_SLOWDOWN_BAND_MS = 100.0
 
 
 def paired_runs(tmp_path, case: Case, pairs: int) -> tuple[list[Path], list[Path]]:
@@ -49,38 +69,33 @@ def host_runs(tmp_path_factory) -> tuple[list[Path], list[Path]]:
     return paired_runs(tmp_path_factory.mktemp("host"), HOST, pairs=2)
 
 
-def missed(result: dict) -> list[str]:
-    """The checks whose median misses its target, each with its figures."""
-    return [
-        f"{c['figure']}: {c['rule']} median {c['compared']['median']:.3f} vs target {c['target']} "
-        f"(delta {c['delta_ms']['median']:.2f} ms, baseline {c['baseline_ms']['median']:.2f} ms)"
-        for c in result["checks"]
-        if not (
-            c["compared"]["median"] <= c["target"]
-            if c["lower_is_better"]
-            else c["compared"]["median"] >= c["target"]
-        )
-    ]
+def deltas(result: dict) -> dict[str, tuple[float, float]]:
+    """Per figure, the median over the pairs of its delta (ms) and of that delta's share of the injected."""
+    return {f["figure"]: (f["delta_ms"]["median"], f["share"]["median"]) for f in result["figures"]}
 
 
 def test_a_host_stall_is_launch_overhead_on_its_rank_and_bubble_on_the_next(host_runs):
-    """host:R:X at m: rank R's launch_overhead grows by m*X (within 15%), its compute + small_gemm +
-    slowdown by less than 10% of m*X, and rank R+1 waits at least half of m*X more, as bubble."""
+    """host:R:X at m: rank R's launch_overhead grows by m*X (within HOST_STALL_TOLERANCE), its busy time by
+    at most HOST_BUSY_GROWTH_MAX_MS (the stall is no work), and rank R+1 waits for it, as bubble."""
     result = paired_recovery(HOST, host_runs)
     assert result["injected_ms"]["median"] == HOST.m * HOST.injected.amount
-    assert not missed(result), json.dumps(result, indent=1)
+    found = deltas(result)
+    report = json.dumps(result, indent=1)
+    assert abs(found["launch_overhead"][1] - 1) <= HOST_STALL_TOLERANCE, report
+    assert found["busy"][0] <= HOST_BUSY_GROWTH_MAX_MS, report
+    assert found["peer_bubble"][1] >= HOST_PEER_BUBBLE_SHARE_MIN, report
 
 
 def test_a_slow_stage_is_imbalance_not_small_gemm_or_slowdown(tmp_path):
-    """slow:S:K (~250 ms more work a step): the waterfall's imbalance grows by its share of the added work
-    (IMBALANCE_SHARE), small_gemm and slowdown by no more than their noise (bench.inject says how those
-    bounds were measured: single pairs move them by up to +-350 ms, time shifting between the two)."""
+    """slow:S:K: the added work is real and its own calibration has it, so the waterfall's imbalance grows
+    by its share of that work (SLOW_IMBALANCE_SHARE) and small_gemm and slowdown stay within their band."""
     result = paired_recovery(SLOW, paired_runs(tmp_path, SLOW, pairs=3))
-    assert not missed(result), json.dumps(result, indent=1)
-    (imbalance,) = (check for check in result["checks"] if check["figure"] == "imbalance")
-    share = imbalance["delta_ms"]["median"] / result["injected_ms"]["median"]
-    low, high = IMBALANCE_SHARE
-    assert low <= share <= high, json.dumps(result, indent=1)
+    found = deltas(result)
+    report = json.dumps(result, indent=1)
+    low, high = SLOW_IMBALANCE_SHARE
+    assert low <= found["imbalance"][1] <= high, report
+    assert abs(found["small_gemm"][0]) <= SLOW_SMALL_GEMM_BAND_MS, report
+    assert abs(found["slowdown"][0]) <= SLOW_SLOWDOWN_BAND_MS, report
 
 
 def test_the_stalled_forwards_lie_on_the_critical_path(host_runs):
