@@ -85,6 +85,7 @@ class _ModelFile(msgspec.Struct):
     orders: list[list[str]]  # per rank, its lowered actions as the median step ran them
     blocking_sends: bool
     eager_receives: bool
+    posted_receives: bool = False  # (older files: none)
 
 
 def _model_json(model: StepModel) -> bytes:
@@ -93,7 +94,9 @@ def _model_json(model: StepModel) -> bytes:
     ]
     tails = [astuple(t) for t in model.tails]
     orders = [[str(action) for action in order] for order in model.orders]
-    document = _ModelFile(sorted(kinds), tails, orders, model.blocking_sends, model.eager_receives)
+    document = _ModelFile(
+        sorted(kinds), tails, orders, model.blocking_sends, model.eager_receives, model.posted_receives
+    )
     return msgspec.json.format(msgspec.json.encode(document)) + b"\n"
 
 
@@ -109,6 +112,7 @@ def _model(path: Path) -> StepModel:
         orders,
         found.blocking_sends,
         found.eager_receives,
+        found.posted_receives,
     )
 
 
@@ -227,6 +231,7 @@ def read(run_dir: Path) -> Analysis:
             _table(directory / "replay_tails.parquet"),
             model.blocking_sends,
             model.eager_receives,
+            model.posted_receives,
         ),
         memory=None if stash is None or peaks is None else Memory(stash, peaks),
     )

@@ -328,6 +328,57 @@ def test_a_blocking_send_waits_for_its_receiver_in_the_replay():
     assert sooner.spans[Action(0, Kind.SEND_F, 0)][1] == 1300  # 1000 + 300: it no longer waits
 
 
+def test_a_receive_only_posted_waits_in_its_consumer_as_a_hop_not_host_time():
+    """torch's runtime (gpipe p=2 m=2 in ns): each RECV label only posts its receive (gloo:recv opens
+    inside it), both before either consumer runs, and the consumer waits from its start until the data
+    arrived, 400 ns after its SEND began (rendezvous). No host time anywhere but the SENDs' 100 ns calls.
+    The path: 0F0, 0SEND_F0's call, 0F1, the hop to 1F1 (400), 1F1, 1B0, 1SEND_B0's call, 1B1, the hop to
+    0B1 (400), 0B1. The consumers' waits are the hops; the lane goes on past each RECV."""
+    schedule = build("gpipe", 2, 2)
+    rows = [
+        (0, 0, "F", 0, 0, 1000),
+        (0, 0, "SEND_F", 0, 1000, 1100),
+        (0, 0, "F", 1, 1100, 2100),
+        (0, 0, "SEND_F", 1, 2100, 2200),
+        (0, 0, "RECV_B", 0, 2200, 2300),
+        (0, 0, "RECV_B", 1, 2300, 2400),
+        (0, 0, "B", 0, 2400, 7900),  # waits until 5900
+        (0, 0, "B", 1, 7900, 10000),  # waits until 8000
+        (1, 1, "RECV_F", 0, 100, 200),
+        (1, 1, "RECV_F", 1, 200, 300),
+        (1, 1, "F", 0, 300, 2400),  # waits until 1400
+        (1, 1, "F", 1, 2400, 3500),  # waits until 2500
+        (1, 1, "B", 0, 3500, 5500),
+        (1, 1, "SEND_B", 0, 5500, 5600),
+        (1, 1, "B", 1, 5600, 7600),
+        (1, 1, "SEND_B", 1, 7600, 7700),
+    ]
+    waits = _waits(  # each receive's gloo:recv inside its label, then its consumer's wait
+        [
+            (0, 0, "RECV_B", 0, 2250, 2300),
+            (0, 0, "RECV_B", 0, 2400, 5900),
+            (0, 0, "RECV_B", 1, 2350, 2400),
+            (0, 0, "RECV_B", 1, 7900, 8000),
+            (1, 1, "RECV_F", 0, 150, 200),
+            (1, 1, "RECV_F", 0, 300, 1400),
+            (1, 1, "RECV_F", 1, 250, 300),
+            (1, 1, "RECV_F", 1, 2400, 2500),
+        ]
+    )
+    work = pl.when(pl.col("kind") == "F").then(1000.0).otherwise(2000.0)  # a consumer's span less its wait
+    cells = _cells(rows).with_columns(busy_ns=pl.when(pl.col("busy_ns").is_not_null()).then(work))
+    own = measure(schedule, cells, waits, _gaps([]), _windows([10000, 8000]), on_gpu=False)
+    assert own.posted_receives
+    inputs = own.actions.select("pre", "post")
+    assert (inputs.min_horizontal() >= 0).all()  # host time is never negative
+    replayed = replay(schedule, own.step(0, 2))
+    assert replayed.makespan == 10000
+    parts = {}
+    for segment in replayed.path:
+        parts[segment.part] = parts.get(segment.part, 0.0) + segment.end - segment.start
+    assert parts == {"compute": 9000.0, "hop": 800.0, "launch_overhead": 200.0}
+
+
 def test_the_critical_path_crosses_ranks_and_tiles_the_replay(tmp_path):
     analysis = analyze_run(read_run(gpipe_m1_run(tmp_path)))
     path = analysis.critical.sort("start_ns")

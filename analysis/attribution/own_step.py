@@ -10,7 +10,10 @@ Per rank and step the cells run in order on one lane, each measured from the tra
   between its operators, or the device idle inside it);
 - RECV: `pre` up to its blocked interval, `post` after it, and `transfer` the blocked time after both
   sides had posted (the wait's end less the later of its start and the partner's post: the matching
-  SEND's start, or the producer's end where the trace has no SEND);
+  SEND's start, or the producer's end where the trace has no SEND). A receive that was only posted
+  (torch's runtime: its wait, analysis.cells.inferred.consumer_waits, ends inside the consumer, after
+  the RECV cell) has `pre` and `post` around its post inside the cell, and its consumer's `pre` leaves
+  out the consumer's wait for the data: that wait is the transfer's, or waiting for the partner;
 - SEND: on the lane until it ends or the rank's next action starts (an NCCL send runs on its own
   stream); of that, the time classed as waiting on the peer is its `transfer` and the rest `pre`. A
   blocking send (one that waited for its receiver: it began before the receiver's wait and ended after
@@ -52,12 +55,14 @@ _LANE_ORDER = {"SEND_F": 0, "SEND_B": 0, "RECV_F": 1, "RECV_B": 1}
 class OwnSteps(NamedTuple):
     """Every analysed step's inputs: `actions` (step, rank, position, KEY, INPUT_COLUMNS in ns; an eager
     receive that was posted after its data had left has no transfer of its own: null) in each rank's
-    lane order, `tails` (step, rank, TAIL_COLUMNS in ns), whether sends block and receives are eager."""
+    lane order, `tails` (step, rank, TAIL_COLUMNS in ns), whether sends block, receives are eager and
+    receives are only posted."""
 
     actions: pl.DataFrame
     tails: pl.DataFrame
     blocking_sends: bool
     eager_receives: bool
+    posted_receives: bool = False
 
     def step(self, number: int, p: int) -> Step:
         """One step's replay inputs."""
@@ -86,7 +91,14 @@ class OwnSteps(NamedTuple):
         tails = [Tail()] * p
         for rank, *values in tail_rows.select("rank", *TAIL_COLUMNS).iter_rows():
             tails[rank] = Tail(*values)
-        return Step(tuple(map(tuple, orders)), inputs, tails, self.blocking_sends, self.eager_receives)
+        return Step(
+            tuple(map(tuple, orders)),
+            inputs,
+            tails,
+            self.blocking_sends,
+            self.eager_receives,
+            self.posted_receives,
+        )
 
 
 def _class_time(
@@ -199,14 +211,17 @@ def measure(
     timed = timed.with_columns(lead=lead, send_wait=send_wait)
     blocking = not on_gpu and _sends_block(timed)
     eager = _receives_eager(timed)
-    actions = timed.select("step", "rank", "position", *KEY, **_inputs(blocking, eager))
+    posted = _receives_posted(timed)
+    if posted:
+        timed = _with_consumer_waits(timed)
+    actions = timed.select("step", "rank", "position", *KEY, **_inputs(blocking, eager, posted))
     last = _with_barrier(
         timed.group_by(per_lane).agg(pl.col("lane_end").max(), pl.col("w_start", "w_end").first()), barriers
     )
     tails = last.select(
         *per_lane, "w_start", "barrier", "opened", active_end=_active_end(last, gaps)
     ).with_columns(**{part: _class_time(gaps, (part,), last, ("lane_end", "arrived")) for part in TAIL_PARTS})
-    return OwnSteps(actions, tails.sort(per_lane), blocking, eager)
+    return OwnSteps(actions, tails.sort(per_lane), blocking, eager, posted)
 
 
 def _with_barrier(last: pl.DataFrame, barriers: pl.DataFrame | None) -> pl.DataFrame:
@@ -281,7 +296,36 @@ def _receives_eager(timed: pl.DataFrame) -> bool:
     return bool(late.median() < 0.5 * early.median())
 
 
-def _inputs(blocking: bool, eager: bool) -> dict[str, pl.Expr]:
+def _receives_posted(timed: pl.DataFrame) -> bool:
+    """Whether the run's receives are only posted in their RECV cells: a wait keyed by one ends after it."""
+    recvs = timed.filter(pl.col("kind").is_in(["RECV_F", "RECV_B"]) & pl.col("w1").is_not_null())
+    return bool((recvs["w1"] > recvs["end_ns"]).any())
+
+
+def _with_consumer_waits(timed: pl.DataFrame) -> pl.DataFrame:
+    """`timed` with `consumer_wait` (ns) on each compute row: from its start until the data its RECV only
+    posted arrived (0 where it had arrived or the row has no such input)."""
+    arrivals = timed.filter(
+        pl.col("kind").is_in(["RECV_F", "RECV_B"]) & (pl.col("w1") > pl.col("end_ns"))
+    ).select("step", "stage", "microbatch", recv_kind="kind", arrival_ns="w1")
+    recv_kind = (
+        pl.when(pl.col("kind") == "F")
+        .then(pl.lit("RECV_F"))
+        .when(pl.col("kind").is_in(["B", "I"]))
+        .then(pl.lit("RECV_B"))
+    )
+    waited = pl.when(pl.col("arrival_ns").is_not_null()).then(
+        pl.min_horizontal("arrival_ns", "end_ns") - pl.col("start_ns")  # (min_horizontal skips nulls)
+    )
+    return (
+        timed.with_columns(recv_kind=recv_kind)
+        .join(arrivals, on=["step", "stage", "microbatch", "recv_kind"], how="left", maintain_order="left")
+        .with_columns(consumer_wait=waited.clip(lower_bound=0).fill_null(0))
+        .drop("recv_kind", "arrival_ns")
+    )
+
+
+def _inputs(blocking: bool, eager: bool, posted: bool) -> dict[str, pl.Expr]:
     kind = pl.col("kind")
 
     def ns(expr: pl.Expr) -> pl.Expr:  # a difference of integer ns, as a float only then
@@ -297,6 +341,11 @@ def _inputs(blocking: bool, eager: bool) -> dict[str, pl.Expr]:
     if eager:  # the latency after the send began, seen only where the receiver was already waiting
         recv_transfer = pl.when(w0 < partner).then(w1 - partner)
         waited_from = pl.when(w0 < partner).then(w1).otherwise(w0)  # a late receive's own wait is host time
+    recv_pre, post_from, compute_host = ns(w0 - pl.col("start_ns")), waited_from, pl.lit(0)
+    if posted:  # the lane goes on after the post; the consumer's wait for the data is not host time
+        posted_at = pl.min_horizontal(w0, "end_ns")
+        recv_pre, post_from = ns(posted_at - pl.col("start_ns")), posted_at
+        compute_host = pl.col("consumer_wait")
     occupied = ns(pl.col("lane_end") - pl.col("start_ns"))
     if blocking:
         send_transfer = ns(
@@ -311,11 +360,11 @@ def _inputs(blocking: bool, eager: bool) -> dict[str, pl.Expr]:
     return {
         "lead": pl.col("lead"),
         "pre": pl.when(compute)
-        .then(span - pl.col("busy_ns"))
+        .then(span - pl.col("busy_ns") - compute_host)
         .when(recv)
-        .then(ns(w0 - pl.col("start_ns")))
+        .then(recv_pre)
         .otherwise(send_pre),
         "work": pl.when(compute).then(pl.col("busy_ns")).otherwise(zero),
         "transfer": pl.when(compute).then(zero).when(recv).then(ns(recv_transfer)).otherwise(send_transfer),
-        "post": pl.when(recv).then(ns(pl.col("end_ns") - waited_from)).otherwise(zero),
+        "post": pl.when(recv).then(ns(pl.col("end_ns") - post_from)).otherwise(zero),
     }
