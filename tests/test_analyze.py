@@ -155,6 +155,22 @@ def test_a_long_run_s_residual_line_names_its_median_and_the_steps_furthest_from
     assert residual_by_step(steps[:3]).count("%") == 3  # a short run lists every step
 
 
+def test_the_residual_line_names_the_unreplayed_waits_only_where_the_step_had_no_labelled_barrier():
+    """Opening late and running on are named beside a positive residual they may explain; where the step
+    ended in the labelled step-end barrier the replay took both, so naming them would mislead."""
+    step = {
+        "step_time_ms": 100.0,
+        "replay_ms": 99.0,
+        "residual_ms": 1.0,
+        "opened_late_ms": 2.0,
+        "ran_on_ms": 0.5,
+    }
+    foreign, ours = StepReplay(step=1, **step), StepReplay(step=2, step_end_barrier=True, **step)
+    assert residual_by_step([foreign, ours]) == (
+        "  completeness residual by step: 1 +1.0% (opened late 2.0, ran on 0.5 ms), 2 +1.0%"
+    )
+
+
 def test_rerun_replaces_the_previous_analysis(tmp_path):
     run = gpipe_m1_run(tmp_path / "run")
     assert main(["analyze", str(run)]) == 0

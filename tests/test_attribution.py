@@ -66,6 +66,7 @@ def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
     assert (replayed.replay_ms, replayed.residual_ms) == pytest.approx((0.091, 0.009))
     # named: both ranks' steps opened together, and the step ran on 9 us after rank 0's last backward
     assert (replayed.opened_late_ms, replayed.ran_on_ms) == pytest.approx((0.0, 0.009))
+    assert not replayed.step_end_barrier  # a foreign loop's: those waits are not replayed
     assert summary.bubble_measured == pytest.approx(1 - 80 / 200)
     assert summary.bubble_seed is None  # no isolated calibration
 
@@ -99,6 +100,7 @@ def test_a_labelled_step_end_barrier_and_a_late_opening_are_replayed_not_left_in
     (replayed,) = summary.replayed_steps
     assert replayed.step_time_ms == pytest.approx(0.102)
     assert replayed.residual_ms == pytest.approx(0.0, abs=1e-9)
+    assert replayed.step_end_barrier
     # the barrier's span is a wait, not the rank's own work; torch's gradient scaling is: each rank's other
     # is its gradient scaling and optimizer step
     assert [entry.other_ms for entry in summary.ranks] == pytest.approx([0.003, 0.001])

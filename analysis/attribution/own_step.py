@@ -219,7 +219,12 @@ def measure(
         timed.group_by(per_lane).agg(pl.col("lane_end").max(), pl.col("w_start", "w_end").first()), barriers
     )
     tails = last.select(
-        *per_lane, "w_start", "barrier", "opened", active_end=_active_end(last, gaps)
+        *per_lane,
+        "w_start",
+        "barrier",
+        "opened",
+        active_end=_active_end(last, gaps),
+        labelled_end=pl.col("released").is_not_null().any().over("step"),
     ).with_columns(**{part: _class_time(gaps, (part,), last, ("lane_end", "arrived")) for part in TAIL_PARTS})
     return OwnSteps(actions, tails.sort(per_lane), blocking, eager, posted)
 

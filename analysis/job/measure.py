@@ -210,7 +210,9 @@ class Measured:
 
     def _replayed_steps(self) -> list[StepReplay]:
         ends = self.own.tails.group_by("step").agg(
-            opened=pl.col("w_start").max() - pl.col("w_start").min(), active_end=pl.col("active_end").max()
+            opened=pl.col("w_start").max() - pl.col("w_start").min(),
+            active_end=pl.col("active_end").max(),
+            labelled_end=pl.col("labelled_end").any(),
         )
         steps = (
             self.parts.group_by("step")
@@ -227,9 +229,10 @@ class Measured:
                 residual_ms=(step_ns - self.replays[step].makespan) / 1e6,
                 opened_late_ms=opened / 1e6,
                 ran_on_ms=max(0, end_ns - active_end) / 1e6,
+                step_end_barrier=labelled_end,
             )
-            for step, step_ns, end_ns, opened, active_end in steps.select(
-                "step", "step_ns", "end_ns", "opened", "active_end"
+            for step, step_ns, end_ns, opened, active_end, labelled_end in steps.select(
+                "step", "step_ns", "end_ns", "opened", "active_end", "labelled_end"
             ).iter_rows()
         ]
 
