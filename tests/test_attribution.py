@@ -381,6 +381,49 @@ def test_a_receive_only_posted_waits_in_its_consumer_as_a_hop_not_host_time():
     assert parts == {"compute": 9000.0, "hop": 800.0, "launch_overhead": 200.0}
 
 
+def test_an_isend_whose_slow_call_outlasted_its_receivers_post_is_not_taken_for_a_blocking_send():
+    """gpipe p=2 m=2 in ns, every send an isend; a loaded host slowed both forward calls: each began before
+    its receiver's wait and ended inside it. Of the three sends that began before their receiver's wait,
+    two ended after it, so timing alone votes blocking.
+    gloo's span of each send outlived its call (it closes when the step's wait for sends returns): isends.
+    Where gloo's spans ended inside the calls, the same timing is a blocking send's."""
+    schedule = build("gpipe", 2, 2)
+    rows = [
+        (0, 0, "F", 0, 0, 1000),
+        (0, 0, "SEND_F", 0, 1000, 2300),  # the call ran on 300 ns into 1RECV_F0's wait
+        (0, 0, "F", 1, 2300, 3300),
+        (0, 0, "SEND_F", 1, 3300, 4600),  # and this one 300 ns into 1RECV_F1's
+        (1, 1, "RECV_F", 0, 2000, 2400),
+        (1, 1, "F", 0, 2400, 3400),
+        (1, 1, "RECV_F", 1, 4300, 4700),
+        (1, 1, "F", 1, 4700, 5700),
+        (1, 1, "B", 0, 5700, 6700),
+        (1, 1, "SEND_B", 0, 6700, 6800),
+        (1, 1, "B", 1, 6800, 7800),
+        (1, 1, "SEND_B", 1, 7800, 7900),
+        (0, 0, "RECV_B", 0, 4600, 7200),
+        (0, 0, "B", 0, 7200, 8200),
+        (0, 0, "RECV_B", 1, 8200, 8400),
+        (0, 0, "B", 1, 8400, 9400),
+    ]
+    recvs = [(r, s, k, mb, a, b) for r, s, k, mb, a, b in rows if k.startswith("RECV")]
+    sends = [(r, 0, s, k, mb) for r, s, k, mb, *_ in rows if k.startswith("SEND")]
+
+    def blocking(outlives: bool | None) -> bool:
+        spans = None
+        if outlives is not None:
+            schema = {name: CELL_SCHEMA[name] for name in CELL_KEY} | {"outlives": pl.Boolean}
+            spans = pl.DataFrame([(*key, outlives) for key in sends], schema=schema, orient="row")
+        windows = _windows([9400, 7900])
+        return measure(
+            schedule, _cells(rows), _waits(recvs), _gaps([]), windows, False, None, spans
+        ).blocking_sends
+
+    assert blocking(None)  # timing alone: misled
+    assert not blocking(True)
+    assert blocking(False)
+
+
 def test_the_critical_path_crosses_ranks_and_tiles_the_replay(tmp_path):
     analysis = analyze_run(read_run(gpipe_m1_run(tmp_path)))
     path = analysis.critical.sort("start_ns")

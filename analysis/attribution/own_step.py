@@ -157,10 +157,12 @@ def measure(
     windows: pl.DataFrame,
     on_gpu: bool,
     barriers: pl.DataFrame | None = None,
+    sends: pl.DataFrame | None = None,
 ) -> OwnSteps:
     """The inputs of every step of `windows` (rank, step, start_ns, end_ns) from the cells (with busy_ns),
-    their waits, the classified gaps and the step-end barriers (rank, step, start_ns, end_ns; None: the
-    loop has none), all ranks on one clock; the cells' ranks are the schedule's."""
+    their waits, the classified gaps, the step-end barriers (rank, step, start_ns, end_ns; None: the
+    loop has none) and whether each SEND's gloo:send outlived it (analysis.cells.labelled.send_spans;
+    None: the trace has none), all ranks on one clock; the cells' ranks are the schedule's."""
     steps = windows["step"].unique().implode()
     lane_order = pl.col("kind").replace_strict(_LANE_ORDER, default=2, return_dtype=pl.Int8)
     rows = (
@@ -209,7 +211,7 @@ def measure(
     lead = _class_time(gaps, HOST_CLASSES, timed, ("since", "start_ns"))
     send_wait = _class_time(gaps, WAIT_CLASSES, timed, ("start_ns", "lane_end"))
     timed = timed.with_columns(lead=lead, send_wait=send_wait)
-    blocking = not on_gpu and _sends_block(timed)
+    blocking = not on_gpu and _sends_block(timed, sends)
     eager = _receives_eager(timed)
     posted = _receives_posted(timed)
     if posted:
@@ -279,9 +281,13 @@ def _active_end(last: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
     return after["active_end"]
 
 
-def _sends_block(timed: pl.DataFrame) -> bool:
-    """Whether the run's sends wait for their receivers: of the sends that began before their receiver's
-    wait, more ended after it than before it."""
+def _sends_block(timed: pl.DataFrame, sends: pl.DataFrame | None) -> bool:
+    """Whether the run's sends wait for their receivers. From what the trace says where it has gloo's span
+    of the sends: most of them ended inside their call (an isend's outlives it). Else from timing: of the
+    sends that began before their receiver's wait, more ended after it than before it; a loaded host's
+    slow isend calls, ending after a receiver began waiting, can outvote the rest there."""
+    if sends is not None and sends.height:
+        return bool(sends["outlives"].mean() < 0.5)
     early = timed.filter(pl.col("recv_wait_ns").is_not_null() & (pl.col("start_ns") < pl.col("recv_wait_ns")))
     waited = (early["end_ns"] > early["recv_wait_ns"]).sum()
     return bool(waited > early.height - waited)

@@ -261,7 +261,17 @@ def measure_run(
     cells = with_contention(cell_parts(cells, ref), shifted_like_cells(run.run_queue, clock, ("t_ns",)))
     parts = rank_parts(cells, gaps, spans, skews)
     barriers = [r.barriers for r in per_rank if r.barriers is not None]
-    own = measure(shape, cells, waits, gaps, spans, on_gpu, pl.concat(barriers) if barriers else None)
+    sends = [r.sends for r in per_rank if r.sends is not None]
+    own = measure(
+        shape,
+        cells,
+        waits,
+        gaps,
+        spans,
+        on_gpu,
+        pl.concat(barriers) if barriers else None,
+        pl.concat(sends) if sends else None,
+    )
     steps = parts["step"].unique().sort().to_list()
     replays = dict(zip(steps, replay_all(shape, own.steps(steps, shape.p))))
     model = fit(own, median_step(parts), shape.p)
