@@ -10,7 +10,7 @@ import pytest
 from test_cells import cpu_action, gpipe_m1_run, span, trace, write_trace
 
 from analysis.attribution.model import StepModel
-from analysis.attribution.own_step import measure
+from analysis.attribution.own_step import KEY, measure
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
 from analysis.attribution.replay import Inputs, Step, Tail, replay, replay_all
 from analysis.attribution.waterfall import ladder
@@ -332,10 +332,12 @@ def test_a_blocking_send_waits_for_its_receiver_in_the_replay():
 
 def test_a_receive_only_posted_waits_in_its_consumer_as_a_hop_not_host_time():
     """torch's runtime (gpipe p=2 m=2 in ns): each RECV label only posts its receive (gloo:recv opens
-    inside it), both before either consumer runs, and the consumer waits from its start until the data
-    arrived, 400 ns after its SEND began (rendezvous). No host time anywhere but the SENDs' 100 ns calls.
-    The path: 0F0, 0SEND_F0's call, 0F1, the hop to 1F1 (400), 1F1, 1B0, 1SEND_B0's call, 1B1, the hop to
-    0B1 (400), 0B1. The consumers' waits are the hops; the lane goes on past each RECV."""
+    inside it), both before either consumer runs, and gloo closes the receive when the consumer's wait
+    returns. Transfers take 400 ns after both sides posted (rendezvous). 1F0, 0B0 and 0B1 wait for their
+    data (1100, 3620 and 400 ns: hops); 1F1's data came at 2500, before it began at 2600, and its wait
+    call returned 20 ns in: host time, as are 1F0's 200 ns after its data and 1B1's 300 before its work.
+    The path: 0F0, the hop to 1F0 (400), 200 host, 1F0, 1F1's 20 host, 1F1, 1B0, 1SEND_B0's 100 ns call,
+    1B1's 300 host, 1B1, the hop to 0B1 (400), 0B1. The lane goes on past each RECV."""
     schedule = build("gpipe", 2, 2)
     rows = [
         (0, 0, "F", 0, 0, 1000),
@@ -344,41 +346,50 @@ def test_a_receive_only_posted_waits_in_its_consumer_as_a_hop_not_host_time():
         (0, 0, "SEND_F", 1, 2100, 2200),
         (0, 0, "RECV_B", 0, 2200, 2300),
         (0, 0, "RECV_B", 1, 2300, 2400),
-        (0, 0, "B", 0, 2400, 7900),  # waits until 5900
-        (0, 0, "B", 1, 7900, 10000),  # waits until 8000
+        (0, 0, "B", 0, 2400, 8020),  # waits until 6020
+        (0, 0, "B", 1, 8020, 10420),  # waits until 8420
         (1, 1, "RECV_F", 0, 100, 200),
         (1, 1, "RECV_F", 1, 200, 300),
-        (1, 1, "F", 0, 300, 2400),  # waits until 1400
-        (1, 1, "F", 1, 2400, 3500),  # waits until 2500
-        (1, 1, "B", 0, 3500, 5500),
-        (1, 1, "SEND_B", 0, 5500, 5600),
-        (1, 1, "B", 1, 5600, 7600),
-        (1, 1, "SEND_B", 1, 7600, 7700),
+        (1, 1, "F", 0, 300, 2600),  # waits until 1400, 200 host, works from 1600
+        (1, 1, "F", 1, 2600, 3620),  # its wait call returns at 2620, the data there since 2500
+        (1, 1, "B", 0, 3620, 5620),
+        (1, 1, "SEND_B", 0, 5620, 5720),
+        (1, 1, "B", 1, 5720, 8020),  # 300 host, then its work
+        (1, 1, "SEND_B", 1, 8020, 8120),
     ]
     waits = _waits(  # each receive's gloo:recv inside its label, then its consumer's wait
         [
             (0, 0, "RECV_B", 0, 2250, 2300),
-            (0, 0, "RECV_B", 0, 2400, 5900),
+            (0, 0, "RECV_B", 0, 2400, 6020),
             (0, 0, "RECV_B", 1, 2350, 2400),
-            (0, 0, "RECV_B", 1, 7900, 8000),
+            (0, 0, "RECV_B", 1, 8020, 8420),
             (1, 1, "RECV_F", 0, 150, 200),
             (1, 1, "RECV_F", 0, 300, 1400),
             (1, 1, "RECV_F", 1, 250, 300),
-            (1, 1, "RECV_F", 1, 2400, 2500),
+            (1, 1, "RECV_F", 1, 2600, 2620),
         ]
     )
-    work = pl.when(pl.col("kind") == "F").then(1000.0).otherwise(2000.0)  # a consumer's span less its wait
+    work = pl.when(pl.col("kind") == "F").then(1000.0).otherwise(2000.0)  # a compute span less its waits
     cells = _cells(rows).with_columns(busy_ns=pl.when(pl.col("busy_ns").is_not_null()).then(work))
-    own = measure(schedule, cells, waits, _gaps([]), _windows([10000, 8000]), on_gpu=False)
+    own = measure(schedule, cells, waits, _gaps([]), _windows([10420, 8120]), on_gpu=False)
     assert own.posted_receives
-    inputs = own.actions.select("pre", "post")
-    assert (inputs.min_horizontal() >= 0).all()  # host time is never negative
+    inputs = {
+        f"{s}{k}{mb}": (pre, t)
+        for s, k, mb, pre, t in own.actions.select(*KEY, "pre", "transfer").iter_rows()
+    }
+    assert {name: inputs[name] for name in ("1RECV_F0", "1RECV_F1", "0RECV_B0", "0RECV_B1")} == {
+        "1RECV_F0": (50.0, 400.0),  # the post's host time inside the label
+        "1RECV_F1": (50.0, 20.0),  # no longer than its consumer waited
+        "0RECV_B0": (50.0, 400.0),
+        "0RECV_B1": (50.0, 400.0),
+    }
+    assert [inputs[name][0] for name in ("1F0", "1F1", "1B1", "0B0", "0B1")] == [200.0, 20.0, 300.0, 0.0, 0.0]
     replayed = replay(schedule, own.step(0, 2))
-    assert replayed.makespan == 10000
+    assert replayed.makespan == 10420
     parts = {}
     for segment in replayed.path:
         parts[segment.part] = parts.get(segment.part, 0.0) + segment.end - segment.start
-    assert parts == {"compute": 9000.0, "hop": 800.0, "launch_overhead": 200.0}
+    assert parts == {"compute": 9000.0, "hop": 800.0, "launch_overhead": 620.0}
 
 
 def test_an_isend_whose_slow_call_outlasted_its_receivers_post_is_not_taken_for_a_blocking_send():

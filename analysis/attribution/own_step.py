@@ -12,8 +12,10 @@ Per rank and step the cells run in order on one lane, each measured from the tra
   sides had posted (the wait's end less the later of its start and the partner's post: the matching
   SEND's start, or the producer's end where the trace has no SEND). A receive that was only posted
   (torch's runtime: its wait, analysis.cells.inferred.consumer_waits, ends inside the consumer, after
-  the RECV cell) has `pre` and `post` around its post inside the cell, and its consumer's `pre` leaves
-  out the consumer's wait for the data: that wait is the transfer's, or waiting for the partner;
+  the RECV cell) has `pre` and `post` around its post inside the cell, a transfer no longer than its
+  consumer waited (gloo ends the wait when the consumer asks, whenever the data came), and its
+  consumer's `pre` leaves out the part of that wait the transfer reaches: a hop, or waiting for the
+  partner, not host time;
 - SEND: on the lane until it ends or the rank's next action starts (an NCCL send runs on its own
   stream); of that, the time classed as waiting on the peer is its `transfer` and the rest `pre`. A
   blocking send (one that waited for its receiver: it began before the receiver's wait and ended after
@@ -314,25 +316,46 @@ def _receives_posted(timed: pl.DataFrame) -> bool:
 
 
 def _with_consumer_waits(timed: pl.DataFrame) -> pl.DataFrame:
-    """`timed` with `consumer_wait` (ns) on each compute row: from its start until the data its RECV only
-    posted arrived (0 where it had arrived or the row has no such input)."""
-    arrivals = timed.filter(
-        pl.col("kind").is_in(["RECV_F", "RECV_B"]) & (pl.col("w1") > pl.col("end_ns"))
-    ).select("step", "stage", "microbatch", recv_kind="kind", arrival_ns="w1")
+    """`timed` with, where a RECV only posted its receive, `seen_transfer` on the RECV and `consumer_wait`
+    on its consumer (ns; null elsewhere). gloo closes the receive's span when the consumer's wait returns,
+    whenever the data came, so the wait's end less the later post (both sides') bounds the transfer only:
+    a consumer that asked after its data came (the send began long before) waits no longer than its host
+    takes to the call. The transfer seen is that bound, but no longer than the consumer waited; the
+    consumer's wait for the data is the part of its wait after its start that this transfer reaches,
+    the rest of it host time."""
     recv_kind = (
         pl.when(pl.col("kind") == "F")
         .then(pl.lit("RECV_F"))
         .when(pl.col("kind").is_in(["B", "I"]))
         .then(pl.lit("RECV_B"))
     )
-    waited = pl.when(pl.col("arrival_ns").is_not_null()).then(
-        pl.min_horizontal("arrival_ns", "end_ns") - pl.col("start_ns")  # (min_horizontal skips nulls)
+    keys = ["step", "stage", "microbatch", "recv_kind"]
+    consumers = timed.filter(recv_kind.is_not_null()).select(
+        *keys[:3], recv_kind=recv_kind, c_start="start_ns", c_end="end_ns"
+    )
+    both_posted = pl.max_horizontal("w0", pl.col("partner_ns").fill_null(pl.col("w0")))
+    waited = (pl.min_horizontal("w1", "c_end") - pl.col("c_start")).clip(lower_bound=0)
+    seen = pl.min_horizontal(pl.col("w1") - both_posted, waited).clip(lower_bound=0)
+    hops = (
+        timed.filter(pl.col("kind").is_in(["RECV_F", "RECV_B"]) & (pl.col("w1") > pl.col("end_ns")))
+        .select(*keys[:3], "w0", "w1", "partner_ns", recv_kind="kind")
+        .join(consumers, on=keys)
+        .select(
+            *keys,
+            seen_transfer=seen,
+            consumer_wait=(both_posted + seen - pl.col("c_start")).clip(lower_bound=0),
+        )
     )
     return (
-        timed.with_columns(recv_kind=recv_kind)
-        .join(arrivals, on=["step", "stage", "microbatch", "recv_kind"], how="left", maintain_order="left")
-        .with_columns(consumer_wait=waited.clip(lower_bound=0).fill_null(0))
-        .drop("recv_kind", "arrival_ns")
+        timed.with_columns(
+            recv_kind=pl.when(pl.col("kind").str.starts_with("RECV")).then("kind").otherwise(recv_kind)
+        )
+        .join(hops, on=keys, how="left", maintain_order="left")
+        .with_columns(
+            seen_transfer=pl.when(pl.col("kind").str.starts_with("RECV")).then("seen_transfer"),
+            consumer_wait=pl.when(pl.col("kind").is_in(["F", "B", "I"])).then("consumer_wait"),
+        )
+        .drop("recv_kind")
     )
 
 
@@ -356,7 +379,8 @@ def _inputs(blocking: bool, eager: bool, posted: bool) -> dict[str, pl.Expr]:
     if posted:  # the lane goes on after the post; the consumer's wait for the data is not host time
         posted_at = pl.min_horizontal(w0, "end_ns")
         recv_pre, post_from = ns(posted_at - pl.col("start_ns")), posted_at
-        compute_host = pl.col("consumer_wait")
+        compute_host = pl.col("consumer_wait").fill_null(0)
+        recv_transfer = pl.coalesce("seen_transfer", recv_transfer)
     occupied = ns(pl.col("lane_end") - pl.col("start_ns"))
     if blocking:
         send_transfer = ns(
