@@ -54,7 +54,7 @@ from runners.schedules import Action, Schedule
 ANALYSIS_DIR = "analysis"
 # The layout of what `write` stores. Bump it with any change to a stored table's columns (a test pins
 # them), so an analysis written before the change is analysed again rather than read wrong.
-ANALYSIS_FORMAT = 1
+ANALYSIS_FORMAT = 2
 FORMAT_FILE = "format.json"
 
 

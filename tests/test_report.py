@@ -344,7 +344,7 @@ def test_a_run_analysed_by_another_version_is_analysed_again(tmp_path):
 # Each stored table's columns at analysis.results.ANALYSIS_FORMAT. A change to them must bump the format,
 # or a report reads an older analysis's tables with this version's code (a replay tail without its
 # `barrier` column stopped `make trace`'s report with a traceback).
-STORED_FORMAT = 1
+STORED_FORMAT = 2
 STORED_COLUMNS = {
     "cells": "rank step stage kind microbatch start_ns end_ns blocked_ns inferred busy_ns compute_ns small_gemm_ns "
     "slowdown_ns cpu_contention_ns slack_ns",
@@ -354,7 +354,7 @@ STORED_COLUMNS = {
     "ranks": "rank step step_ms busy_ms cpu_contention_ms dp_skew_ms compute_ms small_gemm_ms slowdown_ms bubble_ms "
     "p2p_wait_ms dp_sync_ms launch_overhead_ms other_ms",
     "replay_inputs": "step rank position stage kind microbatch lead pre work transfer post",
-    "replay_tails": "rank step w_start barrier opened active_end dp_sync other launch_overhead",
+    "replay_tails": "rank step w_start barrier opened active_end labelled_end dp_sync other launch_overhead",
 }
 
 
