@@ -69,6 +69,7 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
     assert written == [
         "cells.parquet",
         "critical.parquet",
+        "format.json",
         "gaps.parquet",
         "ideal.parquet",
         "model.json",
