@@ -27,7 +27,13 @@ from typing import Any, NamedTuple
 from runners.schedules import Schedule, lower
 from synthetic.executor_gpu import GpuStep, simulate_gpu_step
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
-from synthetic.executor_trace import rank_document, run_config, truth_document, write_json, write_trace
+from synthetic.executor_trace import (
+    rank_document,
+    run_config,
+    truth_document,
+    write_json,
+    write_trace,
+)
 from synthetic.truth import DEFAULT_US, Durations, Work
 
 DP_GROUP = "dp"  # the runner's DP groups' description (pg_config's pg_desc)
@@ -87,15 +93,6 @@ def _groups(pipelines: list[list[int]]) -> list[dict[str, Any]]:
     return [{"pg_name": str(i), "pg_desc": d, "ranks": r} for i, (d, r) in enumerate(named)]
 
 
-def _slowed(
-    parts: dict[str, int], schedule: Schedule, rank: int, work: Work, reference: Work
-) -> dict[str, int]:
-    """A rank's parts with its compute beyond the `reference` work's as slowdown."""
-    actions = [a for a in schedule.orders[rank] if a.kind.is_compute]
-    slowdown = sum(work.measured_ns(a, schedule.m) - reference.measured_ns(a, schedule.m) for a in actions)
-    return parts | {"compute": parts["compute"] - slowdown, "slowdown": slowdown}
-
-
 def write_executor_job(
     directory: str | Path,
     schedule: Schedule,
@@ -129,7 +126,7 @@ def write_executor_job(
         "steps": [{"step": k, "step_ns": job.runs[0].step_ns, "ranks": {}} for k in range(steps)]
     }
     for j, run in enumerate(job.runs):
-        replica = truth_document(run, transport, host, steps)
+        replica = truth_document(run, lowered, work[j], transport, host, steps)
         for s in range(lowered.p):
             rank = job.pipelines[j][s]
             said = groups[s]
@@ -143,9 +140,8 @@ def write_executor_job(
                 directory / f"rank{rank}.json.gz", rank_document(run, s, steps, run_id, distributed, group)
             )
             told = replica["steps"][0]["ranks"][str(s)]
-            parts = _slowed(told["parts_ns"], lowered, s, work[j], reference)
             for step in truth["steps"]:
-                step["ranks"][str(rank)] = told | {"parts_ns": parts, "dp_skew_ns": job.skew_ns[rank]}
+                step["ranks"][str(rank)] = told | {"dp_skew_ns": job.skew_ns[rank]}
     write_json(directory / "truth.json", truth)
     config = run_config(schedule, reference, job.runs[0].step_ns, transport, run_id, shape == "gpu") | {
         "dp": dp,
