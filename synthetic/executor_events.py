@@ -58,7 +58,8 @@ def cpu_rank_events(
             waiting = (end.lane_end + shift, end.sends_done + shift)
             events.append(shapes.span(WAIT_SENDS, "user_annotation", pid, pid, *waiting))
         if end.synced is not None:
-            events += _all_reduce(pid, end.sends_done + shift, end.synced + shift, group or {})
+            called = end.sends_done if end.sync_called is None else end.sync_called
+            events += _all_reduce(pid, called + shift, end.synced + shift, group or {})
         tail_start = end.sends_done if end.synced is None else end.synced
         if end.tail_end > tail_start:
             tail = (tail_start + shift, end.tail_end + shift)
