@@ -97,3 +97,8 @@ def test_megatrons_groups_give_the_pipelines_and_the_dp_sync(tmp_path):
         true = truth["ranks"][str(entry.rank)]
         assert entry.dp_sync_ms == pytest.approx(true["parts_ns"]["dp_sync"] / 1e6, abs=1e-6), entry.rank
         assert entry.dp_skew_ms == pytest.approx(true["dp_skew_ns"] / 1e6, abs=1e-6), entry.rank
+
+
+def test_a_late_launch_on_gpu_needs_an_all_reduce_longer_than_a_launch(tmp_path):
+    with pytest.raises(ValueError, match="late launch"):
+        write_executor_job(tmp_path, build("1f1b", 2, 4), 2, shape="gpu", late_launch=True, sync_us=1)
