@@ -21,10 +21,13 @@ for the merge, the report and the benchmarks), so every page and track shows wha
                           `predict` resamples for its intervals
     memory.parquet, memory_peaks.parquet
                           where the traces carry memory events (analysis.traces.memory)
+    format.json           {"format": ANALYSIS_FORMAT}: which layout of these files this is
 
 Times in the tables are on the analysis's clock: each rank's own plus its offset in `summary.clock`;
-ranks are global. A summary written before the PP x DP keys (dp, pipelines, straggler, a rank's
-pipeline, dp_sync_ms, dp_skew_ms) reads with their one-pipeline defaults.
+ranks are global. An analysis of another format (a stored table's columns changed; or no stamp, written
+before it) is not read: `read` says so, and the report and the merge analyse the run again. A summary
+written before the PP x DP keys (dp, pipelines, straggler, a rank's pipeline, dp_sync_ms, dp_skew_ms)
+reads with their one-pipeline defaults.
 The directory is written into a fresh temporary sibling and renamed into place, so a crash leaves the
 previous analysis whole; `analyze` replaces it entirely, so nothing else keeps files there.
 """
@@ -49,6 +52,10 @@ from analysis.traces.memory import Memory
 from runners.schedules import Action, Schedule
 
 ANALYSIS_DIR = "analysis"
+# The layout of what `write` stores. Bump it with any change to a stored table's columns (a test pins
+# them), so an analysis written before the change is analysed again rather than read wrong.
+ANALYSIS_FORMAT = 2
+FORMAT_FILE = "format.json"
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,7 @@ class _ModelFile(msgspec.Struct):
     orders: list[list[str]]  # per rank, its lowered actions as the median step ran them
     blocking_sends: bool
     eager_receives: bool
+    posted_receives: bool = False  # (older files: none)
 
 
 def _model_json(model: StepModel) -> bytes:
@@ -93,7 +101,9 @@ def _model_json(model: StepModel) -> bytes:
     ]
     tails = [astuple(t) for t in model.tails]
     orders = [[str(action) for action in order] for order in model.orders]
-    document = _ModelFile(sorted(kinds), tails, orders, model.blocking_sends, model.eager_receives)
+    document = _ModelFile(
+        sorted(kinds), tails, orders, model.blocking_sends, model.eager_receives, model.posted_receives
+    )
     return msgspec.json.format(msgspec.json.encode(document)) + b"\n"
 
 
@@ -109,6 +119,7 @@ def _model(path: Path) -> StepModel:
         orders,
         found.blocking_sends,
         found.eager_receives,
+        found.posted_receives,
     )
 
 
@@ -138,6 +149,7 @@ def write(run_dir: Path, analysis: Analysis) -> Path:
             msgspec.json.format(msgspec.json.encode(analysis.summary)) + b"\n"
         )
         (staging / "schedule.json").write_bytes(_schedule_json(analysis.schedule))
+        (staging / FORMAT_FILE).write_bytes(msgspec.json.encode({"format": ANALYSIS_FORMAT}) + b"\n")
         (staging / "model.json").write_bytes(_model_json(analysis.model))
         tables = {
             "cells": analysis.cells,
@@ -178,6 +190,21 @@ def _decode(path: Path, kind: type):
         raise InputError(path, f"not this version's analysis ({error})") from None
 
 
+class _FormatFile(msgspec.Struct):
+    format: int
+
+
+def _check_format(path: Path) -> None:
+    """InputError unless the analysis at `path`'s folder is of this version's ANALYSIS_FORMAT."""
+    if not path.is_file():
+        raise InputError(path, "not this version's analysis (no format stamp: written by an older version)")
+    found = _decode(path, _FormatFile).format
+    if found != ANALYSIS_FORMAT:
+        raise InputError(
+            path, f"not this version's analysis (format {found}; this version reads {ANALYSIS_FORMAT})"
+        )
+
+
 def _table(path: Path, required: bool = True) -> pl.DataFrame | None:
     if not path.is_file():
         if required:
@@ -209,6 +236,7 @@ def _schedule(path: Path) -> Schedule:
 def read(run_dir: Path) -> Analysis:
     """RUN/analysis/ as `analyze` wrote it; InputError naming the file that is missing or unreadable."""
     directory = Path(run_dir) / ANALYSIS_DIR
+    _check_format(directory / FORMAT_FILE)
     stash, peaks = (
         _table(directory / "memory.parquet", False),
         _table(directory / "memory_peaks.parquet", False),
@@ -227,6 +255,7 @@ def read(run_dir: Path) -> Analysis:
             _table(directory / "replay_tails.parquet"),
             model.blocking_sends,
             model.eager_receives,
+            model.posted_receives,
         ),
         memory=None if stash is None or peaks is None else Memory(stash, peaks),
     )

@@ -144,6 +144,7 @@ class StepReplay(msgspec.Struct, kw_only=True):
     # With one (our runners) the replay starts each rank at its opening and ends it by the barrier.
     opened_late_ms: float
     ran_on_ms: float
+    step_end_barrier: bool = False  # the step ended in the labelled barrier: both waits are replayed
 
 
 class CriticalShare(msgspec.Struct, kw_only=True):

@@ -65,7 +65,6 @@ def synthesize_job(
     process_groups: bool = True,
     names: str = "runner",
     sync_across_stages: bool = False,
-    late_launch: bool = False,
     **options: Any,
 ) -> Job:
     """dp replicas of `schedule`, replica `slow_pipeline`'s compute x `slow_factor`; `options` as
@@ -74,9 +73,7 @@ def synthesize_job(
     record_param_comms, global ranks) say which ranks form a pipeline. `names`: the groups' descriptions,
     our runner's or "megatron"'s (NAMES). GPU: each all-reduce's record_param_comms names its group, the
     stage's DP group, or with `sync_across_stages` its pipeline's ranks (an all-reduce across stages, as
-    Megatron's model-parallel group: then the truth's dp_sync and dp_skew are no longer its). With
-    `late_launch` each rank launches its all-reduce only when its stage's last replica arrives, nothing
-    recorded before it (as the converted Megatron jobs show): the truth is the same."""
+    Megatron's model-parallel group: then the truth's dp_sync and dp_skew are no longer its)."""
     if shape not in ("cpu", "gpu") or options.get("clock_offset_ns"):
         raise OptionError("a PP x DP job is written cpu- or gpu-shaped, on one clock")
     lowered = schedule if schedule.lowered else lower(schedule)
@@ -104,8 +101,7 @@ def synthesize_job(
             said = _said(
                 groups, [ranks[s] for ranks in pipelines] if not sync_across_stages else pipelines[j]
             )
-            drawn = (latest[s], sync[1]) if late_launch else sync
-            events += _sync_events(document, s, drawn, step_ns, steps, shape, said)
+            events += _sync_events(document, s, sync, step_ns, steps, shape, said)
             info = {**document["distributedInfo"], "rank": rank, "world_size": p * dp}
             info |= {"pg_config": groups} if process_groups else {}
             syncs[rank] = sync

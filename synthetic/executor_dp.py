@@ -25,19 +25,30 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from runners.schedules import Schedule, lower
-from synthetic.executor_gpu import GpuStep, simulate_gpu_step
+from synthetic.executor_gpu import DP_STREAM, LAUNCH_NS, GpuStep, simulate_gpu_step
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
-from synthetic.executor_trace import rank_document, run_config, truth_document, write_json, write_trace
+from synthetic.executor_trace import (
+    rank_document,
+    run_config,
+    truth_document,
+    write_json,
+    write_trace,
+)
 from synthetic.truth import DEFAULT_US, Durations, Work
 
 DP_GROUP = "dp"  # the runner's DP groups' description (pg_config's pg_desc)
 PP_GROUP = "pp_stages"  # a pipeline's ranks
+NAMES = {  # the groups' descriptions: (a stage's DP group, a pipeline's), as the runner or Megatron says them
+    "runner": (DP_GROUP, PP_GROUP),
+    "megatron": ("DATA_PARALLEL_GROUP", "PIPELINE_MODEL_PARALLEL_GROUP"),
+}
 
 
 class Job(NamedTuple):
     runs: list[StepRun] | list[GpuStep]  # replica j's steps, its ranks local (stage order)
     pipelines: list[list[int]]  # global ranks in stage order, one list per replica
     skew_ns: dict[int, int]  # global rank -> its wait in the all-reduce for the last member
+    joined_ns: dict[int, int]  # stage -> when its DP group's last member arrived
 
 
 def simulate_job(
@@ -77,23 +88,34 @@ def simulate_job(
         run.step_ns if shape == "gpu" else max(e.tail_end for e in run.ends.values()) for run in runs
     )
     pipelines = [[s * dp + j for s in range(schedule.p)] for j in range(dp)]
-    return Job([replace(run, step_ns=step_ns) for run in runs], pipelines, skew)
+    return Job([replace(run, step_ns=step_ns) for run in runs], pipelines, skew, joined)
 
 
-def _groups(pipelines: list[list[int]]) -> list[dict[str, Any]]:
-    """pg_config: every stage's DP group, then every pipeline's."""
+def _groups(pipelines: list[list[int]], names: str) -> list[dict[str, Any]]:
+    """pg_config: every stage's DP group, then every pipeline's, described as NAMES[names] says."""
+    dp_name, pp_name = NAMES[names]
     dp_groups = [[ranks[s] for ranks in pipelines] for s in range(len(pipelines[0]))]
-    named = [(DP_GROUP, ranks) for ranks in dp_groups] + [(PP_GROUP, ranks) for ranks in pipelines]
+    named = [(dp_name, ranks) for ranks in dp_groups] + [(pp_name, ranks) for ranks in pipelines]
     return [{"pg_name": str(i), "pg_desc": d, "ranks": r} for i, (d, r) in enumerate(named)]
 
 
-def _slowed(
-    parts: dict[str, int], schedule: Schedule, rank: int, work: Work, reference: Work
-) -> dict[str, int]:
-    """A rank's parts with its compute beyond the `reference` work's as slowdown."""
-    actions = [a for a in schedule.orders[rank] if a.kind.is_compute]
-    slowdown = sum(work.measured_ns(a, schedule.m) - reference.measured_ns(a, schedule.m) for a in actions)
-    return parts | {"compute": parts["compute"] - slowdown, "slowdown": slowdown}
+def _launched_late(run: StepRun | GpuStep, joined: dict[int, int]) -> StepRun | GpuStep:
+    """The run as a late launch records it: each rank calls its all-reduce only once its group's last
+    member arrived (joined), nothing recorded before; on GPU the optimizer's launch follows."""
+    if isinstance(run, StepRun):
+        return replace(run, ends={s: replace(end, sync_called=joined[s]) for s, end in run.ends.items()})
+    kernels = {}
+    for s, launched in run.kernels.items():
+        called = joined[s]
+        kernels[s] = [
+            replace(k, label_start=called - LAUNCH_NS, launch_end=called, start=called)
+            if k.stream == DP_STREAM
+            else replace(k, label_start=called, launch_end=called + LAUNCH_NS)
+            if k.action is None and k.launch_end < called + LAUNCH_NS
+            else k
+            for k in launched
+        ]
+    return replace(run, kernels=kernels)
 
 
 def write_executor_job(
@@ -110,11 +132,19 @@ def write_executor_job(
     steps: int = 3,
     run_id: str = "synthetic-executor-dp",
     shape: str = "cpu",
+    late_launch: bool = False,
+    names: str = "runner",
+    run_json: bool = True,
 ) -> Job:
     """rank{g}.json.gz per global rank, truth.json (per global rank, dp_skew_ns beside its parts) and
-    run.json (dp, the mesh and the pipelines), written last."""
+    (with `run_json`; without, the traces' process groups alone say the pipelines) run.json (dp, the mesh
+    and the pipelines), written last. `late_launch`: each rank's all-reduce recorded from its group's last
+    arrival (_launched_late, as converted Megatron jobs hold it), the truth unchanged; `names`: the
+    groups' descriptions (NAMES)."""
     if shape not in ("cpu", "gpu"):
         raise ValueError(f"shape {shape!r}: cpu or gpu")
+    if late_launch and shape == "gpu" and sync_us * 1000 < LAUNCH_NS:
+        raise ValueError("a late launch on GPU needs an all-reduce longer than the optimizer's launch")
     transport = transport or Transport(EAGER if shape == "gpu" else RENDEZVOUS)
     host = host or HostTime()
     lowered = schedule if schedule.lowered else lower(schedule)
@@ -123,13 +153,14 @@ def write_executor_job(
     job = simulate_job(lowered, dp, work, transport, host, round(sync_us * 1000), shape)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    groups = _groups(job.pipelines)
+    groups = _groups(job.pipelines, names)
     world = lowered.p * dp
     truth: dict[str, Any] = {
         "steps": [{"step": k, "step_ns": job.runs[0].step_ns, "ranks": {}} for k in range(steps)]
     }
     for j, run in enumerate(job.runs):
-        replica = truth_document(run, transport, host, steps)
+        replica = truth_document(run, lowered, work[j], transport, host, steps)
+        drawn = _launched_late(run, job.joined_ns) if late_launch else run
         for s in range(lowered.p):
             rank = job.pipelines[j][s]
             said = groups[s]
@@ -140,13 +171,14 @@ def write_executor_job(
             }
             distributed = {"rank": rank, "world_size": world, "pg_config": groups}
             write_trace(
-                directory / f"rank{rank}.json.gz", rank_document(run, s, steps, run_id, distributed, group)
+                directory / f"rank{rank}.json.gz", rank_document(drawn, s, steps, run_id, distributed, group)
             )
             told = replica["steps"][0]["ranks"][str(s)]
-            parts = _slowed(told["parts_ns"], lowered, s, work[j], reference)
             for step in truth["steps"]:
-                step["ranks"][str(rank)] = told | {"parts_ns": parts, "dp_skew_ns": job.skew_ns[rank]}
+                step["ranks"][str(rank)] = told | {"dp_skew_ns": job.skew_ns[rank]}
     write_json(directory / "truth.json", truth)
+    if not run_json:
+        return job
     config = run_config(schedule, reference, job.runs[0].step_ns, transport, run_id, shape == "gpu") | {
         "dp": dp,
         "world_size": world,

@@ -15,7 +15,7 @@ from synthetic.executor_gpu import COMM_STREAM_BASE, COMPUTE_STREAM, DP_STREAM, 
 from synthetic.executor_sim import RECVS, SENDS, StepRun
 
 BASE_TIME_NS = 1_700_000_000 * 10**9  # baseTimeNanoseconds; event times count from ORIGIN_NS after it
-ORIGIN_NS = 10 * 10**9
+ORIGIN_NS = 10 * 10**9  # leaves room for negative clock offsets
 STEP_PREFIX = "ProfilerStep#"  # torch.profiler's step spans
 OPTIMIZER_OP = "aten::add_"  # the SGD update's operator inside optimizer_step
 GLOO_SEND = "gloo:send"  # gloo's span of an isend, on the sending thread
@@ -28,15 +28,16 @@ ALLREDUCE_KERNEL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsign
 
 
 def cpu_rank_events(
-    run: StepRun, rank: int, steps: int, group: Group | None = None, labels: bool = True
+    run: StepRun, rank: int, steps: int, group: Group | None = None, labels: bool = True, clock_ns: int = 0
 ) -> list[dict[str, Any]]:
-    """Every step's events of one rank's thread (pid = tid), on the trace's clock; `group`: the DP
-    group's record_param_comms args, where the rank all-reduces its gradients."""
+    """Every step's events of one rank's thread (pid = tid), on the trace's clock (the rank's `clock_ns`
+    ahead of the true one); `group`: the DP group's record_param_comms args, where the rank all-reduces
+    its gradients."""
     pid = 4000 + rank
     events = shapes.metadata(pid, pid, "python", f"thread {pid} (python)")
     end = run.ends[rank]
     for step in range(steps):
-        shift = ORIGIN_NS + step * run.step_ns
+        shift = ORIGIN_NS + clock_ns + step * run.step_ns
         events.append(
             shapes.span(f"{STEP_PREFIX}{step}", "user_annotation", pid, pid, shift, shift + run.step_ns)
         )
@@ -57,7 +58,8 @@ def cpu_rank_events(
             waiting = (end.lane_end + shift, end.sends_done + shift)
             events.append(shapes.span(WAIT_SENDS, "user_annotation", pid, pid, *waiting))
         if end.synced is not None:
-            events += _all_reduce(pid, end.sends_done + shift, end.synced + shift, group or {})
+            called = end.sends_done if end.sync_called is None else end.sync_called
+            events += _all_reduce(pid, called + shift, end.synced + shift, group or {})
         tail_start = end.sends_done if end.synced is None else end.synced
         if end.tail_end > tail_start:
             tail = (tail_start + shift, end.tail_end + shift)
@@ -92,9 +94,10 @@ def _all_reduce(pid: int, start: int, end: int, group: Group) -> list[dict[str, 
 
 
 def gpu_rank_events(
-    run: GpuStep, rank: int, steps: int, group: Group | None, labels: bool = True
+    run: GpuStep, rank: int, steps: int, group: Group | None, labels: bool = True, clock_ns: int = 0
 ) -> list[dict[str, Any]]:
-    """Every step's events of one rank on a GPU: host labels around their launches, kernels on the
+    """Every step's events of one rank on a GPU (host and device on one clock, `clock_ns` ahead of the
+    true one): host labels around their launches, kernels on the
     compute and comm streams with ac2g flows, the wait for sends, the DP all-reduce's launch inside its
     record_param_comms (naming `group`), and the optimizer's launch. Without `labels` (a hand-written
     loop) an action's launch sits inside the ops torch.profiler records instead (shapes.gpu_cell_unlabelled:
@@ -109,7 +112,7 @@ def gpu_rank_events(
     waits = run.send_waits[rank]
     per_step = len(run.kernels[rank])
     for step in range(steps):
-        shift = ORIGIN_NS + step * run.step_ns
+        shift = ORIGIN_NS + clock_ns + step * run.step_ns
         events.append(
             shapes.span(f"{STEP_PREFIX}{step}", "user_annotation", pid, pid, shift, shift + run.step_ns)
         )

@@ -106,13 +106,15 @@ class RankEnd:
     """How a rank's step ends, ns: its last action's end, the end of its wait for its sends (and the
     latest post of those sends' receivers, None without sends), the end of its tail; with data
     parallelism (synthetic.executor_dp) the end of the gradients' all-reduce, which starts at sends_done
-    and comes before the tail."""
+    and comes before the tail, and when it is called where that is later (`sync_called`: a late launch,
+    nothing recorded before it, the rank's time the same)."""
 
     lane_end: int
     sends_done: int
     last_receiver_post: int | None
     tail_end: int
     synced: int | None = None
+    sync_called: int | None = None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ after the last action `PP wait for sends` until the sends are released, then `op
 
 truth.json: {"transport", "steps": [{"step", "step_ns", "ranks": {rank: {"actions": [[label, start_ns,
 end_ns], ...] in order, "lane_end_ns", "sends_done_ns", "parts_ns": {...}}}}]}, times from the step's
-start. A rank's parts sum to the step: compute (work), launch_overhead (host time between actions,
+start. A rank's parts sum to the step: compute (its work at the reference speed; small_gemm and slowdown
+the rest of it, split_compute), launch_overhead (host time between actions,
 inside compute spans before the work, in asynchronous SEND calls), bubble (a RECV's or blocking SEND's
 wait before the partner posted; the wait for sends before their last receiver posted, with a
 rendezvous; idle after the tail until the barrier), p2p_wait (those waits after the partner posted),
@@ -25,7 +26,8 @@ other (the tail).
 GPU (NCCL, eager delivery by default): per action its `PP:` label on the host thread around one
 cudaLaunchKernel, the kernel (correlation id, ac2g flow) with its device-side label on the compute
 stream or its peer's comm stream; `PP wait for sends`, then `optimizer_step` around the optimizer's
-launch. truth.json's actions are the kernels' times; its parts are synthetic.executor_gpu.rank_parts,
+launch. truth.json's actions are the kernels' times; its parts are synthetic.executor_gpu.rank_parts (compute
+split as on CPU),
 and p2p_queued_ns says how much of p2p_wait the compute stream spent queued behind the rank's own SEND.
 """
 
@@ -50,6 +52,7 @@ from synthetic.truth import (
     DEFAULT_US,
     ROWS_PER_MICROBATCH,
     Durations,
+    Factors,
     Work,
     calibration,
     calibration_by_rows,
@@ -92,12 +95,13 @@ def rank_document(
     distributed: Mapping[str, Any],
     group: Group | None = None,
     labels: bool = True,
+    clock_ns: int = 0,
 ) -> dict[str, Any]:
     """The trace of the run's local rank `rank`; `distributed`: its global rank and world_size (and
-    pg_config), `group` its DP group (_rank_events)."""
+    pg_config), `group` its DP group, `clock_ns` its clock's offset (synthetic.executor_events)."""
     on_gpu = isinstance(run, GpuStep)
     gpu = [{"id": rank, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
-    events = (gpu_rank_events if on_gpu else cpu_rank_events)(run, rank, steps, group, labels)
+    events = (gpu_rank_events if on_gpu else cpu_rank_events)(run, rank, steps, group, labels, clock_ns)
     return {
         "schemaVersion": 1,
         "deviceProperties": gpu if on_gpu else [],
@@ -110,14 +114,14 @@ def rank_document(
 
 
 def truth_document(
-    run: StepRun | GpuStep, transport: Transport, host: HostTime, steps: int
+    run: StepRun | GpuStep, schedule: Schedule, work: Work, transport: Transport, host: HostTime, steps: int
 ) -> dict[str, Any]:
-    """truth.json's content (module docstring)."""
+    """truth.json's content (module docstring): `run` of the lowered `schedule` with `work`."""
     if isinstance(run, GpuStep):
         ranks = {
             str(rank): {
                 "actions": [[label(k.action), k.start, k.end] for k in kernels if k.action],
-                "parts_ns": gpu_parts(run, rank),
+                "parts_ns": split_compute(gpu_parts(run, rank), schedule, rank, work),
                 "p2p_queued_ns": queued_parts(run, rank)["p2p_queued"],
             }
             for rank, kernels in run.kernels.items()
@@ -128,7 +132,7 @@ def truth_document(
                 "actions": [[label(d.action), d.start, d.end] for d in run.actions[rank]],
                 "lane_end_ns": run.ends[rank].lane_end,
                 "sends_done_ns": run.ends[rank].sends_done,
-                "parts_ns": rank_parts(run, rank, transport, host),
+                "parts_ns": split_compute(rank_parts(run, rank, transport, host), schedule, rank, work),
             }
             for rank in run.actions
         }
@@ -166,6 +170,20 @@ def run_config(
     }
 
 
+def split_compute(parts: dict[str, int], schedule: Schedule, rank: int, work: Work) -> dict[str, int]:
+    """A rank's parts with the measured time of its compute split as synthetic.truth says: compute at
+    the reference, small_gemm (isolated - reference) and slowdown (measured - isolated)."""
+    actions = [a for a in schedule.orders[rank] if a.kind.is_compute]
+    reference = sum(work.reference_ns(a) for a in actions)
+    isolated = sum(work.isolated_ns(a, schedule.m) for a in actions)
+    measured = sum(work.measured_ns(a, schedule.m) for a in actions)
+    return parts | {
+        "compute": parts["compute"] - measured + reference,
+        "small_gemm": isolated - reference,
+        "slowdown": measured - isolated,
+    }
+
+
 def write_trace(path: Path, document: Mapping[str, Any]) -> None:
     _write(path, gzip.compress(json.dumps(document).encode(), 6))
 
@@ -194,16 +212,22 @@ def write_executor_run(
     shape: str = "cpu",
     labels: bool = True,
     batched: bool = False,
+    small_gemm: Factors = 1.0,
+    slowdown: Factors = 1.0,
+    clock_offset_ns: Mapping[int, int] | None = None,
 ) -> StepRun | GpuStep:
     """rank{r}.json.gz, truth.json and run.json (last, with complete) of `steps` simulated steps; by
-    default a rendezvous (cpu) or eager delivery (gpu) without transfer time, and no host time."""
+    default a rendezvous (cpu) or eager delivery (gpu) without transfer time, and no host time. A
+    compute action takes its `durations_us` x `small_gemm` x `slowdown` (synthetic.truth.Work); the
+    calibration holds the first two. `clock_offset_ns`: rank -> how far its clock runs ahead of the true
+    one (its timestamps move, never the truth)."""
     if shape not in ("cpu", "gpu"):
         raise ValueError(f"shape {shape!r}: cpu or gpu")
     on_gpu = shape == "gpu"
     transport = transport or Transport(EAGER if on_gpu else RENDEZVOUS)
     host = host or HostTime()
     lowered = schedule if schedule.lowered else lower(schedule)
-    work = Work(durations_us)
+    work = Work(durations_us, small_gemm, slowdown)
     if batched and (labels or not on_gpu):
         raise ValueError("batched p2p is written GPU-shaped and unlabelled (shape='gpu', labels=False)")
     work_ns = lambda action: work.measured_ns(action, lowered.m)  # noqa: E731
@@ -216,9 +240,10 @@ def write_executor_run(
     directory.mkdir(parents=True, exist_ok=True)
     for rank in range(lowered.p):
         distributed = {"rank": rank, "world_size": lowered.p}
-        document = rank_document(run, rank, steps, run_id, distributed, labels=labels)
+        clock = (clock_offset_ns or {}).get(rank, 0)
+        document = rank_document(run, rank, steps, run_id, distributed, labels=labels, clock_ns=clock)
         write_trace(directory / f"rank{rank}.json.gz", document)
-    truth = truth_document(run, transport, host, steps)
+    truth = truth_document(run, lowered, work, transport, host, steps)
     write_json(directory / "truth.json", truth)
     config = run_config(schedule, work, run.step_ns, transport, run_id, on_gpu)
     write_json(directory / "run.json", config)

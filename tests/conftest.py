@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from analysis.schema import CriticalShare, Noise, RankEntry, Rules, StepReplay, Summary, Waterfall
 
@@ -59,6 +60,33 @@ def trace_run(traces: Path, *options: str, timeout: float = 300) -> Path:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     return (traces / "latest").resolve()
+
+
+# The real PP x DP job the DP tests share (test_dp_runs, test_dp_analysis_runs), gloo on the tiny preset.
+DP_JOB = {"p": 2, "dp": 2, "m": 4, "steps": 3}
+
+
+@pytest.fixture(scope="session")
+def dp_job_run(tmp_path_factory):
+    """`dp_job_run(engine, overlap)`: DP_JOB's 1f1b run directory on that engine, its gradients synced after
+    the last backward or overlapped with it; each started once for the whole session (a torchrun job of
+    four ranks costs ~15 s of a loaded `make test`). The tests only read it."""
+    made: dict[tuple[str, bool], Path] = {}
+
+    def run(engine: str, overlap: bool) -> Path:
+        if (engine, overlap) not in made:
+            options = "--sched 1f1b --p {p} --dp {dp} --m {m} --steps {steps} --timed-steps 1".format(
+                **DP_JOB
+            )
+            made[engine, overlap] = trace_run(
+                tmp_path_factory.mktemp(f"dp-{engine}"),
+                *options.split(),
+                *f"--engine {engine} --preset tiny --device cpu".split(),
+                *(["--dp-overlap"] if overlap else []),
+            )
+        return made[engine, overlap]
+
+    return run
 
 
 def summary_of(peak_bytes: int | None = None, **fields) -> Summary:

@@ -69,6 +69,7 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
     assert written == [
         "cells.parquet",
         "critical.parquet",
+        "format.json",
         "gaps.parquet",
         "ideal.parquet",
         "model.json",
@@ -153,6 +154,22 @@ def test_a_long_run_s_residual_line_names_its_median_and_the_steps_furthest_from
     )
     assert line.count("%") == 1 + STEPS_LISTED  # the median and each step named
     assert residual_by_step(steps[:3]).count("%") == 3  # a short run lists every step
+
+
+def test_the_residual_line_names_the_unreplayed_waits_only_where_the_step_had_no_labelled_barrier():
+    """Opening late and running on are named beside a positive residual they may explain; where the step
+    ended in the labelled step-end barrier the replay took both, so naming them would mislead."""
+    step = {
+        "step_time_ms": 100.0,
+        "replay_ms": 99.0,
+        "residual_ms": 1.0,
+        "opened_late_ms": 2.0,
+        "ran_on_ms": 0.5,
+    }
+    foreign, ours = StepReplay(step=1, **step), StepReplay(step=2, step_end_barrier=True, **step)
+    assert residual_by_step([foreign, ours]) == (
+        "  completeness residual by step: 1 +1.0% (opened late 2.0, ran on 0.5 ms), 2 +1.0%"
+    )
 
 
 def test_rerun_replaces_the_previous_analysis(tmp_path):

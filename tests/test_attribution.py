@@ -10,7 +10,7 @@ import pytest
 from test_cells import cpu_action, gpipe_m1_run, span, trace, write_trace
 
 from analysis.attribution.model import StepModel
-from analysis.attribution.own_step import measure
+from analysis.attribution.own_step import KEY, measure
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference
 from analysis.attribution.replay import Inputs, Step, Tail, replay, replay_all
 from analysis.attribution.waterfall import ladder
@@ -66,6 +66,7 @@ def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
     assert (replayed.replay_ms, replayed.residual_ms) == pytest.approx((0.091, 0.009))
     # named: both ranks' steps opened together, and the step ran on 9 us after rank 0's last backward
     assert (replayed.opened_late_ms, replayed.ran_on_ms) == pytest.approx((0.0, 0.009))
+    assert not replayed.step_end_barrier  # a foreign loop's: those waits are not replayed
     assert summary.bubble_measured == pytest.approx(1 - 80 / 200)
     assert summary.bubble_seed is None  # no isolated calibration
 
@@ -99,6 +100,7 @@ def test_a_labelled_step_end_barrier_and_a_late_opening_are_replayed_not_left_in
     (replayed,) = summary.replayed_steps
     assert replayed.step_time_ms == pytest.approx(0.102)
     assert replayed.residual_ms == pytest.approx(0.0, abs=1e-9)
+    assert replayed.step_end_barrier
     # the barrier's span is a wait, not the rank's own work; torch's gradient scaling is: each rank's other
     # is its gradient scaling and optimizer step
     assert [entry.other_ms for entry in summary.ranks] == pytest.approx([0.003, 0.001])
@@ -326,6 +328,111 @@ def test_a_blocking_send_waits_for_its_receiver_in_the_replay():
     earlier[Action(1, Kind.RECV_F, 0)] = Inputs(lead=1000.0, transfer=300.0)
     sooner = replay(schedule, Step(step.orders, earlier, step.tails, step.blocking_sends))
     assert sooner.spans[Action(0, Kind.SEND_F, 0)][1] == 1300  # 1000 + 300: it no longer waits
+
+
+def test_a_receive_only_posted_waits_in_its_consumer_as_a_hop_not_host_time():
+    """torch's runtime (gpipe p=2 m=2 in ns): each RECV label only posts its receive (gloo:recv opens
+    inside it), both before either consumer runs, and gloo closes the receive when the consumer's wait
+    returns. Transfers take 400 ns after both sides posted (rendezvous). 1F0, 0B0 and 0B1 wait for their
+    data (1100, 3620 and 400 ns: hops); 1F1's data came at 2500, before it began at 2600, and its wait
+    call returned 20 ns in: host time, as are 1F0's 200 ns after its data and 1B1's 300 before its work.
+    The path: 0F0, the hop to 1F0 (400), 200 host, 1F0, 1F1's 20 host, 1F1, 1B0, 1SEND_B0's 100 ns call,
+    1B1's 300 host, 1B1, the hop to 0B1 (400), 0B1. The lane goes on past each RECV."""
+    schedule = build("gpipe", 2, 2)
+    rows = [
+        (0, 0, "F", 0, 0, 1000),
+        (0, 0, "SEND_F", 0, 1000, 1100),
+        (0, 0, "F", 1, 1100, 2100),
+        (0, 0, "SEND_F", 1, 2100, 2200),
+        (0, 0, "RECV_B", 0, 2200, 2300),
+        (0, 0, "RECV_B", 1, 2300, 2400),
+        (0, 0, "B", 0, 2400, 8020),  # waits until 6020
+        (0, 0, "B", 1, 8020, 10420),  # waits until 8420
+        (1, 1, "RECV_F", 0, 100, 200),
+        (1, 1, "RECV_F", 1, 200, 300),
+        (1, 1, "F", 0, 300, 2600),  # waits until 1400, 200 host, works from 1600
+        (1, 1, "F", 1, 2600, 3620),  # its wait call returns at 2620, the data there since 2500
+        (1, 1, "B", 0, 3620, 5620),
+        (1, 1, "SEND_B", 0, 5620, 5720),
+        (1, 1, "B", 1, 5720, 8020),  # 300 host, then its work
+        (1, 1, "SEND_B", 1, 8020, 8120),
+    ]
+    waits = _waits(  # each receive's gloo:recv inside its label, then its consumer's wait
+        [
+            (0, 0, "RECV_B", 0, 2250, 2300),
+            (0, 0, "RECV_B", 0, 2400, 6020),
+            (0, 0, "RECV_B", 1, 2350, 2400),
+            (0, 0, "RECV_B", 1, 8020, 8420),
+            (1, 1, "RECV_F", 0, 150, 200),
+            (1, 1, "RECV_F", 0, 300, 1400),
+            (1, 1, "RECV_F", 1, 250, 300),
+            (1, 1, "RECV_F", 1, 2600, 2620),
+        ]
+    )
+    work = pl.when(pl.col("kind") == "F").then(1000.0).otherwise(2000.0)  # a compute span less its waits
+    cells = _cells(rows).with_columns(busy_ns=pl.when(pl.col("busy_ns").is_not_null()).then(work))
+    own = measure(schedule, cells, waits, _gaps([]), _windows([10420, 8120]), on_gpu=False)
+    assert own.posted_receives
+    inputs = {
+        f"{s}{k}{mb}": (pre, t)
+        for s, k, mb, pre, t in own.actions.select(*KEY, "pre", "transfer").iter_rows()
+    }
+    assert {name: inputs[name] for name in ("1RECV_F0", "1RECV_F1", "0RECV_B0", "0RECV_B1")} == {
+        "1RECV_F0": (50.0, 400.0),  # the post's host time inside the label
+        "1RECV_F1": (50.0, 20.0),  # no longer than its consumer waited
+        "0RECV_B0": (50.0, 400.0),
+        "0RECV_B1": (50.0, 400.0),
+    }
+    assert [inputs[name][0] for name in ("1F0", "1F1", "1B1", "0B0", "0B1")] == [200.0, 20.0, 300.0, 0.0, 0.0]
+    replayed = replay(schedule, own.step(0, 2))
+    assert replayed.makespan == 10420
+    parts = {}
+    for segment in replayed.path:
+        parts[segment.part] = parts.get(segment.part, 0.0) + segment.end - segment.start
+    assert parts == {"compute": 9000.0, "hop": 800.0, "launch_overhead": 620.0}
+
+
+def test_an_isend_whose_slow_call_outlasted_its_receivers_post_is_not_taken_for_a_blocking_send():
+    """gpipe p=2 m=2 in ns, every send an isend; a loaded host slowed both forward calls: each began before
+    its receiver's wait and ended inside it. Of the three sends that began before their receiver's wait,
+    two ended after it, so timing alone votes blocking.
+    gloo's span of each send outlived its call (it closes when the step's wait for sends returns): isends.
+    Where gloo's spans ended inside the calls, the same timing is a blocking send's."""
+    schedule = build("gpipe", 2, 2)
+    rows = [
+        (0, 0, "F", 0, 0, 1000),
+        (0, 0, "SEND_F", 0, 1000, 2300),  # the call ran on 300 ns into 1RECV_F0's wait
+        (0, 0, "F", 1, 2300, 3300),
+        (0, 0, "SEND_F", 1, 3300, 4600),  # and this one 300 ns into 1RECV_F1's
+        (1, 1, "RECV_F", 0, 2000, 2400),
+        (1, 1, "F", 0, 2400, 3400),
+        (1, 1, "RECV_F", 1, 4300, 4700),
+        (1, 1, "F", 1, 4700, 5700),
+        (1, 1, "B", 0, 5700, 6700),
+        (1, 1, "SEND_B", 0, 6700, 6800),
+        (1, 1, "B", 1, 6800, 7800),
+        (1, 1, "SEND_B", 1, 7800, 7900),
+        (0, 0, "RECV_B", 0, 4600, 7200),
+        (0, 0, "B", 0, 7200, 8200),
+        (0, 0, "RECV_B", 1, 8200, 8400),
+        (0, 0, "B", 1, 8400, 9400),
+    ]
+    recvs = [(r, s, k, mb, a, b) for r, s, k, mb, a, b in rows if k.startswith("RECV")]
+    sends = [(r, 0, s, k, mb) for r, s, k, mb, *_ in rows if k.startswith("SEND")]
+
+    def blocking(outlives: bool | None) -> bool:
+        spans = None
+        if outlives is not None:
+            schema = {name: CELL_SCHEMA[name] for name in CELL_KEY} | {"outlives": pl.Boolean}
+            spans = pl.DataFrame([(*key, outlives) for key in sends], schema=schema, orient="row")
+        windows = _windows([9400, 7900])
+        return measure(
+            schedule, _cells(rows), _waits(recvs), _gaps([]), windows, False, None, spans
+        ).blocking_sends
+
+    assert blocking(None)  # timing alone: misled
+    assert not blocking(True)
+    assert blocking(False)
 
 
 def test_the_critical_path_crosses_ranks_and_tiles_the_replay(tmp_path):

@@ -106,6 +106,19 @@ def test_cpu_labels_become_cells_with_steps_and_blocked_time(tmp_path):
     assert not cells["inferred"].any()
 
 
+def test_a_sends_gloo_span_outliving_its_label_marks_an_isend(tmp_path):
+    events = [
+        *cpu_action("0SEND_F0", 5, 10),
+        span("gloo:send", 9, 80),  # an isend's: closed when the step's wait for sends returned
+        *cpu_action("0SEND_F1", 20, 40),
+        span("gloo:send", 22, 39),  # a blocking send's: closed inside its call
+        *cpu_action("0SEND_F2", 45, 50),  # no span: not told
+    ]
+    path = write_trace(tmp_path, trace(0, [(0, 100)], events))
+    sends = rank_cells(load_trace(path), path).sends
+    assert sorted(sends.select("microbatch", "outlives").rows()) == [(0, True), (1, False)]
+
+
 def test_a_wait_inside_the_recv_call_before_its_gloo_span_is_blocked(tmp_path):
     # A real run's shape: gloo's recv call itself waited 2.9 ms before its gloo:recv span opened (on real
     # runs where the call waits is up to timing, so this shape is pinned here)

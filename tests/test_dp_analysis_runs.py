@@ -12,14 +12,14 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import trace_run
+from conftest import DP_JOB
 
 from analysis.job.join import analyze_job
 from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS
 
 pytestmark = pytest.mark.slow
-P, DP, M = 2, 2, 4
+P, DP, M = DP_JOB["p"], DP_JOB["dp"], DP_JOB["m"]
 
 
 @pytest.fixture(
@@ -27,14 +27,8 @@ P, DP, M = 2, 2, 4
     params=[("native", False), ("torch", False), ("native", True)],
     ids=lambda param: f"{param[0]}-{'overlap' if param[1] else 'after'}",
 )
-def dp_run(request, tmp_path_factory) -> Path:
-    engine, overlap = request.param
-    return trace_run(
-        tmp_path_factory.mktemp(engine),
-        *f"--sched 1f1b --p {P} --dp {DP} --m {M} --engine {engine} --preset tiny --device cpu".split(),
-        *"--steps 3 --timed-steps 1".split(),
-        *(["--dp-overlap"] if overlap else []),
-    )
+def dp_run(request, dp_job_run) -> Path:
+    return dp_job_run(*request.param)
 
 
 def test_a_real_dp_run_analyses_into_its_pipelines(dp_run):

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import trace_run
+from conftest import DP_JOB
 
 from runners.grad_sync import bucket_assignment
 from runners.mesh import Mesh
@@ -19,8 +19,8 @@ from runners.schedules import build, lower
 from runners.schedules.trace_names import DP_GRAD_SYNC
 
 pytestmark = pytest.mark.slow
-MESH = Mesh(2, 2)
-STEPS = 1
+MESH = Mesh(DP_JOB["p"], DP_JOB["dp"])
+STEPS = DP_JOB["steps"]
 TINY = PRESETS["tiny"]
 # the tiny preset's stage: layers_per_rank weights of width x width fp32, one bucket each
 BUCKETS = len(bucket_assignment([TINY.width * TINY.width * 4] * TINY.layers_per_rank))
@@ -31,15 +31,9 @@ BUCKETS = len(bucket_assignment([TINY.width * TINY.width * 4] * TINY.layers_per_
     params=[("native", False), ("native", True), ("torch", False), ("torch", True)],
     ids=lambda param: f"{param[0]}-{'overlap' if param[1] else 'after'}",
 )
-def dp_run(request, tmp_path_factory) -> tuple[str, bool, Path]:
+def dp_run(request, dp_job_run) -> tuple[str, bool, Path]:
     engine, overlap = request.param
-    run = trace_run(
-        tmp_path_factory.mktemp(engine),
-        *f"--sched 1f1b --p 2 --dp 2 --m 4 --engine {engine} --preset tiny --device cpu".split(),
-        *f"--steps {STEPS} --timed-steps 1".split(),
-        *(["--dp-overlap"] if overlap else []),
-    )
-    return engine, overlap, run
+    return engine, overlap, dp_job_run(engine, overlap)
 
 
 def trace(run: Path, rank: int) -> dict:
@@ -92,20 +86,24 @@ def test_each_pipeline_has_its_own_p2p_groups_and_each_stage_its_dp_group(dp_run
 
 def test_every_rank_all_reduces_its_buckets_once_a_step_in_the_dp_span_or_its_last_backward(dp_run):
     engine, overlap, run = dp_run
-    orders = lower(build("1f1b", 2, 4)).orders
+    orders = lower(build("1f1b", DP_JOB["p"], DP_JOB["m"])).orders
     for g in range(MESH.world_size):
         stage_rank, _ = MESH.coordinates(g)
         events = [e for e in trace(run, g)["traceEvents"] if e.get("ph") == "X"]
         if engine == "native":  # each rank runs its stage rank's order
             labels = Counter(e["name"] for e in events if e["name"].startswith("PP:"))
             assert labels == Counter({f"PP:{a}": STEPS for a in orders[stage_rank]}), g
-        (span,) = [e for e in events if e["name"] == DP_GRAD_SYNC]
-        all_reduces = [e for e in events if e["name"] == "c10d::allreduce_"]
-        assert len(all_reduces) == BUCKETS * STEPS, g
-        if not overlap:
-            assert all(inside(e, span) for e in all_reduces), g
-        elif engine == "native":  # inside the last backward's label (torch's Schedule1F1B writes none)
-            (last_backward,) = [e for e in events if e["name"] == f"PP:{stage_rank}B3"]
-            assert all(inside(e, last_backward) for e in all_reduces), g
-        else:
-            assert all(e["ts"] + e["dur"] <= span["ts"] for e in all_reduces), g  # before the waits
+        spans = sorted((e for e in events if e["name"] == DP_GRAD_SYNC), key=lambda e: e["ts"])
+        all_reduces = sorted((e for e in events if e["name"] == "c10d::allreduce_"), key=lambda e: e["ts"])
+        assert len(spans) == STEPS and len(all_reduces) == BUCKETS * STEPS, g
+        last_backwards = sorted(
+            (e for e in events if e["name"] == f"PP:{stage_rank}B{DP_JOB['m'] - 1}"), key=lambda e: e["ts"]
+        )
+        for step, span in enumerate(spans):  # each step's buckets, in the order the steps ran
+            step_reduces = all_reduces[step * BUCKETS : (step + 1) * BUCKETS]
+            if not overlap:
+                assert all(inside(e, span) for e in step_reduces), g
+            elif engine == "native":  # inside the last backward's label (torch's Schedule1F1B writes none)
+                assert all(inside(e, last_backwards[step]) for e in step_reduces), g
+            else:
+                assert all(e["ts"] + e["dur"] <= span["ts"] for e in step_reduces), g  # before the waits

@@ -22,16 +22,20 @@ from analysis.traces.run import load_run
 from runners.schedules import build
 from synthetic import generate as synthetic
 from synthetic.data_parallel import write_job
+from synthetic.executor_sim import EAGER, RENDEZVOUS, Transport
+from synthetic.executor_trace import write_executor_run
 
 MS = 1_000_000
 US = 1_000
 OFFSETS = {0: 0, 1: 4_700 * US, 2: -5 * MS, 3: 1_234_567}
 
 
-def merged_run(directory, shape: str, **options) -> tuple[dict, ClockEstimate]:
-    """A skewed synthetic 1f1b run, analysed and merged; the trace and the clock it was aligned with."""
-    synthetic.write_run(
-        directory, build("1f1b", 4, 8), p2p_latency_us=50, clock_offset_ns=OFFSETS, shape=shape, **options
+def merged_run(directory, shape: str) -> tuple[dict, ClockEstimate]:
+    """A skewed 1f1b run from the independent generator (gloo's rendezvous or NCCL's eager 50 us hops),
+    analysed and merged; the trace and the clock it was aligned with."""
+    transport = Transport(EAGER if shape == "gpu" else RENDEZVOUS, 50 * US)
+    write_executor_run(
+        directory, build("1f1b", 4, 8), transport=transport, clock_offset_ns=OFFSETS, shape=shape
     )
     analysis = analyze_dir(directory)
     return merge(read_ranks(directory, None), None, analysis), analysis.summary.clock

@@ -16,6 +16,8 @@ from analysis.merge.merged import merge, read_ranks
 from analysis.merge.perfetto_check import problems
 from runners.schedules import build
 from synthetic import generate as synthetic
+from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
+from synthetic.executor_trace import write_executor_run
 
 US = 1_000
 STEPS = 3
@@ -26,14 +28,16 @@ SMALL_GEMM = {(1, "F"): 1.5, (2, "B"): 1.25, (3, "F"): 1.1}  # (stage, kind) -> 
 
 def analysed_merge(
     directory, shape="cpu", calibrated=True, schedule=("1f1b", 4, 8), steps=None
-) -> tuple[dict, synthetic.Synthetic]:
-    made = synthetic.write_run(
+) -> tuple[dict, dict]:
+    """The merged trace of an independent-generator run (gloo's rendezvous or NCCL's eager 40 us hops,
+    15 us of host time before each action), and the truth of its steps (truth.json's first)."""
+    write_executor_run(
         directory,
         build(*schedule),
         durations_us={"F": F_US, "B": B_US},
         small_gemm=SMALL_GEMM,
-        p2p_latency_us=40,
-        launch_gap_us=15,
+        transport=Transport(EAGER if shape == "gpu" else RENDEZVOUS, 40 * US),
+        host=HostTime(before_ns=15 * US),
         clock_offset_ns=OFFSETS,
         steps=STEPS,
         shape=shape,
@@ -44,7 +48,7 @@ def analysed_merge(
             json.dumps({k: v for k, v in config.items() if k != "calibration"})
         )
     trace = merge(read_ranks(directory, None), steps, analyze_dir(directory))
-    return trace, made
+    return trace, json.loads((directory / "truth.json").read_text())["steps"][0]
 
 
 def track_slices(trace: dict, track: str) -> list[dict]:
@@ -58,12 +62,12 @@ def track_slices(trace: dict, track: str) -> list[dict]:
 
 @pytest.mark.parametrize("shape", ["cpu", "gpu"])
 def test_small_gemm_track_totals_the_injected_excess_per_rank(tmp_path, shape):
-    trace, made = analysed_merge(tmp_path, shape)
+    trace, truth = analysed_merge(tmp_path, shape)
     assert problems(trace) == []
     excess = track_slices(trace, SMALL_GEMM_TRACK)
-    for rank, truth in made.truth.items():
-        total_us = sum(e["dur"] for e in excess if e["pid"] == rank)
-        assert total_us == pytest.approx(STEPS * truth.small_gemm_ns / US, abs=1.0), rank
+    for rank, told in truth["ranks"].items():
+        total_us = sum(e["dur"] for e in excess if e["pid"] == int(rank))
+        assert total_us == pytest.approx(STEPS * told["parts_ns"]["small_gemm"] / US, abs=1.0), rank
     assert {e["name"] for e in excess} == {f"{s}{k}{mb}" for (s, k) in SMALL_GEMM for mb in range(8)}
 
 
@@ -121,7 +125,7 @@ def test_without_calibration_no_small_gemm_track_and_the_merge_says_so(tmp_path)
 
 
 def test_ideal_track_replays_reference_durations_from_the_measured_step_start(tmp_path):
-    trace, made = analysed_merge(tmp_path)
+    trace, truth = analysed_merge(tmp_path)
     ideal = track_slices(trace, IDEAL_TRACK)
     summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
     assert {e["args"]["step"] for e in ideal} == {summary["median_step"]}
@@ -129,28 +133,27 @@ def test_ideal_track_replays_reference_durations_from_the_measured_step_start(tm
         mine = sorted((e for e in ideal if e["pid"] == rank), key=lambda e: e["ts"])
         assert [e["name"][1] for e in mine].count("F") == 8 and len(mine) == 16
         assert all(e["dur"] == pytest.approx(F_US if e["name"][1] == "F" else B_US, abs=0.01) for e in mine)
-    step_labels = [
+    (step,) = (
         e
         for e in trace["traceEvents"]
-        if e["ph"] == "X" and e["name"].startswith("PP:") and e["pid"] == 0 and "F" in e["name"]
-    ]
+        if e["ph"] == "X" and e["name"] == f"ProfilerStep#{summary['median_step']}" and e["pid"] == 0
+    )
     first_ideal = min(e["ts"] for e in ideal)
-    assert any(
-        e["ts"] == pytest.approx(first_ideal, abs=0.01) for e in step_labels
-    )  # rank 0's 0F0 of that step
+    # rank 0's step began 15 us of host time before its 0F0's label opened: the replay starts with the step
+    assert first_ideal == pytest.approx(step["ts"], abs=0.01)
     ideal_span = max(e["ts"] + e["dur"] for e in ideal) - first_ideal
-    assert ideal_span < made.truth[0].step_ns / US  # no latency, gaps or slowdown: shorter than measured
+    assert ideal_span < truth["step_ns"] / US  # no latency, gaps or slowdown: shorter than measured
 
 
 def test_steps_limit_the_tracks_on_an_interleaved_run(tmp_path):
     """Global stages 0..3 on 2 ranks (stage s on rank s % 2); only step 1 is kept, so one step's excess
     per rank and the ideal replay of step 1."""
-    trace, made = analysed_merge(tmp_path, schedule=("interleaved", 2, 4, 2), steps=(1,))
+    trace, truth = analysed_merge(tmp_path, schedule=("interleaved", 2, 4, 2), steps=(1,))
     assert problems(trace) == []
     excess = track_slices(trace, SMALL_GEMM_TRACK)
-    for rank, truth in made.truth.items():
-        assert sum(e["dur"] for e in excess if e["pid"] == rank) == pytest.approx(
-            truth.small_gemm_ns / US, abs=1.0
+    for rank, told in truth["ranks"].items():
+        assert sum(e["dur"] for e in excess if e["pid"] == int(rank)) == pytest.approx(
+            told["parts_ns"]["small_gemm"] / US, abs=1.0
         )
     assert {int(e["name"][0]) % 2 for e in excess if e["pid"] == 1} == {1}  # stages 1 and 3 live on rank 1
     assert {e["args"]["step"] for e in excess + track_slices(trace, IDEAL_TRACK)} == {1}

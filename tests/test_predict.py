@@ -23,23 +23,37 @@ from analysis.report.sweeps import predicted_steps
 from runners.presets import CALIBRATED_MS
 from runners.schedules import Action, Kind, build, formula_bubble, lower
 from synthetic import write_run
+from synthetic.executor_sim import RENDEZVOUS, Transport
+from synthetic.executor_trace import write_executor_run
 
 # no launch gaps: a synthetic rank's first action spares its gap, which a model of medians charges; no
 # slowdown: the generator's is one factor at every m, where predict carries it with the ranks' overlap
 WORK = dict(durations_us={"F": 1000, "B": 2000}, p2p_latency_us=40, small_gemm=1.2, steps=3)
 
 
+def _independent(directory, schedule, slowdown=1.0):
+    """WORK's run from the independent generator (gloo's rendezvous, no host time): its step is the
+    truth, not the analysis's own replay."""
+    return write_executor_run(
+        directory,
+        schedule,
+        durations_us=WORK["durations_us"],
+        transport=Transport(RENDEZVOUS, WORK["p2p_latency_us"] * 1000),
+        small_gemm=WORK["small_gemm"],
+        slowdown=slowdown,
+    )
+
+
 @pytest.mark.parametrize("name,p,v", [("gpipe", 2, 1), ("1f1b", 4, 1), ("interleaved", 2, 2)])
 def test_a_prediction_at_another_m_is_that_m_s_step(tmp_path, name, p, v):
     """The synthetic microbatch does the same work at every m: the m=4 run's model, replayed at m=8 and
     m=2, gives the steps of the runs made at those m."""
-    write_run(tmp_path / "m4", build(name, p, 4, v), **WORK)
+    _independent(tmp_path / "m4", build(name, p, 4, v))
     assert main(["predict", str(tmp_path / "m4"), "--ms", "2,4,8"]) == 0
     predicted = {row["m"]: row for row in json.loads((tmp_path / "m4" / "predict.json").read_text())}
     assert set(predicted) == ({4, 8} if name == "1f1b" else {2, 4, 8})  # 1f1b p=4 cannot run m=2
     for m in set(predicted) - {4}:
-        made = write_run(tmp_path / f"m{m}", build(name, p, m, v), **WORK)
-        truth_ms = made.truth[0].step_ns / 1e6
+        truth_ms = _independent(tmp_path / f"m{m}", build(name, p, m, v)).step_ns / 1e6
         assert predicted[m]["step_time_ms"] == pytest.approx(truth_ms, abs=1e-3), m
         assert predicted[m]["bubble_formula"] == formula_bubble(build(name, p, m, v))
         measured = analyze_run(read_run(tmp_path / f"m{m}")).summary.bubble_measured
@@ -51,13 +65,12 @@ def test_a_slowdown_is_carried_as_far_as_ranks_compute_together(tmp_path):
     its prediction is the isolated work (1.2 ms F, 2.4 ms B at the run's fixed 64 rows) and the two
     hops, none of the slowdown. m=2 overlaps them less than m=4: its prediction lies between the steps
     of runs made at m=2 with none and with all of it."""
-    write_run(tmp_path / "m4", build("gpipe", 2, 4), **WORK, slowdown=1.3)
+    _independent(tmp_path / "m4", build("gpipe", 2, 4), slowdown=1.3)
     assert main(["predict", str(tmp_path / "m4"), "--ms", "1,2"]) == 0
     rows = json.loads((tmp_path / "m4" / "predict.json").read_text())
     predicted = {row["m"]: row["step_time_ms"] for row in rows}
     assert predicted[1] == pytest.approx(2 * (1.2 + 2.4) + 2 * 0.04)
-    made = {f: write_run(tmp_path / f"m2-{f}", build("gpipe", 2, 2), **WORK, slowdown=f) for f in (1.0, 1.3)}
-    steps = {f: run.truth[0].step_ns / 1e6 for f, run in made.items()}
+    steps = {f: _independent(tmp_path / f"m2-{f}", build("gpipe", 2, 2), f).step_ns / 1e6 for f in (1.0, 1.3)}
     assert steps[1.0] + 0.1 < predicted[2] < steps[1.3] - 0.1
 
 

@@ -341,6 +341,55 @@ def test_a_run_analysed_by_another_version_is_analysed_again(tmp_path):
     assert "waterfall_ms" in json.loads((run / "analysis" / "summary.json").read_text())
 
 
+# Each stored table's columns at analysis.results.ANALYSIS_FORMAT. A change to them must bump the format,
+# or a report reads an older analysis's tables with this version's code (a replay tail without its
+# `barrier` column stopped `make trace`'s report with a traceback).
+STORED_FORMAT = 2
+STORED_COLUMNS = {
+    "cells": "rank step stage kind microbatch start_ns end_ns blocked_ns inferred busy_ns compute_ns small_gemm_ns "
+    "slowdown_ns cpu_contention_ns slack_ns",
+    "critical": "step rank start_ns end_ns part stage kind microbatch",
+    "gaps": "rank step start_ns end_ns class",
+    "ideal": "rank step stage kind microbatch start_ns end_ns",
+    "ranks": "rank step step_ms busy_ms cpu_contention_ms dp_skew_ms compute_ms small_gemm_ms slowdown_ms bubble_ms "
+    "p2p_wait_ms dp_sync_ms launch_overhead_ms other_ms",
+    "replay_inputs": "step rank position stage kind microbatch lead pre work transfer post",
+    "replay_tails": "rank step w_start barrier opened active_end labelled_end dp_sync other launch_overhead",
+}
+
+
+def test_a_change_to_a_stored_tables_columns_comes_with_a_new_analysis_format(tmp_path):
+    run = write_contract_run(tmp_path / "traces", "pinned")
+    stored = {
+        path.stem: " ".join(pl.read_parquet_schema(path))
+        for path in sorted((run / "analysis").glob("*.parquet"))
+    }
+    assert (results.ANALYSIS_FORMAT, stored) == (STORED_FORMAT, STORED_COLUMNS), (
+        "a stored table changed: bump analysis.results.ANALYSIS_FORMAT and pin the new columns here"
+    )
+
+
+@pytest.mark.parametrize(
+    ("stamp", "reason"),
+    [(None, "no format stamp"), (b'{"format": 0}', f"format 0; this version reads {STORED_FORMAT}")],
+)
+def test_an_analysis_of_another_format_is_analysed_again_by_the_report(tmp_path, stamp, reason):
+    """An older analysis whose summary still reads (its tables' columns changed) is not read with this
+    version's code: the report analyses the run again."""
+    traces = tmp_path / "traces"
+    run = write_contract_run(traces, "older")
+    stamp_file = run / "analysis" / results.FORMAT_FILE
+    stamp_file.unlink() if stamp is None else stamp_file.write_bytes(stamp)
+    tails = run / "analysis" / "replay_tails.parquet"
+    pl.read_parquet(tails).drop("barrier").write_parquet(tails)
+    with pytest.warns(
+        TraceWarning, match=f"format.json: not this version's analysis \\({reason}.*; analysed again"
+    ):
+        index = build_report(traces, tmp_path / "reports").read_text()
+    assert 'class="error"' not in index and (tmp_path / "reports" / "runs" / "older.html").is_file()
+    assert "barrier" in pl.read_parquet_schema(tails)
+
+
 def test_an_interrupted_run_is_an_error_row_not_missing(tmp_path):
     traces = tmp_path / "traces"
     write_contract_run(traces, "finished", m=2)

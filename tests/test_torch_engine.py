@@ -56,6 +56,10 @@ def test_v_schedules_every_compute_action_of_every_stage_is_found(tmp_path, sche
     # medians were +0.17..+4.00%.
     residuals = [step.residual_ms / step.step_time_ms for step in result.summary.replayed_steps]
     assert abs(statistics.median(residuals)) <= RESIDUAL_BAND, residuals
+    # torch's receives only post: their waits end in the consumers, which the replay knows, so no host
+    # input is negative (the consumer's wait was its host time, and the RECV's post minus that wait)
+    assert result.own.posted_receives
+    assert (result.own.actions.select("lead", "pre", "post").min_horizontal() >= 0).all()
     # every step ended in the labelled barrier, and the replay took its time (the earliest opener's is > 0)
     barrier = result.own.tails.group_by("step").agg(pl.col("barrier").max())["barrier"]
     assert barrier.len() == result.summary.steps_analyzed and (barrier > 0).all(), barrier.to_list()

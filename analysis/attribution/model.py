@@ -30,6 +30,7 @@ class StepModel:
     orders: tuple[tuple[Action, ...], ...]  # each rank's lowered order, as the median step ran it
     blocking_sends: bool
     eager_receives: bool
+    posted_receives: bool = False
 
     def step(
         self,
@@ -55,7 +56,7 @@ class StepModel:
                     typical = replace(typical, transfer=0.0)
                 inputs[action] = typical
         tails = self.tails if tail else tuple(Tail() for _ in self.tails)
-        return Step(orders, inputs, tails, self.blocking_sends, self.eager_receives)
+        return Step(orders, inputs, tails, self.blocking_sends, self.eager_receives, self.posted_receives)
 
     @property
     def busy(self) -> dict[Key, float]:
@@ -76,4 +77,5 @@ def fit(own: OwnSteps, median_step: int, p: int) -> StepModel:
         own.step(median_step, p).orders,
         own.blocking_sends,
         own.eager_receives,
+        own.posted_receives,
     )

@@ -10,7 +10,12 @@ Per rank and step the cells run in order on one lane, each measured from the tra
   between its operators, or the device idle inside it);
 - RECV: `pre` up to its blocked interval, `post` after it, and `transfer` the blocked time after both
   sides had posted (the wait's end less the later of its start and the partner's post: the matching
-  SEND's start, or the producer's end where the trace has no SEND);
+  SEND's start, or the producer's end where the trace has no SEND). A receive that was only posted
+  (torch's runtime: its wait, analysis.cells.inferred.consumer_waits, ends inside the consumer, after
+  the RECV cell) has `pre` and `post` around its post inside the cell, a transfer no longer than its
+  consumer waited (gloo ends the wait when the consumer asks, whenever the data came), and its
+  consumer's `pre` leaves out the part of that wait the transfer reaches: a hop, or waiting for the
+  partner, not host time;
 - SEND: on the lane until it ends or the rank's next action starts (an NCCL send runs on its own
   stream); of that, the time classed as waiting on the peer is its `transfer` and the rest `pre`. A
   blocking send (one that waited for its receiver: it began before the receiver's wait and ended after
@@ -52,12 +57,14 @@ _LANE_ORDER = {"SEND_F": 0, "SEND_B": 0, "RECV_F": 1, "RECV_B": 1}
 class OwnSteps(NamedTuple):
     """Every analysed step's inputs: `actions` (step, rank, position, KEY, INPUT_COLUMNS in ns; an eager
     receive that was posted after its data had left has no transfer of its own: null) in each rank's
-    lane order, `tails` (step, rank, TAIL_COLUMNS in ns), whether sends block and receives are eager."""
+    lane order, `tails` (step, rank, TAIL_COLUMNS in ns), whether sends block, receives are eager and
+    receives are only posted."""
 
     actions: pl.DataFrame
     tails: pl.DataFrame
     blocking_sends: bool
     eager_receives: bool
+    posted_receives: bool = False
 
     def step(self, number: int, p: int) -> Step:
         """One step's replay inputs."""
@@ -86,7 +93,14 @@ class OwnSteps(NamedTuple):
         tails = [Tail()] * p
         for rank, *values in tail_rows.select("rank", *TAIL_COLUMNS).iter_rows():
             tails[rank] = Tail(*values)
-        return Step(tuple(map(tuple, orders)), inputs, tails, self.blocking_sends, self.eager_receives)
+        return Step(
+            tuple(map(tuple, orders)),
+            inputs,
+            tails,
+            self.blocking_sends,
+            self.eager_receives,
+            self.posted_receives,
+        )
 
 
 def _class_time(
@@ -145,10 +159,12 @@ def measure(
     windows: pl.DataFrame,
     on_gpu: bool,
     barriers: pl.DataFrame | None = None,
+    sends: pl.DataFrame | None = None,
 ) -> OwnSteps:
     """The inputs of every step of `windows` (rank, step, start_ns, end_ns) from the cells (with busy_ns),
-    their waits, the classified gaps and the step-end barriers (rank, step, start_ns, end_ns; None: the
-    loop has none), all ranks on one clock; the cells' ranks are the schedule's."""
+    their waits, the classified gaps, the step-end barriers (rank, step, start_ns, end_ns; None: the
+    loop has none) and whether each SEND's gloo:send outlived it (analysis.cells.labelled.send_spans;
+    None: the trace has none), all ranks on one clock; the cells' ranks are the schedule's."""
     steps = windows["step"].unique().implode()
     lane_order = pl.col("kind").replace_strict(_LANE_ORDER, default=2, return_dtype=pl.Int8)
     rows = (
@@ -197,16 +213,24 @@ def measure(
     lead = _class_time(gaps, HOST_CLASSES, timed, ("since", "start_ns"))
     send_wait = _class_time(gaps, WAIT_CLASSES, timed, ("start_ns", "lane_end"))
     timed = timed.with_columns(lead=lead, send_wait=send_wait)
-    blocking = not on_gpu and _sends_block(timed)
+    blocking = not on_gpu and _sends_block(timed, sends)
     eager = _receives_eager(timed)
-    actions = timed.select("step", "rank", "position", *KEY, **_inputs(blocking, eager))
+    posted = _receives_posted(timed)
+    if posted:
+        timed = _with_consumer_waits(timed)
+    actions = timed.select("step", "rank", "position", *KEY, **_inputs(blocking, eager, posted))
     last = _with_barrier(
         timed.group_by(per_lane).agg(pl.col("lane_end").max(), pl.col("w_start", "w_end").first()), barriers
     )
     tails = last.select(
-        *per_lane, "w_start", "barrier", "opened", active_end=_active_end(last, gaps)
+        *per_lane,
+        "w_start",
+        "barrier",
+        "opened",
+        active_end=_active_end(last, gaps),
+        labelled_end=pl.col("released").is_not_null().any().over("step"),
     ).with_columns(**{part: _class_time(gaps, (part,), last, ("lane_end", "arrived")) for part in TAIL_PARTS})
-    return OwnSteps(actions, tails.sort(per_lane), blocking, eager)
+    return OwnSteps(actions, tails.sort(per_lane), blocking, eager, posted)
 
 
 def _with_barrier(last: pl.DataFrame, barriers: pl.DataFrame | None) -> pl.DataFrame:
@@ -259,9 +283,13 @@ def _active_end(last: pl.DataFrame, gaps: pl.DataFrame) -> pl.Series:
     return after["active_end"]
 
 
-def _sends_block(timed: pl.DataFrame) -> bool:
-    """Whether the run's sends wait for their receivers: of the sends that began before their receiver's
-    wait, more ended after it than before it."""
+def _sends_block(timed: pl.DataFrame, sends: pl.DataFrame | None) -> bool:
+    """Whether the run's sends wait for their receivers. From what the trace says where it has gloo's span
+    of the sends: most of them ended inside their call (an isend's outlives it). Else from timing: of the
+    sends that began before their receiver's wait, more ended after it than before it; a loaded host's
+    slow isend calls, ending after a receiver began waiting, can outvote the rest there."""
+    if sends is not None and sends.height:
+        return bool(sends["outlives"].mean() < 0.5)
     early = timed.filter(pl.col("recv_wait_ns").is_not_null() & (pl.col("start_ns") < pl.col("recv_wait_ns")))
     waited = (early["end_ns"] > early["recv_wait_ns"]).sum()
     return bool(waited > early.height - waited)
@@ -281,7 +309,57 @@ def _receives_eager(timed: pl.DataFrame) -> bool:
     return bool(late.median() < 0.5 * early.median())
 
 
-def _inputs(blocking: bool, eager: bool) -> dict[str, pl.Expr]:
+def _receives_posted(timed: pl.DataFrame) -> bool:
+    """Whether the run's receives are only posted in their RECV cells: a wait keyed by one ends after it."""
+    recvs = timed.filter(pl.col("kind").is_in(["RECV_F", "RECV_B"]) & pl.col("w1").is_not_null())
+    return bool((recvs["w1"] > recvs["end_ns"]).any())
+
+
+def _with_consumer_waits(timed: pl.DataFrame) -> pl.DataFrame:
+    """`timed` with, where a RECV only posted its receive, `seen_transfer` on the RECV and `consumer_wait`
+    on its consumer (ns; null elsewhere). gloo closes the receive's span when the consumer's wait returns,
+    whenever the data came, so the wait's end less the later post (both sides') bounds the transfer only:
+    a consumer that asked after its data came (the send began long before) waits no longer than its host
+    takes to the call. The transfer seen is that bound, but no longer than the consumer waited; the
+    consumer's wait for the data is the part of its wait after its start that this transfer reaches,
+    the rest of it host time."""
+    recv_kind = (
+        pl.when(pl.col("kind") == "F")
+        .then(pl.lit("RECV_F"))
+        .when(pl.col("kind").is_in(["B", "I"]))
+        .then(pl.lit("RECV_B"))
+    )
+    keys = ["step", "stage", "microbatch", "recv_kind"]
+    consumers = timed.filter(recv_kind.is_not_null()).select(
+        *keys[:3], recv_kind=recv_kind, c_start="start_ns", c_end="end_ns"
+    )
+    both_posted = pl.max_horizontal("w0", pl.col("partner_ns").fill_null(pl.col("w0")))
+    waited = (pl.min_horizontal("w1", "c_end") - pl.col("c_start")).clip(lower_bound=0)
+    seen = pl.min_horizontal(pl.col("w1") - both_posted, waited).clip(lower_bound=0)
+    hops = (
+        timed.filter(pl.col("kind").is_in(["RECV_F", "RECV_B"]) & (pl.col("w1") > pl.col("end_ns")))
+        .select(*keys[:3], "w0", "w1", "partner_ns", recv_kind="kind")
+        .join(consumers, on=keys)
+        .select(
+            *keys,
+            seen_transfer=seen,
+            consumer_wait=(both_posted + seen - pl.col("c_start")).clip(lower_bound=0),
+        )
+    )
+    return (
+        timed.with_columns(
+            recv_kind=pl.when(pl.col("kind").str.starts_with("RECV")).then("kind").otherwise(recv_kind)
+        )
+        .join(hops, on=keys, how="left", maintain_order="left")
+        .with_columns(
+            seen_transfer=pl.when(pl.col("kind").str.starts_with("RECV")).then("seen_transfer"),
+            consumer_wait=pl.when(pl.col("kind").is_in(["F", "B", "I"])).then("consumer_wait"),
+        )
+        .drop("recv_kind")
+    )
+
+
+def _inputs(blocking: bool, eager: bool, posted: bool) -> dict[str, pl.Expr]:
     kind = pl.col("kind")
 
     def ns(expr: pl.Expr) -> pl.Expr:  # a difference of integer ns, as a float only then
@@ -297,6 +375,12 @@ def _inputs(blocking: bool, eager: bool) -> dict[str, pl.Expr]:
     if eager:  # the latency after the send began, seen only where the receiver was already waiting
         recv_transfer = pl.when(w0 < partner).then(w1 - partner)
         waited_from = pl.when(w0 < partner).then(w1).otherwise(w0)  # a late receive's own wait is host time
+    recv_pre, post_from, compute_host = ns(w0 - pl.col("start_ns")), waited_from, pl.lit(0)
+    if posted:  # the lane goes on after the post; the consumer's wait for the data is not host time
+        posted_at = pl.min_horizontal(w0, "end_ns")
+        recv_pre, post_from = ns(posted_at - pl.col("start_ns")), posted_at
+        compute_host = pl.col("consumer_wait").fill_null(0)
+        recv_transfer = pl.coalesce("seen_transfer", recv_transfer)
     occupied = ns(pl.col("lane_end") - pl.col("start_ns"))
     if blocking:
         send_transfer = ns(
@@ -311,11 +395,11 @@ def _inputs(blocking: bool, eager: bool) -> dict[str, pl.Expr]:
     return {
         "lead": pl.col("lead"),
         "pre": pl.when(compute)
-        .then(span - pl.col("busy_ns"))
+        .then(span - pl.col("busy_ns") - compute_host)
         .when(recv)
-        .then(ns(w0 - pl.col("start_ns")))
+        .then(recv_pre)
         .otherwise(send_pre),
         "work": pl.when(compute).then(pl.col("busy_ns")).otherwise(zero),
         "transfer": pl.when(compute).then(zero).when(recv).then(ns(recv_transfer)).otherwise(send_transfer),
-        "post": pl.when(recv).then(ns(pl.col("end_ns") - waited_from)).otherwise(zero),
+        "post": pl.when(recv).then(ns(pl.col("end_ns") - post_from)).otherwise(zero),
     }

@@ -188,7 +188,7 @@ class _Pools:
         self.tails: dict[int, list[Tail]] = {}
         for step, rank, *values in own.tails.select("step", "rank", *TAIL_COLUMNS).iter_rows():
             self.tails.setdefault(step, [Tail()] * p)[rank] = Tail(*values)
-        self.transport = (own.blocking_sends, own.eager_receives)
+        self.transport = (own.blocking_sends, own.eager_receives, own.posted_receives)
 
     def step(self, orders, scale: dict, rng: random.Random) -> Step:
         """One step whose every action takes the inputs of a random measured cell of its (stage, kind)

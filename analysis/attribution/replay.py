@@ -8,7 +8,9 @@ stream on GPU. An action is posted once the lane is free plus its `lead` (host t
 - RECV: `pre`, then it waits until its partner has posted (the matching SEND's post, or the producer's
   end where the trace has no SEND), then its `transfer`, then `post` host time. This is a rendezvous
   (gloo's tcp pairs): a receiver that posts late still pays the transfer. An eager transport (NCCL's
-  small messages) instead delivers `transfer` after the partner's post whenever the receiver is there;
+  small messages) instead delivers `transfer` after the partner's post whenever the receiver is there.
+  A runtime that only posts the receive (torch.distributed.pipelining's irecv) frees the lane after
+  `pre` + `post`; its consumer's work then begins no earlier than the data's delivery plus its `pre`;
 - SEND: `pre`, then its own time in the transfer. Asynchronous (isend, an NCCL kernel on a comm stream)
   it holds the lane for no more; blocking (a c10d::send that waits for its receiver, Megatron's) its
   transfer starts no earlier than the receiver's wait.
@@ -73,6 +75,7 @@ class Step:
     tails: Sequence[Tail]
     blocking_sends: bool = False
     eager_receives: bool = False  # a receive posted after the data left does not pay the transfer
+    posted_receives: bool = False  # a RECV only posts the receive: its consumer waits for the data
 
 
 @dataclass(frozen=True)
@@ -154,11 +157,11 @@ class _Graph:
 class _Compiled:
     """A graph, its topological order, and each node's incoming sources and weight rows as arrays."""
 
-    def __init__(self, schedule: Schedule, orders, blocking: bool, eager: bool) -> None:
+    def __init__(self, schedule: Schedule, orders, blocking: bool, eager: bool, posted: bool) -> None:
         self.actions = [a for order in orders for a in order]
         self.index = {a: i for i, a in enumerate(self.actions)}
         self.p = len(orders)
-        self.graph, self.at, self.finish = _build(schedule, orders, self.index, blocking, eager)
+        self.graph, self.at, self.finish = _build(schedule, orders, self.index, blocking, eager, posted)
         self.order = _topological(self.graph)
         self.sources = [np.array([e[0] for e in edges], dtype=np.int64) for edges in self.graph.incoming]
         self.rows = [np.array([e[1] for e in edges], dtype=np.int64) for edges in self.graph.incoming]
@@ -204,7 +207,7 @@ class _Compiled:
         return found
 
 
-def _build(schedule: Schedule, orders, index: dict[Action, int], blocking: bool, eager: bool):
+def _build(schedule: Schedule, orders, index: dict[Action, int], blocking: bool, eager: bool, posted: bool):
     """The graph of `orders` on `schedule`'s placement and data flow: each action's nodes (posted, begun,
     end and, for a RECV, delivered) and the finish."""
     graph, at, lane_ends = _Graph(len(index), len(orders)), {}, []
@@ -214,13 +217,15 @@ def _build(schedule: Schedule, orders, index: dict[Action, int], blocking: bool,
         for action in order:
             i = index[action]
             nodes = at[action] = {"posted": graph.node(), "begun": graph.node(), "end": graph.node()}
+            if action.kind in (Kind.RECV_F, Kind.RECV_B):
+                nodes["delivered"] = graph.node()
             graph.edge(nodes["posted"], free, graph.row("lead", i), "launch_overhead", rank, None)
             graph.edge(nodes["begun"], nodes["posted"], graph.row("pre", i), "launch_overhead", rank, action)
             free = nodes["end"]
         lane_ends.append(free)
     for rank, order in enumerate(orders):
         for action in order:
-            _action_edges(schedule, graph, at, index, rank, action, blocking, eager)
+            _action_edges(schedule, graph, at, index, rank, action, blocking, eager, posted)
     arrived = graph.node()  # the last rank at the step-end barrier
     for rank, order in enumerate(orders):
         after = graph.node()
@@ -239,10 +244,16 @@ def _build(schedule: Schedule, orders, index: dict[Action, int], blocking: bool,
     return graph, at, finish
 
 
-def _action_edges(schedule, graph: _Graph, at, index, rank: int, action: Action, blocking: bool, eager: bool):
+def _action_edges(
+    schedule, graph: _Graph, at, index, rank: int, action: Action, blocking: bool, eager: bool, posted: bool
+):
     nodes, i = at[action], index[action]
     if action.kind.is_compute:
         graph.edge(nodes["end"], nodes["begun"], graph.row("work", i), "compute", rank, action)
+        # its input was only posted: the work waits for the data (a W's input is its I's, on the lane)
+        if posted and action.kind is not Kind.W and receiving(action) in at:
+            delivered = at[receiving(action)]["delivered"]
+            graph.edge(nodes["begun"], delivered, graph.row("pre", i), "launch_overhead", rank, action)
         for dep in dependencies(schedule, action):
             local = schedule.rank_of(dep.stage) == rank
             if dep in at and local:
@@ -254,14 +265,21 @@ def _action_edges(schedule, graph: _Graph, at, index, rank: int, action: Action,
                     nodes["begun"], at[dep]["end"], graph.row("lead+pre", i), "launch_overhead", rank, action
                 )
     elif action.kind in (Kind.RECV_F, Kind.RECV_B):
-        delivered = nodes["delivered"] = graph.node()
+        delivered = nodes["delivered"]
         own_wait = graph.zero if eager else graph.row("transfer", i)
         graph.edge(delivered, nodes["begun"], own_wait, "hop", rank, action)
         send, producer = matching_send(action), dependencies(schedule, action)[0]
         partner = at[send]["posted"] if send in at else at[producer]["end"] if producer in at else None
         if partner is not None:
             graph.edge(delivered, partner, graph.row("transfer", i), "hop", rank, action)
-        graph.edge(nodes["end"], delivered, graph.row("post", i), "launch_overhead", rank, action)
+        graph.edge(
+            nodes["end"],
+            nodes["begun"] if posted else delivered,
+            graph.row("post", i),
+            "launch_overhead",
+            rank,
+            action,
+        )
     else:  # a SEND
         graph.edge(nodes["end"], nodes["begun"], graph.row("transfer", i), "hop", rank, action)
         receiver = matching_recv(action)
@@ -297,10 +315,11 @@ def replay_all(schedule: Schedule, steps: Sequence[Step]) -> list[Replayed]:
     graph and are evaluated together."""
     groups: dict[tuple, list[int]] = {}
     for i, step in enumerate(steps):
-        groups.setdefault((step.orders, step.blocking_sends, step.eager_receives), []).append(i)
+        transport = (step.blocking_sends, step.eager_receives, step.posted_receives)
+        groups.setdefault((step.orders, *transport), []).append(i)
     found: list[Replayed | None] = [None] * len(steps)
-    for (orders, blocking, eager), members in groups.items():
-        compiled = _Compiled(schedule, orders, blocking, eager)
+    for (orders, *transport), members in groups.items():
+        compiled = _Compiled(schedule, orders, *transport)
         for i, replayed in zip(members, compiled.run([steps[i] for i in members])):
             found[i] = replayed
     return found  # type: ignore[return-value]

@@ -68,6 +68,8 @@ class RankCells:
     barriers: pl.DataFrame | None = None
     # GPU: rank, step, start_ns, end_ns of the next step's host getting to its first launch (next_heads)
     next_heads: pl.DataFrame | None = None
+    # CPU, labelled: CELL_KEY + outlives for each SEND cell with a gloo:send span (send_spans)
+    sends: pl.DataFrame | None = None
 
     def map(self, change: Callable[[pl.DataFrame], pl.DataFrame]) -> RankCells:
         """The same rank with `change` applied to each of its frames."""
@@ -252,6 +254,16 @@ def _named_spans(frame: pl.DataFrame, steps: pl.DataFrame, name: str) -> pl.Data
     return assign_steps(spans, steps).select("rank", "step", "start_ns", "end_ns")
 
 
+def send_spans(frame: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+    """CPU: per SEND cell whose gloo:send opened inside it (at its c10d::send call's end), whether that
+    span outlived the cell (CELL_KEY, outlives). gloo closes it when a wait returns from the send: an
+    isend's at the step's wait for sends, after its call; a blocking send's inside its call."""
+    spans = rows(frame, pl.col("name") == "gloo:send", "rank", "tid", "start_ns", "end_ns")
+    sends = labels.filter(pl.col("kind").is_in(["SEND_F", "SEND_B"]))
+    inside = _events_in_labels(spans, sends)
+    return inside.group_by(CELL_KEY).agg(outlives=(pl.col("end_ns") > pl.col("label_end")).any())
+
+
 def step_end_barriers(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """The runner's `PP step-end barrier` spans (runners.schedules.trace_names), by step."""
     return _named_spans(frame, steps, STEP_END_BARRIER)
@@ -365,6 +377,7 @@ def labelled_cells(events: RankEvents, labels: pl.DataFrame) -> RankCells:
     ops = None if kernels is not None else operator_spans(events.ops, labels)
     syncs = None if kernels is None else host_syncs(events.frame, events.steps)
     heads = None if kernels is None else next_heads(events.steps, kernels)
+    sends = None if kernels is not None else send_spans(events.frame, labels)
     return RankCells(
         cells,
         waits.sort("rank", "start_ns"),
@@ -376,4 +389,5 @@ def labelled_cells(events: RankEvents, labels: pl.DataFrame) -> RankCells:
         syncs,
         barriers,
         heads,
+        sends,
     )

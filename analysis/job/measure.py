@@ -210,7 +210,9 @@ class Measured:
 
     def _replayed_steps(self) -> list[StepReplay]:
         ends = self.own.tails.group_by("step").agg(
-            opened=pl.col("w_start").max() - pl.col("w_start").min(), active_end=pl.col("active_end").max()
+            opened=pl.col("w_start").max() - pl.col("w_start").min(),
+            active_end=pl.col("active_end").max(),
+            labelled_end=pl.col("labelled_end").any(),
         )
         steps = (
             self.parts.group_by("step")
@@ -227,9 +229,10 @@ class Measured:
                 residual_ms=(step_ns - self.replays[step].makespan) / 1e6,
                 opened_late_ms=opened / 1e6,
                 ran_on_ms=max(0, end_ns - active_end) / 1e6,
+                step_end_barrier=labelled_end,
             )
-            for step, step_ns, end_ns, opened, active_end in steps.select(
-                "step", "step_ns", "end_ns", "opened", "active_end"
+            for step, step_ns, end_ns, opened, active_end, labelled_end in steps.select(
+                "step", "step_ns", "end_ns", "opened", "active_end", "labelled_end"
             ).iter_rows()
         ]
 
@@ -258,7 +261,17 @@ def measure_run(
     cells = with_contention(cell_parts(cells, ref), shifted_like_cells(run.run_queue, clock, ("t_ns",)))
     parts = rank_parts(cells, gaps, spans, skews)
     barriers = [r.barriers for r in per_rank if r.barriers is not None]
-    own = measure(shape, cells, waits, gaps, spans, on_gpu, pl.concat(barriers) if barriers else None)
+    sends = [r.sends for r in per_rank if r.sends is not None]
+    own = measure(
+        shape,
+        cells,
+        waits,
+        gaps,
+        spans,
+        on_gpu,
+        pl.concat(barriers) if barriers else None,
+        pl.concat(sends) if sends else None,
+    )
     steps = parts["step"].unique().sort().to_list()
     replays = dict(zip(steps, replay_all(shape, own.steps(steps, shape.p))))
     model = fit(own, median_step(parts), shape.p)

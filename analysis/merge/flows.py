@@ -68,13 +68,14 @@ def placed(track: RankTracks) -> Placed:
 
 
 def _transfer_slices(placed: dict[int, Placed]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Where arrows can end: NCCL kernels by (rank, start_ns), and PP transfer labels by (rank, name,
+    """Where arrows can end: NCCL kernels by (rank, start_ns, end_ns) (a rank's send to one peer and
+    receive from another, on their own streams, may start together), and PP transfer labels by (rank, name,
     start_ns) with, on GPU, the device-side label of the same occurrence (it encloses the NCCL kernel)."""
     slices = pl.concat([p.transfers.with_columns(rank=pl.lit(r, pl.Int64)) for r, p in placed.items()])
     kernels = (
         slices.filter(_NCCL_KERNEL)
-        .unique(["rank", "start_ns"])
-        .select("rank", "start_ns", k_tid="tid", k_start="start_ns", k_end="end_ns")
+        .unique(["rank", "start_ns", "end_ns"])
+        .select("rank", "start_ns", "end_ns", k_tid="tid", k_start="start_ns", k_end="end_ns")
     )
     labels = (
         slices.filter(_TRANSFER_LABEL)
@@ -110,8 +111,13 @@ def _ends(pairs: pl.DataFrame, side: str, kernels: pl.DataFrame, labels: pl.Data
         ("src_rank", "send_stage", "send_kind") if side == "send" else ("dst_rank", "recv_stage", "recv_kind")
     )
     name = pl.format(LABEL_PREFIX + "{}{}{}", stage, kind, "microbatch")
-    keyed = pairs.select(pl.col(rank).alias("rank"), pl.col(f"{side}_start_ns").alias("start_ns"), name=name)
-    found = keyed.join(kernels, on=["rank", "start_ns"], how="left").join(
+    keyed = pairs.select(
+        pl.col(rank).alias("rank"),
+        pl.col(f"{side}_start_ns").alias("start_ns"),
+        pl.col(f"{side}_end_ns").alias("end_ns"),
+        name=name,
+    )
+    found = keyed.join(kernels, on=["rank", "start_ns", "end_ns"], how="left").join(
         labels, on=["rank", "name", "start_ns"], how="left"
     )
     return found.select(
