@@ -236,3 +236,52 @@ def test_a_gpu_host_blocked_on_its_send_waits_for_the_receiver_as_bubble_then_tr
         ("p2p_wait", 35 * US, 40 * US),
         ("launch_overhead", 40 * US, 41.5 * US),  # the host free again, the receive not yet launched
     ]
+
+
+def posted_receive_run(directory):
+    """Two CPU ranks, GPipe, m = 1, as torch.distributed.pipelining runs it (us): each RECV label only
+    posts its receive, a c10d::recv_ call that ends where gloo:recv opens; that span runs on into the
+    consumer, which waits in it until the data came.
+
+    rank 0: 0F0 [2,12]  0SEND_F0 [12,13]  0RECV_B0 [14,15] posts (14.2,14.5)  0B0 [16,91] waits (16,72)
+    rank 1: 1RECV_F0 [1,5] posts (1.5,4.5)  1F0 [6,37] waits (6,15)  1B0 [38,68]  1SEND_B0 [68,69]
+    """
+    directory.mkdir()
+    for rank, actions in enumerate(
+        [
+            [("0F0", 2, 12, None), ("0SEND_F0", 12, 13, None), ("0RECV_B0", 14, 15, (14.2, 14.5, 72))]
+            + [("0B0", 16, 91, None)],
+            [("1RECV_F0", 1, 5, (1.5, 4.5, 15)), ("1F0", 6, 37, None), ("1B0", 38, 68, None)]
+            + [("1SEND_B0", 68, 69, None)],
+        ]
+    ):
+        events = []
+        for label, start, end, post in actions:
+            events += cpu_action(label, start, end)
+            if post is not None:
+                call, opened, arrived = post
+                events += [
+                    span("c10d::recv_", call, opened, cat="cpu_op"),
+                    span("gloo:recv", opened, arrived),
+                ]
+        write_trace(directory, trace(rank, [(0, 100)], events))
+    return directory
+
+
+def test_a_receive_only_posted_waits_in_its_consumer_not_in_its_label(tmp_path):
+    gaps = analyze_run(read_run(posted_receive_run(tmp_path / "run"))).gaps
+    # 1RECV_F0's label [1,5] only posts the receive (a slow call, 3 us), long before rank 0 began sending
+    # at 12: no data was in flight, it is the host's time in the action, as the replay takes it; with the
+    # host getting to it before (0,1) and to 1F0 after (5,6), one stretch
+    label = gaps.filter((pl.col("rank") == 1) & (pl.col("start_ns") < 5 * US) & (pl.col("end_ns") > 1 * US))
+    assert label.select("class", "start_ns", "end_ns").rows() == [("launch_overhead", 0, 6 * US)]
+    # the consumer's wait (6,15) is the hop: bubble until rank 0 began sending at 12, then the transfer
+    consumer = gaps.filter(
+        (pl.col("rank") == 1) & (pl.col("start_ns") >= 6 * US) & (pl.col("end_ns") <= 15 * US)
+    )
+    assert consumer.select("class", "start_ns", "end_ns").rows() == [
+        ("bubble", 6 * US, 12 * US),
+        ("p2p_wait", 12 * US, 15 * US),
+    ]
+    # rank 0 waits in 0B0 (16,72) for 1SEND_B0 (68): bubble 52 us, transfer 4 us, its label host time
+    assert totals(gaps, 0)["p2p_wait"] == 4 * US + 1 * US  # and its own 0SEND_F0 (12,13)

@@ -4,7 +4,8 @@ A wait on a peer (a RECV's blocked interval) is matched to the peer's SEND of th
 the other rank: the part of the wait before the SEND started is bubble (the producer had not produced
 yet), the rest is p2p_wait (transfer and latency). A CPU sender's own time inside a blocking SEND is
 split at its receiver's posting of the RECV: bubble before (the partner was not ready), p2p_wait after
-(the transfer); an isend's host call, over before its receiver posted, stays p2p_wait. Idle
+(the transfer); an isend's host call, over before its receiver posted, stays p2p_wait. A receive that
+was only posted (torch.distributed.pipelining's irecv) waits in its consumer, not in its RECV. Idle
 time that is not a wait is launch overhead when the host had not yet issued the next work (GPU: no
 launched kernel pending, HTA's host-wait rule; CPU: framework time inside RECV actions or between
 actions up to a threshold), else other. Idle before a rank's first action of the step or after its
@@ -148,6 +149,25 @@ def _send_wait_layers(cells: pl.DataFrame, send_waits: pl.DataFrame) -> pl.DataF
     )
 
 
+def _posts_only(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
+    """`waits` less, where the run's receives were only posted (torch.distributed.pipelining's irecv: a
+    wait keyed by a RECV runs on past its cell, into its consumer, analysis.cells.inferred.consumer_waits),
+    each RECV's blocked time inside its own cell. That is the post, the c10d::recv_ call up to gloo's
+    span of the receive opening at its end, and the host's time in the label after it: the own-step
+    replay's RECV pre and post, host time (the rank's partner had often not begun its send: no data was
+    in flight). The consumer's wait, after the cell, is the hop's."""
+    recv_ends = (
+        cells.filter(pl.col("kind").str.starts_with("RECV"))
+        .group_by(CELL_KEY)
+        .agg(cell_end=pl.col("end_ns").max())
+    )
+    keyed = waits.join(recv_ends, on=CELL_KEY, how="left", maintain_order="left")
+    if not (keyed["end_ns"] > keyed["cell_end"]).any():
+        return waits
+    after_post = pl.when(pl.col("cell_end").is_not_null()).then(pl.max_horizontal("start_ns", "cell_end"))
+    return keyed.with_columns(start_ns=after_post.fill_null(pl.col("start_ns"))).select(waits.columns)
+
+
 def split_waits(
     cells: pl.DataFrame,
     waits: pl.DataFrame,
@@ -162,11 +182,13 @@ def split_waits(
     layer until then (_unposted_sends), which the CPU rules class bubble. A RECV coalesced with a SEND
     in one kernel (`kernels`: GPU, every rank's) waits as bubble also until that send's receiver had
     posted; so does the executor's wait for its pending sends after its last action (`send_waits`, CPU).
+    A receive that was only posted waits in its consumer alone: its RECV's own time is host time (_posts_only).
     `cells`, `waits`, `kernels` and `send_waits` of all ranks, with times already on one clock
     (analysis.timeline.clock).
     """
     sent = (
-        waits.join(_producer_starts(cells), on=CELL_KEY, how="left")
+        _posts_only(cells, waits)
+        .join(_producer_starts(cells), on=CELL_KEY, how="left")
         .join(_send_posted(cells), on=CELL_KEY, how="left")
         .join(_batched_ready(cells, kernels), on=CELL_KEY, how="left")
         .with_columns(
