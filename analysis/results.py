@@ -52,9 +52,10 @@ from analysis.traces.memory import Memory
 from runners.schedules import Action, Schedule
 
 ANALYSIS_DIR = "analysis"
-# The layout of what `write` stores. Bump it with any change to a stored table's columns (a test pins
-# them), so an analysis written before the change is analysed again rather than read wrong.
-ANALYSIS_FORMAT = 2
+# The layout and meaning of what `write` stores. Bump it with any change to a stored table's columns (a
+# test pins them) or to what a stored figure means, so an analysis written before the change is analysed
+# again rather than read wrong. 3: a receive that is only posted waits in its consumer, in the parts too.
+ANALYSIS_FORMAT = 3
 FORMAT_FILE = "format.json"
 
 

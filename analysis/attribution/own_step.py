@@ -37,6 +37,7 @@ import polars as pl
 
 from analysis.attribution.parts import idle_before
 from analysis.attribution.replay import Inputs, Step, Tail
+from analysis.cells.labelled import receives_only_posted
 from runners.schedules import Action, Kind, Schedule
 
 KEY = ["stage", "kind", "microbatch"]
@@ -215,7 +216,7 @@ def measure(
     timed = timed.with_columns(lead=lead, send_wait=send_wait)
     blocking = not on_gpu and _sends_block(timed, sends)
     eager = _receives_eager(timed)
-    posted = _receives_posted(timed)
+    posted = receives_only_posted(cells, waits)
     if posted:
         timed = _with_consumer_waits(timed)
     actions = timed.select("step", "rank", "position", *KEY, **_inputs(blocking, eager, posted))
@@ -307,12 +308,6 @@ def _receives_eager(timed: pl.DataFrame) -> bool:
     if late.is_empty() or early.is_empty():
         return False
     return bool(late.median() < 0.5 * early.median())
-
-
-def _receives_posted(timed: pl.DataFrame) -> bool:
-    """Whether the run's receives are only posted in their RECV cells: a wait keyed by one ends after it."""
-    recvs = timed.filter(pl.col("kind").is_in(["RECV_F", "RECV_B"]) & pl.col("w1").is_not_null())
-    return bool((recvs["w1"] > recvs["end_ns"]).any())
 
 
 def _with_consumer_waits(timed: pl.DataFrame) -> pl.DataFrame:

@@ -391,3 +391,19 @@ def labelled_cells(events: RankEvents, labels: pl.DataFrame) -> RankCells:
         heads,
         sends,
     )
+
+
+def recv_cell_ends(cells: pl.DataFrame) -> pl.DataFrame:
+    """Each RECV cell's end (CELL_KEY, cell_end)."""
+    return (
+        cells.filter(pl.col("kind").str.starts_with("RECV"))
+        .group_by(CELL_KEY)
+        .agg(cell_end=pl.col("end_ns").max())
+    )
+
+
+def receives_only_posted(cells: pl.DataFrame, waits: pl.DataFrame) -> bool:
+    """Whether the run's RECV cells only post their receives (torch.distributed.pipelining's irecv, waited
+    for inside the consumer's forward or backward): a wait keyed by a RECV runs on past that RECV's cell."""
+    keyed = waits.join(recv_cell_ends(cells), on=CELL_KEY)
+    return bool((keyed["end_ns"] > keyed["cell_end"]).any())

@@ -21,7 +21,7 @@ import functools
 
 import polars as pl
 
-from analysis.cells.labelled import CELL_KEY, device_events
+from analysis.cells.labelled import CELL_KEY, device_events, receives_only_posted, recv_cell_ends
 from analysis.schema import GAP_CLASSES, Rules
 from analysis.timeline.gaps import INTERVAL, queued, runs, segments
 
@@ -156,14 +156,9 @@ def _posts_only(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
     span of the receive opening at its end, and the host's time in the label after it: the own-step
     replay's RECV pre and post, host time (the rank's partner had often not begun its send: no data was
     in flight). The consumer's wait, after the cell, is the hop's."""
-    recv_ends = (
-        cells.filter(pl.col("kind").str.starts_with("RECV"))
-        .group_by(CELL_KEY)
-        .agg(cell_end=pl.col("end_ns").max())
-    )
-    keyed = waits.join(recv_ends, on=CELL_KEY, how="left", maintain_order="left")
-    if not (keyed["end_ns"] > keyed["cell_end"]).any():
+    if not receives_only_posted(cells, waits):
         return waits
+    keyed = waits.join(recv_cell_ends(cells), on=CELL_KEY, how="left", maintain_order="left")
     after_post = pl.when(pl.col("cell_end").is_not_null()).then(pl.max_horizontal("start_ns", "cell_end"))
     return keyed.with_columns(start_ns=after_post.fill_null(pl.col("start_ns"))).select(waits.columns)
 
