@@ -177,8 +177,10 @@ def test_a_slowed_stage_is_slower_in_its_calibration_too(tmp_path):
     start, the profiler's cost per pass): on the tiny preset those are most of a 1 ms pass, and stage 1
     came out 1.5 to 1.7 times stage 0 on a loaded machine. Both stages are timed in the same window, so
     the machine's speed cancels. Measured at every size: 0.97 to 1.35 without the injection, 2.2 to 3.7
-    with it (with two CPU burners on two cores too); the bound is halfway from 1 to K."""
-    options = f"--sched gpipe --p 2 --m {M} --preset cpu --device cpu --steps 1 --timed-steps 1"
+    with it (with two CPU burners on two cores too); the bound is halfway from 1 to K. Each size is the
+    median of 3 rounds: from one round, a clean-clone CI once read 1.91 at 16 rows, its one pass of
+    stage 0 taking 8.6 ms against about 5 (4 quiet runs of one round: 3.0 to 3.5 at every size)."""
+    options = f"--sched gpipe --p 2 --m {M} --preset cpu --device cpu --steps 1 --timed-steps 3"
     run = trace_run(tmp_path, *options.split(), "--inject", f"slow:1:{FACTOR}")
     work = {
         stage: {rows: t["F_ms"] + t["B_ms"] for rows, t in by_rows.items()}
