@@ -17,6 +17,7 @@ Only glibc has these knobs; elsewhere nothing is changed and the counts still sa
 from __future__ import annotations
 
 import ctypes
+import functools
 import resource
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
@@ -32,6 +33,7 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
     """The C library when it is glibc 2.33 or later (mallinfo2), else None."""
     try:

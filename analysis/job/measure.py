@@ -260,8 +260,6 @@ def measure_run(
     ref = reference(cells, run.run_json, shape.m)
     cells = with_contention(cell_parts(cells, ref), shifted_like_cells(run.run_queue, clock, ("t_ns",)))
     parts = rank_parts(cells, gaps, spans, skews)
-    barriers = [r.barriers for r in per_rank if r.barriers is not None]
-    sends = [r.sends for r in per_rank if r.sends is not None]
     own = measure(
         shape,
         cells,
@@ -269,8 +267,8 @@ def measure_run(
         gaps,
         spans,
         on_gpu,
-        pl.concat(barriers) if barriers else None,
-        pl.concat(sends) if sends else None,
+        _every_rank(per_rank, "barriers"),
+        _every_rank(per_rank, "sends"),
     )
     steps = parts["step"].unique().sort().to_list()
     replays = dict(zip(steps, replay_all(shape, own.steps(steps, shape.p))))
@@ -300,6 +298,12 @@ def measure_run(
     )
 
 
+def _every_rank(per_rank: list[RankCells], frame: str) -> pl.DataFrame | None:
+    """One optional frame of RankCells (`frame`: its name) over the ranks that have it; None where none does."""
+    found = [getattr(r, frame) for r in per_rank if getattr(r, frame) is not None]
+    return pl.concat(found) if found else None
+
+
 def _gaps(
     run: RunInput,
     per_rank: list[RankCells],
@@ -311,11 +315,7 @@ def _gaps(
     """Every rank's waits, its classified gaps (with dp_sync where the run has DP collectives), its step
     windows, and the DP skews (None at dp = 1); `cells` are every rank's, on one clock."""
     waits = pl.concat([r.waits for r in per_rank])
-    kernels = [r.kernels for r in per_rank if r.kernels is not None]
-    send_waits = [r.send_waits for r in per_rank if r.send_waits is not None]
-    split = split_waits(
-        cells, waits, pl.concat(kernels) if kernels else None, pl.concat(send_waits) if send_waits else None
-    )
+    split = split_waits(cells, waits, _every_rank(per_rank, "kernels"), _every_rank(per_rank, "send_waits"))
     steps = [windows(r) for r in per_rank]
     gaps = pl.concat([classify(timeline(r, split, w), rules, on_gpu) for r, w in zip(per_rank, steps)])
     skews = None
