@@ -179,7 +179,7 @@ def write_executor_job(
     write_json(directory / "truth.json", truth)
     if not run_json:
         return job
-    config = run_config(schedule, reference, job.runs[0].step_ns, transport, run_id, shape == "gpu") | {
+    config = run_config(schedule, reference, job.runs[0].step_ns, transport, run_id, shape) | {
         "dp": dp,
         "world_size": world,
         "mesh": {"dim_names": ["pp", "dp"], "shape": [lowered.p, dp]},
