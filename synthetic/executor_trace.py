@@ -27,8 +27,8 @@ GPU (NCCL, eager delivery by default): per action its `PP:` label on the host th
 cudaLaunchKernel, the kernel (correlation id, ac2g flow) with its device-side label on the compute
 stream or its peer's comm stream; `PP wait for sends`, then `optimizer_step` around the optimizer's
 launch. truth.json's actions are the kernels' times; its parts are synthetic.executor_gpu.rank_parts (compute
-split as on CPU), and p2p_queued_ns says how much of p2p_wait the compute stream spent queued behind the
-rank's own SEND. single_gpu: the same per virtual rank, a RECV's action its compute stream's wait.
+split as on CPU), and p2p_queued_ns and p2p_unposted_ns how much of p2p_wait is each of
+synthetic.executor_gpu.DEPARTURES. single_gpu: the same per virtual rank, a RECV's action its compute stream's wait.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from runners.schedules import Action, Schedule, lower
 from runners.schedules.single_gpu import PROCESSES, SINGLE_GPU
 from runners.schedules.trace_names import label
 from synthetic.executor_events import BASE_TIME_NS, Group, cpu_rank_events, gpu_rank_events
-from synthetic.executor_gpu import GpuStep, queued_parts, simulate_gpu_step
+from synthetic.executor_gpu import DEPARTURES, GpuStep, queued_parts, simulate_gpu_step
 from synthetic.executor_gpu import rank_parts as gpu_parts
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
 from synthetic.executor_single_gpu import simulate_single_gpu_step, single_gpu_events
@@ -127,7 +127,7 @@ def truth_document(
             str(rank): {
                 "actions": [[label(k.action), k.start, k.end] for k in kernels if k.action],
                 "parts_ns": split_compute(gpu_parts(run, rank), schedule, rank, work),
-                "p2p_queued_ns": queued_parts(run, rank)["p2p_queued"],
+                **{f"{name}_ns": ns for name, ns in queued_parts(run, rank).items() if name in DEPARTURES},
             }
             for rank, kernels in run.kernels.items()
         }

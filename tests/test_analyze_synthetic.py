@@ -1,6 +1,6 @@
 """Ground truth from the old generator (synthetic.generate, built on runners.schedules.simulate) where the
 independent one (tests/test_independent_*.py) lacks the shape: the typical step's replay with uneven
-launch gaps, batched GPU p2p's parts, a p2p call that took no time, host time inside CPU labels."""
+launch gaps, a p2p call that took no time, host time inside CPU labels."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from analysis.schema import RANK_PARTS
 from analysis.traces.load import load_trace
 from runners.schedules import build
 from synthetic.generate import write_run
-from synthetic.orders import unlabelled_orders
 
 INJECTED_PARTS = ("compute", "small_gemm", "slowdown", "bubble", "p2p_wait", "launch_overhead")  # RankTruth's
 CASES = [
@@ -68,31 +67,6 @@ def test_the_step_model_replays_the_step(tmp_path, name, p, m, v):
     # the small-GEMM loss and the slowdown are the only duration changes: no imbalance
     assert terms.imbalance == pytest.approx(0, abs=1e-6)
     assert terms.small_gemm > 0 and terms.slowdown > 0 and terms.launch_overhead > 0 and terms.p2p_wait > 0
-
-
-UNLABELLED = unlabelled_orders()
-
-
-@pytest.mark.parametrize("name", UNLABELLED)
-# not batched, on the independent generator: tests/test_independent_truth.py (CPU, with gloo:send as real
-# traces hold it) and tests/test_independent_gpu.py
-@pytest.mark.parametrize("shape,batched", [("gpu", True)])
-def test_unlabelled_runs_are_inferred_with_their_parts_recovered(tmp_path, name, shape, batched):
-    """No PP: labels (a hand-written loop, Schedule1F1B): the cells come from the op stream alone, on CPU
-    (gloo) and GPU (NCCL, backward on autograd's thread, sends and receives coalesced where batched)."""
-    schedule = UNLABELLED[name]
-    made = write_run(tmp_path, schedule, shape=shape, labels=False, batched=batched, **INJECTED)
-    result = analyze_run(read_run(tmp_path))
-    assert result.summary.inferred_cells == result.cells.height
-    assert result.schedule.orders == schedule.orders
-    for entry in result.summary.ranks:
-        truth = made.truth[entry.rank]
-        misses = {
-            part: (entry.part_ms(part), getattr(truth, f"{part}_ns") / 1e6)
-            for part in INJECTED_PARTS
-            if not close(entry.part_ms(part), getattr(truth, f"{part}_ns"))
-        }
-        assert not misses, (entry.rank, misses)
 
 
 def test_a_p2p_call_that_took_no_time_still_cuts_the_op_stream(tmp_path):

@@ -19,6 +19,7 @@ from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from runners.schedules import build, formula_bubble
 from synthetic import write_run
+from synthetic.executor_gpu import DEPARTURES
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
 from synthetic.executor_trace import write_executor_run
 from synthetic.orders import blocked_gpipe, deeper_warmup_1f1b, reverse_backward_gpipe
@@ -72,9 +73,9 @@ def test_a_custom_order_is_analysed_as_it_ran_with_its_parts_recovered(tmp_path,
     for entry in summary.ranks:
         told = truth["ranks"][str(entry.rank)]
         want = dict(told["parts_ns"])
-        queued = told.get("p2p_queued_ns", 0)  # GPU only
-        want["bubble"] += queued
-        want["p2p_wait"] -= queued
+        departed = sum(told.get(f"{name}_ns", 0) for name in DEPARTURES)  # GPU only
+        want["bubble"] += departed
+        want["p2p_wait"] -= departed
         if not with_run_json:  # no calibration: small-GEMM time and slowdown are unknown, counted as compute
             want["compute"] += want.pop("small_gemm") + want.pop("slowdown")
             assert entry.small_gemm_ms is None and entry.slowdown_ms is None
