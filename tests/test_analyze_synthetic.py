@@ -1,8 +1,10 @@
-"""Ground truth from the old generator (synthetic.generate, built on runners.schedules.simulate) where the
-independent one (tests/test_independent_*.py) lacks the shape: the typical step's replay with uneven
-launch gaps, a p2p call that took no time, host time inside CPU labels."""
+"""The step model against the independent generator (synthetic.executor_sim); ground truth from the old
+generator (synthetic.generate, built on runners.schedules.simulate) where the independent one lacks the
+shape: a p2p call that took no time, host time inside CPU labels."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import msgspec
 import polars as pl
@@ -12,8 +14,11 @@ from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS
 from analysis.traces.load import load_trace
-from runners.schedules import build
+from runners.schedules import build, lower
+from synthetic.executor_sim import RENDEZVOUS, HostTime, Transport, simulate_step
+from synthetic.executor_trace import write_executor_run
 from synthetic.generate import write_run
+from synthetic.truth import Work
 
 INJECTED_PARTS = ("compute", "small_gemm", "slowdown", "bubble", "p2p_wait", "launch_overhead")  # RankTruth's
 CASES = [
@@ -34,39 +39,73 @@ INJECTED = dict(
 )
 
 
+US = 1_000
+EXECUTOR_US = {"F": 1000, "B": 2000, "I": 1000, "W": 1000}
+SMALL_GEMM, SLOWDOWN = 1.1, 1.25
+ROUND_TRIP = Transport(RENDEZVOUS, 50 * US)  # gloo's
+HOST = HostTime(before_ns=20 * US, inside_ns=2 * US, tail_ns=300 * US)
+STALL_US = 40
+
+
 def close(got_ms: float, want_ns: int) -> bool:
     return abs(got_ms * 1e6 - want_ns) <= max(1_000, 0.02 * abs(want_ns))
 
 
 @pytest.mark.parametrize("name,p,m,v", CASES)
 def test_the_step_model_replays_the_step(tmp_path, name, p, m, v):
-    """Each step's own replay reproduces it (the completeness residual within 1 ns a step); the typical
-    step keeps means per (stage, kind): with every launch gap alike it replays the step to 1 us; the
-    synthetic run spares each rank's first action its launch gap, which the mean charges, so the
-    typical step is slower by at most one gap per rank and the variability says so."""
-    write_run(tmp_path / "alike", build(name, p, m, v), **{**INJECTED, "launch_gap_us": 0})
-    alike = analyze_run(read_run(tmp_path / "alike")).summary
-    assert alike.simulated_step_time_ms == pytest.approx(alike.step_time_ms, abs=1e-3)
-    write_run(tmp_path, build(name, p, m, v), **INJECTED)
-    summary = analyze_run(read_run(tmp_path)).summary
-    gap_ms = INJECTED["launch_gap_us"] / 1e3
+    """The independent generator (synthetic.executor_sim: gloo's rendezvous, host time before and inside
+    every action, the optimizer's tail) against the step model. With every action's inputs alike the
+    typical step is the step, to 1 ns. A stall of STALL_US x k before rank 0's first action (k actions
+    of its stage and kind) leaves the typical step (means per stage and kind) the independent replay
+    with STALL_US before each of the k: the model's prediction is that, and variability the measured
+    step less it, to 1 ns; each step's own replay has no residual."""
+    schedule = build(name, p, m, v)
+    alike = _replayed(tmp_path / "alike", schedule, HOST)
+    assert alike.simulated_step_time_ms * 1e6 == pytest.approx(alike.step_time_ms * 1e6, abs=1)
+    lowered = lower(schedule)
+    first = lowered.orders[0][0]
+    kin = [a for a in lowered.orders[0] if (a.stage, a.kind) == (first.stage, first.kind)]
+    stalled = replace(HOST, stalls={first: len(kin) * STALL_US * US})
+    summary = _replayed(tmp_path / "stalled", schedule, stalled)
+    work = Work(EXECUTOR_US, SMALL_GEMM, SLOWDOWN)
+    typical = simulate_step(
+        lowered,
+        lambda action: work.measured_ns(action, lowered.m),
+        ROUND_TRIP,
+        replace(HOST, stalls=dict.fromkeys(kin, STALL_US * US)),
+    ).step_ns
+    assert summary.simulated_step_time_ms * 1e6 == pytest.approx(typical, abs=1)
+    assert summary.waterfall_ms.variability * 1e6 == pytest.approx(
+        summary.step_time_ms * 1e6 - typical, abs=1
+    )
     assert all(abs(step.residual_ms) < 1e-6 for step in summary.replayed_steps), summary.replayed_steps
-    assert -p * gap_ms <= summary.waterfall_ms.variability < 0
     # only small_gemm, slowdown, the variability and the residual may be negative
     terms = msgspec.structs.asdict(summary.waterfall_ms)
     signed = ("small_gemm", "slowdown", "variability", "residual")
     assert all(terms[t] >= 0 for t in terms if t not in signed), terms
+    assert sum(terms.values()) == pytest.approx(summary.step_time_ms, abs=1e-9)
     assert all(
         getattr(r, f"{part}_ms") >= 0
         for r in summary.ranks
         for part in RANK_PARTS
         if part not in ("small_gemm", "slowdown")
     )
-    terms = summary.waterfall_ms
-    assert sum(msgspec.structs.asdict(terms).values()) == pytest.approx(summary.step_time_ms, abs=1e-9)
     # the small-GEMM loss and the slowdown are the only duration changes: no imbalance
-    assert terms.imbalance == pytest.approx(0, abs=1e-6)
-    assert terms.small_gemm > 0 and terms.slowdown > 0 and terms.launch_overhead > 0 and terms.p2p_wait > 0
+    assert terms["imbalance"] == pytest.approx(0, abs=1e-6)
+    assert all(terms[t] > 0 for t in ("small_gemm", "slowdown", "launch_overhead", "p2p_wait")), terms
+
+
+def _replayed(directory, schedule, host):
+    write_executor_run(
+        directory,
+        schedule,
+        durations_us=EXECUTOR_US,
+        transport=ROUND_TRIP,
+        host=host,
+        small_gemm=SMALL_GEMM,
+        slowdown=SLOWDOWN,
+    )
+    return analyze_run(read_run(directory)).summary
 
 
 def test_a_p2p_call_that_took_no_time_still_cuts_the_op_stream(tmp_path):
