@@ -96,7 +96,7 @@ class _Device:
     kernels: list[Kernel] = field(default_factory=list)
 
 
-class _Replay:
+class Replay:
     def __init__(
         self, schedule: Schedule, work_ns: Callable[[Action], int], transport: Transport, host, batched: bool
     ):
@@ -228,7 +228,7 @@ def simulate_gpu_step(
         )
     if transport.semantics != EAGER:
         raise ValueError("the GPU executor is simulated with eager delivery (NCCL's small messages) only")
-    return _Replay(schedule, work_ns, transport, host or HostTime(), batched).run(synced)
+    return Replay(schedule, work_ns, transport, host or HostTime(), batched).run(synced)
 
 
 def rank_parts(step: GpuStep, rank: int) -> dict[str, int]:

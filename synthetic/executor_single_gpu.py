@@ -37,14 +37,14 @@ from runners.schedules.single_gpu import issue_plan
 from runners.schedules.trace_names import label
 from synthetic import shapes
 from synthetic.executor_events import GEMM_KERNEL, ORIGIN_NS, STEP_PREFIX
-from synthetic.executor_gpu import COMM_STREAM_BASE, COMPUTE_STREAM, LAUNCH_NS, GpuStep, Kernel, _Replay
+from synthetic.executor_gpu import COMM_STREAM_BASE, COMPUTE_STREAM, LAUNCH_NS, GpuStep, Kernel, Replay
 from synthetic.executor_sim import EAGER, RECVS, HostTime, Transport
 
 PID = 4000  # the one process
 DEVICE = 0  # the one GPU
 COPY_KERNEL = "Memcpy DtoD (Device -> Device)"
 WAIT_CALL = "cudaStreamWaitEvent"  # a RECV's only trace
-_ON_AUTOGRAD_THREAD = (Kind.B, Kind.I)  # run by torch.autograd on CUDA: launched from its engine thread
+ON_AUTOGRAD_THREAD = (Kind.B, Kind.I)  # run by torch.autograd on CUDA: launched from its engine thread
 
 
 def compute_stream(rank: int) -> int:
@@ -55,7 +55,18 @@ def copy_stream(p: int, rank: int) -> int:
     return COMPUTE_STREAM + p + rank
 
 
-class _OneGpu(_Replay):
+def metadata(p: int) -> list[dict[str, Any]]:
+    """The names of the one process's two threads and of every rank's two streams."""
+    autograd = PID + shapes.AUTOGRAD_TID_OFFSET
+    events = shapes.metadata(PID, PID, "python", f"thread {PID} (python)")
+    events += shapes.metadata(PID, autograd, "python", f"thread {autograd} (pt_autograd_0)")[1:]
+    for rank in range(p):
+        for stream in (compute_stream(rank), copy_stream(p, rank)):
+            events += shapes.metadata(DEVICE, stream, f"GPU {DEVICE}", f"stream {stream}")
+    return events
+
+
+class _OneGpu(Replay):
     """executor_gpu's replay with one host thread and the engine's streams (module docstring). Kernels
     keep executor_gpu's stream numbers (COMPUTE_STREAM; a SEND's copy COMM_STREAM_BASE + its own rank) so
     that its truth reads them; the trace places them on each rank's streams."""
@@ -115,12 +126,7 @@ def simulate_single_gpu_step(
 def single_gpu_events(run: GpuStep, p: int, steps: int) -> list[dict[str, Any]]:
     """Every step's events of the one process: its two threads' labels and runtime calls, every rank's
     kernels and copies on its own streams, the ProfilerStep spans."""
-    autograd = PID + shapes.AUTOGRAD_TID_OFFSET
-    events = shapes.metadata(PID, PID, "python", f"thread {PID} (python)")
-    events += shapes.metadata(PID, autograd, "python", f"thread {autograd} (pt_autograd_0)")[1:]
-    for rank in range(p):
-        for stream in (compute_stream(rank), copy_stream(p, rank)):
-            events += shapes.metadata(DEVICE, stream, f"GPU {DEVICE}", f"stream {stream}")
+    events = metadata(p)
     issued = sorted(((k, r) for r, ks in run.kernels.items() for k in ks), key=lambda kr: kr[0].launch_end)
     for step in range(steps):
         shift = ORIGIN_NS + step * run.step_ns
@@ -142,7 +148,7 @@ def _issued(kernel: Kernel, rank: int, p: int, correlation: int, shift: int) -> 
     if action.kind in RECVS:
         return [*found, shapes.span(WAIT_CALL, "cuda_runtime", PID, PID, *call, **ids)]
     if action.kind.is_compute:
-        tid = PID + shapes.AUTOGRAD_TID_OFFSET if action.kind in _ON_AUTOGRAD_THREAD else PID
+        tid = PID + shapes.AUTOGRAD_TID_OFFSET if action.kind in ON_AUTOGRAD_THREAD else PID
         runtime, device_name, cat = "cudaLaunchKernel", GEMM_KERNEL, "kernel"
         stream = compute_stream(rank)
     else:
