@@ -37,11 +37,9 @@ CALL_NS = 5_000  # CPU: the c10d::allreduce_ call that hands the buckets to gloo
 GLOO_TID_OFFSET = 50  # gloo's worker thread is tid pid + 50
 SYNC_CORRELATION = 1 << 30  # the all-reduces' launches: correlation ids no action's launch has
 PARAM_LEAD_NS = 2_000  # the all-reduce's launch ends this long before its kernel starts
-# group descriptions: (a pipeline's p2p group, a stage's DP group, a pipeline's group across its stages)
-NAMES = {
-    "runner": ("pp_activation_up", "dp", "pp_stages"),
-    "megatron": ("PIPELINE_MODEL_PARALLEL_GROUP", "DATA_PARALLEL_GROUP", "MODEL_PARALLEL_GROUP"),
-}
+# the runner's group descriptions: (a pipeline's p2p group, a stage's DP group, a pipeline's group across its
+# stages)
+NAMES = ("pp_activation_up", "dp", "pp_stages")
 ALLREDUCE_KERNEL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 
 
@@ -50,7 +48,6 @@ class Job(NamedTuple):
     truth: dict[int, RankTruth]  # global rank -> its truth, dp_sync and dp_skew included
     pipelines: list[list[int]]  # global ranks in stage order, one list per replica
     alone_ns: list[int]  # each replica's step alone: its last rank's end plus the all-reduce's transfer
-    syncs: dict[int, tuple[int, int]]  # global rank -> its all-reduce's start and end in the step
 
 
 def synthesize_job(
@@ -63,17 +60,14 @@ def synthesize_job(
     shape: str = "cpu",
     steps: int = 3,
     process_groups: bool = True,
-    names: str = "runner",
-    sync_across_stages: bool = False,
     **options: Any,
 ) -> Job:
     """dp replicas of `schedule`, replica `slow_pipeline`'s compute x `slow_factor`; `options` as
     synthetic.generate.synthesize's (no clock offsets: the replicas share a clock). Without
     `process_groups` the traces record none: only the p2p peers of unlabelled GPU traces (their
-    record_param_comms, global ranks) say which ranks form a pipeline. `names`: the groups' descriptions,
-    our runner's or "megatron"'s (NAMES). GPU: each all-reduce's record_param_comms names its group, the
-    stage's DP group, or with `sync_across_stages` its pipeline's ranks (an all-reduce across stages, as
-    Megatron's model-parallel group: then the truth's dp_sync and dp_skew are no longer its)."""
+    record_param_comms, global ranks) say which ranks form a pipeline. GPU: each all-reduce's
+    record_param_comms names its group, the stage's DP group (an all-reduce across stages:
+    synthetic.executor_dp)."""
     if shape not in ("cpu", "gpu") or options.get("clock_offset_ns"):
         raise OptionError("a PP x DP job is written cpu- or gpu-shaped, on one clock")
     lowered = schedule if schedule.lowered else lower(schedule)
@@ -89,8 +83,8 @@ def synthesize_job(
     sync_end = [latest[s] + round(sync_us * 1000) for s in range(p)]
     step_ns = max(sync_end)
     pipelines = [[s * dp + j for s in range(p)] for j in range(dp)]
-    traces, truth, syncs = {}, {}, {}
-    groups = _groups(pipelines, NAMES[names])
+    traces, truth = {}, {}
+    groups = _groups(pipelines)
     for j, factor in enumerate(factors):
         run = synthesize(lowered, slowdown=factor, shape=shape, steps=steps, step_ns=step_ns, **options)
         for s in range(p):
@@ -98,13 +92,10 @@ def synthesize_job(
             sync = (ends[j][s], sync_end[s])
             document = run.traces[s]
             events = [_global_peers(e, pipelines[j]) for e in document["traceEvents"]]
-            said = _said(
-                groups, [ranks[s] for ranks in pipelines] if not sync_across_stages else pipelines[j]
-            )
+            said = _said(groups, [ranks[s] for ranks in pipelines])
             events += _sync_events(document, s, sync, step_ns, steps, shape, said)
             info = {**document["distributedInfo"], "rank": rank, "world_size": p * dp}
             info |= {"pg_config": groups} if process_groups else {}
-            syncs[rank] = sync
             traces[rank] = document | {"traceEvents": events, "distributedInfo": info}
             told = run.truth[s]
             exposed = sync[1] - sync[0]
@@ -121,7 +112,7 @@ def synthesize_job(
                 dp_skew_ns=latest[s] - ends[j][s],
             )
     alone_ns = [max(ends[j]) + round(sync_us * 1000) for j in range(dp)]
-    return Job(traces, truth, pipelines, alone_ns, syncs)
+    return Job(traces, truth, pipelines, alone_ns)
 
 
 def _sync_events(
@@ -173,10 +164,10 @@ def _global_peers(event: dict[str, Any], ranks: list[int]) -> dict[str, Any]:
     return event | {"args": args | peers}
 
 
-def _groups(pipelines: list[list[int]], names: tuple[str, str, str]) -> list[dict[str, Any]]:
+def _groups(pipelines: list[list[int]]) -> list[dict[str, Any]]:
     """The process groups a rank records (pg_config): every pipeline's p2p group, every stage's DP group,
-    and every pipeline as a group across its stages; `names` their descriptions."""
-    pp, dp, across = names
+    and every pipeline as a group across its stages, described as NAMES."""
+    pp, dp, across = NAMES
     groups = [(pp, ranks) for ranks in pipelines]
     groups += [(dp, [ranks[s] for ranks in pipelines]) for s in range(len(pipelines[0]))]
     groups += [(across, ranks) for ranks in pipelines]

@@ -15,7 +15,9 @@ executor_gpu's `ready`, and the GPU replicas are simulated again with the group'
 (the optimizer step, which a GPU job needs: its all-reduce's time is read under it); the step ends with
 the last rank's tail, a barrier. Truth per rank: dp_sync = the all-reduce's whole time (nothing runs beside it),
 dp_skew = the part before the last member arrived; the slow replica's compute beyond the others' is its
-slowdown (the calibration is the others').
+slowdown (the calibration is the others'). With `across_stages` each rank's all-reduce is its pipeline's
+instead (Megatron's embedding or model-parallel group): it joins the pipeline's other stages, and its
+truth is write_executor_job's.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class Job(NamedTuple):
     runs: list[StepRun] | list[GpuStep]  # replica j's steps, its ranks local (stage order)
     pipelines: list[list[int]]  # global ranks in stage order, one list per replica
     skew_ns: dict[int, int]  # global rank -> its wait in the all-reduce for the last member
-    joined_ns: dict[int, int]  # stage -> when its DP group's last member arrived
+    joined_ns: list[dict[int, int]]  # replica j -> stage -> when its all-reduce's last member arrived
 
 
 def simulate_job(
@@ -59,8 +61,10 @@ def simulate_job(
     host: HostTime,
     sync_ns: int,
     shape: str,
+    across_stages: bool = False,
 ) -> Job:
-    """The dp replicas' steps (module docstring), replica j's compute from work[j]."""
+    """The dp replicas' steps (module docstring), replica j's compute from work[j]; `across_stages`: each
+    rank all-reduces with its pipeline's other stages instead of its DP group."""
     work_ns = [lambda a, w=w: w.measured_ns(a, schedule.m) for w in work]
     if shape == "gpu":  # each rank's all-reduce kernel begins at ready[s] and lasts until the group's end
         alone = [simulate_gpu_step(schedule, timed, transport, host, synced={}) for timed in work_ns]
@@ -68,21 +72,28 @@ def simulate_job(
     else:  # each rank joins when its sends are done
         alone = [simulate_step(schedule, timed, transport, replace(host, tail_ns=0)) for timed in work_ns]
         arrived = [{s: end.sends_done for s, end in run.ends.items()} for run in alone]
-    joined = {s: max(ready[s] for ready in arrived) for s in range(schedule.p)}
-    synced = {s: joined[s] + sync_ns for s in joined}
-    skew = {s * dp + j: joined[s] - ready[s] for j, ready in enumerate(arrived) for s in ready}
+    stages = range(schedule.p)
+    joined = [
+        {s: max(ready.values()) if across_stages else max(other[s] for other in arrived) for s in stages}
+        for ready in arrived
+    ]
+    synced = [{s: last + sync_ns for s, last in group.items()} for group in joined]
+    skew = {s * dp + j: joined[j][s] - ready[s] for j, ready in enumerate(arrived) for s in ready}
     if shape == "gpu":
-        runs = [simulate_gpu_step(schedule, timed, transport, host, synced=synced) for timed in work_ns]
+        runs = [
+            simulate_gpu_step(schedule, timed, transport, host, synced=synced[j])
+            for j, timed in enumerate(work_ns)
+        ]
     else:
         runs = [
             replace(
                 run,
                 ends={
-                    s: replace(end, synced=synced[s], tail_end=synced[s] + host.tail_ns)
+                    s: replace(end, synced=synced[j][s], tail_end=synced[j][s] + host.tail_ns)
                     for s, end in run.ends.items()
                 },
             )
-            for run in alone
+            for j, run in enumerate(alone)
         ]
     step_ns = max(
         run.step_ns if shape == "gpu" else max(e.tail_end for e in run.ends.values()) for run in runs
@@ -118,6 +129,15 @@ def _launched_late(run: StepRun | GpuStep, joined: dict[int, int]) -> StepRun | 
     return replace(run, kernels=kernels)
 
 
+def _across_stages(told: dict[str, Any]) -> dict[str, Any]:
+    """A rank's truth where its all-reduce is across stages: its wait for the last stage is bubble (for
+    another stage, not a replica), the rest of the collective other."""
+    parts, waited = dict(told["parts_ns"]), told["dp_skew_ns"]
+    parts["bubble"] += waited
+    parts["other"] += parts["dp_sync"] - waited
+    return told | {"parts_ns": parts | {"dp_sync": 0}, "dp_skew_ns": 0}
+
+
 def write_executor_job(
     directory: str | Path,
     schedule: Schedule,
@@ -135,12 +155,15 @@ def write_executor_job(
     late_launch: bool = False,
     names: str = "runner",
     run_json: bool = True,
+    across_stages: bool = False,
 ) -> Job:
     """rank{g}.json.gz per global rank, truth.json (per global rank, dp_skew_ns beside its parts) and
     (with `run_json`; without, the traces' process groups alone say the pipelines) run.json (dp, the mesh
     and the pipelines), written last. `late_launch`: each rank's all-reduce recorded from its group's last
     arrival (_launched_late, as converted Megatron jobs hold it), the truth unchanged; `names`: the
-    groups' descriptions (NAMES)."""
+    groups' descriptions (NAMES); `across_stages`: each rank's all-reduce is its pipeline's, across its
+    stages (an embedding or model-parallel group's, not data parallelism): its wait for the last stage
+    to arrive is bubble in the truth, the rest of it other, and no dp_sync nor dp_skew."""
     if shape not in ("cpu", "gpu"):
         raise ValueError(f"shape {shape!r}: cpu or gpu")
     if late_launch and shape == "gpu" and sync_us * 1000 < LAUNCH_NS:
@@ -150,7 +173,7 @@ def write_executor_job(
     lowered = schedule if schedule.lowered else lower(schedule)
     reference = Work(durations_us)  # the calibration's
     work = [Work(durations_us, slowdown=slow_factor if j == slow_replica else 1.0) for j in range(dp)]
-    job = simulate_job(lowered, dp, work, transport, host, round(sync_us * 1000), shape)
+    job = simulate_job(lowered, dp, work, transport, host, round(sync_us * 1000), shape, across_stages)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     groups = _groups(job.pipelines, names)
@@ -160,10 +183,10 @@ def write_executor_job(
     }
     for j, run in enumerate(job.runs):
         replica = truth_document(run, lowered, work[j], transport, host, steps)
-        drawn = _launched_late(run, job.joined_ns) if late_launch else run
+        drawn = _launched_late(run, job.joined_ns[j]) if late_launch else run
         for s in range(lowered.p):
             rank = job.pipelines[j][s]
-            said = groups[s]
+            said = groups[lowered.p + j if across_stages else s]  # _groups: the DP groups, then the pipelines
             group = {
                 "Process Group Name": said["pg_name"],
                 "Process Group Description": said["pg_desc"],
@@ -173,13 +196,15 @@ def write_executor_job(
             write_trace(
                 directory / f"rank{rank}.json.gz", rank_document(drawn, s, steps, run_id, distributed, group)
             )
-            told = replica["steps"][0]["ranks"][str(s)]
+            told = replica["steps"][0]["ranks"][str(s)] | {"dp_skew_ns": job.skew_ns[rank]}
+            if across_stages:
+                told = _across_stages(told)
             for step in truth["steps"]:
-                step["ranks"][str(rank)] = told | {"dp_skew_ns": job.skew_ns[rank]}
+                step["ranks"][str(rank)] = told
     write_json(directory / "truth.json", truth)
     if not run_json:
         return job
-    config = run_config(schedule, reference, job.runs[0].step_ns, transport, run_id, shape == "gpu") | {
+    config = run_config(schedule, reference, job.runs[0].step_ns, transport, run_id, shape) | {
         "dp": dp,
         "world_size": world,
         "mesh": {"dim_names": ["pp", "dp"], "shape": [lowered.p, dp]},

@@ -35,7 +35,10 @@ that kernel; else queued behind the rank's own SEND (a RECV behind it on the pee
 optimizer waiting for the sends): bubble before the awaited RECV's SEND started, p2p_wait after (the
 transfer: eagerly the sender never waits for its receiver). After the last kernel: bubble (drain) until
 the step's end, then launch_overhead until the window closes: the next step's host getting to its first
-kernel.
+kernel. Two stretches of p2p_wait are also told apart (queued_parts), where a reading that takes a
+transport for a rendezvous departs: p2p_queued, the compute stream queued behind the rank's own SEND;
+p2p_unposted, a batched pair waiting with the awaited data sent while its own SEND's receiver had not
+yet posted (eagerly the pair does not wait for that receiver; under a rendezvous it would).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ SYNC_CALL_NS = 2_000  # the end of step's cudaStreamWaitEvent calls on the sends
 COMPUTE_STREAM = 7
 COMM_STREAM_BASE = 20  # the comm stream to peer rank q is COMM_STREAM_BASE + q
 DP_STREAM = 13  # the DP group's communicator's stream
+DEPARTURES = ("p2p_queued", "p2p_unposted")  # stretches of p2p_wait told apart (module docstring)
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ class _Device:
     kernels: list[Kernel] = field(default_factory=list)
 
 
-class _Replay:
+class Replay:
     def __init__(
         self, schedule: Schedule, work_ns: Callable[[Action], int], transport: Transport, host, batched: bool
     ):
@@ -224,28 +228,30 @@ def simulate_gpu_step(
         )
     if transport.semantics != EAGER:
         raise ValueError("the GPU executor is simulated with eager delivery (NCCL's small messages) only")
-    return _Replay(schedule, work_ns, transport, host or HostTime(), batched).run(synced)
+    return Replay(schedule, work_ns, transport, host or HostTime(), batched).run(synced)
 
 
 def rank_parts(step: GpuStep, rank: int) -> dict[str, int]:
     """The true parts of one rank's step window (module docstring), ns; they sum to step.step_ns."""
     parts = queued_parts(step, rank)
-    parts["p2p_wait"] += parts.pop("p2p_queued")
+    parts["p2p_wait"] += sum(parts.pop(name) for name in DEPARTURES)
     return parts
 
 
 def queued_parts(step: GpuStep, rank: int) -> dict[str, int]:
-    """rank_parts with its p2p_wait queued behind the rank's own SEND apart, as p2p_queued."""
-    names = ("compute", "launch_overhead", "bubble", "p2p_wait", "p2p_queued", "dp_sync", "other")
-    parts = dict.fromkeys(names, 0)
+    """rank_parts with p2p_queued and p2p_unposted (module docstring) apart from its p2p_wait."""
+    parts = dict.fromkeys(
+        ("compute", "launch_overhead", "bubble", "p2p_wait", *DEPARTURES, "dp_sync", "other"), 0
+    )
     kernels = step.kernels[rank]
+    posted = _pairs_posted(step, rank)
     opens = kernels[0].start
     free, receiving = opens, []
     for kernel in kernels:
         if kernel.stream == DP_STREAM or kernel.action is not None and kernel.action.kind in RECVS:
             receiving.append(kernel)
         elif kernel.stream == COMPUTE_STREAM:
-            for name, ns in _gap(free, kernel, receiving).items():
+            for name, ns in _gap(free, kernel, receiving, posted).items():
                 parts[name] += ns
             parts["compute" if kernel.action is not None else "other"] += kernel.end - kernel.start
             free, receiving = kernel.end, []
@@ -254,20 +260,36 @@ def queued_parts(step: GpuStep, rank: int) -> dict[str, int]:
     return parts
 
 
-def _gap(free: int, kernel: Kernel, receiving: list[Kernel]) -> dict[str, int]:
-    """The idle [free, kernel.start] before a compute-stream kernel, by the rule of the module docstring."""
+def _pairs_posted(step: GpuStep, rank: int) -> dict[Action, int]:
+    """Each batched pair's RECV on the rank -> when its SEND's receiver posted (its kernel started)."""
+    started = {k.action: k.start for kernels in step.kernels.values() for k in kernels if k.action}
+    kernels = step.kernels[rank]
+    return {
+        recv.action: started[matching_recv(send.action)]
+        for send, recv in zip(kernels, kernels[1:])
+        if recv.action is not None and recv.action.kind in RECVS and send.launch_end == recv.launch_end
+    }
+
+
+def _gap(free: int, kernel: Kernel, receiving: list[Kernel], posted: Mapping[Action, int]) -> dict[str, int]:
+    """The idle [free, kernel.start] before a compute-stream kernel, by the rule of the module docstring;
+    `posted`: _pairs_posted."""
     times = {free, kernel.start, kernel.launch_end, *(t for r in receiving for t in (r.start, r.end))}
     times |= {r.partner_started for r in receiving if r.partner_started is not None}
+    times |= {posted[r.action] for r in receiving if r.action in posted}
     points = sorted(t for t in times if free <= t <= kernel.start)
     sent = max((r.partner_started for r in receiving if r.partner_started is not None), default=free)
     parts: dict[str, int] = {}
     for a, b in zip(points, points[1:]):
         running = [r for r in receiving if r.start <= a and b <= r.end]
+        unposted = max((posted.get(r.action, sent) for r in running), default=sent)
         if any(r.stream == DP_STREAM for r in running):
             name = "dp_sync"
         elif b <= kernel.launch_end and not running:
             name = "launch_overhead"
+        elif b <= sent:
+            name = "bubble"
         else:
-            name = "bubble" if b <= sent else "p2p_wait" if running else "p2p_queued"
+            name = "p2p_queued" if not running else "p2p_unposted" if b <= unposted else "p2p_wait"
         parts[name] = parts.get(name, 0) + b - a
     return parts

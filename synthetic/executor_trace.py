@@ -1,6 +1,6 @@
-"""A run directory from synthetic.executor_sim (shape "cpu") or synthetic.executor_gpu ("gpu"): Kineto
-traces of the native executor's steps, run.json with the calibration, and truth.json with each step's
-true times.
+"""A run directory from synthetic.executor_sim (shape "cpu"), synthetic.executor_gpu ("gpu") or
+synthetic.executor_single_gpu ("single_gpu": one trace file, its events written there): Kineto traces of
+the native executor's steps, run.json with the calibration, and truth.json with each step's true times.
 
     run = write_executor_run(DIR, build("gpipe", 2, 16), durations_us={"F": 1000, "B": 2000},
                              transport=Transport(RENDEZVOUS, transfer_ns=50_000), host=HostTime(tail_ns=300_000))
@@ -27,8 +27,8 @@ GPU (NCCL, eager delivery by default): per action its `PP:` label on the host th
 cudaLaunchKernel, the kernel (correlation id, ac2g flow) with its device-side label on the compute
 stream or its peer's comm stream; `PP wait for sends`, then `optimizer_step` around the optimizer's
 launch. truth.json's actions are the kernels' times; its parts are synthetic.executor_gpu.rank_parts (compute
-split as on CPU),
-and p2p_queued_ns says how much of p2p_wait the compute stream spent queued behind the rank's own SEND.
+split as on CPU), and p2p_queued_ns and p2p_unposted_ns how much of p2p_wait is each of
+synthetic.executor_gpu.DEPARTURES. single_gpu: the same per virtual rank, a RECV's action its compute stream's wait.
 """
 
 from __future__ import annotations
@@ -43,11 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from runners.schedules import Action, Schedule, lower
+from runners.schedules.single_gpu import PROCESSES, SINGLE_GPU
 from runners.schedules.trace_names import label
 from synthetic.executor_events import BASE_TIME_NS, Group, cpu_rank_events, gpu_rank_events
-from synthetic.executor_gpu import GpuStep, queued_parts, simulate_gpu_step
+from synthetic.executor_gpu import DEPARTURES, GpuStep, queued_parts, simulate_gpu_step
 from synthetic.executor_gpu import rank_parts as gpu_parts
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, StepRun, Transport, simulate_step
+from synthetic.executor_single_gpu import simulate_single_gpu_step, single_gpu_events
 from synthetic.truth import (
     DEFAULT_US,
     ROWS_PER_MICROBATCH,
@@ -96,12 +98,15 @@ def rank_document(
     group: Group | None = None,
     labels: bool = True,
     clock_ns: int = 0,
+    events: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The trace of the run's local rank `rank`; `distributed`: its global rank and world_size (and
-    pg_config), `group` its DP group, `clock_ns` its clock's offset (synthetic.executor_events)."""
+    pg_config), `group` its DP group, `clock_ns` its clock's offset (synthetic.executor_events);
+    `events` where they are written apart (a single-GPU run's one process)."""
     on_gpu = isinstance(run, GpuStep)
     gpu = [{"id": rank, "name": "Synthetic GPU", "totalGlobalMem": 80 * 2**30, "computeMajor": 9}]
-    events = (gpu_rank_events if on_gpu else cpu_rank_events)(run, rank, steps, group, labels, clock_ns)
+    if events is None:
+        events = (gpu_rank_events if on_gpu else cpu_rank_events)(run, rank, steps, group, labels, clock_ns)
     return {
         "schemaVersion": 1,
         "deviceProperties": gpu if on_gpu else [],
@@ -122,7 +127,7 @@ def truth_document(
             str(rank): {
                 "actions": [[label(k.action), k.start, k.end] for k in kernels if k.action],
                 "parts_ns": split_compute(gpu_parts(run, rank), schedule, rank, work),
-                "p2p_queued_ns": queued_parts(run, rank)["p2p_queued"],
+                **{f"{name}_ns": ns for name, ns in queued_parts(run, rank).items() if name in DEPARTURES},
             }
             for rank, kernels in run.kernels.items()
         }
@@ -143,10 +148,12 @@ def truth_document(
 
 
 def run_config(
-    schedule: Schedule, work: Work, step_ns: int, transport: Transport, run_id: str, on_gpu: bool = False
+    schedule: Schedule, work: Work, step_ns: int, transport: Transport, run_id: str, shape: str = "cpu"
 ) -> dict[str, Any]:
-    """run.json: the keys synthetic.generate writes for a run, and the transport."""
+    """run.json: the keys synthetic.generate writes for a run of `shape` (write_executor_run's), and the
+    transport."""
     step_ms = step_ns / 1e6
+    on_gpu = shape != "cpu"
     return {
         "schedule": schedule.name,
         "p": schedule.p,
@@ -156,7 +163,7 @@ def run_config(
         "preset": None,
         "device": "cuda" if on_gpu else "cpu",
         "backend": "nccl" if on_gpu else "gloo",
-        "mode": "processes",
+        "mode": SINGLE_GPU if shape == SINGLE_GPU else PROCESSES,
         "dtype": "float32",
         "run_id": run_id,
         "dims": dims(schedule),
@@ -221,31 +228,39 @@ def write_executor_run(
     compute action takes its `durations_us` x `small_gemm` x `slowdown` (synthetic.truth.Work); the
     calibration holds the first two. `clock_offset_ns`: rank -> how far its clock runs ahead of the true
     one (its timestamps move, never the truth)."""
-    if shape not in ("cpu", "gpu"):
-        raise ValueError(f"shape {shape!r}: cpu or gpu")
-    on_gpu = shape == "gpu"
+    if shape not in ("cpu", "gpu", SINGLE_GPU):
+        raise ValueError(f"shape {shape!r}: cpu, gpu or {SINGLE_GPU}")
+    on_gpu = shape != "cpu"
     transport = transport or Transport(EAGER if on_gpu else RENDEZVOUS)
     host = host or HostTime()
     lowered = schedule if schedule.lowered else lower(schedule)
     work = Work(durations_us, small_gemm, slowdown)
-    if batched and (labels or not on_gpu):
+    if batched and (labels or shape != "gpu"):
         raise ValueError("batched p2p is written GPU-shaped and unlabelled (shape='gpu', labels=False)")
+    if shape == SINGLE_GPU and (not labels or clock_offset_ns or transport.semantics != EAGER):
+        raise ValueError(f"shape {SINGLE_GPU} is written labelled, on one clock, with eager copies")
     work_ns = lambda action: work.measured_ns(action, lowered.m)  # noqa: E731
-    run = (
-        simulate_gpu_step(lowered, work_ns, transport, host, batched=batched)
-        if on_gpu
-        else simulate_step(lowered, work_ns, transport, host)
-    )
+    if shape == SINGLE_GPU:
+        run = simulate_single_gpu_step(lowered, work_ns, transport.transfer_ns, host)
+    elif on_gpu:
+        run = simulate_gpu_step(lowered, work_ns, transport, host, batched=batched)
+    else:
+        run = simulate_step(lowered, work_ns, transport, host)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    for rank in range(lowered.p):
-        distributed = {"rank": rank, "world_size": lowered.p}
-        clock = (clock_offset_ns or {}).get(rank, 0)
-        document = rank_document(run, rank, steps, run_id, distributed, labels=labels, clock_ns=clock)
-        write_trace(directory / f"rank{rank}.json.gz", document)
+    if shape == SINGLE_GPU:  # one process, one file
+        events = single_gpu_events(run, lowered.p, steps)
+        document = rank_document(run, 0, steps, run_id, {"rank": 0, "world_size": 1}, events=events)
+        write_trace(directory / "rank0.json.gz", document)
+    else:
+        for rank in range(lowered.p):
+            distributed = {"rank": rank, "world_size": lowered.p}
+            clock = (clock_offset_ns or {}).get(rank, 0)
+            document = rank_document(run, rank, steps, run_id, distributed, labels=labels, clock_ns=clock)
+            write_trace(directory / f"rank{rank}.json.gz", document)
     truth = truth_document(run, lowered, work, transport, host, steps)
     write_json(directory / "truth.json", truth)
-    config = run_config(schedule, work, run.step_ns, transport, run_id, on_gpu)
+    config = run_config(schedule, work, run.step_ns, transport, run_id, shape)
     write_json(directory / "run.json", config)
     return run
 

@@ -21,34 +21,22 @@ from runners.schedules import Kind, Schedule
 from runners.schedules.single_gpu import issue_plan
 from runners.schedules.trace_names import label
 from synthetic import shapes
+from synthetic.executor_single_gpu import (
+    COPY_KERNEL,
+    DEVICE,
+    ON_AUTOGRAD_THREAD,
+    PID,
+    WAIT_CALL,
+    compute_stream,
+    copy_stream,
+    metadata,
+)
 
-PID = 4000  # the one process
-DEVICE = 0  # the one GPU (the pid of its streams)
-COPY_KERNEL = "Memcpy DtoD (Device -> Device)"
 LABEL_NS = 2 * shapes.LABEL_PAD_NS + shapes.LAUNCH_NS  # one label: pad, one runtime call, pad
-_ON_AUTOGRAD_THREAD = (Kind.B, Kind.I)  # run by torch.autograd on CUDA: launched from its engine thread
 
 
 class HostBehindError(ValueError):
     """The host cannot issue the run ahead of the device (actions shorter than issuing them)."""
-
-
-def compute_stream(rank: int) -> int:
-    return shapes.COMPUTE_STREAM + rank
-
-
-def copy_stream(p: int, rank: int) -> int:
-    return shapes.COMPUTE_STREAM + p + rank
-
-
-def metadata(p: int) -> list[dict[str, Any]]:
-    autograd = PID + shapes.AUTOGRAD_TID_OFFSET
-    events = shapes.metadata(PID, PID, "python", f"thread {PID} (python)")
-    events += shapes.metadata(PID, autograd, "python", f"thread {autograd} (pt_autograd_0)")[1:]
-    for rank in range(p):
-        for stream in (compute_stream(rank), copy_stream(p, rank)):
-            events += shapes.metadata(DEVICE, stream, f"GPU {DEVICE}", f"stream {stream}")
-    return events
 
 
 def events(
@@ -93,7 +81,7 @@ def _unit(
     if action.kind in (Kind.RECV_F, Kind.RECV_B):
         return [
             *found,
-            shapes.span("cudaStreamWaitEvent", "cuda_runtime", PID, PID, launch_start, launch_end, **ids),
+            shapes.span(WAIT_CALL, "cuda_runtime", PID, PID, launch_start, launch_end, **ids),
         ]
     start = cell.start + shift
     if launch_end > start:
@@ -102,7 +90,7 @@ def _unit(
             f"thread issues every rank's actions ({LABEL_NS} ns each), so actions must be longer"
         )
     if action.kind.is_compute:
-        tid = PID + shapes.AUTOGRAD_TID_OFFSET if action.kind in _ON_AUTOGRAD_THREAD else PID
+        tid = PID + shapes.AUTOGRAD_TID_OFFSET if action.kind in ON_AUTOGRAD_THREAD else PID
         call, name, cat, stream, end = (
             "cudaLaunchKernel",
             "ampere_sgemm_128x64_tn",

@@ -1,5 +1,7 @@
 """Any valid executed order is analysed, named by what it is; an order or timing that contradicts the data
-flow is refused naming the action. Ground truth from synthetic runs of orders no generator writes."""
+flow is refused naming the action. Ground truth from the independent generator's runs of orders no
+schedule builds (synthetic.orders); the naming and refusal tests use the old one (synthetic.generate) for a
+valid trace only."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from test_analyze_synthetic import INJECTED, INJECTED_PARTS, close
 
 from analysis.cells.executed import check_causality
 from analysis.cli import main
@@ -18,6 +19,9 @@ from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from runners.schedules import build, formula_bubble
 from synthetic import write_run
+from synthetic.executor_gpu import DEPARTURES
+from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
+from synthetic.executor_trace import write_executor_run
 from synthetic.orders import blocked_gpipe, deeper_warmup_1f1b, reverse_backward_gpipe
 
 ORDERS = {
@@ -31,12 +35,30 @@ def drop_run_json(run: Path) -> None:
     (run / "run.json").unlink()
 
 
+US = 1_000
+TRANSPORTS = {"cpu": Transport(RENDEZVOUS, 50 * US), "gpu": Transport(EAGER, 50 * US)}  # gloo's, NCCL's
+HOST = HostTime(before_ns=20 * US, inside_ns=2 * US, tail_ns=300 * US)
+
+
 @pytest.mark.parametrize("case", ORDERS)
 @pytest.mark.parametrize("shape", ["cpu", "gpu"])
 @pytest.mark.parametrize("with_run_json", [True, False])
 def test_a_custom_order_is_analysed_as_it_ran_with_its_parts_recovered(tmp_path, case, shape, with_run_json):
+    """Ground truth from the independent generator (synthetic.executor_sim, executor_gpu): every part of
+    every rank to 1 ns. On GPU the departure that tests/test_independent_gpu.py pins: a compute stream
+    queued behind its rank's own SEND is bubble in the analysis, p2p_wait in the truth (p2p_queued_ns)."""
     schedule, nearest = ORDERS[case]
-    truth = write_run(tmp_path, schedule, shape=shape, **INJECTED).truth
+    write_executor_run(
+        tmp_path,
+        schedule,
+        durations_us={"F": 1000, "B": 2000},
+        transport=TRANSPORTS[shape],
+        host=HOST,
+        shape=shape,
+        small_gemm=1.1,
+        slowdown=1.25,
+    )
+    truth = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
     if not with_run_json:
         drop_run_json(tmp_path)
     result = analyze_run(read_run(tmp_path))
@@ -45,20 +67,27 @@ def test_a_custom_order_is_analysed_as_it_ran_with_its_parts_recovered(tmp_path,
     assert (summary.p, summary.m, summary.v) == (schedule.p, schedule.m, schedule.v)
     assert result.schedule.orders == schedule.orders and result.schedule.stage_ranks == schedule.stage_ranks
     assert summary.bubble_formula == pytest.approx(formula_bubble(schedule))
+    assert summary.step_time_ms * 1e6 == pytest.approx(truth["step_ns"], abs=1)
     found = result.cells.filter(pl.col("kind").is_in(["F", "B"]) & (pl.col("step") == summary.median_step))
     assert found.height == 2 * schedule.n_stages * schedule.m  # every F and B of every stage and microbatch
     for entry in summary.ranks:
-        want = {part: getattr(truth[entry.rank], f"{part}_ns") for part in INJECTED_PARTS}
+        told = truth["ranks"][str(entry.rank)]
+        want = dict(told["parts_ns"])
+        departed = sum(told.get(f"{name}_ns", 0) for name in DEPARTURES)  # GPU only
+        want["bubble"] += departed
+        want["p2p_wait"] -= departed
         if not with_run_json:  # no calibration: small-GEMM time and slowdown are unknown, counted as compute
             want["compute"] += want.pop("small_gemm") + want.pop("slowdown")
             assert entry.small_gemm_ms is None and entry.slowdown_ms is None
         misses = {
-            part: (entry.part_ms(part), ns / 1e6)
+            part: (entry.part_ms(part) * 1e6, ns)
             for part, ns in want.items()
-            if not close(entry.part_ms(part), ns)
+            if entry.part_ms(part) * 1e6 != pytest.approx(ns, abs=1)
         }
         assert not misses, (entry.rank, misses)
         assert list(entry.stage_ids) == list(schedule.stages_of(entry.rank))
+    if shape == "gpu":  # the departure is there to pin
+        assert sum(truth["ranks"][str(entry.rank)]["p2p_queued_ns"] for entry in summary.ranks) > 0
 
 
 def test_the_reverse_backward_gpipe_keeps_gpipes_geometry():

@@ -1,6 +1,7 @@
 """PP x DP: a synthetic job with a known slow pipeline and a known exposed gradient sync, recovered exactly
 (synthetic.data_parallel): which pipeline is slower and by how much, dp_sync and its dp_skew per rank, and
-every part of every rank; with run.json and from the traces' process groups alone."""
+every part of every rank; with run.json and from the traces' process groups alone. An all-reduce across
+stages is graded by the independent generator (synthetic.executor_dp)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,13 @@ from analysis.timeline.dp_sync import cut
 from analysis.traces import load
 from runners.schedules import build
 from synthetic.data_parallel import write_job
+from synthetic.executor_dp import write_executor_job
+from synthetic.executor_gpu import DEPARTURES
+from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
 from synthetic.generate import write_run
 
 SLOW, FACTOR, SYNC_US = 1, 1.5, 300
+US = 1_000
 
 
 def job(directory, shape: str, run_json: bool = True, **options):
@@ -120,20 +125,45 @@ def test_a_job_of_several_pipelines_is_read_without_any_trace_text_held_whole(
     assert summary.straggler.pipeline == SLOW
 
 
-# on the old generator: the independent one writes no all-reduce across stages
 @pytest.mark.parametrize("names", ["runner", "megatron"])
-def test_an_all_reduce_across_stages_is_waiting_for_another_stage_not_dp_sync(tmp_path, names):
-    """Each all-reduce's record_param_comms names its pipeline's ranks (Megatron's model-parallel group):
-    its wait for the pipeline's last stage to arrive is bubble, the rest of it other; no dp_sync."""
-    written, summary = job(tmp_path, "gpu", names=names, sync_across_stages=True)
+@pytest.mark.parametrize("shape", ["cpu", "gpu"])
+def test_an_all_reduce_across_stages_is_waiting_for_another_stage_not_dp_sync(tmp_path, shape, names):
+    """Each rank all-reduces with its pipeline's other stages (Megatron's embedding or model-parallel
+    group), its record_param_comms naming that group: in the independent generator's truth
+    (synthetic.executor_dp, across_stages) its wait for the pipeline's last stage to arrive is bubble,
+    the rest of it other; no dp_sync. Every part of every rank to 1 ns; on GPU with the departure
+    tests/test_independent_gpu.py pins (a compute stream queued behind its own SEND, p2p_queued_ns)."""
+    job = write_executor_job(
+        tmp_path,
+        build("1f1b", 2, 4),
+        2,
+        durations_us={"F": 1000, "B": 2000},
+        slow_replica=SLOW,
+        slow_factor=FACTOR,
+        sync_us=SYNC_US,
+        transport=Transport(EAGER if shape == "gpu" else RENDEZVOUS, 50 * US),
+        host=HostTime(before_ns=3 * US, inside_ns=2 * US, tail_ns=300 * US),
+        shape=shape,
+        names=names,
+        across_stages=True,
+    )
+    assert max(job.skew_ns.values()) > 0  # some stage waits for another: the wait this test is about
+    summary = analyze_job(read_run(tmp_path)).summary
+    step = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
+    assert summary.step_time_ms * 1e6 == pytest.approx(step["step_ns"], abs=1)
     for entry in summary.ranks:
-        truth, (start, end) = written.truth[entry.rank], written.syncs[entry.rank]
-        group = written.pipelines[entry.pipeline]
-        waited = min(max(written.syncs[r][0] for r in group), end)
+        told = step["ranks"][str(entry.rank)]
+        want = dict(told["parts_ns"])
+        departed = sum(told.get(f"{name}_ns", 0) for name in DEPARTURES)  # GPU only
+        want["bubble"] += departed
+        want["p2p_wait"] -= departed
         assert entry.dp_sync_ms == 0 and entry.dp_skew_ms == 0
-        assert entry.bubble_ms == pytest.approx((truth.bubble_ns + waited - start) / 1e6, abs=1e-6)
-        assert entry.other_ms == pytest.approx((end - waited) / 1e6, abs=1e-6)
-    assert sum(entry.other_ms for entry in summary.ranks) > 0
+        misses = {
+            part: (entry.part_ms(part) * 1e6, ns)
+            for part, ns in want.items()
+            if entry.part_ms(part) * 1e6 != pytest.approx(ns, abs=1)
+        }
+        assert not misses, (entry.rank, misses)
 
 
 def test_one_pipeline_has_no_dp_sync(tmp_path):

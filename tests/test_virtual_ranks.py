@@ -1,7 +1,8 @@
 """One process's trace of P ranks on one GPU (mode single_gpu) read as P ranks (analysis.cells.virtual_ranks):
-synthetic single_gpu runs, one file with a compute and a copy stream per rank, recover each virtual
-rank's injected parts as the multi-GPU runs do (tests/test_analyze_synthetic.py), and the split keeps
-every other run as it is."""
+runs of the independent generator (synthetic.executor_single_gpu: one file, a compute and a copy stream
+per rank, one host thread) recover each virtual rank's true parts, and the split keeps every other run
+as it is. The layout, split and refusal tests use the old generator (synthetic.generate) for a valid
+trace only."""
 
 from __future__ import annotations
 
@@ -15,56 +16,70 @@ from analysis.cells.virtual_ranks import RECEIVE, split, virtual_ranks
 from analysis.errors import InputError
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
-from analysis.schema import RANK_PARTS
 from analysis.traces.run import load_run
 from runners.schedules import build
 from runners.schedules.single_gpu import SINGLE_GPU
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER, STASH_COUNTER
 from synthetic import OptionError, write_run
+from synthetic.executor_sim import EAGER, HostTime, Transport
+from synthetic.executor_trace import stalls_before, write_executor_run
 from synthetic.single_gpu import PID
 
-CASES = [
-    ("gpipe", 4, 8, 1),
-    ("gpipe", 4, 1, 1),
-    ("1f1b", 4, 8, 1),
-    ("interleaved", 2, 4, 2),
-    ("zb", 3, 6, 1),
-    ("zbv", 3, 6, 2),
-]
 INJECTED = dict(
     durations_us={"F": 1000, "B": 2000, "I": 1000, "W": 1000},
     p2p_latency_us=50,
     small_gemm=1.1,
     slowdown=1.25,
     steps=3,
-)
-PARTS = ("compute", "small_gemm", "slowdown", "bubble", "p2p_wait", "launch_overhead")  # RankTruth's
+)  # the old generator's (synthetic.generate), for the layout and refusal tests
+US = 1_000
+CASES = {  # schedule, host stalls (the one host thread falls behind every rank's device)
+    "gpipe": (build("gpipe", 4, 8), {}),
+    "gpipe m=1": (build("gpipe", 4, 1), {}),
+    "1f1b": (build("1f1b", 4, 8), {}),
+    "interleaved": (build("interleaved", 2, 4, 2), {}),
+    "zb": (build("zb", 3, 6), {}),
+    "zbv": (build("zbv", 3, 6, 2), {}),
+    # issued 12 ms late, rank 1's RECV_F2 comes after its copy: the stream idles for the host
+    "1f1b, a receive issued after its copy": (build("1f1b", 2, 4), {"1RECV_F2": 12_000 * US}),
+    # every rank's later work issued late: both ranks' devices idle for the host
+    "1f1b, a stall before rank 0's receive": (build("1f1b", 2, 4), {"0RECV_B1": 14_000 * US}),
+}
+PARTS = ("compute", "small_gemm", "slowdown", "bubble", "p2p_wait", "launch_overhead", "other")
 
 
-def close(got_ms: float, want_ns: int) -> bool:
-    return abs(got_ms * 1e6 - want_ns) <= max(1_000, 0.02 * abs(want_ns))
-
-
-@pytest.mark.parametrize("name,p,m,v", CASES)
-def test_one_process_of_p_streams_is_analysed_as_p_ranks_with_their_parts(tmp_path, name, p, m, v):
-    made = write_run(tmp_path, build(name, p, m, v), shape=SINGLE_GPU, **INJECTED)
+@pytest.mark.parametrize("case", CASES)
+def test_one_process_of_p_streams_is_analysed_as_p_ranks_with_their_parts(tmp_path, case):
+    """Ground truth from the independent generator (synthetic.executor_single_gpu): every part of every
+    virtual rank to 1 ns, and the step."""
+    schedule, stalls = CASES[case]
+    host = HostTime(before_ns=1 * US, inside_ns=2 * US, stalls=stalls_before(stalls))
+    write_executor_run(
+        tmp_path,
+        schedule,
+        durations_us=INJECTED["durations_us"],
+        transport=Transport(EAGER, 50 * US),
+        host=host,
+        shape=SINGLE_GPU,
+        small_gemm=1.1,
+        slowdown=1.25,
+    )
     assert sorted(path.name for path in tmp_path.glob("rank*")) == ["rank0.json.gz"]
+    truth = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
     summary = analyze_run(read_run(tmp_path)).summary
-    assert (summary.p, summary.schedule, summary.device) == (p, name, "cuda")
-    assert summary.step_time_ms * 1e6 == pytest.approx(made.truth[0].step_ns, abs=1)
-    assert [rank.rank for rank in summary.ranks] == list(range(p))
+    assert (summary.p, summary.schedule, summary.device) == (schedule.p, schedule.name, "cuda")
+    assert summary.step_time_ms * 1e6 == pytest.approx(truth["step_ns"], abs=1)
+    assert [rank.rank for rank in summary.ranks] == list(range(schedule.p))
     for rank in summary.ranks:
-        truth = made.truth[rank.rank]
+        true = truth["ranks"][str(rank.rank)]["parts_ns"]
         misses = {
-            part: (rank.part_ms(part), getattr(truth, f"{part}_ns") / 1e6)
+            part: (rank.part_ms(part) * 1e6, true[part])
             for part in PARTS
-            if not close(rank.part_ms(part), getattr(truth, f"{part}_ns"))
+            if rank.part_ms(part) * 1e6 != pytest.approx(true[part], abs=1)
         }
         assert not misses, (rank.rank, misses)
-        assert rank.other_ms == pytest.approx(0, abs=1e-6)
-        assert sum(rank.part_ms(part) for part in RANK_PARTS) == pytest.approx(summary.step_time_ms, abs=1e-9)
     assert sum(rank.p2p_wait_ms for rank in summary.ranks) > 0  # the hops were seen, once each
-    assert summary.waterfall_ms.residual == pytest.approx(0, abs=1e-3)
+    assert summary.waterfall_ms.residual == pytest.approx(0, abs=1e-6)
 
 
 def test_the_backward_is_launched_from_autograd_s_thread_and_still_is_its_labels(tmp_path):
