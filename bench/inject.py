@@ -63,10 +63,19 @@ def figures(case: Case, summary: Summary) -> dict[str, float]:
             "peer_bubble": peer.bubble_ms,
         }
     waterfall = summary.waterfall_ms
+    slowed = summary.rank_entry(injection.target)  # P ranks of one stage each: stage S is on rank S
+    if slowed.cpu_contention_ms is None:
+        raise ValueError(
+            f"rank {injection.target} has no run-queue samples: the native CPU runner records them"
+        )
     return {
         "imbalance": waterfall.imbalance,
         "small_gemm": waterfall.small_gemm,
         "slowdown": waterfall.slowdown,
+        # the slowed rank's own slowdown and the share of it spent waiting for a core: tells a loaded
+        # machine's run-queue delay (which grows with the longer stage) from the cells' own excess
+        "slowed_rank_slowdown": slowed.slowdown_ms,
+        "slowed_rank_cpu_contention": slowed.cpu_contention_ms,
     }
 
 
