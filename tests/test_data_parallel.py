@@ -1,9 +1,8 @@
 """PP x DP on the old generator (synthetic.data_parallel), where it only has to write a valid job: the
 traces read as streams, the merged trace's order, the report, the refusals, a rank without collectives
 and a summary from before PP x DP. What the analysis recovers of a job (the pipelines, the straggler and
-each pipeline's step alone, every rank's parts, dp_sync and dp_skew) is graded against the independent
-generator's truth: tests/test_independent_dp.py, and here an all-reduce across stages
-(synthetic.executor_dp)."""
+each pipeline's step alone, every rank's parts, dp_sync and dp_skew, an all-reduce across stages) is
+graded against the independent generator's truth in tests/test_independent_dp.py."""
 
 from __future__ import annotations
 
@@ -22,13 +21,9 @@ from analysis.timeline.dp_sync import cut
 from analysis.traces import load
 from runners.schedules import build
 from synthetic.data_parallel import write_job
-from synthetic.executor_dp import write_executor_job
-from synthetic.executor_gpu import DEPARTURES
-from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
 from synthetic.generate import write_run
 
 SLOW, FACTOR, SYNC_US = 1, 1.5, 300
-US = 1_000
 
 
 def job(directory, shape: str, run_json: bool = True, **options):
@@ -64,47 +59,6 @@ def test_a_job_of_several_pipelines_is_read_without_any_trace_text_held_whole(
     written, summary = job(tmp_path, "gpu", run_json=run_json, **options)
     assert [p.ranks for p in summary.pipelines] == written.pipelines
     assert summary.straggler.pipeline == SLOW
-
-
-@pytest.mark.parametrize("names", ["runner", "megatron"])
-@pytest.mark.parametrize("shape", ["cpu", "gpu"])
-def test_an_all_reduce_across_stages_is_waiting_for_another_stage_not_dp_sync(tmp_path, shape, names):
-    """Each rank all-reduces with its pipeline's other stages (Megatron's embedding or model-parallel
-    group), its record_param_comms naming that group: in the independent generator's truth
-    (synthetic.executor_dp, across_stages) its wait for the pipeline's last stage to arrive is bubble,
-    the rest of it other; no dp_sync. Every part of every rank to 1 ns; on GPU with the departure
-    tests/test_independent_gpu.py pins (a compute stream queued behind its own SEND, p2p_queued_ns)."""
-    job = write_executor_job(
-        tmp_path,
-        build("1f1b", 2, 4),
-        2,
-        durations_us={"F": 1000, "B": 2000},
-        slow_replica=SLOW,
-        slow_factor=FACTOR,
-        sync_us=SYNC_US,
-        transport=Transport(EAGER if shape == "gpu" else RENDEZVOUS, 50 * US),
-        host=HostTime(before_ns=3 * US, inside_ns=2 * US, tail_ns=300 * US),
-        shape=shape,
-        names=names,
-        across_stages=True,
-    )
-    assert max(job.skew_ns.values()) > 0  # some stage waits for another: the wait this test is about
-    summary = analyze_job(read_run(tmp_path)).summary
-    step = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
-    assert summary.step_time_ms * 1e6 == pytest.approx(step["step_ns"], abs=1)
-    for entry in summary.ranks:
-        told = step["ranks"][str(entry.rank)]
-        want = dict(told["parts_ns"])
-        departed = sum(told.get(f"{name}_ns", 0) for name in DEPARTURES)  # GPU only
-        want["bubble"] += departed
-        want["p2p_wait"] -= departed
-        assert entry.dp_sync_ms == 0 and entry.dp_skew_ms == 0
-        misses = {
-            part: (entry.part_ms(part) * 1e6, ns)
-            for part, ns in want.items()
-            if entry.part_ms(part) * 1e6 != pytest.approx(ns, abs=1)
-        }
-        assert not misses, (entry.rank, misses)
 
 
 def test_one_pipeline_has_no_dp_sync(tmp_path):

@@ -141,6 +141,34 @@ def test_equal_replicas_with_one_slow_stage_have_no_straggler(tmp_path):
     assert all(entry.dp_skew_ms == 0 for entry in summary.ranks)
 
 
+@pytest.mark.parametrize("names", ["runner", "megatron"])
+@pytest.mark.parametrize("shape", ["cpu", "gpu"])
+def test_an_all_reduce_across_stages_is_waiting_for_another_stage_not_dp_sync(tmp_path, shape, names):
+    """Each rank all-reduces with its pipeline's other stages (Megatron's embedding or model-parallel
+    group), its record_param_comms naming that group: in the independent generator's truth
+    (synthetic.executor_dp, across_stages) its wait for the pipeline's last stage to arrive is bubble,
+    the rest of it other; no dp_sync. Every part of every rank to 1 ns; on GPU with the departure
+    tests/test_independent_gpu.py pins (a compute stream queued behind its own SEND, p2p_queued_ns)."""
+    job = _job(tmp_path, shape, names=names, across_stages=True)
+    assert max(job.skew_ns.values()) > 0  # some stage waits for another: the wait this test is about
+    summary = analyze_job(read_run(tmp_path)).summary
+    step = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
+    assert summary.step_time_ms * 1e6 == pytest.approx(step["step_ns"], abs=1)
+    for entry in summary.ranks:
+        told = step["ranks"][str(entry.rank)]
+        want = dict(told["parts_ns"])
+        departed = sum(told.get(f"{name}_ns", 0) for name in DEPARTURES)  # GPU only
+        want["bubble"] += departed
+        want["p2p_wait"] -= departed
+        assert entry.dp_sync_ms == 0 and entry.dp_skew_ms == 0
+        misses = {
+            part: (entry.part_ms(part) * 1e6, ns)
+            for part, ns in want.items()
+            if entry.part_ms(part) * 1e6 != pytest.approx(ns, abs=1)
+        }
+        assert not misses, (entry.rank, misses)
+
+
 def test_a_late_launch_on_gpu_needs_an_all_reduce_longer_than_a_launch(tmp_path):
     with pytest.raises(ValueError, match="late launch"):
         write_executor_job(tmp_path, build("1f1b", 2, 4), 2, shape="gpu", late_launch=True, sync_us=1)
