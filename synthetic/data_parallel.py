@@ -30,6 +30,7 @@ from analysis.files import write_atomically
 from runners.schedules import Schedule, lower
 from synthetic import batched as batching
 from synthetic import shapes
+from synthetic.executor_dp import global_peers
 from synthetic.generate import ORIGIN_NS, OptionError, next_head, run_config, sends_until_received, synthesize
 from synthetic.truth import RankTruth
 
@@ -91,7 +92,7 @@ def synthesize_job(
             rank = pipelines[j][s]
             sync = (ends[j][s], sync_end[s])
             document = run.traces[s]
-            events = [_global_peers(e, pipelines[j]) for e in document["traceEvents"]]
+            events = [global_peers(e, pipelines[j]) for e in document["traceEvents"]]
             said = _said(groups, [ranks[s] for ranks in pipelines])
             events += _sync_events(document, s, sync, step_ns, steps, shape, said)
             info = {**document["distributedInfo"], "rank": rank, "world_size": p * dp}
@@ -153,15 +154,6 @@ def _gpu_sync(
             ALLREDUCE_KERNEL, "kernel", device, stream, start, end, device=device, stream=stream, **ids
         ),
     ]
-
-
-def _global_peers(event: dict[str, Any], ranks: list[int]) -> dict[str, Any]:
-    """A replica's event with its p2p peers (local ranks, as synthetic.shapes writes them) made global."""
-    args = event.get("args")
-    if event.get("name") != "record_param_comms" or not args:
-        return event
-    peers = {key: ranks[args[key]] for key in ("Src Rank", "Dst Rank") if key in args}
-    return event | {"args": args | peers}
 
 
 def _groups(pipelines: list[list[int]]) -> list[dict[str, Any]]:

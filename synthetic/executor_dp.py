@@ -15,9 +15,10 @@ executor_gpu's `ready`, and the GPU replicas are simulated again with the group'
 (the optimizer step, which a GPU job needs: its all-reduce's time is read under it); the step ends with
 the last rank's tail, a barrier. Truth per rank: dp_sync = the all-reduce's whole time (nothing runs beside it),
 dp_skew = the part before the last member arrived; the slow replica's compute beyond the others' is its
-slowdown (the calibration is the others'). With `across_stages` each rank's all-reduce is its pipeline's
-instead (Megatron's embedding or model-parallel group): it joins the pipeline's other stages, and its
-truth is write_executor_job's.
+slowdown (the calibration is the others'). A replica's step alone (Job.alone_ns) is its step were its
+groups to hold only its own ranks: what it takes without waiting for another replica. With
+`across_stages` each rank's all-reduce is its pipeline's instead (Megatron's embedding or model-parallel
+group): it joins the pipeline's other stages, and its truth is write_executor_job's.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Job(NamedTuple):
     pipelines: list[list[int]]  # global ranks in stage order, one list per replica
     skew_ns: dict[int, int]  # global rank -> its wait in the all-reduce for the last member
     joined_ns: list[dict[int, int]]  # replica j -> stage -> when its all-reduce's last member arrived
+    alone_ns: list[int]  # replica j's step were its groups to hold only its own ranks (no other replica)
 
 
 def simulate_job(
@@ -72,34 +74,35 @@ def simulate_job(
     else:  # each rank joins when its sends are done
         alone = [simulate_step(schedule, timed, transport, replace(host, tail_ns=0)) for timed in work_ns]
         arrived = [{s: end.sends_done for s, end in run.ends.items()} for run in alone]
-    stages = range(schedule.p)
-    joined = [
-        {s: max(ready.values()) if across_stages else max(other[s] for other in arrived) for s in stages}
-        for ready in arrived
-    ]
-    synced = [{s: last + sync_ns for s, last in group.items()} for group in joined]
+
+    def joined_of(replicas: list[dict[int, int]]) -> list[dict[int, int]]:
+        """Per replica, when each stage's group has its last member: its DP group's (or its pipeline's)."""
+        return [
+            {s: max(ready.values()) if across_stages else max(other[s] for other in replicas) for s in ready}
+            for ready in replicas
+        ]
+
+    def finished(j: int, joined: dict[int, int]) -> StepRun | GpuStep:
+        """Replica j's step with each stage's all-reduce ending `sync_ns` after its group's last arrival."""
+        synced = {s: last + sync_ns for s, last in joined.items()}
+        if shape == "gpu":
+            return simulate_gpu_step(schedule, work_ns[j], transport, host, synced=synced)
+        ends = {
+            s: replace(end, synced=synced[s], tail_end=synced[s] + host.tail_ns)
+            for s, end in alone[j].ends.items()
+        }
+        return replace(alone[j], ends=ends)
+
+    def step_of(run: StepRun | GpuStep) -> int:
+        return run.step_ns if shape == "gpu" else max(e.tail_end for e in run.ends.values())
+
+    joined = joined_of(arrived)
     skew = {s * dp + j: joined[j][s] - ready[s] for j, ready in enumerate(arrived) for s in ready}
-    if shape == "gpu":
-        runs = [
-            simulate_gpu_step(schedule, timed, transport, host, synced=synced[j])
-            for j, timed in enumerate(work_ns)
-        ]
-    else:
-        runs = [
-            replace(
-                run,
-                ends={
-                    s: replace(end, synced=synced[j][s], tail_end=synced[j][s] + host.tail_ns)
-                    for s, end in run.ends.items()
-                },
-            )
-            for j, run in enumerate(alone)
-        ]
-    step_ns = max(
-        run.step_ns if shape == "gpu" else max(e.tail_end for e in run.ends.values()) for run in runs
-    )
+    runs = [finished(j, group) for j, group in enumerate(joined)]
+    step_ns = max(step_of(run) for run in runs)
+    alone_ns = [step_of(finished(j, joined_of([ready])[0])) for j, ready in enumerate(arrived)]
     pipelines = [[s * dp + j for s in range(schedule.p)] for j in range(dp)]
-    return Job([replace(run, step_ns=step_ns) for run in runs], pipelines, skew, joined)
+    return Job([replace(run, step_ns=step_ns) for run in runs], pipelines, skew, joined, alone_ns)
 
 
 def _groups(pipelines: list[list[int]], names: str) -> list[dict[str, Any]]:
@@ -108,6 +111,16 @@ def _groups(pipelines: list[list[int]], names: str) -> list[dict[str, Any]]:
     dp_groups = [[ranks[s] for ranks in pipelines] for s in range(len(pipelines[0]))]
     named = [(dp_name, ranks) for ranks in dp_groups] + [(pp_name, ranks) for ranks in pipelines]
     return [{"pg_name": str(i), "pg_desc": d, "ranks": r} for i, (d, r) in enumerate(named)]
+
+
+def global_peers(event: dict[str, Any], ranks: list[int]) -> dict[str, Any]:
+    """A replica's event with its p2p peers (local ranks, as synthetic.shapes writes them) made global:
+    `ranks` are the replica's, in stage order."""
+    args = event.get("args")
+    if event.get("name") != "record_param_comms" or not args:
+        return event
+    peers = {key: ranks[args[key]] for key in ("Src Rank", "Dst Rank") if key in args}
+    return event | {"args": args | peers}
 
 
 def _launched_late(run: StepRun | GpuStep, joined: dict[int, int]) -> StepRun | GpuStep:
@@ -156,6 +169,8 @@ def write_executor_job(
     names: str = "runner",
     run_json: bool = True,
     across_stages: bool = False,
+    process_groups: bool = True,
+    labels: bool = True,
 ) -> Job:
     """rank{g}.json.gz per global rank, truth.json (per global rank, dp_skew_ns beside its parts) and
     (with `run_json`; without, the traces' process groups alone say the pipelines) run.json (dp, the mesh
@@ -163,7 +178,10 @@ def write_executor_job(
     arrival (_launched_late, as converted Megatron jobs hold it), the truth unchanged; `names`: the
     groups' descriptions (NAMES); `across_stages`: each rank's all-reduce is its pipeline's, across its
     stages (an embedding or model-parallel group's, not data parallelism): its wait for the last stage
-    to arrive is bubble in the truth, the rest of it other, and no dp_sync nor dp_skew."""
+    to arrive is bubble in the truth, the rest of it other, and no dp_sync nor dp_skew. Without
+    `process_groups` the traces record none (no pg_config): without run.json only the p2p peers of
+    unlabelled GPU traces (`labels` False: a hand-written loop's, synthetic.executor_events) say the
+    pipelines."""
     if shape not in ("cpu", "gpu"):
         raise ValueError(f"shape {shape!r}: cpu or gpu")
     if late_launch and shape == "gpu" and sync_us * 1000 < LAUNCH_NS:
@@ -192,10 +210,12 @@ def write_executor_job(
                 "Process Group Description": said["pg_desc"],
                 "Process Group Ranks": str(said["ranks"]),
             }
-            distributed = {"rank": rank, "world_size": world, "pg_config": groups}
-            write_trace(
-                directory / f"rank{rank}.json.gz", rank_document(drawn, s, steps, run_id, distributed, group)
+            distributed = {"rank": rank, "world_size": world} | (
+                {"pg_config": groups} if process_groups else {}
             )
+            document = rank_document(drawn, s, steps, run_id, distributed, group, labels)
+            events = [global_peers(event, job.pipelines[j]) for event in document["traceEvents"]]
+            write_trace(directory / f"rank{rank}.json.gz", document | {"traceEvents": events})
             told = replica["steps"][0]["ranks"][str(s)] | {"dp_skew_ns": job.skew_ns[rank]}
             if across_stages:
                 told = _across_stages(told)

@@ -1,7 +1,8 @@
-"""PP x DP: a synthetic job with a known slow pipeline and a known exposed gradient sync, recovered exactly
-(synthetic.data_parallel): which pipeline is slower and by how much, dp_sync and its dp_skew per rank, and
-every part of every rank; with run.json and from the traces' process groups alone. An all-reduce across
-stages is graded by the independent generator (synthetic.executor_dp)."""
+"""PP x DP on the old generator (synthetic.data_parallel), where it only has to write a valid job: the
+traces read as streams, the merged trace's order, the report, the refusals, a rank without collectives
+and a summary from before PP x DP. What the analysis recovers of a job (the pipelines, the straggler and
+each pipeline's step alone, every rank's parts, dp_sync and dp_skew, an all-reduce across stages) is
+graded against the independent generator's truth in tests/test_independent_dp.py."""
 
 from __future__ import annotations
 
@@ -16,18 +17,13 @@ from analysis.cli import main
 from analysis.job.join import analyze_job
 from analysis.job.run_dir import analyze_dir, read_run
 from analysis.report import build_report
-from analysis.schema import RANK_PARTS
 from analysis.timeline.dp_sync import cut
 from analysis.traces import load
 from runners.schedules import build
 from synthetic.data_parallel import write_job
-from synthetic.executor_dp import write_executor_job
-from synthetic.executor_gpu import DEPARTURES
-from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
 from synthetic.generate import write_run
 
 SLOW, FACTOR, SYNC_US = 1, 1.5, 300
-US = 1_000
 
 
 def job(directory, shape: str, run_json: bool = True, **options):
@@ -48,66 +44,6 @@ def job(directory, shape: str, run_json: bool = True, **options):
     return written, analyze_job(read_run(directory)).summary
 
 
-# CPU, and the all-reduce launched late (CPU and GPU): tests/test_independent_dp.py, on the independent
-# generator, which departs from the analysis in a GPU rank's waits; here every part of a GPU rank
-def test_the_slow_pipeline_and_the_exposed_sync_are_recovered(tmp_path):
-    written, summary = job(tmp_path, "gpu")
-    assert summary.dp == 2 and [p.ranks for p in summary.pipelines] == written.pipelines == [[0, 2], [1, 3]]
-    fast, slow = (ns / 1e6 for ns in written.alone_ns)  # each replica's step alone, as synthesized
-    assert summary.straggler.pipeline == SLOW
-    assert summary.straggler.slower_ms == pytest.approx(slow - fast, abs=1e-6)
-    assert [p.step_time_alone_ms for p in summary.pipelines] == pytest.approx([fast, slow], abs=1e-6)
-    assert [p.step_time_ms for p in summary.pipelines] == pytest.approx([summary.step_time_ms] * 2, abs=1e-9)
-    assert summary.step_time_ms == pytest.approx(written.truth[0].step_ns / 1e6, abs=1e-6)
-    for entry in summary.ranks:
-        truth = written.truth[entry.rank]
-        assert entry.pipeline == entry.rank % 2
-        assert entry.dp_sync_ms == pytest.approx(truth.dp_sync_ns / 1e6, abs=1e-6)
-        assert entry.dp_skew_ms == pytest.approx(truth.dp_skew_ns / 1e6, abs=1e-6)
-        assert (entry.dp_skew_ms > 0) == (entry.pipeline != SLOW)
-        for part, ns in truth.parts_ns().items():
-            assert entry.part_ms(part) == pytest.approx(ns / 1e6, abs=1e-6), (entry.rank, part)
-        assert sum(entry.part_ms(part) for part in RANK_PARTS) == pytest.approx(
-            summary.step_time_ms, abs=1e-9
-        )
-
-
-@pytest.mark.parametrize(
-    ("shape", "options"),
-    [("cpu", {}), ("gpu", {"labels": False, "process_groups": False})],
-    ids=["process-groups", "p2p-peers"],
-)
-def test_the_pipelines_are_found_from_the_traces_alone(tmp_path, shape, options):
-    written, summary = job(tmp_path, shape, run_json=False, **options)
-    assert [p.ranks for p in summary.pipelines] == written.pipelines
-    assert summary.straggler.pipeline == SLOW
-    for entry in summary.ranks:
-        assert entry.dp_sync_ms == pytest.approx(written.truth[entry.rank].dp_sync_ns / 1e6, abs=1e-6)
-        assert entry.dp_skew_ms == pytest.approx(written.truth[entry.rank].dp_skew_ns / 1e6, abs=1e-6)
-
-
-def test_a_slowed_replica_is_sized_as_injected_and_a_slow_stage_is_no_straggler(tmp_path):
-    """Replica 1's compute x 1.5: slower_fraction is its step alone over the other's, as synthesized,
-    and near the injected 0.5 (the p2p latency and launch gaps are not slowed). Equal replicas with one
-    slow stage: no replica waits for another, no straggler."""
-    written, summary = job(tmp_path / "replica", "gpu")
-    fast, slow = written.alone_ns
-    assert summary.straggler.slower_fraction == pytest.approx(slow / fast - 1, abs=1e-9)
-    assert 0.45 < summary.straggler.slower_fraction <= FACTOR - 1
-    stage = write_job(
-        tmp_path / "stage",
-        build("1f1b", 4, 4),
-        2,
-        shape="gpu",
-        sync_us=SYNC_US,
-        durations_us={"F": 1000, "B": 2000, (3, "F"): 2000, (3, "B"): 4000},
-    )
-    equal = analyze_job(read_run(tmp_path / "stage")).summary
-    assert stage.alone_ns[0] == stage.alone_ns[1]
-    assert equal.straggler.slower_fraction == 0 and equal.straggler.slower_ms == 0
-    assert all(entry.dp_skew_ms == 0 for entry in equal.ranks)
-
-
 @pytest.mark.parametrize("run_json", [True, False], ids=["run-json", "p2p-peers"])
 def test_a_job_of_several_pipelines_is_read_without_any_trace_text_held_whole(
     tmp_path, monkeypatch, run_json
@@ -123,47 +59,6 @@ def test_a_job_of_several_pipelines_is_read_without_any_trace_text_held_whole(
     written, summary = job(tmp_path, "gpu", run_json=run_json, **options)
     assert [p.ranks for p in summary.pipelines] == written.pipelines
     assert summary.straggler.pipeline == SLOW
-
-
-@pytest.mark.parametrize("names", ["runner", "megatron"])
-@pytest.mark.parametrize("shape", ["cpu", "gpu"])
-def test_an_all_reduce_across_stages_is_waiting_for_another_stage_not_dp_sync(tmp_path, shape, names):
-    """Each rank all-reduces with its pipeline's other stages (Megatron's embedding or model-parallel
-    group), its record_param_comms naming that group: in the independent generator's truth
-    (synthetic.executor_dp, across_stages) its wait for the pipeline's last stage to arrive is bubble,
-    the rest of it other; no dp_sync. Every part of every rank to 1 ns; on GPU with the departure
-    tests/test_independent_gpu.py pins (a compute stream queued behind its own SEND, p2p_queued_ns)."""
-    job = write_executor_job(
-        tmp_path,
-        build("1f1b", 2, 4),
-        2,
-        durations_us={"F": 1000, "B": 2000},
-        slow_replica=SLOW,
-        slow_factor=FACTOR,
-        sync_us=SYNC_US,
-        transport=Transport(EAGER if shape == "gpu" else RENDEZVOUS, 50 * US),
-        host=HostTime(before_ns=3 * US, inside_ns=2 * US, tail_ns=300 * US),
-        shape=shape,
-        names=names,
-        across_stages=True,
-    )
-    assert max(job.skew_ns.values()) > 0  # some stage waits for another: the wait this test is about
-    summary = analyze_job(read_run(tmp_path)).summary
-    step = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
-    assert summary.step_time_ms * 1e6 == pytest.approx(step["step_ns"], abs=1)
-    for entry in summary.ranks:
-        told = step["ranks"][str(entry.rank)]
-        want = dict(told["parts_ns"])
-        departed = sum(told.get(f"{name}_ns", 0) for name in DEPARTURES)  # GPU only
-        want["bubble"] += departed
-        want["p2p_wait"] -= departed
-        assert entry.dp_sync_ms == 0 and entry.dp_skew_ms == 0
-        misses = {
-            part: (entry.part_ms(part) * 1e6, ns)
-            for part, ns in want.items()
-            if entry.part_ms(part) * 1e6 != pytest.approx(ns, abs=1)
-        }
-        assert not misses, (entry.rank, misses)
 
 
 def test_one_pipeline_has_no_dp_sync(tmp_path):

@@ -7,7 +7,8 @@ The analysis must find the offsets and then split each rank's step as the truth 
 reference, small_gemm, slowdown, the waits, launch_overhead and the optimizer's `other`, to the ns.
 Two known departures, pinned so that a change shows:
 - on GPU a compute stream queued behind the rank's own SEND is bubble in the analysis, p2p_wait in the
-  truth once the awaited data left (p2p_queued_ns; tests/test_independent_gpu.py);
+  truth once the awaited data left (p2p_queued_ns; tests/test_independent_gpu.py); every one of
+  executor_gpu's DEPARTURES is moved back, so one a later case adds (p2p_unposted_ns: batched) is too;
 - clock offsets come from causality (analysis.timeline.clock: the midpoint of each transfer's bracket),
   exact only where the brackets are symmetric: zbv on CPU puts rank 2 3 us off (inside its 83 us
   uncertainty), which moves up to 9 us between its ranks' parts. The truth is the injected offset.
@@ -22,6 +23,7 @@ import pytest
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from runners.schedules import build
+from synthetic.executor_gpu import DEPARTURES
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
 from synthetic.executor_trace import write_executor_run
 
@@ -74,8 +76,8 @@ def test_small_gemm_slowdown_and_clock_offsets_are_recovered_per_rank(tmp_path, 
         told = step["ranks"][str(entry.rank)]
         true = told["parts_ns"]
         assert true["small_gemm"] > 0 and true["slowdown"] > 0  # the shape this test is about
-        queued = told.get("p2p_queued_ns", 0)
-        moved = {"bubble": -queued, "p2p_wait": queued}  # the GPU departure
+        departed = sum(told.get(f"{name}_ns", 0) for name in DEPARTURES)  # GPU only
+        moved = {"bubble": -departed, "p2p_wait": departed}  # the GPU departures
         measured = {part: entry.part_ms(part) * 1e6 + moved.get(part, 0) for part in PARTS}
         assert measured == {part: pytest.approx(true[part], abs=slack) for part in PARTS}, entry.rank
 
