@@ -42,8 +42,10 @@ SLOW_IMBALANCE_SHARE = (0.2, 0.6)
 # before (9 pairs, load 1.3-7, which set the old 100 ms): 60 ms now. slowdown's swings with the machine:
 # 5..372 ms (median 64) and -66..511 loaded (median 227; medians of 3: 82-406) on a noisy day; on a quiet one
 # 1.6..25.1 (median 4.1, 5 pairs, load 1.2-1.5), and -59..26 (median 15) where one baseline waited 48.7 ms
-# for a core. The bench reports the slowed rank's cpu_contention beside it: the large swings are run-queue
-# delay, which a loaded machine adds to the longer stage, not the cells' own excess. The band is kept.
+# for a core. The bench reports the slowed rank's cpu_contention beside it; under two busy loops (load
+# 1.2-3.8, 5 pairs) the slowdown delta read -44..24 (median 16) and the slowed rank's slowdown delta
+# followed its cpu_contention delta pair by pair (3.9/5.7, 46.1/54.0, -25.7/-21.9, 12.6/17.8, 28.3/28.8
+# ms): the swings are run-queue delay, which a loaded machine adds to the longer stage. The band is kept.
 SLOW_SMALL_GEMM_BAND_MS = 60.0
 SLOW_SLOWDOWN_BAND_MS = 100.0
 
