@@ -373,10 +373,24 @@ def test_host_recovery_reports_each_pairs_delta_and_its_share_of_the_stall():
 def test_slow_recovery_reads_the_waterfall_and_the_baseline_calibration():
     from conftest import summary_of
 
-    from analysis.schema import Waterfall
+    from analysis.schema import RankEntry, Waterfall
     from bench.inject import SLOW, recovery
 
-    def run(imbalance, small_gemm, slowdown):
+    def run(imbalance, small_gemm, slowdown, rank_slowdown, rank_contention):
+        slowed = RankEntry(
+            rank=1,
+            stage_ids=[1],
+            compute_ms=40.0,
+            small_gemm_ms=0.0,
+            slowdown_ms=rank_slowdown,
+            busy_ms=40.0 + rank_slowdown,
+            cpu_contention_ms=rank_contention,
+            bubble_ms=0.0,
+            p2p_wait_ms=0.0,
+            launch_overhead_ms=0.0,
+            other_ms=0.0,
+            peak_activation_bytes=None,
+        )
         terms = dict(
             ideal=80.0,
             formula_bubble=20.0,
@@ -387,12 +401,19 @@ def test_slow_recovery_reads_the_waterfall_and_the_baseline_calibration():
             residual=0.0,
         )
         waterfall = Waterfall(imbalance=imbalance, small_gemm=small_gemm, slowdown=slowdown, **terms)
-        return summary_of(waterfall_ms=waterfall), {"calibration": {"1": {"F_ms": 30.0, "B_ms": 50.0}}}
+        summary = summary_of(waterfall_ms=waterfall, ranks=[slowed])
+        return summary, {"calibration": {"1": {"F_ms": 30.0, "B_ms": 50.0}}}
 
-    result = recovery(SLOW, [run(1.0, 10.0, 5.0)], [run(91.0, 111.0, 5.0)])
+    result = recovery(SLOW, [run(1.0, 10.0, 5.0, 4.0, 1.0)], [run(91.0, 111.0, 5.0, 30.0, 26.0)])
     assert result["injected_ms"]["median"] == 3 * 80.0  # slow:1:4: three more times stage 1's F + B
     deltas = {f["figure"]: f["per_pair_ms"] for f in result["figures"]}
-    assert deltas == {"imbalance": [90.0], "small_gemm": [101.0], "slowdown": [0.0]}
+    assert deltas == {
+        "imbalance": [90.0],
+        "small_gemm": [101.0],
+        "slowdown": [0.0],
+        "slowed_rank_slowdown": [26.0],  # rank 1 holds stage 1
+        "slowed_rank_cpu_contention": [25.0],
+    }
 
 
 def test_predict_accuracy_pairs_each_prediction_with_its_repeat():
