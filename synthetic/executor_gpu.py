@@ -231,6 +231,16 @@ def simulate_gpu_step(
     return Replay(schedule, work_ns, transport, host or HostTime(), batched).run(synced)
 
 
+def parts_as_analysed(told: dict) -> dict[str, int]:
+    """One rank's truth (truth.json's `ranks` entry) as the analysis reads it: the departures' stretches
+    (module docstring; absent on CPU) moved from p2p_wait to bubble, ns."""
+    parts = dict(told["parts_ns"])
+    departed = sum(told.get(f"{name}_ns", 0) for name in DEPARTURES)
+    parts["bubble"] += departed
+    parts["p2p_wait"] -= departed
+    return parts
+
+
 def rank_parts(step: GpuStep, rank: int) -> dict[str, int]:
     """The true parts of one rank's step window (module docstring), ns; they sum to step.step_ns."""
     parts = queued_parts(step, rank)

@@ -19,7 +19,7 @@ from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from runners.schedules import build, formula_bubble
 from synthetic import write_run
-from synthetic.executor_gpu import DEPARTURES
+from synthetic.executor_gpu import parts_as_analysed
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
 from synthetic.executor_trace import write_executor_run
 from synthetic.orders import blocked_gpipe, deeper_warmup_1f1b, reverse_backward_gpipe
@@ -72,10 +72,7 @@ def test_a_custom_order_is_analysed_as_it_ran_with_its_parts_recovered(tmp_path,
     assert found.height == 2 * schedule.n_stages * schedule.m  # every F and B of every stage and microbatch
     for entry in summary.ranks:
         told = truth["ranks"][str(entry.rank)]
-        want = dict(told["parts_ns"])
-        departed = sum(told.get(f"{name}_ns", 0) for name in DEPARTURES)  # GPU only
-        want["bubble"] += departed
-        want["p2p_wait"] -= departed
+        want = parts_as_analysed(told)
         if not with_run_json:  # no calibration: small-GEMM time and slowdown are unknown, counted as compute
             want["compute"] += want.pop("small_gemm") + want.pop("slowdown")
             assert entry.small_gemm_ms is None and entry.slowdown_ms is None

@@ -23,7 +23,7 @@ import pytest
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from runners.schedules import build
-from synthetic.executor_gpu import DEPARTURES
+from synthetic.executor_gpu import parts_as_analysed
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
 from synthetic.executor_trace import write_executor_run
 
@@ -76,10 +76,9 @@ def test_small_gemm_slowdown_and_clock_offsets_are_recovered_per_rank(tmp_path, 
         told = step["ranks"][str(entry.rank)]
         true = told["parts_ns"]
         assert true["small_gemm"] > 0 and true["slowdown"] > 0  # the shape this test is about
-        departed = sum(told.get(f"{name}_ns", 0) for name in DEPARTURES)  # GPU only
-        moved = {"bubble": -departed, "p2p_wait": departed}  # the GPU departures
-        measured = {part: entry.part_ms(part) * 1e6 + moved.get(part, 0) for part in PARTS}
-        assert measured == {part: pytest.approx(true[part], abs=slack) for part in PARTS}, entry.rank
+        want = parts_as_analysed(told)
+        measured = {part: entry.part_ms(part) * 1e6 for part in PARTS}
+        assert measured == {part: pytest.approx(want[part], abs=slack) for part in PARTS}, entry.rank
 
 
 def test_without_calibration_small_gemm_and_slowdown_are_unknown_and_compute_is_measured(tmp_path):

@@ -20,7 +20,7 @@ from analysis.job.join import analyze_job
 from analysis.job.run_dir import read_run
 from runners.schedules import build
 from synthetic.executor_dp import write_executor_job
-from synthetic.executor_gpu import DEPARTURES
+from synthetic.executor_gpu import parts_as_analysed
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
 
 US = 1_000
@@ -85,10 +85,7 @@ def test_each_ranks_parts_dp_sync_and_skew_are_the_truths(analysed):
     for entry in summary.ranks:
         told = truth["ranks"][str(entry.rank)]
         assert sum(told["parts_ns"].values()) == truth["step_ns"]
-        want = dict(told["parts_ns"])
-        departed = sum(told.get(f"{name}_ns", 0) for name in DEPARTURES)  # GPU only
-        want["bubble"] += departed
-        want["p2p_wait"] -= departed
+        want = parts_as_analysed(told)
         assert {part: entry.part_ms(part) for part in PARTS} == {
             part: pytest.approx(want[part] / 1e6, abs=1e-6) for part in PARTS
         }, entry.rank
@@ -156,10 +153,7 @@ def test_an_all_reduce_across_stages_is_waiting_for_another_stage_not_dp_sync(tm
     assert summary.step_time_ms * 1e6 == pytest.approx(step["step_ns"], abs=1)
     for entry in summary.ranks:
         told = step["ranks"][str(entry.rank)]
-        want = dict(told["parts_ns"])
-        departed = sum(told.get(f"{name}_ns", 0) for name in DEPARTURES)  # GPU only
-        want["bubble"] += departed
-        want["p2p_wait"] -= departed
+        want = parts_as_analysed(told)
         assert entry.dp_sync_ms == 0 and entry.dp_skew_ms == 0
         misses = {
             part: (entry.part_ms(part) * 1e6, ns)

@@ -23,7 +23,7 @@ from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from analysis.traces.load import load_trace
 from runners.schedules import build, lower
-from synthetic.executor_gpu import COMPUTE_STREAM, DEPARTURES, simulate_gpu_step
+from synthetic.executor_gpu import COMPUTE_STREAM, parts_as_analysed, simulate_gpu_step
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
 from synthetic.executor_trace import stalls_before, write_executor_run
 from synthetic.orders import unlabelled_orders
@@ -93,13 +93,11 @@ def test_the_analysis_replays_the_gpu_truth(analysed):
 def _assert_parts_are_the_truths(truth, summary):
     step = truth["steps"][0]
     for entry in summary.ranks:
-        true = step["ranks"][str(entry.rank)]["parts_ns"]
-        assert sum(true.values()) == step["step_ns"]
-        measured = {part: entry.part_ms(part) * 1e6 for part in PARTS}
-        departed = sum(step["ranks"][str(entry.rank)][f"{name}_ns"] for name in DEPARTURES)
-        moved = {"bubble": -departed, "p2p_wait": departed}  # the departures
-        assert {part: measured[part] + moved.get(part, 0) for part in PARTS} == {
-            part: pytest.approx(true[part], abs=1) for part in PARTS
+        told = step["ranks"][str(entry.rank)]
+        assert sum(told["parts_ns"].values()) == step["step_ns"]
+        want = parts_as_analysed(told)
+        assert {part: entry.part_ms(part) * 1e6 for part in PARTS} == {
+            part: pytest.approx(want[part], abs=1) for part in PARTS
         }, entry.rank
 
 
