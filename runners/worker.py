@@ -355,7 +355,7 @@ def exit_without_finalizing(code: int) -> None:
     destroy_process_group, and one may drop the last reference to a finished collective's tensor (the
     all_gather_object of run.json's facts) while the interpreter finalizes: taking the GIL then ends the
     thread, C++ calls std::terminate and the rank dies of SIGABRT after its run was written whole (about
-    1 torch-engine run in 10 on 2 loaded cores). Everything the run writes is closed before this point."""
+    1 dualpipev run in 13 on 2 cores). Everything the run writes is closed before this point."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

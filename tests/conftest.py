@@ -89,6 +89,25 @@ def dp_job_run(tmp_path_factory):
     return run
 
 
+def rank_entry_of(**fields) -> RankEntry:
+    """Rank 0's entry of summary_of's step (6 ms busy, 4 ms bubble) with `fields` changed."""
+    entry = RankEntry(
+        rank=0,
+        stage_ids=[0],
+        compute_ms=6.0,
+        small_gemm_ms=None,
+        slowdown_ms=None,
+        busy_ms=6.0,
+        cpu_contention_ms=None,
+        bubble_ms=4.0,
+        p2p_wait_ms=0.0,
+        launch_overhead_ms=0.0,
+        other_ms=0.0,
+        peak_activation_bytes=None,
+    )
+    return msgspec.structs.replace(entry, **fields)
+
+
 def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
     """A gpipe p=2 m=4 summary (waterfall 6 + 2 + 0.5 + 1 + 1 + 0.25 + 0.5 - 1.25 = 10 ms) with `fields` changed; with
     `peak_bytes`, one rank entry holding that peak (for what reads summaries: the index, the sweeps)."""
@@ -104,26 +123,7 @@ def summary_of(peak_bytes: int | None = None, **fields) -> Summary:
         variability=0.5,
         residual=-1.25,
     )
-    ranks = (
-        []
-        if peak_bytes is None
-        else [
-            RankEntry(
-                rank=0,
-                stage_ids=[0],
-                compute_ms=6.0,
-                small_gemm_ms=None,
-                slowdown_ms=None,
-                busy_ms=6.0,
-                cpu_contention_ms=None,
-                bubble_ms=4.0,
-                p2p_wait_ms=0.0,
-                launch_overhead_ms=0.0,
-                other_ms=0.0,
-                peak_activation_bytes=peak_bytes,
-            )
-        ]
-    )
+    ranks = [] if peak_bytes is None else [rank_entry_of(peak_activation_bytes=peak_bytes)]
     base = Summary(
         schedule="gpipe",
         nearest_schedule=None,

@@ -371,25 +371,14 @@ def test_host_recovery_reports_each_pairs_delta_and_its_share_of_the_stall():
 
 
 def test_slow_recovery_reads_the_waterfall_and_the_baseline_calibration():
-    from conftest import summary_of
+    from conftest import rank_entry_of, summary_of
 
-    from analysis.schema import RankEntry, Waterfall
+    from analysis.schema import Waterfall
     from bench.inject import SLOW, recovery
 
     def run(imbalance, small_gemm, slowdown, rank_slowdown, rank_contention):
-        slowed = RankEntry(
-            rank=1,
-            stage_ids=[1],
-            compute_ms=40.0,
-            small_gemm_ms=0.0,
-            slowdown_ms=rank_slowdown,
-            busy_ms=40.0 + rank_slowdown,
-            cpu_contention_ms=rank_contention,
-            bubble_ms=0.0,
-            p2p_wait_ms=0.0,
-            launch_overhead_ms=0.0,
-            other_ms=0.0,
-            peak_activation_bytes=None,
+        slowed = rank_entry_of(
+            rank=1, stage_ids=[1], slowdown_ms=rank_slowdown, cpu_contention_ms=rank_contention
         )
         terms = dict(
             ideal=80.0,
