@@ -197,6 +197,10 @@ def _executor(part: dict) -> list[str]:
     return lines + [""]
 
 
+def _above(shares: list[float], target: float) -> str:
+    return f"{sum(abs(share) > target for share in shares)} of {len(shares)}"
+
+
 def _bubble(part: dict) -> list[str]:
     lines = []
     if "deviation" in part:
@@ -222,6 +226,15 @@ def _bubble(part: dict) -> list[str]:
                 if (beyond := part.get("beyond_contention"))
                 else []
             )
+            + (
+                [
+                    "| abs(a calibration pass / the other passes' median - 1), the same ranks' rounds "
+                    f"(the machine's own noise) | {_figure(noise)} | {noise['target']} | "
+                    f"{_above(part['pass_noise_shares'], noise['target'])} above the target |"
+                ]
+                if (noise := part.get("pass_noise"))
+                else []
+            )
         )
     if "bubbles" in part:
         lines += [
@@ -236,7 +249,7 @@ def _bubble(part: dict) -> list[str]:
             + ", ".join(f"{share:+.3f}" for share in part["slowdown_shares"])
             + "; less each rank's cpu_contention: "
             + ", ".join(f"{share:+.3f}" for share in part.get("beyond_contention_shares", []))
-            + ".",
+            + f". Above the target: {_above(part['slowdown_shares'], part['slowdown']['target'])} ranks.",
             "",
             *_cold(part["cold"]),
         ]

@@ -9,6 +9,7 @@ bubble_measured = 1 - m * slot_ms / step_ms as the seed computes it) beside our 
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,21 +167,41 @@ def simulator_accuracy(rows: list[dict]) -> dict:
     }
 
 
+def pass_noise(config: dict, stages_of_ranks: list[list[int]]) -> list[float]:
+    """Per rank and calibration round: the round's passes of the rank's stages at the run's microbatch
+    size over the median of the other rounds' passes, less 1. What slowdown / busy would read of a step
+    whose cells were isolated passes themselves: the machine's own noise between two timings of the same
+    work, the floor under the slowdown of a single step."""
+    rows = str(config["dims"]["microbatch_rows"][0])
+    samples = config["calibration_by_rows_samples_ms"]
+    shares = []
+    for stages in stages_of_ranks:
+        kinds = [samples[str(stage)][rows][kind] for stage in stages for kind in samples[str(stage)][rows]]
+        for held_out in range(min(len(times) for times in kinds)):
+            others = [statistics.median(times[:held_out] + times[held_out + 1 :]) for times in kinds]
+            shares.append(sum(times[held_out] for times in kinds) / sum(others) - 1)
+    return shares
+
+
 def m1_bubble(plan: RunPlan, runs: int, progress: Callable[[str], None]) -> dict:
     """GPipe p=2 m=1 `runs` times: the measured bubble against the formula's 1/2, and each rank's
     slowdown (busy time beyond the isolated calibration: at m=1 every cell is the calibration's own
     whole-batch work) as a share of its busy time, whole and less its measured wait for a core
-    (cpu_contention), beside what the idle before a pass costs it on this machine (bench.cold)."""
+    (cpu_contention), beside the same share of a calibration pass against the others (pass_noise) and
+    what the idle before a pass costs it on this machine (bench.cold)."""
     resolved = request(plan, "gpipe", 2, 1)
-    bubbles, slowdowns, on_cpu, failed = [], [], [], []
+    bubbles, slowdowns, on_cpu, noise, failed = [], [], [], [], []
     for done in range(1, runs + 1):
         try:
-            summary = analyze_run(read_run(launch(resolved, plan.traces))).summary
+            run_dir = launch(resolved, plan.traces)
+            summary = analyze_run(read_run(run_dir)).summary
         except LaunchError as error:  # one failed run must not cost the others
             failed.append(str(error))
             progress(f"  [{done}/{runs}] failed: {error}")
             continue
         bubbles.append(summary.bubble_measured)
+        config = json.loads((run_dir / "run.json").read_text())
+        noise += pass_noise(config, [rank.stage_ids for rank in summary.ranks])
         slowdowns += [rank.slowdown_ms / rank.busy_ms for rank in summary.ranks]
         # beyond waiting for a core: what a loaded machine adds is cpu_contention, not the pipeline's
         on_cpu += [
@@ -209,6 +230,8 @@ def m1_bubble(plan: RunPlan, runs: int, progress: Callable[[str], None]) -> dict
         "beyond_contention_shares": on_cpu,
         "beyond_contention": beyond_contention.to_json()
         | {"target": SLOWDOWN_TARGET, "verdict": verdict(beyond_contention, SLOWDOWN_TARGET)},
+        "pass_noise_shares": noise,
+        "pass_noise": stats([abs(share) for share in noise]).to_json() | {"target": SLOWDOWN_TARGET},
         "cold": cold_passes(plan.preset, COLD_PAIRS),
     }
 

@@ -65,6 +65,8 @@ PARTS = (
     "ranks",
 )
 SWEEP_PARTS = {"profiler", "sim", "seed"}
+# per run of the parts that launch runs: profiled steps, and timed steps (each followed by a calibration round)
+PROFILED_STEPS, TIMED_STEPS = 3, 5
 PACKAGES = ("torch", "polars", "pyarrow", "msgspec", "HolisticTraceAnalysis")
 
 
@@ -287,7 +289,7 @@ class Record:
 
 def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, record: Record) -> None:
     """Run the chosen parts in order, one section each (profiler and sim share the sweep's)."""
-    plan = RunPlan(workdir / "runs", args.preset, 3, 5)
+    plan = RunPlan(workdir / "runs", args.preset, PROFILED_STEPS, TIMED_STEPS)
     ms, p4_ms = _counts(args.ms, "--ms"), _counts(args.p4_ms, "--p4-ms")
     executor_ms = _counts(args.executor_ms, "--executor-ms")
     predict_ms = _counts(args.predict_ms, "--predict-ms")

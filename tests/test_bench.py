@@ -17,7 +17,7 @@ from analysis.traces.load import load_trace
 from bench.process import run_child
 from bench.runs import COLD_PAIRS
 from bench.stats import stats, verdict
-from bench.suite import main
+from bench.suite import TIMED_STEPS, main
 from bench.throughput import GROWTH_TARGET, TASKS, growth
 from bench.traceset import replicate_run
 from runners.schedules import build
@@ -277,6 +277,7 @@ def test_bench_bubble_smoke(tmp_path):
     assert part["deviation"]["median"] == pytest.approx(abs(part["bubbles"][0] - 0.5))
     assert len(part["slowdown_shares"]) == 2 and part["slowdown"]["n"] == 2  # one per rank
     assert len(part["beyond_contention_shares"]) == 2 and part["beyond_contention"]["n"] == 2
+    assert part["pass_noise"]["n"] == 2 * TIMED_STEPS  # a share per rank and calibration round
     cold = part["cold"]
     assert cold["pairs"] == COLD_PAIRS
     assert all(by_kind[kind]["n"] == COLD_PAIRS for by_kind in cold["ms"].values() for kind in ("F", "B"))
@@ -290,6 +291,7 @@ def test_bench_bubble_smoke(tmp_path):
     assert (
         "| recv, peer works |" in report
         and "| abs((slowdown - cpu_contention) / busy), the same ranks |" in report
+        and "the same ranks' rounds (the machine's own noise) |" in report
     )
 
 
@@ -314,6 +316,22 @@ def test_cold_passes_compare_each_round_with_its_own_back_to_back_pass_and_leave
     # the operator's excess over the same round's back-to-back pass: 1, 10, 8 ms
     assert summary["op_excess_ms"][PEER_WORKS]["B"] == {"aten::mm": pytest.approx(8.0)}
     assert summary["ms"][BACK_TO_BACK]["B"]["max"] == 40.0  # round 0 is not among the samples
+
+
+def test_pass_noise_holds_each_round_against_the_median_of_the_others():
+    from bench.runs import pass_noise
+
+    # stage 0 at 8 rows: F 10, 10, 12; B 20, 20, 20 (the third round's F 2 ms slow); stage 1's last F and B
+    # 10% slow; the whole batch (16 rows) is not the run's size and stays out
+    stage = {"8": {"F_ms": [10.0, 10.0, 12.0], "B_ms": [20.0, 20.0, 20.0]}, "16": {"F_ms": [99.0] * 3}}
+    slow = {"8": {"F_ms": [10.0, 10.0, 11.0], "B_ms": [20.0, 20.0, 22.0]}}
+    config = {"dims": {"microbatch_rows": [8, 8]}, "calibration_by_rows_samples_ms": {"0": stage, "1": slow}}
+    # a round's own sample stays out of its reference: round 0 against F median(10, 12) = 11, B 20
+    assert pass_noise(config, [[0], [1]]) == pytest.approx(
+        [30 / 31 - 1, 30 / 31 - 1, 32 / 30 - 1, 30 / 31.5 - 1, 30 / 31.5 - 1, 33 / 30 - 1]
+    )
+    # one rank holding both stages: its rounds sum them
+    assert pass_noise(config, [[0, 1]]) == pytest.approx([60 / 62.5 - 1, 60 / 62.5 - 1, 65 / 60 - 1])
 
 
 def test_bubble_section_says_which_runs_failed():
