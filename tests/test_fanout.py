@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -166,7 +167,7 @@ def test_a_local_cluster_writes_what_one_process_writes(tmp_path):
 
 def test_a_cluster_that_cannot_be_used_is_one_line(tmp_path, monkeypatch):
     write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
-    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT", "1s")
+    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT", 1.0)
     code, err, _ = _cli(tmp_path, "--cluster", "tcp://127.0.0.1:1")
     assert (
         code == 2
@@ -178,6 +179,23 @@ def test_a_cluster_that_cannot_be_used_is_one_line(tmp_path, monkeypatch):
     assert (code, err) == (
         2,
         "error: --cluster needs Dask's distributed package: pip install 'pipeline-bubbles[cluster]'\n",
+    )
+
+
+def test_a_scheduler_that_never_answers_is_one_line_within_the_bound(tmp_path):
+    """A peer that accepts the connection and never answers (Dask's own start would wait for it for ever): the
+    command ends with its one line soon after the bound (1 s here), and its process exits."""
+    write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
+    script = "import sys\nfrom analysis.cli import main\nfrom analysis.ranks import cluster\n"
+    script += "cluster.CONNECT_TIMEOUT = 1.0\nsys.exit(main(sys.argv[1:]))\n"
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        spec = "tcp://{}:{}".format(*silent.getsockname())
+        command = [sys.executable, "-c", script, "analyze", str(tmp_path), "--cluster", spec]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=15)  # (the start and imports)
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"error: cluster {spec}: cannot connect (no answer from the scheduler within 1 s: is it a Dask "
+        "scheduler's address, and is it running?)\n",
     )
 
 

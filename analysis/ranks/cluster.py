@@ -28,7 +28,8 @@ from typing import Any
 from analysis.errors import InputError
 
 LOCAL = "local:"
-CONNECT_TIMEOUT = "20s"
+# Seconds a cluster has to start, or a scheduler or its workers to answer when first connected to.
+CONNECT_TIMEOUT = 20.0
 # Dask's log lines, silenced while a command uses a cluster (here and in a LocalCluster's workers): what fails
 # there reaches the user as this package's one line (InputError), never as Dask's log of it beside.
 SILENT = logging.CRITICAL + 1
@@ -69,8 +70,7 @@ class Engine:
     def __init__(self, spec: str) -> None:
         self.spec = spec
         self.client: Any = None
-        self.local: Any = None
-        self.quiet = ExitStack()
+        self.held = ExitStack()  # what the command's cluster holds open, closed with the command
 
     def map_in_order(self, work: Callable[[Any], Any], tasks: list) -> Iterator[Any]:
         """`work` over `tasks` on the cluster, the results yielded in the tasks' order; the results not
@@ -130,17 +130,31 @@ class Engine:
             raise InputError(None, f"--cluster needs Dask's distributed package: {_INSTALL}") from None
         from distributed.utils import silence_logging_cmgr
 
-        self.quiet.enter_context(silence_logging_cmgr(SILENT))  # (Dask's one handler for all its loggers)
+        self.held.enter_context(silence_logging_cmgr(SILENT))  # (Dask's one handler for all its loggers)
+        scheduler = self.spec
         if self.spec.startswith(LOCAL):
-            self.local = local_cluster(int(self.spec.removeprefix(LOCAL)))
-            self.client = distributed.Client(self.local)
-        else:
-            try:
-                self.client = distributed.Client(self.spec, timeout=CONNECT_TIMEOUT)
-            except (OSError, ValueError) as error:
-                raise InputError(None, f"cluster {self.spec}: cannot connect ({error})") from None
+            local = self.held.enter_context(local_cluster(int(self.spec.removeprefix(LOCAL))))
+            scheduler = local.scheduler_address
+        loop = self.held.enter_context(_loop())
+        try:
+            self.client = _started(
+                loop,
+                lambda: distributed.Client(scheduler, timeout=CONNECT_TIMEOUT, asynchronous=True),
+                f"cluster {self.spec}: cannot connect (no answer from the scheduler within {CONNECT_TIMEOUT:g} s: "
+                "is it a Dask scheduler's address, and is it running?)",
+            )
+        except (OSError, ValueError) as error:
+            raise InputError(None, f"cluster {self.spec}: cannot connect ({error})") from None
+        self.held.callback(self.client.close)
         # A worker that cannot import the task's package dies loading it, which would say only that it died.
-        found = self.client.run(importlib.util.find_spec, _PACKAGE)
+        try:
+            found = self.client.run(importlib.util.find_spec, _PACKAGE, callback_timeout=CONNECT_TIMEOUT)
+        except TimeoutError:
+            raise InputError(
+                None,
+                f"cluster {self.spec}: the workers did not answer within {CONNECT_TIMEOUT:g} s (busy, or "
+                "unreachable from the scheduler?)",
+            ) from None
         lacking = sorted(worker for worker, spec in found.items() if spec is None)
         if lacking:
             raise InputError(
@@ -151,29 +165,69 @@ class Engine:
         return self.client
 
     def close(self) -> None:
-        with self.quiet:  # (closing may log too)
-            for part in (self.client, self.local):
-                if part is not None:
-                    part.close()
+        self.held.close()  # (the client, its loop, then the local cluster; Dask still quiet while they close)
 
 
-def local_cluster(workers: int) -> Any:
-    """A LocalCluster of `workers` single-threaded processes on this machine, quiet: its scheduler's HTTP
-    server (always started) on a free local port, not on 8787 where another cluster may be (a warning),
-    and no dashboard."""
+@contextmanager
+def local_cluster(workers: int) -> Iterator[Any]:
+    """A LocalCluster of `workers` single-threaded processes on this machine, started within CONNECT_TIMEOUT
+    and closed at the end; quiet: its scheduler's HTTP server (always started) on a free local port, not on
+    8787 where another cluster may be (a warning), and no dashboard."""
     import distributed
 
     from analysis.ranks.pool import main_not_rerun
 
-    with main_not_rerun():
-        return distributed.LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address="127.0.0.1:0",
-            scheduler_kwargs={"dashboard": False},
-            silence_logs=SILENT,
-        )
+    with _loop() as loop:
+        with main_not_rerun():
+            local = _started(
+                loop,
+                lambda: distributed.LocalCluster(
+                    n_workers=workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address="127.0.0.1:0",
+                    scheduler_kwargs={"dashboard": False},
+                    silence_logs=SILENT,
+                    asynchronous=True,
+                ),
+                f"cluster {LOCAL}{workers}: not started within {CONNECT_TIMEOUT:g} s (the machine too busy, or "
+                "short of memory?)",
+            )
+        try:
+            yield local
+        finally:
+            local.close(timeout=CONNECT_TIMEOUT)
+
+
+@contextmanager
+def _loop() -> Iterator[Any]:
+    """An event loop in a thread of its own, stopped at the end: Dask's objects are made asynchronous on it
+    so that their start can be bounded (`_started`), then used from this thread as usual."""
+    from distributed.utils import LoopRunner
+
+    runner = LoopRunner()
+    runner.start()
+    try:
+        yield runner.loop
+    finally:
+        runner.stop()
+
+
+def _started(loop: Any, make: Callable[[], Any], late: str) -> Any:
+    """`make()`, a Dask Client or LocalCluster made asynchronous on `loop`, once started there; else closed,
+    and an InputError saying `late`, after CONNECT_TIMEOUT. Dask bounds a synchronous start's TCP connect
+    only, not what follows (the handshake): a peer that accepts and never answers would be waited for ever."""
+    from distributed.utils import sync
+
+    async def made() -> Any:
+        return make()
+
+    part = sync(loop, made)
+    try:
+        return sync(loop, lambda: part, callback_timeout=CONNECT_TIMEOUT)
+    except TimeoutError:
+        part.close(timeout=CONNECT_TIMEOUT)
+        raise InputError(None, late) from None
 
 
 def current() -> Engine | None:
