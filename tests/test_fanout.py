@@ -182,20 +182,35 @@ def test_a_cluster_that_cannot_be_used_is_one_line(tmp_path, monkeypatch):
     )
 
 
+def _analyze_within(directory: Path, spec: str, bound: float) -> subprocess.CompletedProcess:
+    """`analyze DIRECTORY --cluster SPEC` in a process of its own with cluster.CONNECT_TIMEOUT = `bound`,
+    which must have exited 15 s later (its imports and the cluster's start and close)."""
+    script = "import sys\nfrom analysis.cli import main\nfrom analysis.ranks import cluster\n"
+    script += f"cluster.CONNECT_TIMEOUT = {bound}\nsys.exit(main(sys.argv[1:]))\n"
+    command = [sys.executable, "-c", script, "analyze", str(directory), "--cluster", spec]
+    return subprocess.run(command, capture_output=True, text=True, timeout=15)
+
+
 def test_a_scheduler_that_never_answers_is_one_line_within_the_bound(tmp_path):
     """A peer that accepts the connection and never answers (Dask's own start would wait for it for ever): the
-    command ends with its one line soon after the bound (1 s here), and its process exits."""
+    command ends with its one line soon after the bound, and its process exits."""
     write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
-    script = "import sys\nfrom analysis.cli import main\nfrom analysis.ranks import cluster\n"
-    script += "cluster.CONNECT_TIMEOUT = 1.0\nsys.exit(main(sys.argv[1:]))\n"
     with socket.create_server(("127.0.0.1", 0)) as silent:
         spec = "tcp://{}:{}".format(*silent.getsockname())
-        command = [sys.executable, "-c", script, "analyze", str(tmp_path), "--cluster", spec]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=15)  # (the start and imports)
+        done = _analyze_within(tmp_path, spec, 1.0)
     assert (done.returncode, done.stderr) == (
         2,
         f"error: cluster {spec}: cannot connect (no answer from the scheduler within 1 s: is it a Dask "
         "scheduler's address, and is it running?)\n",
+    )
+
+
+def test_a_local_cluster_not_started_within_the_bound_is_one_line(tmp_path):
+    write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
+    done = _analyze_within(tmp_path, "local:2", 0.3)  # (the scheduler up, the worker processes not yet)
+    assert (done.returncode, done.stderr) == (
+        2,
+        "error: cluster local:2: not started within 0.3 s (the machine too busy, or short of memory?)\n",
     )
 
 

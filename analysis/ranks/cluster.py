@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import multiprocessing
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from contextvars import ContextVar
 from typing import Any
 
@@ -178,25 +179,33 @@ def local_cluster(workers: int) -> Iterator[Any]:
     from analysis.ranks.pool import main_not_rerun
 
     with _loop() as loop:
-        with main_not_rerun():
-            local = _started(
-                loop,
-                lambda: distributed.LocalCluster(
-                    n_workers=workers,
-                    threads_per_worker=1,
-                    processes=True,
-                    dashboard_address="127.0.0.1:0",
-                    scheduler_kwargs={"dashboard": False},
-                    silence_logs=SILENT,
-                    asynchronous=True,
-                ),
-                f"cluster {LOCAL}{workers}: not started within {CONNECT_TIMEOUT:g} s (the machine too busy, or "
-                "short of memory?)",
-            )
+        before = set(multiprocessing.active_children())
+        try:
+            with main_not_rerun():
+                local = _started(
+                    loop,
+                    lambda: distributed.LocalCluster(
+                        n_workers=workers,
+                        threads_per_worker=1,
+                        processes=True,
+                        dashboard_address="127.0.0.1:0",
+                        scheduler_kwargs={"dashboard": False},
+                        silence_logs=SILENT,
+                        asynchronous=True,
+                    ),
+                    f"cluster {LOCAL}{workers}: not started within {CONNECT_TIMEOUT:g} s (the machine too busy, or "
+                    "short of memory?)",
+                )
+        except InputError:
+            # Worker processes the start left, which Dask would reap (with a log line) only at exit.
+            for stray in set(multiprocessing.active_children()) - before:
+                stray.kill()
+                stray.join(CONNECT_TIMEOUT)
+            raise
         try:
             yield local
         finally:
-            local.close(timeout=CONNECT_TIMEOUT)
+            local.close()
 
 
 @contextmanager
@@ -226,7 +235,8 @@ def _started(loop: Any, make: Callable[[], Any], late: str) -> Any:
     try:
         return sync(loop, lambda: part, callback_timeout=CONNECT_TIMEOUT)
     except TimeoutError:
-        part.close(timeout=CONNECT_TIMEOUT)
+        with suppress(Exception):  # (best effort: a LocalCluster's close asserts that its workers started)
+            part.close(timeout=CONNECT_TIMEOUT)
         raise InputError(None, late) from None
 
 
