@@ -305,6 +305,23 @@ def test_a_cluster_without_workers_is_one_line_not_a_wait_for_ever(monkeypatch):
     )
 
 
+def test_workers_that_never_answer_are_one_line_within_the_bound(tmp_path):
+    """The scheduler answers, its one worker process is stopped (SIGSTOP): the workers' first question (can
+    they import this package) would be waited for for ever."""
+    import distributed
+
+    write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
+    with _scheduler_process(1) as (scheduler, _), distributed.Client(scheduler) as client:
+        for pid in client.run(os.getpid).values():
+            os.kill(pid, signal.SIGSTOP)
+        done = _analyze_within(tmp_path, scheduler, 1.0)
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"error: cluster {scheduler}: the workers did not answer within 1 s (busy, or unreachable from the "
+        "scheduler?)\n",
+    )
+
+
 def test_a_worker_that_lacks_the_package_is_one_line(scheduler, monkeypatch):
     monkeypatch.setattr(cluster, "_PACKAGE", "not_installed_anywhere")
     with cluster.applied(scheduler):
