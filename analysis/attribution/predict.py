@@ -35,7 +35,7 @@ That last is measured: on the CPU preset at p=2 the cells of m=16 runs take 10-2
 isolated passes (0.4-0.9 ms a cell, little of it waiting for a core), those of m=4 runs 0-7%, so a
 prediction from m=4 comes out 13-15% short at m=16 (bench section 8). The excess is no time per cell
 either: carried as one (or as its run-queue share by ratio and the rest per cell), the same five pairs of
-runs still came out 10-14% short at m=16, and under a competing load 5 of the 7 sizes missed by more
+runs still came out 8-14% short at m=16, and under a competing load at least 5 of the 7 sizes missed by more
 than 10% where the ratio misses 3, so the ratio stays.
 """
 
