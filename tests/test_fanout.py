@@ -294,6 +294,36 @@ def test_a_worker_that_dies_or_a_scheduler_lost_on_a_running_cluster_is_one_line
         )
 
 
+def test_a_scheduler_that_stops_answering_while_ranks_are_read_is_one_line(tmp_path):
+    """The scheduler's process stopped (SIGSTOP) while a rank is read: its connection stays open and silent,
+    so asking it for its workers between waits for the result would wait for ever."""
+    write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
+    started = tmp_path / "started"
+    with _scheduler_process(1) as (scheduler, serving):
+        reading = _reading_with(
+            "from analysis.ranks import cluster\ncluster.CONNECT_TIMEOUT = 1.0\n"
+            f"def task(work):\n    open({str(started)!r}, 'w').close()\n    time.sleep(60)",
+            tmp_path,
+            "--cluster",
+            scheduler,
+        )
+        deadline = time.monotonic() + 60
+        while not started.exists() and reading.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(serving.pid, signal.SIGSTOP)  # (the scheduler; its worker processes read on)
+        try:
+            code, err = reading.wait(30), reading.stderr.read()
+        finally:
+            os.kill(serving.pid, signal.SIGCONT)
+            if reading.poll() is None:
+                reading.kill()
+    assert (code, err) == (
+        2,
+        f"error: cluster {scheduler}: the scheduler did not answer for 1 s while the ranks were read (stopped, "
+        "overloaded or cut off?)\n",
+    )
+
+
 def test_a_cluster_without_workers_is_one_line_not_a_wait_for_ever(monkeypatch):
     monkeypatch.setattr(cluster, "WORKERLESS_S", 1.0)
     with _scheduler_process(0) as (scheduler, _), cluster.applied(scheduler):

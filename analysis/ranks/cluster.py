@@ -29,7 +29,8 @@ from typing import Any
 from analysis.errors import InputError
 
 LOCAL = "local:"
-# Seconds a cluster has to start, or a scheduler or its workers to answer when first connected to.
+# Seconds a cluster has to start, a scheduler or its workers to answer when first connected to, and the
+# scheduler to answer while the ranks are read.
 CONNECT_TIMEOUT = 20.0
 # Dask's log lines, silenced while a command uses a cluster (here and in a LocalCluster's workers): what fails
 # there reaches the user as this package's one line (InputError), never as Dask's log of it beside.
@@ -111,7 +112,7 @@ class Engine:
             try:
                 return future.result(timeout=WAIT_S)
             except TimeoutError:
-                if self.client.nthreads():
+                if self._workers():
                     since = None
                     continue
                 since = time.monotonic() if since is None else since
@@ -121,6 +122,18 @@ class Engine:
                         f"cluster {self.spec}: no worker to read the ranks for {WORKERLESS_S:g} s (none "
                         "started, or each died or left? their logs say why)",
                     ) from None
+
+    def _workers(self) -> dict:
+        """The scheduler's workers (address -> threads); an InputError once it has not answered for
+        CONNECT_TIMEOUT (stopped or cut off: Dask would wait for its answer for ever)."""
+        try:
+            return self.client.nthreads(callback_timeout=CONNECT_TIMEOUT)
+        except TimeoutError:
+            raise InputError(
+                None,
+                f"cluster {self.spec}: the scheduler did not answer for {CONNECT_TIMEOUT:g} s while the ranks "
+                "were read (stopped, overloaded or cut off?)",
+            ) from None
 
     def _client(self) -> Any:
         if self.client is not None:
