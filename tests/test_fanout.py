@@ -205,15 +205,6 @@ def test_a_scheduler_that_never_answers_is_one_line_within_the_bound(tmp_path):
     )
 
 
-def test_a_local_cluster_not_started_within_the_bound_is_one_line(tmp_path):
-    write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
-    done = _analyze_within(tmp_path, "local:2", 0.3)  # (the scheduler up, the worker processes not yet)
-    assert (done.returncode, done.stderr) == (
-        2,
-        "error: cluster local:2: not started within 0.3 s (the machine too busy, or short of memory?)\n",
-    )
-
-
 def _reading_with(
     task: str, directory: Path, *flags: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen:
