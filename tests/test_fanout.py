@@ -221,6 +221,22 @@ def _reading_with(
     )
 
 
+def _reading_a_rank(directory: Path, scheduler: str, setup: str = "") -> subprocess.Popen:
+    """`analyze DIRECTORY --cluster SCHEDULER` (after `setup`, in its process) once a worker is reading a
+    rank: the task marks that it started, then sleeps for 60 s."""
+    started = directory / "started"
+    reading = _reading_with(
+        f"{setup}\ndef task(work):\n    open({str(started)!r}, 'w').close()\n    time.sleep(60)",
+        directory,
+        "--cluster",
+        scheduler,
+    )
+    deadline = time.monotonic() + 60
+    while not started.exists() and reading.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return reading
+
+
 def test_a_worker_that_dies_is_one_line_and_nothing_else(tmp_path):
     write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
     no_retries = {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}  # (the first death is the task's)
@@ -267,16 +283,7 @@ def test_a_worker_that_dies_or_a_scheduler_lost_on_a_running_cluster_is_one_line
             f"error: cluster {scheduler}: every worker that read a rank's file died (out of memory or killed? "
             "their logs say why)\n",
         )
-        started = tmp_path / "started"
-        reading = _reading_with(
-            f"def task(work):\n    open({str(started)!r}, 'w').close()\n    time.sleep(60)",
-            tmp_path,
-            "--cluster",
-            scheduler,
-        )
-        deadline = time.monotonic() + 60
-        while not started.exists() and reading.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        reading = _reading_a_rank(tmp_path, scheduler)
         os.killpg(serving.pid, signal.SIGKILL)
         assert (reading.wait(60), reading.stderr.read()) == (
             2,
@@ -289,18 +296,10 @@ def test_a_scheduler_that_stops_answering_while_ranks_are_read_is_one_line(tmp_p
     """The scheduler's process stopped (SIGSTOP) while a rank is read: its connection stays open and silent,
     so asking it for its workers between waits for the result would wait for ever."""
     write_run(tmp_path, build("gpipe", 2, 2, 1), shape="cpu")
-    started = tmp_path / "started"
     with _scheduler_process(1) as (scheduler, serving):
-        reading = _reading_with(
-            "from analysis.ranks import cluster\ncluster.CONNECT_TIMEOUT = 1.0\n"
-            f"def task(work):\n    open({str(started)!r}, 'w').close()\n    time.sleep(60)",
-            tmp_path,
-            "--cluster",
-            scheduler,
+        reading = _reading_a_rank(
+            tmp_path, scheduler, "from analysis.ranks import cluster\ncluster.CONNECT_TIMEOUT = 1.0"
         )
-        deadline = time.monotonic() + 60
-        while not started.exists() and reading.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
         os.kill(serving.pid, signal.SIGSTOP)  # (the scheduler; its worker processes read on)
         try:
             code, err = reading.wait(30), reading.stderr.read()
