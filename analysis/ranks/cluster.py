@@ -28,8 +28,8 @@ from typing import Any
 from analysis.errors import InputError
 
 LOCAL = "local:"
-# Seconds a cluster has to start, a scheduler or its workers to answer when first connected to, and the
-# scheduler to answer while the ranks are read.
+# Seconds a scheduler or its workers have to answer when first connected to, and the scheduler while the
+# ranks are read (a local:N cluster's own start is not cut short: local_cluster).
 CONNECT_TIMEOUT = 20.0
 # Dask's log lines, silenced while a command uses a cluster (here and in a LocalCluster's workers): what fails
 # there reaches the user as this package's one line (InputError), never as Dask's log of it beside.
