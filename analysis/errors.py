@@ -45,3 +45,8 @@ class LimitExceeded(InputError):
 
 class TraceWarning(UserWarning):
     """Usable input with something dropped or assumed; the message names the file."""
+
+
+class NotAPipeline(InputError):
+    """A job whose traces show no pipeline: no send/recv between ranks and no pipeline labels
+    (analysis.trust.gate). The report lists it as what it is, not as a failed analysis."""

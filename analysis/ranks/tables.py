@@ -32,6 +32,7 @@ from analysis.traces.kineto import RECORD_PARAM_COMMS
 from analysis.traces.load import RawTrace
 from analysis.traces.memory import memory_events, with_steps
 from analysis.traces.runqueue import run_queue_samples
+from analysis.trust.evidence import CommCensus, census_of
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class RankInput:
         pl.DataFrame
     )  # its collectives with their groups (analysis.timeline.dp_sync.collectives)
     peers: frozenset[int]  # global ranks its p2p ops name; empty where they were not wanted
+    census: CommCensus  # its p2p calls, kernels, labels and collectives: is the job a pipeline
     # its cells were inferred from the op stream, which takes a rank's one stage to be its rank number
     stage_is_rank: bool = False
 
@@ -132,6 +134,7 @@ def rank_input(trace: RawTrace, config: dict | None = None, alone: bool = True) 
         groups=groups,
         group_collectives=collectives(frame, said, groups),
         peers=frozenset(peers),
+        census=census_of(frame, cells),
         # labels name their stages; only the op-stream inference leaves every cell inferred
         stage_is_rank=cells.cells.height > 0 and bool(cells.cells["inferred"].all()),
     )

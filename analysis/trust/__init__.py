@@ -1,0 +1,1 @@
+"""Whether the pipeline model fits a trace, and how far its figures can be trusted."""
