@@ -55,7 +55,8 @@ ANALYSIS_DIR = "analysis"
 # The layout and meaning of what `write` stores. Bump it with any change to a stored table's columns (a
 # test pins them) or to what a stored figure means, so an analysis written before the change is analysed
 # again rather than read wrong. 3: a receive that is only posted waits in its consumer, in the parts too.
-ANALYSIS_FORMAT = 3
+# 4: summary.json's trust and verdict (analysis.trust.gate, analysis.verdict).
+ANALYSIS_FORMAT = 4
 FORMAT_FILE = "format.json"
 
 

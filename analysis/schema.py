@@ -19,6 +19,9 @@ __all__ = [
     "Parts",
     "PipelineEntry",
     "Straggler",
+    "Finding",
+    "Trust",
+    "Verdict",
     "COMM_KINDS",
     "COMPUTE_KINDS",
     "GAP_CLASSES",
@@ -54,6 +57,17 @@ class Rules:
         30,
         "ns. device_idle only: a queued stretch between two kernels shorter than this is the device's own "
         "kernel-to-kernel delay (HTA's consecutive_kernel_delay, same default)",
+    )
+    trust_residual_max: float = _rule(
+        0.10,
+        "fraction of the step. A step whose completeness residual (measured step - its own replay) is "
+        "beyond this makes the trust low: our runs close within 0.3%, so a miss this large is a "
+        "dependency or an input the model lacks, not noise",
+    )
+    trust_inferred_max: float = _rule(
+        0.5,
+        "fraction. More of the cells than this inferred from the op stream (no PP: labels) makes the "
+        "trust low: their kind and microbatch are read from op patterns",
     )
     noisy_spread_max: float = _rule(
         0.25,
@@ -204,6 +218,39 @@ class WhatIf(msgspec.Struct, kw_only=True):
     worst_workers: list[list[int]]  # M_W's workers as [stage, dp_rank]
 
 
+class Trust(msgspec.Struct, kw_only=True):
+    """Whether the pipeline model fits this trace well enough to act on its figures
+    (analysis.trust.gate; docs/numbers.md#trust)."""
+
+    level: str  # "high" | "low"
+    reasons: list[str] = []  # why it is low, one clause each; empty when high
+
+
+class Finding(msgspec.Struct, kw_only=True):
+    """One place the step loses time that a pipeline user can change (analysis.verdict;
+    docs/numbers.md#verdict): what the replay recovers without it, and the change that goes after it."""
+
+    kind: str  # the part or effect it rests on: imbalance, small_gemm, bubble, launch_overhead, ...
+    rank: int | None  # the rank it is on, where it is one rank's
+    stage: int | None  # the stage it is on, where it is one stage's
+    recoverable_ms: float  # the typical step less its replay without this time (the gain ceiling)
+    action: str  # what to change
+    evidence: str  # the measurements it rests on
+    # the typical step replayed with the action's change, and the interval the run's spread gives it;
+    # None where the action is not a change the model can replay
+    predicted_step_ms: float | None = None
+    predicted_low_ms: float | None = None
+    predicted_high_ms: float | None = None
+
+
+class Verdict(msgspec.Struct, kw_only=True):
+    """The answer first: a few sentences, and the findings by recoverable time, largest first."""
+
+    sentences: list[str]
+    recommends: bool  # False where the evidence is too weak to act on (low trust, noise): said why
+    findings: list[Finding]
+
+
 class Summary(msgspec.Struct, kw_only=True):
     """summary.json: DESIGN.md section 3's keys, plus what the later stages need to show them."""
 
@@ -242,6 +289,9 @@ class Summary(msgspec.Struct, kw_only=True):
     pipelines: list[PipelineEntry] = []
     straggler: Straggler | None = None  # None with one pipeline
     whatif: WhatIf | None = None  # op-level runs only (analysis.traces.oplevel)
+    # set by analysis.trust.gate and analysis.verdict once the job is analysed (None: not yet assessed)
+    trust: Trust | None = None
+    verdict: Verdict | None = None
 
     def rank_entry(self, rank: int) -> RankEntry:
         return next(entry for entry in self.ranks if entry.rank == rank)

@@ -163,3 +163,12 @@ def ideal_frame(ideal: Replayed, schedule: Schedule, step: int, origin_ns: int) 
         if a.kind.is_compute
     ]
     return pl.DataFrame(rows, schema=IDEAL_SCHEMA, orient="row")
+
+
+def gains(schedule: Schedule, model: StepModel, ref: Reference) -> dict[str, float]:
+    """Each effect's gain ceiling, ns: the typical step less its replay with every other effect and not
+    this one (what the step would lose if that effect were gone; docs/numbers.md#recoverable)."""
+    rungs = _Rungs(schedule, model, ref)
+    every = rungs.effects
+    whole = rungs.value(every)
+    return {effect: whole - rungs.value(tuple(e for e in every if e != effect)) for effect in every}

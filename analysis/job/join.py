@@ -31,12 +31,15 @@ from analysis.schema import PipelineEntry, Rules, Straggler
 from analysis.timeline.clock import ClockEstimate
 from analysis.timeline.dp_sync import with_skew
 from analysis.traces.memory import Memory
+from analysis.trust.gate import pipeline_evidence
+from analysis.verdict.verdict import assessed
 
 
 def analyze_job(
     run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
 ) -> Analysis:
     """Every pipeline of the run analysed, joined into one Analysis on global ranks."""
+    pipeline_evidence(run.path, {rank: one.census for rank, one in run.ranks.items()})
     pipelines = find_pipelines(len(run.ranks), run.run_json, run.groups, run.peers, run.path)
     said = 1 if run.run_json is None else run.run_json.get("dp", 1)
     if run.run_json is not None and len(pipelines) != said:
@@ -45,7 +48,8 @@ def analyze_job(
     inputs = [_pipeline_input(run, ranks, instances) for ranks in pipelines]
     measured = [measure_run(one, schedule, m, rules) for one in inputs]
     step = _job_step([one.parts for one in measured])
-    return _joined([one.analysis(step) for one in measured], pipelines, _unsynced(run, instances))
+    joined = _joined([one.analysis(step) for one in measured], pipelines, _unsynced(run, instances))
+    return assessed(joined, run.run_json or {}, run.path)
 
 
 def _unsynced(run: RunInput, instances: pl.DataFrame | None) -> list[str]:

@@ -1,0 +1,257 @@
+"""The findings of a run: each a change a pipeline user can make, with its recoverable time from the
+replay (analysis.verdict.removals, analysis.attribution.waterfall.gains), the evidence it rests on and,
+where the model can replay the change, its predicted step with the interval the run's own step levels
+give it (analysis.attribution.predict.step_levels; docs/numbers.md#verdict).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from analysis.attribution.predict import Prediction, predict_each, step_levels
+from analysis.attribution.reference import reference
+from analysis.attribution.replay import replay
+from analysis.attribution.waterfall import gains
+from analysis.errors import InputError
+from analysis.results import Analysis
+from analysis.schema import Finding
+from analysis.verdict import balance
+from analysis.verdict.removals import NS_PER_MS, Recovered, recovered
+
+SHOWN = 6  # findings kept, largest first
+CANDIDATE_MS = (1, 2, 4, 8, 16, 32)  # the m the bubble finding asks predict about (and the run's own)
+
+
+@dataclass(frozen=True)
+class _Context:
+    analysis: Analysis
+    config: dict
+    typical_ns: float
+    levels: list[float]
+    where: object  # the run, named in predict's refusals
+
+    def interval(self, step_ns: float) -> dict[str, float]:
+        """A predicted step with the interval the run's step levels give it, as Finding's fields."""
+        levels = self.levels or [1.0]
+        ms = step_ns / NS_PER_MS
+        return {
+            "predicted_step_ms": ms,
+            "predicted_low_ms": ms * min(min(levels), 1.0),
+            "predicted_high_ms": ms * max(max(levels), 1.0),
+        }
+
+
+def _pieces(context: _Context, effects: dict[str, float]) -> list[Finding]:
+    """The host, transfer and tail effects, each with its gain ceiling and, as its change, the piece of
+    it that recovers the most (analysis.verdict.removals)."""
+    best: dict[str, Recovered] = {}
+    for found in recovered(context.analysis.schedule, context.analysis.model)[1]:
+        best.setdefault(found.removal.effect, found)
+    return [
+        _piece_finding(context, effects[effect], found) for effect, found in best.items() if effect in effects
+    ]
+
+
+def _piece_finding(context: _Context, gain_ns: float, found: Recovered) -> Finding:
+    r, piece = found.removal, found.recoverable_ns / NS_PER_MS
+    evidence = (
+        f"{r.what}: {r.held_ns / NS_PER_MS:.1f} ms a typical step, {piece:.1f} ms of it on the critical path; "
+        f"all of {r.effect} {gain_ns / NS_PER_MS:.1f} ms"
+    )
+    actions = {
+        "launch_overhead": f"cut {r.what}: host code inside or between actions (a sync, data loading, "
+        "Python); on GPU, fewer and larger kernels or CUDA graphs",
+        "p2p_wait": f"overlap {r.what} with compute: post the receive early and send on a stream of its "
+        "own (batch_isend_irecv), or send less",
+        "other": f"shorten or overlap {r.what} (the optimizer step, data loading)",
+        "dp_sync": "overlap the gradient all-reduce with the last backward (DDP's buckets; our runners: "
+        "DP_OVERLAP=1)"
+        if not context.config.get("dp_overlap")
+        else "the all-reduce already overlaps the last backward: fewer or larger buckets, or a faster link",
+    }
+    return Finding(
+        kind=r.kind,
+        rank=r.rank,
+        stage=r.stage,
+        recoverable_ms=gain_ns / NS_PER_MS,
+        action=actions[r.kind],
+        evidence=evidence,
+        **context.interval(context.typical_ns - found.recoverable_ns),
+    )
+
+
+def _slowest_by_step(analysis: Analysis) -> list[int]:
+    """Each analysed step's stage with the most work (its own compute cells' busy time)."""
+    per_stage = analysis.own.actions.group_by("step", "stage").agg(pl.col("work").sum())
+    slowest = per_stage.sort("work", descending=True).group_by("step", maintain_order=True).first()
+    return slowest.sort("step")["stage"].to_list()
+
+
+def _imbalance(context: _Context, gain_ns: float) -> Finding:
+    """The slowest stage and the move that evens the stages; a change only where that stage is the
+    slowest in every analysed step (else the difference is the steps' noise, not the split)."""
+    analysis = context.analysis
+    typical = analysis.model.step()
+    work = balance.stage_work(typical)
+    slow = max(work, key=lambda stage: sum(work[stage].values()))
+    totals = {stage: sum(kinds.values()) for stage, kinds in work.items()}
+    by_step = _slowest_by_step(analysis)
+    steady = all(stage == slow for stage in by_step)
+    evidence = (
+        "work a typical step by stage: "
+        + ", ".join(f"{s}: {ns / NS_PER_MS:.1f} ms" for s, ns in totals.items())
+        + f"; stage {slow} the slowest in {by_step.count(slow)} of {len(by_step)} steps"
+    )
+    if analysis.summary.waterfall_ms.small_gemm is None:
+        evidence += " (no isolated calibration: a stage's slowdown counts as its work)"
+    base = {
+        "kind": "imbalance",
+        "rank": analysis.schedule.rank_of(slow),
+        "stage": slow,
+        "recoverable_ms": gain_ns / NS_PER_MS,
+    }
+    if not steady:
+        return Finding(
+            **base, action="none yet: the slowest stage changes from step to step", evidence=evidence
+        )
+    layers = balance.layers_of(context.config, len(work))
+    if layers is None:
+        excess = (totals[slow] - sum(totals.values()) / len(totals)) / NS_PER_MS
+        action = f"move about {excess:.1f} ms a step of stage {slow}'s work to its neighbours"
+        return Finding(
+            **base, action=action, evidence=evidence, **context.interval(context.typical_ns - gain_ns)
+        )
+    split = balance.even_split(layers, [totals[s] for s in sorted(totals)])
+    predicted = replay(analysis.schedule, balance.moved(typical, layers, split)).makespan
+    action = f"{balance.moves(layers, split)} (layers {layers} -> {split})"
+    return Finding(
+        **base, action=action, evidence=f"{evidence}; layers {layers}", **context.interval(predicted)
+    )
+
+
+def _best_m(context: _Context) -> Prediction | None:
+    """predict's best m for the executed schedule; None where the run has no isolated calibration."""
+    schedule = context.analysis.schedule
+    try:
+        found, _ = predict_each(
+            context.analysis, context.config, sorted({*CANDIDATE_MS, schedule.m}), context.where
+        )
+    except InputError:  # predict needs the isolated calibration
+        return None
+    return min(found, key=lambda p: p.step_time_ms) if found else None
+
+
+def _m_change(context: _Context, best: Prediction) -> dict:
+    """Finding's fields for running predict's best m instead of the run's own."""
+    bubble = context.analysis.summary.bubble_formula
+    return {
+        "action": f"run m={best.m} (the formula's bubble {bubble:.1%} -> {best.bubble_formula:.1%})",
+        "predicted_step_ms": best.step_time_ms,
+        "predicted_low_ms": best.step_time_low_ms,
+        "predicted_high_ms": best.step_time_high_ms,
+    }
+
+
+def _bubble(context: _Context, best: Prediction | None) -> list[Finding]:
+    """More microbatches, where predict finds a shorter step with them: the fill and drain they save,
+    net of their smaller GEMMs (fewer microbatches are the small_gemm finding's change)."""
+    m = context.analysis.schedule.m
+    if best is None or best.m <= m:
+        return []
+    gain = context.typical_ns / NS_PER_MS - best.step_time_ms
+    evidence = (
+        f"predict: m={best.m} {best.step_time_ms:.1f} ms against the typical step at m={m} (`make advise` "
+        "ranks other schedules and v too)"
+    )
+    return [
+        Finding(
+            kind="bubble",
+            rank=None,
+            stage=None,
+            recoverable_ms=gain,
+            evidence=evidence,
+            **_m_change(context, best),
+        )
+    ]
+
+
+def _small_gemm(context: _Context, gain_ns: float, best: Prediction | None) -> Finding:
+    """The small-GEMM loss; where predict finds fewer, larger microbatches better, running them."""
+    m = context.analysis.schedule.m
+    evidence = f"the cells' work at their microbatch size against the full batch's share, m={m}"
+    if best is not None and best.m < m:
+        change = _m_change(context, best)
+    elif best is not None:
+        change = {"action": f"none in m: m={m} is predict's best (larger microbatches cost more bubble)"}
+    else:
+        change = {
+            "action": "larger microbatches recover it but lengthen the bubble: `make predict` finds the best m"
+        }
+    return Finding(
+        kind="small_gemm",
+        rank=None,
+        stage=None,
+        recoverable_ms=gain_ns / NS_PER_MS,
+        evidence=evidence,
+        **change,
+    )
+
+
+def _slowdown(context: _Context, gain_ns: float) -> Finding:
+    ranks = context.analysis.summary.ranks
+    slowdown = sum(r.slowdown_ms or 0.0 for r in ranks)
+    waited = sum(r.cpu_contention_ms or 0.0 for r in ranks)
+    if slowdown > 0 and waited >= slowdown / 2:
+        action = (
+            f"the machine, not your pipeline: the ranks waited {waited:.1f} ms for a core "
+            "(cpu_contention); run P x DP <= cores, on a quiet machine"
+        )
+    else:
+        action = "contention between ranks running together (memory, caches): no schedule change recovers it"
+    return Finding(
+        kind="slowdown",
+        rank=None,
+        stage=None,
+        recoverable_ms=gain_ns / NS_PER_MS,
+        action=action,
+        evidence=f"slowdown {slowdown:.1f} ms, of it cpu_contention {waited:.1f} ms (the median step, all ranks)",
+    )
+
+
+def _straggler(context: _Context) -> list[Finding]:
+    summary = context.analysis.summary
+    late = summary.straggler
+    if late is None or late.slower_ms <= 0:
+        return []
+    ranks = summary.pipelines[late.pipeline].ranks
+    return [
+        Finding(
+            kind="straggler",
+            rank=None,
+            stage=None,
+            recoverable_ms=late.slower_ms,
+            action=f"find why pipeline {late.pipeline} (ranks {', '.join(map(str, ranks))}) is slower than its "
+            "replicas: every replica waits for it in the gradient sync",
+            evidence=f"its step alone {late.slower_ms:.1f} ms ({late.slower_fraction:.1%}) longer than the fastest",
+            predicted_step_ms=summary.step_time_ms - late.slower_ms,
+        )
+    ]
+
+
+def findings_of(analysis: Analysis, config: dict, where) -> list[Finding]:
+    """Every finding of the analysed run, largest recoverable first (those that recover nothing left out)."""
+    typical = analysis.model.step()
+    replayed_ms = [s.step_time_ms for s in analysis.summary.replayed_steps]
+    context = _Context(
+        analysis, config, replay(analysis.schedule, typical).makespan, step_levels(replayed_ms, config), where
+    )
+    effect = gains(analysis.schedule, analysis.model, reference(analysis.cells, config, analysis.schedule.m))
+    best = _best_m(context)
+    found = [*_pieces(context, effect), *_bubble(context, best), *_straggler(context)]
+    found.append(_imbalance(context, effect["imbalance"]))
+    if "small_gemm" in effect:
+        found += [_small_gemm(context, effect["small_gemm"], best), _slowdown(context, effect["slowdown"])]
+    kept = [f for f in found if f.recoverable_ms > 0]
+    return sorted(kept, key=lambda f: -f.recoverable_ms)[:SHOWN]
