@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from analysis.job.run_dir import analyze_dir  # (imported here: `analyze --help` needs no polars)
 
     summary = analyze_dir(args.run_dir, schedule=args.schedule, m=args.m).summary
+    print(answer(summary))
     print(table(summary))
     if summary.flags:
         print(f"  flags: {', '.join(summary.flags)}")
@@ -35,14 +36,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def answer(summary: Summary) -> str:
+    """The run, its trust and its verdict: what a reader needs before any figure (docs/numbers.md#verdict)."""
+    trust = summary.trust
+    lines = [
+        f"{summary.schedule} p={summary.p} m={summary.m} v={summary.v} ({summary.device}, "
+        f"{summary.steps_analyzed} steps)   trust: {trust.level}"
+    ]
+    lines += [f"  low trust: {reason}" for reason in trust.reasons]
+    lines += [f"  {sentence}" for sentence in summary.verdict.sentences]
+    if summary.verdict.findings:
+        lines.append("  findings (recoverable on the critical path, largest first)")
+    for finding in summary.verdict.findings:
+        predicted = "" if finding.predicted_step_ms is None else f"  -> {finding.predicted_step_ms:.1f} ms"
+        lines.append(f"    {finding.kind:16s}{finding.recoverable_ms:8.1f} ms  {finding.action}{predicted}")
+    return "\n".join(lines)
+
+
 def table(summary: Summary) -> str:
     """Formula vs measured bubble, then the waterfall terms with their share of the step."""
     from analysis.schema import WATERFALL_TERMS
 
     step = summary.step_time_ms
     lines = [
-        f"{summary.schedule} p={summary.p} m={summary.m} v={summary.v} "
-        f"({summary.device}, {summary.steps_analyzed} steps)",
+        "figures" + ("  (low trust: see above)" if summary.trust.level != "high" else ""),
         f"  step (profiled) {step:9.3f} ms   unprofiled {_ms(summary.step_time_unprofiled_ms)}   "
         f"model prediction {summary.simulated_step_time_ms:.3f} ms",
         f"  bubble         formula {summary.bubble_formula:.3f}   busy-time {summary.bubble_measured:.3f}   "

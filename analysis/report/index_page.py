@@ -6,8 +6,7 @@ import html
 
 import polars as pl
 
-from analysis.report import advice_section, sweep_charts, sweeps
-from analysis.report.frames import largest_deviation
+from analysis.report import advice_section, sweep_charts, sweeps, verdict_section
 from analysis.report.pages import Column, Figure, Markup, link, number, table
 from analysis.report.runs import Run
 from analysis.schema import Summary
@@ -45,8 +44,13 @@ RUN_COLUMNS = [
         show=number(3),
     ),
     Column(
-        "largest deviation",
-        "the waterfall term beyond the formula with the largest magnitude, in ms",
+        "trust",
+        "high: the pipeline model fits the trace; low: hover for why (docs/numbers.md#trust)",
+        text=True,
+    ),
+    Column(
+        "top finding",
+        "the verdict's largest recoverable time, in ms (docs/numbers.md#verdict)",
         text=True,
     ),
     Column(
@@ -64,19 +68,20 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
         if run.error is not None:
             config = run.config
             cells = [config.get(k) for k in ("schedule", "engine", "device", "p", "m", "v")]
+            if run.not_a_pipeline:
+                cells[0] = "not a pipeline"
             rows.append(
                 [
                     Markup(html.escape(run.run_id)),
                     *map(_text, cells),
-                    *[None] * 4,  # step, the three bubbles
+                    *["—"] * 5,  # step, the three bubbles, the trust
                     Markup(html.escape(run.error), css="error"),
-                    None,
+                    "—",
                 ]
             )
-            classes.append("error")
+            classes.append("not-pipeline" if run.not_a_pipeline else "error")
             continue
         s = run.summary
-        deviation = largest_deviation(s)
         rows.append(
             [
                 link(pages[run.run_id], run.run_id),
@@ -90,11 +95,12 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
                 s.bubble_formula,
                 s.bubble_measured,
                 s.bubble_seed,
-                f"{deviation[0]} {deviation[1]:+.3f}" if deviation else "—",
+                verdict_section.trust_mark(s.trust),
+                verdict_section.top_finding(s),
                 ", ".join(s.flags) or "—",
             ]
         )
-        classes.append("flagged" if s.flags else "")
+        classes.append("flagged" if s.flags or (s.trust and s.trust.level != "high") else "")
         if s.dp > 1:
             rows += _pipeline_rows(s)
             classes += ["pipeline"] * len(s.pipelines)
@@ -113,9 +119,13 @@ def _pipeline_rows(s: Summary) -> list[list]:
         )
         rows.append(
             [Markup(html.escape(name)), *[None] * 3, _text(s.p), None, None, line.step_time_ms, None]
-            + [line.bubble_measured, None, None, None]
+            + [line.bubble_measured, None, None, None, None]
         )
     return rows
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _text(value) -> str:
@@ -230,10 +240,14 @@ def body(runs: list[Run], pages: dict[str, str]) -> tuple[str, list[Figure]]:
         [sweeps.run_row(r.run_id, r.summary, r.config) for r in runs if r.error is None]
     )
     figures = sweep_figures(analysed, {r.run_id: r for r in runs if r.error is None})
-    failed = sum(r.error is not None for r in runs)
+    others = sum(r.not_a_pipeline for r in runs)
+    failed = sum(r.error is not None for r in runs) - others
+    counts = [_count(len(runs), "run") + ", newest first"]
+    counts += [f"{_count(others, 'job')} not pipeline-parallel"] if others else []
+    counts += [f"{failed} could not be analysed"] if failed else []
     sections = [
         "<h1>Pipeline runs</h1>",
-        f'<p class="note">{len(runs)} runs, newest first{f", {failed} could not be analysed" if failed else ""}. '
+        f'<p class="note">{", ".join(counts)}. '
         "Bubbles are fractions of the step; hover a column header for what each number is.</p>",
         runs_table(runs, pages),
         "<h2>Native executor against torch.distributed.pipelining</h2>",

@@ -99,8 +99,11 @@ def number(digits: int):
     return lambda value: "—" if value is None else f"{value:.{digits}f}"
 
 
-def table(columns: list[Column], rows: list[list], row_classes: list[str] | None = None) -> str:
-    """An HTML table; every header carries its meaning as a tooltip, every cell is escaped text."""
+def table(
+    columns: list[Column], rows: list[list], row_classes: list[str] | None = None, css: str | None = None
+) -> str:
+    """An HTML table; every header carries its meaning as a tooltip, every cell is escaped text; `css`:
+    the table's class (`prose`: its text columns wrap)."""
     head = "".join(
         f'<th title="{html.escape(c.header + ": " + c.meaning)}"{_css(c)}>{html.escape(c.header)}</th>'
         for c in columns
@@ -110,7 +113,8 @@ def table(columns: list[Column], rows: list[list], row_classes: list[str] | None
         cells = "".join(_cell(column, value) for column, value in zip(columns, row, strict=True))
         kind = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
         body.append(f"<tr{kind}>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    styled = f' class="{css}"' if css else ""
+    return f"<table{styled}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def _css(column: Column) -> str:

@@ -9,7 +9,7 @@ from dataclasses import replace
 import polars as pl
 
 from analysis.job.layout import to_local
-from analysis.report import advice_section, hta_section, job_view, run_charts, whatif_section
+from analysis.report import advice_section, hta_section, job_view, run_charts, verdict_section, whatif_section
 from analysis.report.frames import (
     coarsen,
     ideal_frame,
@@ -257,6 +257,8 @@ def body(run: Run, merged_href: str | None, stem: str) -> tuple[str, list[Figure
     sections = [
         '<p><a href="../index.html">all runs</a></p>',
         f"<h1>{html.escape(run.run_id)}</h1>",
+        verdict_section.section_html(summary),
+        "<h2>Figures</h2>",
         figures_html(summary),
         *(f"<p>Note: {html.escape(note)}.</p>" for note in summary.notes),
         *job_html,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from analysis.errors import InputError
+from analysis.errors import InputError, NotAPipeline
 from analysis.job.run_dir import analysis_of
 from analysis.results import Analysis
 from analysis.schema import Summary
@@ -28,6 +28,7 @@ class Run:
     config: dict  # run.json, or {} where the run has none (traces written by someone else)
     analysis: Analysis | None = None  # what `analyze` wrote (analysis.results); None with `error`
     error: str | None = None
+    not_a_pipeline: bool = False  # `error` says what the job is instead (analysis.trust.gate)
 
     @property
     def summary(self) -> Summary:
@@ -73,6 +74,10 @@ def load_run(path: Path) -> Run:
         if (path / "run.json").is_file():
             config = _read_json(path / "run.json")
         return Run(path.name, path, config, analysis_of(path))
+    except NotAPipeline as error:
+        return Run(path.name, path, config, error=error.problem, not_a_pipeline=True)
+    except InputError as error:
+        return Run(path.name, path, config, error=str(error))
     except Exception as error:  # one bad run must not stop the report; the index shows why
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         return Run(path.name, path, config, error=f"{type(error).__name__}: {message}")

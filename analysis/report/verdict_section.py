@@ -1,0 +1,91 @@
+"""The top of a run page and its index row's answer: the trust mark, the verdict's sentences and its
+findings, as summary.json holds them (analysis.verdict; docs/numbers.md#verdict). Nothing is computed
+here."""
+
+from __future__ import annotations
+
+import html
+
+from analysis.report.pages import Column, Markup, number, table
+from analysis.schema import Summary, Trust
+
+FINDING_COLUMNS = [
+    Column("finding", "the part or effect the time rests on (docs/numbers.md#verdict)", text=True),
+    Column("where", "the rank or stage it is on, where it is one", text=True),
+    Column(
+        "recoverable (ms)",
+        "the typical step less its replay without this time: what the step would lose were it gone",
+        show=number(1),
+    ),
+    Column("change", "what to change", text=True),
+    Column(
+        "predicted step (ms)",
+        "the typical step replayed with the change made, and the interval the run's step levels give it",
+        text=True,
+    ),
+    Column("evidence", "the measurements it rests on", text=True),
+]
+
+
+def trust_mark(trust: Trust | None) -> Markup:
+    """The trust level as a table cell, its reasons in the tooltip."""
+    if trust is None:
+        return Markup("—")
+    reasons = (
+        "; ".join(trust.reasons) or "the pipeline model fits: hops, an order that replays, a closing replay"
+    )
+    return Markup(
+        f'<span title="{html.escape(reasons)}">{html.escape(trust.level)}</span>',
+        css=f"text trust-{trust.level}",
+    )
+
+
+def top_finding(summary: Summary) -> str:
+    """The verdict's first finding in a few words, or why there is none."""
+    verdict = summary.verdict
+    if verdict is None or not verdict.findings:
+        return "—"
+    first = verdict.findings[0]
+    return f"{first.kind} {first.recoverable_ms:.1f} ms" + (
+        "" if verdict.recommends else " (nothing recommended)"
+    )
+
+
+def _where(finding) -> str:
+    places = [
+        f"rank {finding.rank}" if finding.rank is not None else "",
+        f"stage {finding.stage}" if finding.stage is not None else "",
+    ]
+    return ", ".join(p for p in places if p) or "—"
+
+
+def _predicted(finding) -> str:
+    if finding.predicted_step_ms is None:
+        return "—"
+    if finding.predicted_low_ms is None:
+        return f"{finding.predicted_step_ms:.1f}"
+    return f"{finding.predicted_step_ms:.1f} ({finding.predicted_low_ms:.1f}-{finding.predicted_high_ms:.1f})"
+
+
+def section_html(summary: Summary) -> str:
+    """The answer first: the trust (with its reasons where low), the sentences, the findings table."""
+    trust, verdict = summary.trust, summary.verdict
+    parts = []
+    if trust is not None and trust.level != "high":
+        reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in trust.reasons)
+        parts.append(
+            f'<div class="trust-low"><b>Low trust</b>: every figure on this page rests on a model the trace '
+            f"fits poorly.<ul>{reasons}</ul></div>"
+        )
+    if verdict is None:
+        return "\n".join(parts)
+    parts.append(
+        '<div class="verdict">' + "".join(f"<p>{html.escape(s)}</p>" for s in verdict.sentences) + "</div>"
+    )
+    if verdict.findings:
+        rows = [
+            [f.kind, _where(f), f.recoverable_ms, f.action, _predicted(f), f.evidence]
+            for f in verdict.findings
+        ]
+        parts.append(table(FINDING_COLUMNS, rows, css="prose"))
+    return "\n".join(parts)
