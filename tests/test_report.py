@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 import polars as pl
 import pytest
-from conftest import summary_of
+from conftest import REAL_TRACES, summary_of
 
 from analysis import results
 from analysis.errors import TraceWarning
@@ -397,3 +397,23 @@ def test_an_interrupted_run_is_an_error_row_not_missing(tmp_path):
     (traces / "interrupted" / "torchrun.log").write_text("KeyboardInterrupt\n")  # killed before run.json
     index = build_report(traces, tmp_path / "reports").read_text()
     assert re.search(r'<tr class="error">.*interrupted.*incomplete run.*</tr>', index)
+
+
+def test_a_job_that_is_not_a_pipeline_is_a_row_of_its_own_and_a_run_page_answers_first(tmp_path):
+    """The DLRM set is listed as what it is (never as a gpipe row, never as a failed analysis); a
+    pipeline's row carries its trust and top finding, and its page opens with the verdict."""
+    traces = tmp_path / "traces"
+    write_contract_run(traces, "pipe", m=4)
+    shutil.copytree(REAL_TRACES / "param_dlrm_8rank", traces / "dlrm")
+    index = build_report(traces, tmp_path / "reports").read_text()
+    dlrm = re.search(r'<tr class="not-pipeline">(.*?)</tr>', index)
+    assert dlrm and "dlrm" in dlrm[1] and "not a pipeline-parallel job: no send/recv" in dlrm[1]
+    assert "gpipe" not in dlrm[1] and "InputError" not in index and ">None<" not in index
+    assert "2 runs, newest first, 1 job not pipeline-parallel." in index
+    pipe = re.search(r"<tr>(<td[^>]*><a href=\"runs/pipe.html\">.*?)</tr>", index)
+    assert pipe and ">high<" in pipe[1]
+    page = (tmp_path / "reports" / "runs" / "pipe.html").read_text()
+    assert (
+        page.index('<div class="verdict">') < page.index("<h2>Figures</h2>") < page.index("<h2>Timeline</h2>")
+    )
+    assert "Step " in page[page.index('<div class="verdict">') :]

@@ -9,11 +9,13 @@ import json
 import msgspec
 import pytest
 
-from analysis.job.run_dir import analyze_dir
+from analysis.job.join import analyze_job
+from analysis.job.run_dir import analyze_dir, read_run
 from analysis.schema import Trust
 from analysis.verdict import balance
 from analysis.verdict.verdict import verdict_of
 from runners.schedules import build
+from synthetic.executor_dp import write_executor_job
 from synthetic.generate import write_run
 
 # gpipe p=2 m=4, no host time or latency: stage 0's F and B take 1 and 2 ms, stage 1's twice that.
@@ -96,3 +98,23 @@ def test_low_trust_recommends_nothing_and_says_why(slow_stage):
 def test_the_even_split_minimises_the_slowest_stage(layers, work, split, said):
     assert balance.even_split(layers, work) == split
     assert balance.moves(layers, split) == said
+
+
+def test_a_slower_replica_is_the_straggler_finding_naming_one_of_its_ranks(tmp_path):
+    """synthetic.executor_dp: replica 1's compute 1.5x: the straggler finding recovers its measured lag
+    and names a rank of that replica."""
+    write_executor_job(
+        tmp_path,
+        build("1f1b", 2, 4),
+        2,
+        durations_us={"F": 1000.0, "B": 2000.0},
+        slow_replica=1,
+        slow_factor=1.5,
+    )
+    summary = analyze_job(read_run(tmp_path)).summary
+    straggler = next(f for f in summary.verdict.findings if f.kind == "straggler")
+    assert (
+        straggler.recoverable_ms == pytest.approx(summary.straggler.slower_ms)
+        and straggler.recoverable_ms > 0
+    )
+    assert straggler.rank in summary.pipelines[1].ranks

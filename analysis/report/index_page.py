@@ -74,7 +74,8 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
                 [
                     Markup(html.escape(run.run_id)),
                     *map(_text, cells),
-                    *["—"] * 5,  # step, the three bubbles, the trust
+                    *[None] * 4,  # step, the three bubbles (shown as —)
+                    "—",  # the trust
                     Markup(html.escape(run.error), css="error"),
                     "—",
                 ]

@@ -6,6 +6,7 @@ give it (analysis.attribution.predict.step_levels; docs/numbers.md#verdict).
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 import polars as pl
@@ -220,22 +221,39 @@ def _slowdown(context: _Context, gain_ns: float) -> Finding:
     )
 
 
+def _slowest_rank(summary, pipeline: int) -> tuple[int, float]:
+    """The straggling pipeline's rank whose busy time most exceeds the median of its stage's ranks in the
+    other pipelines, and by how much (ms)."""
+    busy = {entry.rank: entry.busy_ms for entry in summary.ranks}
+    others = [line.ranks for j, line in enumerate(summary.pipelines) if j != pipeline]
+    excess = {
+        rank: busy[rank] - statistics.median(busy[line[position]] for line in others)
+        for position, rank in enumerate(summary.pipelines[pipeline].ranks)
+    }
+    rank = max(excess, key=excess.get)
+    return rank, excess[rank]
+
+
 def _straggler(context: _Context) -> list[Finding]:
+    """The replica every other waits for in the gradient sync, and its rank that works longest."""
     summary = context.analysis.summary
     late = summary.straggler
     if late is None or late.slower_ms <= 0:
         return []
-    ranks = summary.pipelines[late.pipeline].ranks
+    rank, excess = _slowest_rank(summary, late.pipeline)
+    stage = summary.rank_entry(rank).stage_ids
     return [
         Finding(
             kind="straggler",
-            rank=None,
-            stage=None,
+            rank=rank,
+            stage=stage[0] if len(stage) == 1 else None,
             recoverable_ms=late.slower_ms,
-            action=f"find why pipeline {late.pipeline} (ranks {', '.join(map(str, ranks))}) is slower than its "
-            "replicas: every replica waits for it in the gradient sync",
-            evidence=f"its step alone {late.slower_ms:.1f} ms ({late.slower_fraction:.1%}) longer than the fastest",
-            predicted_step_ms=summary.step_time_ms - late.slower_ms,
+            action=f"find why rank {rank} of pipeline {late.pipeline} works longer than its replicas' "
+            "(its host, its device, its data): every replica waits for it in the gradient sync",
+            evidence=f"pipeline {late.pipeline}'s step alone {late.slower_ms:.1f} ms "
+            f"({late.slower_fraction:.1%}) longer than the fastest; rank {rank} busy {excess:+.1f} ms "
+            "against its stage's other replicas",
+            **context.interval((summary.step_time_ms - late.slower_ms) * NS_PER_MS),
         )
     ]
 

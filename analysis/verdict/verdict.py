@@ -36,19 +36,20 @@ def _spread_ms(analysis: Analysis, config: dict) -> float | None:
 
 
 def _why_not(
-    trust: Trust, flags: list[str], top: Finding | None, spread: float | None, summary_step: float
+    trust: Trust, flags: list[str], top: Finding | None, spread: float | None, typical_ms: float
 ) -> str | None:
-    """Why nothing is recommended; None where the top change clears the evidence bar."""
+    """Why nothing is recommended; None where the top change clears the evidence bar: its gain, the
+    typical step less its predicted one (both the model's), beyond the run's own spread."""
     if trust.level != "high":
         return "the trust is low (" + "; ".join(trust.reasons) + ")"
     if "noisy" in flags:
         return "the run is noisy: repeat it on a quiet machine"
     if top is None:
         return "no change to the pipeline recovers measurable time"
-    gain = summary_step - top.predicted_step_ms
+    gain = typical_ms - top.predicted_step_ms
     if spread is not None and gain <= spread:
         return (
-            f"its largest change ({top.kind}: {top.action}) gains {gain:.1f} ms, inside the run's own "
+            f"its largest change ({top.kind}{_where(top)}) gains {gain:.1f} ms, inside the run's own "
             f"step-to-step spread ({spread:.1f} ms)"
         )
     return None
@@ -61,7 +62,7 @@ def verdict_of(analysis: Analysis, config: dict, trust: Trust, where) -> Verdict
     spread = _spread_ms(analysis, config)
     # a change is a finding the model can replay with it made: the others say what the time is
     top = next((f for f in findings if f.predicted_step_ms is not None), None)
-    why = _why_not(trust, summary.flags, top, spread, summary.step_time_ms)
+    why = _why_not(trust, summary.flags, top, spread, summary.simulated_step_time_ms)
     sentences = [
         f"Step {summary.step_time_ms:.1f} ms (the median of {summary.steps_analyzed} profiled step(s); "
         + ("no spread measured" if spread is None else f"they spread {spread:.1f} ms")
