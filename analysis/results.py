@@ -47,7 +47,7 @@ from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import OwnSteps
 from analysis.attribution.replay import Inputs, Tail
 from analysis.errors import InputError
-from analysis.schema import Summary
+from analysis.schema import RanksSummary, Scope, Summary
 from analysis.traces.memory import Memory
 from runners.schedules import Action, Schedule
 
@@ -74,6 +74,15 @@ class Analysis:
     critical: pl.DataFrame  # each analysed step's critical path (analysis.attribution.critical)
     own: OwnSteps  # every analysed step's own replay inputs
     memory: Memory | None = None  # None: the traces have no memory events
+
+
+@dataclass(frozen=True)
+class RanksAnalysis:
+    """What `analyze` finds of some ranks of a bigger job (analysis.job.partial)."""
+
+    summary: RanksSummary
+    cells: pl.DataFrame
+    gaps: pl.DataFrame
 
 
 class _ScheduleFile(msgspec.Struct):
@@ -139,7 +148,31 @@ def _schedule_json(schedule: Schedule) -> bytes:
     return msgspec.json.format(msgspec.json.encode(document)) + b"\n"
 
 
-def write(run_dir: Path, analysis: Analysis) -> Path:
+def _files(analysis: Analysis | RanksAnalysis) -> dict[str, bytes | pl.DataFrame]:
+    """File name -> its bytes or table, for `write`."""
+    files: dict[str, bytes | pl.DataFrame] = {
+        "summary.json": msgspec.json.format(msgspec.json.encode(analysis.summary)) + b"\n",
+        FORMAT_FILE: msgspec.json.encode({"format": ANALYSIS_FORMAT}) + b"\n",
+        "cells.parquet": analysis.cells,
+        "gaps.parquet": analysis.gaps,
+    }
+    if isinstance(analysis, RanksAnalysis):
+        return files
+    files |= {
+        "schedule.json": _schedule_json(analysis.schedule),
+        "model.json": _model_json(analysis.model),
+        "ranks.parquet": analysis.parts,
+        "ideal.parquet": analysis.ideal,
+        "critical.parquet": analysis.critical,
+        "replay_inputs.parquet": analysis.own.actions,
+        "replay_tails.parquet": analysis.own.tails,
+    }
+    if analysis.memory is not None and not analysis.memory.peaks.is_empty():
+        files |= {"memory.parquet": analysis.memory.stash, "memory_peaks.parquet": analysis.memory.peaks}
+    return files
+
+
+def write(run_dir: Path, analysis: Analysis | RanksAnalysis) -> Path:
     """RUN/analysis/, replaced as a whole; returns its path."""
     target = Path(run_dir) / ANALYSIS_DIR
     try:
@@ -147,26 +180,11 @@ def write(run_dir: Path, analysis: Analysis) -> Path:
     except OSError as error:
         raise InputError(target.parent, f"cannot write the analysis: {error.strerror}") from None
     try:
-        (staging / "summary.json").write_bytes(
-            msgspec.json.format(msgspec.json.encode(analysis.summary)) + b"\n"
-        )
-        (staging / "schedule.json").write_bytes(_schedule_json(analysis.schedule))
-        (staging / FORMAT_FILE).write_bytes(msgspec.json.encode({"format": ANALYSIS_FORMAT}) + b"\n")
-        (staging / "model.json").write_bytes(_model_json(analysis.model))
-        tables = {
-            "cells": analysis.cells,
-            "gaps": analysis.gaps,
-            "ranks": analysis.parts,
-            "ideal": analysis.ideal,
-            "critical": analysis.critical,
-            "replay_inputs": analysis.own.actions,
-            "replay_tails": analysis.own.tails,
-        }
-        for name, table in tables.items():
-            table.write_parquet(staging / f"{name}.parquet")
-        if analysis.memory is not None and not analysis.memory.peaks.is_empty():
-            analysis.memory.stash.write_parquet(staging / "memory.parquet")
-            analysis.memory.peaks.write_parquet(staging / "memory_peaks.parquet")
+        for name, content in _files(analysis).items():
+            if isinstance(content, pl.DataFrame):
+                content.write_parquet(staging / name)
+            else:
+                (staging / name).write_bytes(content)
         if target.exists():
             old = target.with_name(f".{ANALYSIS_DIR}.old.{os.getpid()}")
             os.replace(target, old)
@@ -235,10 +253,31 @@ def _schedule(path: Path) -> Schedule:
         raise InputError(path, f"not a schedule: {error}") from None
 
 
-def read(run_dir: Path) -> Analysis:
-    """RUN/analysis/ as `analyze` wrote it; InputError naming the file that is missing or unreadable."""
+def read_stored(run_dir: Path) -> Analysis | RanksAnalysis:
+    """RUN/analysis/ as `analyze` wrote it, of a whole job or of some of its ranks."""
     directory = Path(run_dir) / ANALYSIS_DIR
     _check_format(directory / FORMAT_FILE)
+    if _decode(directory / "summary.json", Scope).scope != "ranks":
+        return _whole(directory)
+    return RanksAnalysis(
+        _decode(directory / "summary.json", RanksSummary),
+        _table(directory / "cells.parquet"),
+        _table(directory / "gaps.parquet"),
+    )
+
+
+def read(run_dir: Path) -> Analysis:
+    """RUN/analysis/ of a whole job as `analyze` wrote it; InputError naming the file that is missing or
+    unreadable, or saying that it holds some ranks of a job only (read_stored reads that)."""
+    found = read_stored(run_dir)
+    if isinstance(found, RanksAnalysis):
+        raise InputError(
+            run_dir, "holds some of the job's ranks only: each one's own figures, nothing across ranks"
+        )
+    return found
+
+
+def _whole(directory: Path) -> Analysis:
     stash, peaks = (
         _table(directory / "memory.parquet", False),
         _table(directory / "memory_peaks.parquet", False),

@@ -28,7 +28,10 @@ __all__ = [
     "RANK_PARTS",
     "WATERFALL_TERMS",
     "CriticalShare",
+    "RankAlone",
     "RankEntry",
+    "RanksSummary",
+    "Scope",
     "StepReplay",
     "Rules",
     "Summary",
@@ -254,6 +257,7 @@ class Verdict(msgspec.Struct, kw_only=True):
 class Summary(msgspec.Struct, kw_only=True):
     """summary.json: DESIGN.md section 3's keys, plus what the later stages need to show them."""
 
+    scope: str = "pipeline"  # a whole job's; RanksSummary's is "ranks"
     schedule: str  # run.json's name, the generator whose order the traces match exactly, or "custom"
     nearest_schedule: str | None  # for a custom order, the generator whose order is closest; else None
     engine: str | None
@@ -295,3 +299,42 @@ class Summary(msgspec.Struct, kw_only=True):
 
     def rank_entry(self, rank: int) -> RankEntry:
         return next(entry for entry in self.ranks if entry.rank == rank)
+
+
+class RankAlone(RankEntry, kw_only=True):
+    """One present rank of a job whose other ranks are not in the traces, measured alone
+    (analysis.job.partial; docs/numbers.md#ranks-alone): its parts close on its own step."""
+
+    step: int  # its step of median length, whose figures these are
+    step_time_ms: float  # that step's window on this rank
+    bubble_measured: float  # its own: 1 - busy / its step
+    unmatched_wait_ms: float  # of other: blocked in receives whose sender is not in the traces
+
+
+class RanksSummary(msgspec.Struct, kw_only=True):
+    """summary.json of some ranks of a bigger job (`scope` "ranks"): each present rank's own figures;
+    the figures across ranks are `unknown`, each with why."""
+
+    scope: str = "ranks"
+    schedule: str | None  # run.json's, where it says
+    engine: str | None
+    device: str
+    p: int | None  # the job's, where run.json says
+    m: int | None
+    v: int | None
+    world_size: int
+    ranks_present: list[int]
+    step_time_ms: float  # the longest of the present ranks' steps of median length
+    bubble_formula: float | None  # at the job's schedule, p, m and v where run.json says them
+    ranks: list[RankAlone]
+    unknown: list[str]
+    inferred_cells: int
+    rules: Rules
+    trust: Trust
+    verdict: Verdict
+
+
+class Scope(msgspec.Struct):
+    """What a summary.json covers: a whole job (`pipeline`, Summary) or some of its ranks (RanksSummary)."""
+
+    scope: str = "pipeline"

@@ -339,12 +339,13 @@ def test_run_json_naming_another_schedule_of_the_same_actions_is_a_warning(tmp_p
 
 
 def test_a_trace_without_steps_labels_or_cpu_ops_is_refused(tmp_path, capsys):
-    """Found by the analysis fuzz: with nothing to infer cells from, inference indexed an empty thread list."""
+    """Found by the analysis fuzz: with nothing to infer cells from, inference indexed an empty thread list.
+    Now the trust gate refuses it first: one rank with nothing that hops is not a pipeline."""
     (tmp_path / "trace.json").write_text(
         json.dumps([{"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": 5}])
     )
     code, err = cli(capsys, "analyze", str(tmp_path))
-    assert (
-        code == 2
-        and err == f"error: {tmp_path / 'trace.json'}: no PP:<action> labels inside a profiled step\n"
+    assert code == 2 and err == (
+        f"error: {tmp_path}: not a pipeline-parallel job: one rank, no send/recv and no pipeline labels; "
+        "found no collectives either\n"
     ), err

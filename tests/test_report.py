@@ -344,7 +344,7 @@ def test_a_run_analysed_by_another_version_is_analysed_again(tmp_path):
 # Each stored table's columns at analysis.results.ANALYSIS_FORMAT. A change to them must bump the format,
 # or a report reads an older analysis's tables with this version's code (a replay tail without its
 # `barrier` column stopped `make trace`'s report with a traceback).
-STORED_FORMAT = 3
+STORED_FORMAT = 4
 STORED_COLUMNS = {
     "cells": "rank step stage kind microbatch start_ns end_ns blocked_ns inferred busy_ns compute_ns small_gemm_ns "
     "slowdown_ns cpu_contention_ns slack_ns",

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from analysis.schema import StepReplay, Summary
+    from analysis.schema import RanksSummary, StepReplay, Summary
 
 STEPS_LISTED = 8  # steps the residual line names one by one
 
@@ -27,6 +27,9 @@ def run(args: argparse.Namespace) -> int:
     from analysis.job.run_dir import analyze_dir  # (imported here: `analyze --help` needs no polars)
 
     summary = analyze_dir(args.run_dir, schedule=args.schedule, m=args.m).summary
+    if summary.scope == "ranks":
+        print(ranks_alone(summary))
+        return 0
     print(answer(summary))
     print(table(summary))
     if summary.flags:
@@ -50,6 +53,28 @@ def answer(summary: Summary) -> str:
     for finding in summary.verdict.findings:
         predicted = "" if finding.predicted_step_ms is None else f"  -> {finding.predicted_step_ms:.1f} ms"
         lines.append(f"    {finding.kind:16s}{finding.recoverable_ms:8.1f} ms  {finding.action}{predicted}")
+    return "\n".join(lines)
+
+
+def ranks_alone(summary: RanksSummary) -> str:
+    """Some ranks of a bigger job: the trust, the verdict, each present rank's own figures and what is
+    unknown without the others (docs/numbers.md#ranks-alone)."""
+    formula = "unknown" if summary.bubble_formula is None else f"{summary.bubble_formula:.3f}"
+    lines = [
+        f"rank(s) {', '.join(map(str, summary.ranks_present))} of {summary.world_size} ({summary.device})   "
+        f"trust: {summary.trust.level}",
+        *(f"  low trust: {reason}" for reason in summary.trust.reasons),
+        *(f"  {sentence}" for sentence in summary.verdict.sentences),
+        f"  each rank alone (ms; own bubble = 1 - busy / its step; the formula's at the job's p: {formula})",
+        "    rank      step      busy  own bubble  launch_overhead     other  (unmatched wait)    bubble  p2p_wait",
+    ]
+    lines += [
+        f"    {r.rank:4d}{r.step_time_ms:10.3f}{r.busy_ms:10.3f}{r.bubble_measured:12.3f}{r.launch_overhead_ms:17.3f}"
+        f"{r.other_ms:10.3f}{r.unmatched_wait_ms:18.3f}{r.bubble_ms:10.3f}{r.p2p_wait_ms:10.3f}"
+        for r in summary.ranks
+    ]
+    lines.append("  unknown without the other ranks:")
+    lines += [f"    {what}" for what in summary.unknown]
     return "\n".join(lines)
 
 

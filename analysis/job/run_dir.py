@@ -18,7 +18,7 @@ from analysis.job.join import analyze_job
 from analysis.job.measure import RunInput
 from analysis.ranks.pool import read_ranks
 from analysis.ranks.tables import rank_input
-from analysis.results import Analysis
+from analysis.results import Analysis, RanksAnalysis
 from analysis.traces.run import RunTraces
 from analysis.traces.run_files import run_in
 from analysis.whatif.figures import with_whatif
@@ -49,15 +49,29 @@ def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None
     return analysis
 
 
-def analysis_of(run_dir: Path) -> Analysis:
-    """RUN/analysis/ as `analyze` wrote it; where it is missing, unreadable or from another version of the
-    analysis, the run is analysed (and its analysis/ written) first, the last two with a warning. A folder
-    of runs stands for its latest (analysis.traces.run_files.run_in)."""
+def stored_of(run_dir: Path) -> Analysis | RanksAnalysis:
+    """RUN/analysis/ as `analyze` wrote it, of a whole job or of some of its ranks; where it is missing,
+    unreadable or from another version of the analysis, the run is analysed (and its analysis/ written)
+    first, the last two with a warning. A folder of runs stands for its latest
+    (analysis.traces.run_files.run_in)."""
     run_dir = run_in(Path(run_dir))
     if not results.exists(run_dir):
         return analyze_dir(run_dir)
     try:
-        return results.read(run_dir)
+        return results.read_stored(run_dir)
     except InputError as error:
         warnings.warn(f"{error}; analysed again", TraceWarning, stacklevel=2)
         return analyze_dir(run_dir)
+
+
+def analysis_of(run_dir: Path) -> Analysis:
+    """stored_of's analysis of a whole job; InputError where the traces hold some of its ranks only (the
+    commands that replay the pipeline need every rank)."""
+    found = stored_of(run_dir)
+    if isinstance(found, RanksAnalysis):
+        present = found.summary.ranks_present
+        raise InputError(
+            run_in(Path(run_dir)),
+            f"needs every rank of the job: the traces hold {len(present)} of its {found.summary.world_size}",
+        )
+    return found

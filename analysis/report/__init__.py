@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from analysis.report import index_page, run_page
+from analysis.report import index_page, ranks_page, run_page
 from analysis.report.assets import write_assets
 from analysis.report.pages import assets_path, chart_script, document
 from analysis.report.runs import Run, load_run, run_directories
@@ -36,6 +36,10 @@ def _write_run_page(run: Run, out: Path, stem: str) -> set[str]:
     merged_href = (
         Path(os.path.relpath(merged.resolve(), page.parent.resolve())).as_posix() if merged else None
     )
+    if run.summary.scope == "ranks":
+        return _write_page(
+            page, f"{run.run_id}: some ranks of a job", ranks_page.body(run, merged_href), [], 1
+        )
     body, figures, choices = run_page.body(run, merged_href, stem)
     return _write_page(page, f"{run.run_id}: pipeline run", body, figures, 1, choices)
 

@@ -68,7 +68,8 @@ tr.flagged td { background: #fff8e0; }
 tr.not-pipeline td { background: #f0f4ff; } td.trust-low { color: #a00; font-weight: bold; }
 .trust-low { border-left: 4px solid #c00; background: #fff0f0; padding: 0.3em 1em; margin: 0.5em 0; }
 .verdict { border-left: 4px solid #2a6; background: #f2fbf5; padding: 0.3em 1em; max-width: 70em; }
-.verdict p { margin: 0.3em 0; } table.prose td.text { white-space: normal; min-width: 6em; }
+.verdict p { margin: 0.3em 0; } .trust-low-mark { color: #a00; font-size: 0.8em; }
+table.prose td.text { white-space: normal; min-width: 6em; }
 .caption, .note { color: #555; max-width: 70em; margin: 0.3em 0 0.8em; }
 .chart { margin: 0.5em 0 0.3em; } .figures { display: flex; gap: 2.5em; flex-wrap: wrap; }
 .figure b { font-size: 1.35em; display: block; } .figure { cursor: help; }

@@ -83,6 +83,10 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
             classes.append("not-pipeline" if run.not_a_pipeline else "error")
             continue
         s = run.summary
+        if s.scope == "ranks":
+            rows.append(_ranks_row(run, pages[run.run_id]))
+            classes.append("flagged")
+            continue
         rows.append(
             [
                 link(pages[run.run_id], run.run_id),
@@ -108,6 +112,31 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
     return table(RUN_COLUMNS, rows, classes)
 
 
+def _ranks_row(run: Run, page: str) -> list:
+    """Some ranks of a bigger job: the job's configuration where run.json says it, the longest present
+    rank's step and the largest own bubble; no pipeline figure."""
+    s = run.summary
+    present = (
+        f"rank(s) {', '.join(map(str, s.ranks_present[:4]))}{' ...' if len(s.ranks_present) > 4 else ''}"
+    )
+    return [
+        link(page, run.run_id),
+        _text(s.schedule),
+        _text(s.engine),
+        _text(s.device),
+        _text(s.p),
+        _text(s.m),
+        _text(s.v),
+        s.step_time_ms,
+        s.bubble_formula,
+        max(r.bubble_measured for r in s.ranks),
+        None,
+        verdict_section.trust_mark(s.trust),
+        f"{present} of {s.world_size} alone",
+        "—",
+    ]
+
+
 def _pipeline_rows(s: Summary) -> list[list]:
     """Below a job's row (the slowest pipeline's figures), one row per pipeline: its step, its step alone
     (less its ranks' wait for slower replicas) and its busy-time bubble."""
@@ -123,6 +152,11 @@ def _pipeline_rows(s: Summary) -> list[list]:
             + [line.bubble_measured, None, None, None, None]
         )
     return rows
+
+
+def _whole(run: Run) -> bool:
+    """A run analysed as a whole pipeline job (not an error, not some of its ranks)."""
+    return run.error is None and run.summary.scope != "ranks"
 
 
 def _count(n: int, noun: str) -> str:
@@ -237,10 +271,8 @@ def sweep_figures(runs: pl.DataFrame, by_id: dict[str, Run]) -> list[Figure]:
 
 
 def body(runs: list[Run], pages: dict[str, str]) -> tuple[str, list[Figure]]:
-    analysed = sweeps.runs_frame(
-        [sweeps.run_row(r.run_id, r.summary, r.config) for r in runs if r.error is None]
-    )
-    figures = sweep_figures(analysed, {r.run_id: r for r in runs if r.error is None})
+    analysed = sweeps.runs_frame([sweeps.run_row(r.run_id, r.summary, r.config) for r in runs if _whole(r)])
+    figures = sweep_figures(analysed, {r.run_id: r for r in runs if _whole(r)})
     others = sum(r.not_a_pipeline for r in runs)
     failed = sum(r.error is not None for r in runs) - others
     counts = [_count(len(runs), "run") + ", newest first"]

@@ -258,7 +258,7 @@ def body(run: Run, merged_href: str | None, stem: str) -> tuple[str, list[Figure
         '<p><a href="../index.html">all runs</a></p>',
         f"<h1>{html.escape(run.run_id)}</h1>",
         verdict_section.section_html(summary),
-        "<h2>Figures</h2>",
+        verdict_section.figures_heading(summary),
         figures_html(summary),
         *(f"<p>Note: {html.escape(note)}.</p>" for note in summary.notes),
         *job_html,

@@ -12,9 +12,9 @@ from pathlib import Path
 import msgspec
 
 from analysis.errors import InputError, NotAPipeline
-from analysis.job.run_dir import analysis_of
-from analysis.results import Analysis
-from analysis.schema import Summary
+from analysis.job.run_dir import stored_of
+from analysis.results import Analysis, RanksAnalysis
+from analysis.schema import RanksSummary, Summary
 from analysis.traces import limits
 from analysis.traces.run_files import is_run_directory
 from analysis.traces.source import read_text
@@ -26,12 +26,13 @@ class Run:
     run_id: str
     path: Path
     config: dict  # run.json, or {} where the run has none (traces written by someone else)
-    analysis: Analysis | None = None  # what `analyze` wrote (analysis.results); None with `error`
+    # what `analyze` wrote (analysis.results): a whole job's, or some of its ranks'; None with `error`
+    analysis: Analysis | RanksAnalysis | None = None
     error: str | None = None
     not_a_pipeline: bool = False  # `error` says what the job is instead (analysis.trust.gate)
 
     @property
-    def summary(self) -> Summary:
+    def summary(self) -> Summary | RanksSummary:
         return self.analysis.summary
 
     @property
@@ -73,7 +74,7 @@ def load_run(path: Path) -> Run:
     try:
         if (path / "run.json").is_file():
             config = _read_json(path / "run.json")
-        return Run(path.name, path, config, analysis_of(path))
+        return Run(path.name, path, config, stored_of(path))
     except NotAPipeline as error:
         return Run(path.name, path, config, error=error.problem, not_a_pipeline=True)
     except InputError as error:

@@ -67,6 +67,17 @@ def _predicted(finding) -> str:
     return f"{finding.predicted_step_ms:.1f} ({finding.predicted_low_ms:.1f}-{finding.predicted_high_ms:.1f})"
 
 
+def figures_heading(summary: Summary) -> str:
+    """The heading over the figures, marked where the trust is low: no figure of such a run is shown
+    without it."""
+    low = summary.trust is not None and summary.trust.level != "high"
+    return (
+        "<h2>Figures"
+        + (' <span class="trust-low-mark">(low trust: see above)</span>' if low else "")
+        + "</h2>"
+    )
+
+
 def section_html(summary: Summary) -> str:
     """The answer first: the trust (with its reasons where low), the sentences, the findings table."""
     trust, verdict = summary.trust, summary.verdict
