@@ -46,7 +46,9 @@ def test_merge_merges_the_ranks_present_each_as_its_own_rank(tmp_path, capsys):
     assert "3 rank(s)" in out and out.rstrip().endswith(
         "all steps of ranks [0, 2, 3]; missing rank(s) 1 (the job has 4)"
     ), out
-    assert err.splitlines()[0] == f"note: merged without the analysis: {run}: missing rank(s) 1 (found 0, 2-3)"
+    assert (
+        err.splitlines()[0] == f"note: merged without the analysis: {run}: missing rank(s) 1 (found 0, 2-3)"
+    )
     trace = merged(run / "merged.json.gz")
     assert process_names(trace) == {0: "rank 0", 2: "rank 2", 3: "rank 3"}
     labels = {e["pid"]: e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("PP:3F")}
