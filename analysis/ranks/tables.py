@@ -48,7 +48,8 @@ class RankInput:
         pl.DataFrame
     )  # its collectives with their groups (analysis.timeline.dp_sync.collectives)
     peers: frozenset[int]  # global ranks its p2p ops name; empty where they were not wanted
-    # its cells were inferred from the op stream, which takes a rank's one stage to be its rank number
+    # its cells were inferred from the op stream or read from phase labels (analysis.cells.phases), which
+    # take a rank's one stage to be its rank number
     stage_is_rank: bool = False
 
     def renumbered(self, rank: int) -> RankInput:
@@ -132,6 +133,6 @@ def rank_input(trace: RawTrace, config: dict | None = None, alone: bool = True) 
         groups=groups,
         group_collectives=collectives(frame, said, groups),
         peers=frozenset(peers),
-        # labels name their stages; only the op-stream inference leaves every cell inferred
-        stage_is_rank=cells.cells.height > 0 and bool(cells.cells["inferred"].all()),
+        # PP labels name their stages; phase labels and the op-stream inference (every cell inferred) do not
+        stage_is_rank=cells.phase_labels or (cells.cells.height > 0 and bool(cells.cells["inferred"].all())),
     )
