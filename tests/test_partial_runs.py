@@ -13,6 +13,7 @@ from analysis.cli import main
 from analysis.merge.perfetto_check import problems
 from runners.schedules import build
 from synthetic.generate import write_run
+from synthetic.phase_labels import FILE_NAME, write_phase_trace
 
 
 def four_rank_run(directory: Path, without: int) -> Path:
@@ -72,3 +73,20 @@ def test_merge_with_the_analysis_made_before_a_rank_was_lost(tmp_path, capsys):
     arrows = {(e["pid"], e["ph"]) for e in trace["traceEvents"] if e.get("cat") == "p2p"}
     assert arrows == {(0, "s"), (1, "f"), (1, "s"), (0, "f")}  # only between ranks both merged
     assert problems(trace) == []
+
+
+def test_one_rank_of_a_job_of_64_merges_as_a_directory_or_a_file_and_is_not_analysed(tmp_path, capsys):
+    """DeepSeek's shape of public trace: one GPU file, its distributedInfo rank 0 of world_size 64."""
+    run = tmp_path / "run"
+    write_phase_trace(run)
+    assert main(["analyze", str(run)]) == 2
+    assert capsys.readouterr().err == f"error: {run}: missing rank(s) 1-63 (found 0)\n"
+    for source in (run, run / FILE_NAME):
+        assert main(["merge", str(source), "--out", str(tmp_path / "merged.json.gz")]) == 0
+        out, err = capsys.readouterr()
+        assert "1 rank(s)" in out and out.rstrip().endswith(
+            "all steps of ranks [0]; missing rank(s) 1-63 (the job has 64)"
+        ), out
+        tried = f"note: merged without the analysis: {run}: missing rank(s) 1-63 (found 0)"
+        assert (tried in err.splitlines()) == (source == run), err  # a file alone is not analysed
+        assert problems(merged(tmp_path / "merged.json.gz")) == []

@@ -125,3 +125,4 @@ def test_a_whole_run_of_phase_cells_is_refused_by_the_order_check_in_one_line(tm
     assert main(["analyze", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {tmp_path}: the traces' order cannot run: "), err
+    assert "0W0 at rank 0" in err and "not an action of this pipeline" in err, err  # the phase cells' W
