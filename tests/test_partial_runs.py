@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 from analysis.cli import main
@@ -73,6 +74,24 @@ def test_merge_with_the_analysis_made_before_a_rank_was_lost(tmp_path, capsys):
     arrows = {(e["pid"], e["ph"]) for e in trace["traceEvents"] if e.get("cat") == "p2p"}
     assert arrows == {(0, "s"), (1, "f"), (1, "s"), (0, "f")}  # only between ranks both merged
     assert problems(trace) == []
+
+
+def test_merge_leaves_out_an_analysis_that_does_not_cover_the_ranks_merged(tmp_path, capsys):
+    """RUN/analysis of ranks 0-1 (another run's, copied in) beside ranks 0-3: merged without it."""
+    other, run = tmp_path / "other", tmp_path / "run"
+    write_run(other, build("1f1b", 2, 4), steps=2, run_id=other.name)
+    write_run(run, build("1f1b", 4, 8), steps=2, run_id=run.name)
+    assert main(["analyze", str(other)]) == 0
+    shutil.copytree(other / "analysis", run / "analysis")
+    capsys.readouterr()
+    assert main(["merge", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip().endswith("all steps of ranks [0, 1, 2, 3]"), out
+    assert (
+        err.splitlines()[0]
+        == f"note: merged without the analysis: {run}: its analysis has no rank 2-3 (analyse the run again)"
+    )
+    assert not [e for e in merged(run / "merged.json.gz")["traceEvents"] if e.get("cat") == "p2p"]
 
 
 def test_one_rank_of_a_job_of_64_merges_as_a_directory_or_a_file_and_is_not_analysed(tmp_path, capsys):
