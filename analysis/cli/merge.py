@@ -127,7 +127,7 @@ def _missing(job: RunTraces | None, ranks: tuple[int, ...] | None) -> str:
     chosen. Empty where none is, or where only the chosen ranks' files were read (job None)."""
     if job is None:
         return ""
-    missing: list = job.missing
+    missing: list[tuple[int, int]] | list[int] = job.missing
     if ranks is not None:
         missing = [rank for rank in ranks if any(first <= rank <= last for first, last in missing)]
     return f"; missing rank(s) {listed(missing)} (the job has {job.world_size})" if missing else ""
