@@ -117,7 +117,6 @@ REFUSED: dict[str, tuple[Mutation, str, str]] = {
         "rank0.json.gz",
         "not valid JSON",
     ),
-    "rank missing": (lambda run: (run / "rank1.json.gz").unlink(), "", "missing rank(s) 1"),
     "two files claim a rank": (
         lambda run: rewrite(run, lambda t: t["distributedInfo"].update(rank=0), rank=1),
         "",

@@ -134,6 +134,19 @@ def test_one_stage_per_process_is_not_split(tmp_path):
     assert virtual_ranks(run) is run
 
 
+def test_the_only_trace_of_a_bigger_job_is_that_rank_not_virtual_ranks(tmp_path):
+    """One process's trace of two streams, but its distributedInfo says rank 0 of 4 (one rank of a job
+    whose other traces are not here): its own rank, not two virtual ranks 0 and 1."""
+    write_run(tmp_path, build("1f1b", 2, 4), shape=SINGLE_GPU, **INJECTED)
+    (tmp_path / "run.json").unlink()
+    path = tmp_path / "rank0.json.gz"
+    document = json.loads(gzip.decompress(path.read_bytes()))
+    document["distributedInfo"] = {"rank": 0, "world_size": 4}
+    path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    run = load_run(tmp_path)
+    assert virtual_ranks(run) is run and run.missing == [(1, 3)]
+
+
 def test_run_json_saying_single_gpu_without_the_layout_is_refused(tmp_path):
     write_run(tmp_path, build("gpipe", 2, 2), shape="gpu", **INJECTED)
     config = json.loads((tmp_path / "run.json").read_text())

@@ -45,6 +45,7 @@ from analysis.cells.labelled import (
     unscheduled_union,
 )
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
+from analysis.cells.phases import phase_cells, phase_labels
 from analysis.cells.spans import assign_steps, rows
 from analysis.traces.kineto import BACKWARD_OP_PREFIX, STEP_PREFIX
 from runners.schedules.trace_names import OPERATOR_CATEGORY
@@ -58,12 +59,16 @@ ARRIVALS = ("gloo:recv", "gloo:send")
 def cells_of(
     frame: pl.DataFrame, source: str | Path | None = None, events: RankEvents | None = None
 ) -> RankCells:
-    """A rank's cells: from `PP:` labels where the trace has them, else inferred from the op stream.
-    `events`: the frame's rank_events, where the caller has them."""
+    """A rank's cells: from `PP:` labels where the trace has them, else from a framework's phase labels
+    (analysis.cells.phases), else inferred from the op stream. `events`: the frame's rank_events, where
+    the caller has them."""
     events = rank_events(frame) if events is None else events
     labels = step_labels(events, source)
     if labels.height:
         return _with_consumer_waits(labelled_cells(events, labels), frame)
+    phases = phase_labels(events)
+    if phases.height:
+        return phase_cells(events, phases)
     if events.device is not None:
         return gpu_cells(events)
     if frame.height == 0:

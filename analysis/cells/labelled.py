@@ -12,7 +12,7 @@ appends rows with `inferred=True` (the column exists so that pass needs no schem
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import polars as pl
@@ -70,11 +70,13 @@ class RankCells:
     next_heads: pl.DataFrame | None = None
     # CPU, labelled: CELL_KEY + outlives for each SEND cell with a gloo:send span (send_spans)
     sends: pl.DataFrame | None = None
+    # the cells are of a framework's phase labels (analysis.cells.phases): kind read, microbatch counted
+    phase_labels: bool = False
 
     def map(self, change: Callable[[pl.DataFrame], pl.DataFrame]) -> RankCells:
         """The same rank with `change` applied to each of its frames."""
-        frames = (getattr(self, field.name) for field in fields(self))
-        return RankCells(*(None if frame is None else change(frame) for frame in frames))
+        frames = {field.name: getattr(self, field.name) for field in fields(self)}
+        return replace(self, **{n: change(f) for n, f in frames.items() if isinstance(f, pl.DataFrame)})
 
 
 @dataclass(frozen=True)
@@ -307,10 +309,15 @@ def _device_cells(
 
 
 def _unscheduled(
-    events: RankEvents, labels: pl.DataFrame, kernels: pl.DataFrame | None, steps: pl.DataFrame
+    events: RankEvents,
+    labels: pl.DataFrame,
+    kernels: pl.DataFrame | None,
+    steps: pl.DataFrame,
+    annotations_are_work: bool = True,
 ) -> pl.DataFrame:
     """Work outside every action, as its union per step (unscheduled_union): GPU kernels no label
-    launched; on CPU, host spans on a label thread."""
+    launched; on CPU, host spans on a label thread (its user annotations only where
+    `annotations_are_work`: not a framework's phase labels and the blocks around them)."""
     if kernels is not None:
         work = events.device.join(
             kernels.select("rank", "correlation"), on=["rank", "correlation"], how="anti"
@@ -325,9 +332,10 @@ def _unscheduled(
         housekeeping = pl.col("name").str.starts_with(LABEL_PREFIX) & pl.col("name").str.contains(
             TORCH_HOUSEKEEPING
         )
+        work_cats = [OPERATOR_CATEGORY, "user_annotation"] if annotations_are_work else [OPERATOR_CATEGORY]
         host = (
             (pl.col("ph") == "X")
-            & pl.col("cat").is_in([OPERATOR_CATEGORY, "user_annotation"])
+            & pl.col("cat").is_in(work_cats)
             & (
                 ~pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in NOT_HOST_WORK)
                 | housekeeping
@@ -355,8 +363,9 @@ def step_labels(events: RankEvents, source: str | Path | None = None) -> pl.Data
     return assign_steps(label_spans(events.frame, source), events.steps)
 
 
-def labelled_cells(events: RankEvents, labels: pl.DataFrame) -> RankCells:
-    """The cells of a rank's `step_labels`."""
+def labelled_cells(events: RankEvents, labels: pl.DataFrame, annotations_are_work: bool = True) -> RankCells:
+    """The cells of a rank's `step_labels` (or of labels in their shape: analysis.cells.phases; its
+    annotations are no work of their own: _unscheduled)."""
     steps = events.steps
     if events.device is not None:
         labels, waits, kernels = _device_cells(labels, events.device)
@@ -373,7 +382,7 @@ def labelled_cells(events: RankEvents, labels: pl.DataFrame) -> RankCells:
         .select(pl.col(name).cast(dtype) for name, dtype in CELL_SCHEMA.items())
         .sort("rank", "start_ns")
     )
-    unscheduled = _unscheduled(events, labels, kernels, steps)
+    unscheduled = _unscheduled(events, labels, kernels, steps, annotations_are_work)
     ops = None if kernels is not None else operator_spans(events.ops, labels)
     syncs = None if kernels is None else host_syncs(events.frame, events.steps)
     heads = None if kernels is None else next_heads(events.steps, kernels)

@@ -4,8 +4,9 @@ compute stream, so the cells, classes and waterfall are those of a P-GPU run.
 
 Layout. A stage's compute stream is the stream its compute actions' (F, B, I, W) kernels ran on; the
 stages of one stream are one virtual rank, numbered by their lowest stage (where a loop or a V
-placement puts stage r). A run's only trace is split when its stages compute on two or more streams,
-one stream per stage; run.json's mode single_gpu without that layout is refused.
+placement puts stage r). A run's only trace is split when it is the whole job (a world of one process)
+and its stages compute on two or more streams, one stream per stage; one rank of a bigger job is not
+(its stages are its own); run.json's mode single_gpu without that layout is refused.
 
 Events. A host event belongs to the rank of the PP label it starts in (on its thread; on a thread that
 holds no label, such as autograd's engine thread, the label open then: analysis.cells.labelled), a
@@ -203,7 +204,8 @@ def virtual_ranks(run: RunTraces) -> RunTraces:
     """The run with its one trace read as one trace per virtual rank where it is the single-GPU layout;
     otherwise the run as it is. run.json's mode single_gpu without that layout is an InputError."""
     says_single = (run.config or {}).get("mode") == SINGLE_GPU
-    frames = split(run.traces[0].frame, run.traces[0].path) if len(run.traces) == 1 else None
+    one_process = run.world_size == 1 and len(run.traces) == 1
+    frames = split(run.traces[0].frame, run.traces[0].path) if one_process else None
     if frames is None:
         if says_single:
             raise InputError(
@@ -218,6 +220,5 @@ def virtual_ranks(run: RunTraces) -> RunTraces:
             f"says p={run.config.get('p')!r:.40} but its trace holds {len(frames)} ranks",
         )
     (trace,) = run.traces
-    return replace(
-        run, traces=tuple(replace(trace, rank=rank, frame=frame) for rank, frame in frames.items())
-    )
+    traces = tuple(replace(trace, rank=rank, frame=frame) for rank, frame in frames.items())
+    return replace(run, traces=traces, world_size=len(traces))

@@ -4,6 +4,9 @@ A run directory's traces are loaded once: where its analysis/ is missing (or unr
 analysed from those same traces, so the merge holds one copy of them, as `analyze` does, and streams
 the merged trace to disk (analysis.merge.merged.write_merged). Where the analysis is on disk and
 --pipelines or --ranks keeps some ranks, only their files are read (analysis.merge.merged.read_named_ranks).
+Any of a job's ranks merge (one rank of a big job, a run with a rank's file lost): the summary line says
+which are missing, and where the analysis does not cover the ranks merged (a run lacking ranks is not
+analysed), they merge without it.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from analysis import results
 from analysis.errors import InputError, LimitExceeded, TraceWarning, printable
 from analysis.job.join import analyze_job
 from analysis.job.run_dir import run_input
-from analysis.merge.merged import kept_ranks, read_named_ranks, read_ranks, write_merged
+from analysis.merge.merged import kept_ranks, read_named_ranks, read_run, write_merged
 from analysis.results import Analysis
 from analysis.traces import limits
-from analysis.traces.run import RunTraces, load_run
+from analysis.traces.load import RawTrace
+from analysis.traces.run import RunTraces, listed, load_run
 from analysis.traces.run_files import run_in
 
 
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     steps = _selection(args.steps, "--steps", "steps")
     ranks = _selection(args.ranks, "--ranks", "ranks")
     source: Path = run_in(args.source)
-    analysis, without = None, None
+    analysis, without, job = None, None, None
     pipelines = _selection(args.pipelines, "--pipelines", "ranks")
     if source.is_dir():
         stored = _stored_analysis(source.resolve())
@@ -60,19 +64,22 @@ def run(args: argparse.Namespace) -> int:
         # A selection read alone where the stored analysis already holds what the other ranks gave it.
         traces = read_named_ranks(source, ranks) if loaded is None and ranks is not None else None
         if traces is None:
-            loaded = loaded or load_run(source.resolve())
-            traces = kept_ranks(source, {t.rank: t for t in loaded.traces}, ranks)
+            job = loaded or load_run(source.resolve())
     elif pipelines is not None:
         raise InputError(
             source, "--pipelines needs a run directory (its analysis says which ranks form each)"
         )
     else:
-        traces = read_ranks(source, ranks)
+        job = read_run(source)
+    if job is not None:
+        traces = kept_ranks(source, {t.rank: t for t in job.traces}, ranks)
+    if analysis is not None:
+        analysis, without = _covering(source, analysis, traces)
     out = args.out or (source if source.is_dir() else source.parent) / "merged.json.gz"
     size, notes = write_merged(out, traces, steps, analysis, align=not args.no_align)
     print(
         f"{printable(out)}: {len(traces)} rank(s), {notes['events']} events, {size / 1e6:.1f} MB of JSON, "
-        f"{time.perf_counter() - began:.2f} s; {notes['limited']}"
+        f"{time.perf_counter() - began:.2f} s; {notes['limited']}{_missing(job, ranks)}"
     )
     if without is not None:
         print(f"note: merged without the analysis: {without}", file=sys.stderr)
@@ -102,6 +109,28 @@ def _analysed(run_dir: Path, loaded: RunTraces) -> tuple[Analysis | None, InputE
         return None, error
     results.write(run_dir, analysis)
     return analysis, None
+
+
+def _covering(
+    source: Path, analysis: Analysis, traces: dict[int, RawTrace]
+) -> tuple[Analysis | None, InputError | None]:
+    """The analysis where it has every rank merged; else none, and why (RUN/analysis written before
+    another rank's trace was added)."""
+    uncovered = sorted(set(traces) - {entry.rank for entry in analysis.summary.ranks})
+    if not uncovered:
+        return analysis, None
+    return None, InputError(source, f"its analysis has no rank {listed(uncovered)} (analyse the run again)")
+
+
+def _missing(job: RunTraces | None, ranks: tuple[int, ...] | None) -> str:
+    """ "; missing rank(s) 1-63 (the job has 64)": the job's ranks without a trace, of `ranks` where
+    chosen. Empty where none is, or where only the chosen ranks' files were read (job None)."""
+    if job is None:
+        return ""
+    missing: list[tuple[int, int]] | list[int] = job.missing
+    if ranks is not None:
+        missing = [rank for rank in ranks if any(first <= rank <= last for first, last in missing)]
+    return f"; missing rank(s) {listed(missing)} (the job has {job.world_size})" if missing else ""
 
 
 def _of_pipelines(

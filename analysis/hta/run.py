@@ -48,7 +48,8 @@ class _RankTrace:
 def _rank_traces(run_dir: Path) -> tuple[dict[int, _RankTrace], list[int]]:
     """The ranks with GPU kernels (the loader says which files are rank traces), and those without."""
     with_kernels, without = {}, []
-    for rank, trace in enumerate(load_run(run_dir).traces):
+    for trace in load_run(run_dir).traces:  # (any of the job's ranks: a trace's rank is its own)
+        rank = trace.rank
         if not is_gpu(trace.frame):
             without.append(rank)
             continue

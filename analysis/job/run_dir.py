@@ -26,15 +26,16 @@ from analysis.whatif.figures import with_whatif
 
 def read_run(path: Path) -> RunInput:
     """The traces of a run directory and its run.json (analysis.traces.run.load_run checks they form a
-    run), each rank read into its tables alone, in a pool of processes (analysis.ranks.pool)."""
-    run, ranks = read_ranks(path)
+    run, RunTraces.require_complete that it has every rank of its job), each rank read into its tables
+    alone, in a pool of processes (analysis.ranks.pool)."""
+    run, ranks = read_ranks(path, RunTraces.require_complete)
     return RunInput(run.path, ranks, run.config)
 
 
 def run_input(run: RunTraces) -> RunInput:
     """The same from traces loaded already (the merge's); one process's trace of P ranks on one GPU is
     read as P ranks (analysis.cells.virtual_ranks)."""
-    run = virtual_ranks(run)
+    run = virtual_ranks(run.require_complete())
     alone = len(run.traces) == 1
     ranks = {t.rank: rank_input(t, config=run.config, alone=alone) for t in run.traces}
     return RunInput(run.path, ranks, run.config)

@@ -34,8 +34,8 @@ from analysis.merge.tracks import exact_micros, layout, micros
 from analysis.results import Analysis
 from analysis.timeline import clock
 from analysis.traces import limits
-from analysis.traces.load import Budget, RawTrace, read_trace
-from analysis.traces.run import load_run
+from analysis.traces.load import Budget, RawTrace, read_trace, with_rank
+from analysis.traces.run import RunTraces, load_run, one_trace_run
 from analysis.traces.run_files import rank_from_name, trace_files
 from analysis.traces.times import WHOLE_NS_LIMIT_US
 
@@ -44,15 +44,18 @@ _ENCODER = msgspec.json.Encoder()
 _Found = TypeVar("_Found", RawTrace, Path)  # a rank's trace, or its file not yet read
 
 
+def read_run(source: Path) -> RunTraces:
+    """The traces of a run directory (analysis.traces.run.load_run: ranks of one job, any of them) or of
+    one trace file (rank 0 unless it says otherwise)."""
+    if not source.is_file():
+        return load_run(source)
+    trace = read_trace(source)
+    return one_trace_run(trace if trace.rank is not None else with_rank(trace, 0))
+
+
 def read_ranks(source: Path, ranks: tuple[int, ...] | None) -> dict[int, RawTrace]:
-    """rank -> trace for a run directory (analysis.traces.run.load_run: one whole run) or one trace file (rank 0
-    unless it says otherwise), keeping only `ranks` when given."""
-    if source.is_file():
-        trace = read_trace(source)
-        found = {trace.rank if trace.rank is not None else 0: trace}
-    else:
-        found = {trace.rank if trace.rank is not None else 0: trace for trace in load_run(source).traces}
-    return kept_ranks(source, found, ranks)
+    """rank -> trace of `source` (read_run), keeping only `ranks` when given."""
+    return kept_ranks(source, {trace.rank: trace for trace in read_run(source).traces}, ranks)
 
 
 def read_named_ranks(source: Path, ranks: tuple[int, ...]) -> dict[int, RawTrace] | None:

@@ -26,7 +26,7 @@ import multiprocessing
 import sys
 import threading
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,7 +42,7 @@ from analysis.ranks.progress import Progress
 from analysis.ranks.tables import RankInput, one_pipeline, rank_input, without_events
 from analysis.traces import limits
 from analysis.traces.load import Budget, RawTrace, read_trace, with_rank
-from analysis.traces.run import RunTraces, load_run
+from analysis.traces.run import RunTraces, load_run, one_trace_run
 from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import trace_files
 
@@ -112,7 +112,7 @@ def _ranks(trace: RawTrace, alone: bool, config: dict | None) -> list[RankInput]
         return [] if trace.rank is None else [rank_input(trace, config, alone)]  # (no rank: load_run refuses)
     if trace.rank is None:
         trace = with_rank(trace, 0)
-    run = virtual_ranks(RunTraces(trace.path.parent, (trace,), config))
+    run = virtual_ranks(one_trace_run(trace, config))
     return [rank_input(one, config) for one in run.traces]  # (virtual ranks keep the events' indices)
 
 
@@ -254,14 +254,20 @@ class _Reader:
             self.results.close()  # (a cluster's results not taken are cancelled there)
 
 
-def read_ranks(directory: Path) -> tuple[RunTraces, dict[int, RankInput]]:
-    """The run as load_run checks it (its traces without their frames), and rank -> its tables."""
+def read_ranks(
+    directory: Path, check: Callable[[RunTraces], object] | None = None
+) -> tuple[RunTraces, dict[int, RankInput]]:
+    """The run as load_run checks it (its traces without their frames; any subset of the job's ranks),
+    and rank -> its tables. `check` sees the run first, as load_run's own checks: its error comes
+    before any rank's analysis error."""
     directory = Path(directory)
     files = trace_files(directory) if directory.is_dir() else []
     with Progress(f"{directory.name}: ranks read") as progress:
         reader = _Reader(directory, workers.pool_size(files), progress)
         try:
             run = load_run(directory, reader)
+            if check is not None:
+                check(run)
             return run, reader.ranks(run)
         finally:
             reader.close()

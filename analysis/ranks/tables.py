@@ -50,7 +50,8 @@ class RankInput:
     )  # its collectives with their groups (analysis.timeline.dp_sync.collectives)
     peers: frozenset[int]  # global ranks its p2p ops name; empty where they were not wanted
     census: CommCensus  # its p2p calls, kernels, labels and collectives: is the job a pipeline
-    # its cells were inferred from the op stream, which takes a rank's one stage to be its rank number
+    # its cells were inferred from the op stream or read from phase labels (analysis.cells.phases), which
+    # take a rank's one stage to be its rank number
     stage_is_rank: bool = False
 
     def renumbered(self, rank: int) -> RankInput:
@@ -135,6 +136,6 @@ def rank_input(trace: RawTrace, config: dict | None = None, alone: bool = True) 
         group_collectives=collectives(frame, said, groups),
         peers=frozenset(peers),
         census=census_of(frame, cells),
-        # labels name their stages; only the op-stream inference leaves every cell inferred
-        stage_is_rank=cells.cells.height > 0 and bool(cells.cells["inferred"].all()),
+        # PP labels name their stages; phase labels and the op-stream inference (every cell inferred) do not
+        stage_is_rank=cells.phase_labels or (cells.cells.height > 0 and bool(cells.cells["inferred"].all())),
     )

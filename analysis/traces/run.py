@@ -1,6 +1,8 @@
 """A run directory's traces: every rank's file read (analysis.traces.load.read_trace, or a reader that
-does as it does) and checked to form one whole run: one file per rank, the same world size and run id,
-as many ranks as run.json says (analysis.traces.run_config)."""
+does as it does) and checked to be ranks of one job: one file per rank, the same world size and run id,
+run.json (analysis.traces.run_config) agreeing with the traces. Any subset of the job's ranks loads (a
+public trace is often one rank of a big job: rank 0 of 64); the run says which ranks it has and how many
+the job has, and `RunTraces.require_complete` refuses it where a reader needs every rank."""
 
 from __future__ import annotations
 
@@ -23,12 +25,30 @@ from runners.schedules.single_gpu import SINGLE_GPU
 @dataclass(frozen=True)
 class RunTraces:
     path: Path
-    traces: tuple[RawTrace, ...]  # traces[r] is rank r
+    traces: tuple[RawTrace, ...]  # the ranks present, in rank order: traces[i].rank is the rank, not i
     config: dict[str, Any] | None  # run.json; None for traces our runners did not write
+    # the job's ranks: distributedInfo.world_size, else run.json's p x dp, else the highest rank + 1
+    world_size: int
 
     @property
-    def world_size(self) -> int:
-        return len(self.traces)
+    def ranks(self) -> tuple[int, ...]:
+        """The ranks whose traces are here, in order."""
+        return tuple(trace.rank for trace in self.traces)
+
+    @property
+    def missing(self) -> list[tuple[int, int]]:
+        """The job's ranks with no trace here, as runs (first, last), not every rank listed: a job may be
+        far bigger than the ranks at hand. Empty where the run is complete."""
+        return _gaps(list(self.ranks), self.world_size)
+
+    def require_complete(self) -> RunTraces:
+        """The run itself where every rank of the job has its trace; else an InputError naming the
+        missing ranks. The one place that refuses a partial run, for readers that need every rank."""
+        if self.missing:
+            raise InputError(
+                self.path, f"missing rank(s) {listed(self.missing)} (found {listed(self.ranks)})"
+            )
+        return self
 
     def frame(self) -> pl.DataFrame:
         """Every rank's events in one frame (column `rank` tells them apart)."""
@@ -36,9 +56,10 @@ class RunTraces:
 
 
 def load_run(directory: str | Path, read: Callable[[Path, Budget], RawTrace] = read_trace) -> RunTraces:
-    """Every rank trace of a run directory (+ run.json if present), checked to form one whole run, within
-    the limits in force (analysis.traces.limits) for each file and for the run. `read` reads each file
-    in turn, as read_trace does (analysis.ranks.pool reads them in other processes)."""
+    """Every rank trace of a run directory (+ run.json if present), checked to be ranks of one job (any
+    subset of them: RunTraces.missing), within the limits in force (analysis.traces.limits) for each file
+    and for the run. `read` reads each file in turn, as read_trace does (analysis.ranks.pool reads them in
+    other processes)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise InputError(directory, "not a directory")
@@ -77,23 +98,58 @@ def load_run(directory: str | Path, read: Callable[[Path, Budget], RawTrace] = r
         traces = [with_rank(traces[0], 0)]
     _check_same_run(directory, traces)
     by_rank = _one_per_rank(directory, traces)
-    one_process = config is not None and config.get("mode") == SINGLE_GPU  # P ranks in one trace
-    if config is not None and not one_process and _ranks_said(config) not in (None, len(by_rank)):
-        dp = f", dp={config['dp']!r:.20}" if "dp" in config else ""
-        raise InputError(
-            directory / "run.json",
-            f"says p={config['p']!r:.40}{dp} but the directory has {len(by_rank)} rank traces",
+    return RunTraces(directory, tuple(by_rank), config, _world_size(directory, by_rank, config))
+
+
+def one_trace_run(trace: RawTrace, config: dict[str, Any] | None = None) -> RunTraces:
+    """A run of one trace whose rank is known (a file merged alone, a pool worker's file), its job's
+    size as load_run finds it."""
+    return RunTraces(trace.path.parent, (trace,), config, _job_size([trace], config))
+
+
+def _job_size(traces: list[RawTrace], config: dict[str, Any] | None) -> int:
+    """The job's ranks: distributedInfo.world_size (one, _check_same_run), else run.json's p x dp where
+    it is a number of ranks (not for single_gpu: P ranks in one process's trace), else the highest rank
+    + 1. `traces` in rank order."""
+    sizes = {trace.world_size for trace in traces} - {None}
+    said = _ranks_said(config)
+    return next(iter(sizes), said if type(said) is int else traces[-1].rank + 1)
+
+
+def _world_size(directory: Path, traces: list[RawTrace], config: dict[str, Any] | None) -> int:
+    """_job_size, where run.json agrees with the traces: its p x dp is their world size, or where they
+    say none, a number of ranks within the limit that holds the highest rank."""
+    world, said = _job_size(traces, config), _ranks_said(config)
+    if said is None:
+        return world
+    if type(said) is int and said > limits.current().ranks:
+        raise LimitExceeded(
+            directory / "run.json", limits.current().exceeded("ranks", f"{said} ranks (p x dp)")
         )
-    return RunTraces(directory, tuple(by_rank), config)
+    highest = traces[-1].rank
+    if said != world or said <= highest:
+        if len(traces) < world and any(trace.world_size is not None for trace in traces):
+            found = f"ranks of a job of {world} (distributedInfo.world_size)"
+        else:
+            found = f"{len(traces)} rank traces" if len(traces) == highest + 1 else f"rank {highest}"
+        dp = f", dp={config['dp']!r:.40}" if "dp" in config else ""
+        raise InputError(
+            directory / "run.json", f"says p={config['p']!r:.40}{dp} but the directory has {found}"
+        )
+    return world
 
 
-def _ranks_said(config: dict[str, Any]) -> Any:
-    """The number of ranks run.json says the job has: p ranks per pipeline x dp pipelines (1 unsaid)."""
+def _ranks_said(config: dict[str, Any] | None) -> Any:
+    """The number of ranks run.json says the job has: p ranks per pipeline x dp pipelines (1 unsaid);
+    None without run.json, or for single_gpu (P ranks in one process's trace)."""
+    if config is None or config.get("mode") == SINGLE_GPU:
+        return None
     p, dp = config.get("p"), config.get("dp", 1)
     return p * dp if type(p) is int and type(dp) is int else p
 
 
 def _one_per_rank(directory: Path, traces: list[RawTrace]) -> list[RawTrace]:
+    """The traces in rank order, each rank known and claimed by one file."""
     by_rank: dict[int, RawTrace] = {}
     for trace in traces:
         if trace.rank is None:
@@ -106,14 +162,7 @@ def _one_per_rank(directory: Path, traces: list[RawTrace]) -> list[RawTrace]:
                 f"two files claim rank {trace.rank}: {by_rank[trace.rank].path.name}, {trace.path.name}",
             )
         by_rank[trace.rank] = trace
-    sizes = {trace.world_size for trace in traces} - {None}
-    expected = max([len(traces), max(by_rank) + 1, *sizes])
-    if expected > len(by_rank):  # ranges, not a set of every rank: world_size may be large
-        raise InputError(
-            directory,
-            f"missing rank(s) {_listed(_gaps(sorted(by_rank), expected))} (found {_listed(sorted(by_rank))})",
-        )
-    return [by_rank[rank] for rank in range(expected)]
+    return [by_rank[rank] for rank in sorted(by_rank)]
 
 
 def _gaps(present: list[int], expected: int) -> list[tuple[int, int]]:
@@ -137,7 +186,7 @@ def _check_same_run(directory: Path, traces: list[RawTrace]) -> None:
             raise InputError(directory, f"ranks from different runs: {label} differ ({shown})")
 
 
-def _listed(ranks: list[int] | list[tuple[int, int]]) -> str:
+def listed(ranks: list[int] | list[tuple[int, int]]) -> str:
     """[0, 1, 2, 5, 7, 8] (or the runs [(0, 2), (5, 5), (7, 8)]) -> "0-2, 5, 7-8" (a 300-rank job must
     still give one readable line; past 20 runs, the first 10 and a count)."""
     runs: list[list[int]] = []

@@ -1,0 +1,111 @@
+"""Some ranks of a bigger job (a rank's file lost, or the one rank a job published): `merge` merges the
+ranks there are and says which are missing; `analyze` refuses them in one line, as it always has, and so
+does the merge's own analysis (it merges without it).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+from analysis.cli import main
+from analysis.merge.perfetto_check import problems
+from runners.schedules import build
+from synthetic.generate import write_run
+from synthetic.phase_labels import FILE_NAME, write_phase_trace
+
+
+def four_rank_run(directory: Path, without: int) -> Path:
+    """A synthetic 1f1b run of 4 ranks whose rank `without` has no trace file."""
+    write_run(directory, build("1f1b", 4, 8), steps=2, run_id=directory.name)
+    (directory / f"rank{without}.json.gz").unlink()
+    return directory
+
+
+def merged(path: Path) -> dict:
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
+def process_names(trace: dict) -> dict[int, str]:
+    return {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+
+
+def test_analyze_refuses_a_run_missing_a_rank_in_one_line(tmp_path, capsys):
+    run = four_rank_run(tmp_path / "run", without=1)
+    code = main(["analyze", str(run)])
+    assert (code, capsys.readouterr().err) == (2, f"error: {run}: missing rank(s) 1 (found 0, 2-3)\n")
+    assert not (run / "analysis").exists()
+
+
+def test_merge_merges_the_ranks_present_each_as_its_own_rank(tmp_path, capsys):
+    """Rank 1's file lost: ranks 0, 2 and 3 merge under their own numbers (not as 0, 1, 2), the line says
+    rank 1 is missing, and the analysis, which refuses the run, is left out with a note."""
+    run = four_rank_run(tmp_path / "run", without=1)
+    assert main(["merge", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert "3 rank(s)" in out and out.rstrip().endswith(
+        "all steps of ranks [0, 2, 3]; missing rank(s) 1 (the job has 4)"
+    ), out
+    assert (
+        err.splitlines()[0] == f"note: merged without the analysis: {run}: missing rank(s) 1 (found 0, 2-3)"
+    )
+    trace = merged(run / "merged.json.gz")
+    assert process_names(trace) == {0: "rank 0", 2: "rank 2", 3: "rank 3"}
+    labels = {e["pid"]: e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("PP:3F")}
+    assert list(labels) == [3]  # stage 3's labels are in rank 3's process
+    assert problems(trace) == []
+
+
+def test_merge_with_the_analysis_made_before_a_rank_was_lost(tmp_path, capsys):
+    """The analysis written while every rank was there covers the ranks left: they merge with its
+    tracks and arrows, the line saying which rank is missing."""
+    run = tmp_path / "run"
+    write_run(run, build("1f1b", 4, 8), steps=2, run_id=run.name)
+    assert main(["analyze", str(run)]) == 0
+    (run / "rank2.json.gz").unlink()
+    capsys.readouterr()
+    assert main(["merge", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip().endswith("all steps of ranks [0, 1, 3]; missing rank(s) 2 (the job has 4)"), out
+    assert "merged without the analysis" not in err, err
+    trace = merged(run / "merged.json.gz")
+    arrows = {(e["pid"], e["ph"]) for e in trace["traceEvents"] if e.get("cat") == "p2p"}
+    assert arrows == {(0, "s"), (1, "f"), (1, "s"), (0, "f")}  # only between ranks both merged
+    assert problems(trace) == []
+
+
+def test_merge_leaves_out_an_analysis_that_does_not_cover_the_ranks_merged(tmp_path, capsys):
+    """RUN/analysis of ranks 0-1 (another run's, copied in) beside ranks 0-3: merged without it."""
+    other, run = tmp_path / "other", tmp_path / "run"
+    write_run(other, build("1f1b", 2, 4), steps=2, run_id=other.name)
+    write_run(run, build("1f1b", 4, 8), steps=2, run_id=run.name)
+    assert main(["analyze", str(other)]) == 0
+    shutil.copytree(other / "analysis", run / "analysis")
+    capsys.readouterr()
+    assert main(["merge", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip().endswith("all steps of ranks [0, 1, 2, 3]"), out
+    assert (
+        err.splitlines()[0]
+        == f"note: merged without the analysis: {run}: its analysis has no rank 2-3 (analyse the run again)"
+    )
+    assert not [e for e in merged(run / "merged.json.gz")["traceEvents"] if e.get("cat") == "p2p"]
+
+
+def test_one_rank_of_a_job_of_64_merges_as_a_directory_or_a_file_and_is_not_analysed(tmp_path, capsys):
+    """DeepSeek's shape of public trace: one GPU file, its distributedInfo rank 0 of world_size 64."""
+    run = tmp_path / "run"
+    write_phase_trace(run)
+    assert main(["analyze", str(run)]) == 2
+    assert capsys.readouterr().err == f"error: {run}: missing rank(s) 1-63 (found 0)\n"
+    for source in (run, run / FILE_NAME):
+        assert main(["merge", str(source), "--out", str(tmp_path / "merged.json.gz")]) == 0
+        out, err = capsys.readouterr()
+        assert "1 rank(s)" in out and out.rstrip().endswith(
+            "all steps of ranks [0]; missing rank(s) 1-63 (the job has 64)"
+        ), out
+        tried = f"note: merged without the analysis: {run}: missing rank(s) 1-63 (found 0)"
+        assert (tried in err.splitlines()) == (source == run), err  # a file alone is not analysed
+        assert problems(merged(tmp_path / "merged.json.gz")) == []
