@@ -417,3 +417,18 @@ def test_a_job_that_is_not_a_pipeline_is_a_row_of_its_own_and_a_run_page_answers
         page.index('<div class="verdict">') < page.index("<h2>Figures</h2>") < page.index("<h2>Timeline</h2>")
     )
     assert "Step " in page[page.index('<div class="verdict">') :]
+
+
+def test_some_ranks_of_a_job_are_a_row_and_a_page_of_their_own(tmp_path):
+    """A run with rank 1's file lost: its row says which ranks it holds and its trust is low; its page
+    shows each rank alone and what is unknown, and it stays out of the sweeps."""
+    traces = tmp_path / "traces"
+    run = write_contract_run(traces, "some", m=4)
+    (run / "rank1.json.gz").unlink()
+    shutil.rmtree(run / "analysis")  # the whole run's, analysed before the file was lost
+    index = build_report(traces, tmp_path / "reports").read_text()
+    row = re.search(r'<tr class="flagged">(.*?)</tr>', index)
+    assert row and "rank(s) 0 of 2 alone" in row[1] and ">low<" in row[1]
+    page = (tmp_path / "reports" / "runs" / "some.html").read_text()
+    assert "Each rank alone: 1 of the job's 2" in page and "Unknown without the other ranks" in page
+    assert page.index('class="low-trust-banner"') < page.index('<div class="verdict">')

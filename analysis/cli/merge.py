@@ -93,9 +93,11 @@ def _stored_analysis(run_dir: Path) -> Analysis | None:
     the run is then analysed again (_analysed)."""
     if results.exists(run_dir):
         try:
-            return results.read(run_dir)
+            stored = results.read_stored(run_dir)
         except InputError as error:
             warnings.warn(f"{error}; analysed again", TraceWarning, stacklevel=2)
+            return None
+        return stored if isinstance(stored, Analysis) else None  # some ranks' figures draw no tracks
     return None
 
 

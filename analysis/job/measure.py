@@ -56,6 +56,12 @@ class RunInput:
     # the collectives of a pipeline's ranks with their groups' scopes and start skews
     # (analysis.timeline.dp_sync.with_skew); None at dp = 1
     group_collectives: pl.DataFrame | None = None
+    world_size: int | None = None  # the job's ranks, where the run may hold only some of them
+
+    @property
+    def partial(self) -> bool:
+        """The traces hold some of the job's ranks only (analysis.job.partial measures each alone)."""
+        return self.world_size is not None and self.world_size > len(self.ranks)
 
     @property
     def sources(self) -> dict[int, Path]:

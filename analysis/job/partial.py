@@ -90,7 +90,7 @@ def _verdict(present: list[int], world_size: int, entries: list[RankAlone]) -> V
     )
     return Verdict(
         sentences=[
-            f"{len(present)} of the job's {world_size} ranks are in the traces: {shown}.",
+            f"The traces hold {len(present)} of the job's {world_size} ranks: {shown}.",
             "What needs the other ranks is unknown: the replay, the critical path and what any change would "
             "recover.",
             f"Nothing recommended: {world_size - len(present)} rank(s) missing.",
@@ -123,7 +123,7 @@ def measure_ranks(run: RunInput, world_size: int, rules: Rules = Rules()) -> Ran
         inferred_cells=int(cells["inferred"].sum()),
         rules=rules,
         trust=Trust(
-            level="low", reasons=[f"{world_size - len(present)} of the job's {world_size} ranks are missing"]
+            level="low", reasons=[f"ranks missing: {world_size - len(present)} of the job's {world_size}"]
         ),
         verdict=_verdict(present, world_size, entries),
     )

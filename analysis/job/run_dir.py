@@ -16,20 +16,22 @@ from analysis.cells.virtual_ranks import virtual_ranks
 from analysis.errors import InputError, TraceWarning
 from analysis.job.join import analyze_job
 from analysis.job.measure import RunInput
+from analysis.job.partial import measure_ranks
 from analysis.ranks.pool import read_ranks
 from analysis.ranks.tables import rank_input
 from analysis.results import Analysis, RanksAnalysis
 from analysis.traces.run import RunTraces
 from analysis.traces.run_files import run_in
+from analysis.trust.gate import pipeline_evidence
 from analysis.whatif.figures import with_whatif
 
 
 def read_run(path: Path) -> RunInput:
     """The traces of a run directory and its run.json (analysis.traces.run.load_run checks they form a
-    run, RunTraces.require_complete that it has every rank of its job), each rank read into its tables
-    alone, in a pool of processes (analysis.ranks.pool)."""
-    run, ranks = read_ranks(path, RunTraces.require_complete)
-    return RunInput(run.path, ranks, run.config)
+    run: every rank of its job, or some), each rank read into its tables alone, in a pool of processes
+    (analysis.ranks.pool)."""
+    run, ranks = read_ranks(path)
+    return RunInput(run.path, ranks, run.config, world_size=run.world_size)
 
 
 def run_input(run: RunTraces) -> RunInput:
@@ -41,13 +43,20 @@ def run_input(run: RunTraces) -> RunInput:
     return RunInput(run.path, ranks, run.config)
 
 
-def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None) -> Analysis:
-    """Analyse one run directory and write its analysis/ beside the traces (the `analyze` command's work)."""
+def analyze_dir(run_dir: Path, schedule: str | None = None, m: int | None = None) -> Analysis | RanksAnalysis:
+    """Analyse one run directory and write its analysis/ beside the traces (the `analyze` command's work):
+    a whole job's, or where the traces hold some of its ranks, each present rank's own figures
+    (analysis.job.partial) once they show a pipeline (analysis.trust.gate)."""
     run_dir = run_in(Path(run_dir)).resolve()
-    analysis = analyze_job(read_run(run_dir), schedule=schedule, m=m)
-    analysis = dataclasses.replace(analysis, summary=with_whatif(analysis.summary, run_dir))
-    results.write(run_dir, analysis)
-    return analysis
+    run = read_run(run_dir)
+    if run.partial:
+        pipeline_evidence(run.path, {rank: one.census for rank, one in run.ranks.items()}, run.world_size)
+        found = measure_ranks(run, run.world_size)
+    else:
+        found = analyze_job(run, schedule=schedule, m=m)
+        found = dataclasses.replace(found, summary=with_whatif(found.summary, run_dir))
+    results.write(run_dir, found)
+    return found
 
 
 def stored_of(run_dir: Path) -> Analysis | RanksAnalysis:

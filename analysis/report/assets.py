@@ -66,7 +66,7 @@ th { background: #f4f4f4; cursor: help; } td.text, th.text { text-align: left; }
 tr.error td { background: #fff0f0; } td.error { text-align: left; white-space: normal; color: #a00; }
 tr.flagged td { background: #fff8e0; }
 tr.not-pipeline td { background: #f0f4ff; } td.trust-low { color: #a00; font-weight: bold; }
-.trust-low { border-left: 4px solid #c00; background: #fff0f0; padding: 0.3em 1em; margin: 0.5em 0; }
+.low-trust-banner { border-left: 4px solid #c00; background: #fff0f0; padding: 0.3em 1em; margin: 0.5em 0; }
 .verdict { border-left: 4px solid #2a6; background: #f2fbf5; padding: 0.3em 1em; max-width: 70em; }
 .verdict p { margin: 0.3em 0; } .trust-low-mark { color: #a00; font-size: 0.8em; }
 table.prose td.text { white-space: normal; min-width: 6em; }

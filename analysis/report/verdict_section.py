@@ -85,7 +85,7 @@ def section_html(summary: Summary) -> str:
     if trust is not None and trust.level != "high":
         reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in trust.reasons)
         parts.append(
-            f'<div class="trust-low"><b>Low trust</b>: every figure on this page rests on a model the trace '
+            f'<div class="low-trust-banner"><b>Low trust</b>: every figure on this page rests on a model the trace '
             f"fits poorly.<ul>{reasons}</ul></div>"
         )
     if verdict is None:

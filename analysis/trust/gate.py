@@ -28,11 +28,18 @@ def _per_step(censuses: list[CommCensus]) -> str:
     return f"found {', '.join(shown)} per step" if shown else "found no collectives either"
 
 
-def pipeline_evidence(source, censuses: dict[int, CommCensus]) -> None:
-    """NotAPipeline, naming `source` and what the ranks do instead, where no rank hops."""
+def pipeline_evidence(source, censuses: dict[int, CommCensus], world_size: int | None = None) -> None:
+    """NotAPipeline, naming `source` and what the ranks do instead, where no rank hops (`world_size`:
+    the job's ranks, where the traces hold only some of them)."""
     if any(c.hops for c in censuses.values()):
         return
     found = _per_step(list(censuses.values()))
+    if world_size is not None and world_size > len(censuses):
+        raise NotAPipeline(
+            source,
+            f"not a pipeline-parallel job: its {len(censuses)} rank(s) here of {world_size} show no send/recv "
+            f"and no pipeline labels; {found} (a rank's median)",
+        )
     if len(censuses) == 1:
         raise NotAPipeline(
             source, f"not a pipeline-parallel job: one rank, no send/recv and no pipeline labels; {found}"
