@@ -142,12 +142,13 @@ def test_outside_steps_are_slices_no_profiled_step_holds_device_work_by_its_laun
         op("from the second's end", 300, 320),
         op("between", 310, 390),
         op("after", 600, 700),
+        op("no category", 700, 710) | {"cat": None},  # a host slice still
         launch(350, 2),  # in the gap between steps, and so its kernel, though it runs in ProfilerStep#3
         kernel(420, 430, 2),
     ]
     no_launch = span("PP:0F0", "gpu_user_annotation", DEVICE, STREAM, 600, 650)  # not placed
     assert counts(trace_of(tmp_path, [*steps, *inside, no_launch]))[3] == 0
-    assert counts(trace_of(tmp_path, [*steps, *inside, *outside, no_launch]))[3] == 6
+    assert counts(trace_of(tmp_path, [*steps, *inside, *outside, no_launch]))[3] == 7
     assert counts(trace_of(tmp_path, [*inside, *outside, no_launch]))[3] == 0  # no steps: 0
 
 

@@ -99,8 +99,8 @@ def _slices(frame: pl.DataFrame) -> pl.DataFrame:
     """The file's complete events: pid, tid (a device slice's stream where its tid is no integer),
     start_ns, end_ns, name, correlation, device (on a device track), work (a kernel, copy or memset)."""
     categories = frame["cat"].unique().drop_nulls().to_list()
-    device = pl.col("cat").is_in([c for c in categories if c.lower() in DEVICE_TRACK_CATS])
-    work = pl.col("cat").is_in([c for c in categories if c.lower() in DEVICE_WORK_CATS])
+    device = pl.col("cat").is_in([c for c in categories if c.lower() in DEVICE_TRACK_CATS]).fill_null(False)
+    work = pl.col("cat").is_in([c for c in categories if c.lower() in DEVICE_WORK_CATS]).fill_null(False)
     complete = (pl.col("ph") == "X") & pl.col("index").is_not_null()
     return (
         frame.lazy()  # (the filter then gathers only the columns selected)
