@@ -101,7 +101,7 @@ REFUSED: dict[str, tuple[Mutation, str, str]] = {
         "field `ph`",
     ),
     "ts a string": (
-        lambda run: rewrite(run, lambda t: event(t, "PP:0F1").update(ts="10")),
+        lambda run: rewrite(run, lambda t: event(t, "PP:0F1").update(ts="ten")),
         "rank0.json.gz",
         "ts is not a number",
     ),

@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 from conftest import REAL_FILES, REAL_TRACES, gunzipped, real_id
 
+from analysis.traces import events, stream
 from analysis.traces.load import load_trace, read_trace
 from analysis.traces.run_files import rank_from_name
 
@@ -67,6 +68,33 @@ def test_fractional_microseconds_become_exact_nanoseconds(tmp_path):
     frame = load_trace(path)
     assert frame["start_ns"].to_list() == [9999999999999999, 2, -2500]
     assert (frame["end_ns"] - frame["start_ns"]).to_list() == [1234567000, 0, 0]
+
+
+@pytest.mark.parametrize("keep_text", [True, False], ids=["whole", "streamed"])
+def test_times_written_as_strings_are_read_as_their_numbers_and_counted(tmp_path, monkeypatch, keep_text):
+    """ "ts": "1234.5" (some writers quote their times) gives the nanoseconds the number 1234.5 gives, ties
+    and exponents too, in whichever piece of the array it is; RawTrace.string_times counts the events."""
+    monkeypatch.setattr(events, "PIECE_BYTES", 2000)
+    monkeypatch.setattr(stream, "PIECE_BYTES", 2000)
+    monkeypatch.setattr(stream, "STREAM_BYTES", 4000)
+    times = [(i * 1.5 + 0.0015, 0.0045 * i) for i in range(200)] + [
+        (9999999999999.999, 1.234567e6),
+        (-2.5, 2e-3),
+    ]
+    numbers = [event(name=f"op{i}", ts=ts, dur=dur) for i, (ts, dur) in enumerate(times)]
+    quoted = [dict(e) for e in numbers]
+    for i in (3, 150, 200, 201):  # early, in a later piece, past 2**43 us, the last
+        quoted[i]["ts"] = repr(quoted[i]["ts"])
+    quoted[150]["dur"] = repr(quoted[150]["dur"])
+    quoted[170]["dur"] = repr(quoted[170]["dur"])
+    expected = read_trace(write(tmp_path / "numbers.json", {"traceEvents": numbers}))
+    found = read_trace(write(tmp_path / "quoted.json.gz", {"traceEvents": quoted}, True), keep_text=keep_text)
+    assert found.frame.equals(expected.frame)
+    assert (len(found.events_json) > 0) == keep_text  # streamed: no fall back to the whole read
+    assert (found.string_times, expected.string_times) == (5, 0)
+    assert quoted[3]["ts"] == "4.5015" and found.frame["start_ns"][3] == 4502  # a tie, rounded half up
+    assert quoted[200]["ts"] == "9999999999999.998" and found.frame["start_ns"][200] == 9999999999999998
+    assert found.frame["start_ns"][201] == -2500
 
 
 def test_legacy_bare_event_array_loads(tmp_path):

@@ -4,11 +4,12 @@
 waits and the device timeline inside them (analysis.cells), the collective events the clock alignment
 reads (analysis.timeline.clock), its memory events placed in its steps (analysis.traces.memory), its
 run-queue samples (analysis.traces.runqueue), its process groups and data-parallel collectives (for a
-job of several pipelines: analysis.job.layout, analysis.timeline.dp_sync) and, where nothing else will
-say which ranks form the pipelines, its p2p peers (analysis.traces.comms). The event frame is not
-kept: it is the bulk of a trace's memory, and nothing across ranks needs it, so a run's ranks can be
-read one at a time or in separate processes (analysis.ranks.pool) and only these tables meet in
-analysis.job.measure.analyze_run.
+job of several pipelines: analysis.job.layout, analysis.timeline.dp_sync), where nothing else will
+say which ranks form the pipelines, its p2p peers (analysis.traces.comms), and how sound its trace is
+(analysis.traces.integrity: what a viewer or the analysis cannot take as written, counted). The event
+frame is not kept: it is the bulk of a trace's memory, and nothing across ranks needs it, so a run's
+ranks can be read one at a time or in separate processes (analysis.ranks.pool) and only these tables
+meet in analysis.job.measure.analyze_run.
 
 Every table carries its rank in a `rank` column; `renumbered` moves all of them to another rank number
 (a pipeline of a bigger job read as ranks 0..p-1). Groups and peers name global ranks and stay so.
@@ -28,6 +29,7 @@ from analysis.job.layout import Group, groups_of, is_dp_group, is_pipeline_group
 from analysis.timeline.clock import collective_events
 from analysis.timeline.dp_sync import collectives, is_collective
 from analysis.traces.comms import comm_groups, p2p_peers
+from analysis.traces.integrity import Integrity, integrity_of
 from analysis.traces.kineto import RECORD_PARAM_COMMS
 from analysis.traces.load import RawTrace
 from analysis.traces.memory import memory_events, with_steps
@@ -44,6 +46,7 @@ class RankInput:
     on_gpu: bool  # the trace holds kernels
     memory: pl.DataFrame  # analysis.traces.memory.EVENT_SCHEMA + step: the memory events in its steps
     samples: pl.DataFrame  # analysis.traces.runqueue.SAMPLE_SCHEMA
+    integrity: Integrity  # its trace's integrity problems, counted (analysis.traces.integrity)
     groups: tuple[Group, ...]  # its process groups (distributedInfo.pg_config)
     group_collectives: (
         pl.DataFrame
@@ -132,6 +135,7 @@ def rank_input(trace: RawTrace, config: dict | None = None, alone: bool = True) 
         on_gpu=events.device is not None,
         memory=with_steps(memory_events(trace), events.steps),
         samples=run_queue_samples(trace),
+        integrity=integrity_of(trace),
         groups=groups,
         group_collectives=collectives(frame, said, groups),
         peers=frozenset(peers),

@@ -25,7 +25,7 @@ import polars as pl
 from analysis.errors import InputError, LimitExceeded
 from analysis.traces import kineto, limits
 from analysis.traces.array_split import array_pieces
-from analysis.traces.times import exact_ns, missing_time, nanoseconds
+from analysis.traces.times import exact_ns, missing_time, nanoseconds, string_problem
 from analysis.traces.toplevel import NESTED_TOO_DEEPLY, shifted_offsets
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -46,6 +46,7 @@ class Events:
     counters: pl.DataFrame  # COUNTER_SCHEMA: index and values of the "C" and "i" events
     dropped: int  # events dropped for a negative duration
     comms: ParamComms
+    string_times: int  # events whose ts or dur was a JSON string (kineto.TextTimesEvent)
 
 
 def event_frame(
@@ -77,6 +78,7 @@ class EventFrames:
         self.counters: list[pl.DataFrame] = []
         self.comms: ParamComms = []
         self.count = 0
+        self.string_times = 0
 
     def add(self, offset: int, piece: Any, events: list[kineto.Event]) -> None:
         """A piece's events (the array's from `offset` on) and its text `[...]`."""
@@ -88,7 +90,9 @@ class EventFrames:
                 else "this file holds"
             )
             raise LimitExceeded(self.path, f"{scope} more than {limits.current().describe(self.limit)}")
-        self.frames.append(_frame(self.path, offset, events, piece))
+        frame, strings = _frame(self.path, offset, events, piece)
+        self.frames.append(frame)
+        self.string_times += strings
         self.counters.append(_counter_values(events, offset, self.frames[-1]["ph"]))
         if self.wants_comms:
             self.comms += _comms(piece, offset, self.frames[-1]["name"])
@@ -103,7 +107,7 @@ class EventFrames:
         if dropped:
             frame = frame.filter(~negative)
         frame = frame.with_columns(end_ns=pl.col("start_ns") + pl.col("dur_ns")).drop("ts_ns", "dur_ns")
-        return Events(frame, pl.concat(self.counters, rechunk=False), dropped, self.comms)
+        return Events(frame, pl.concat(self.counters, rechunk=False), dropped, self.comms, self.string_times)
 
 
 @contextmanager
@@ -165,19 +169,45 @@ def _decoded(path: Path, decoder: msgspec.json.Decoder, text: Any, offset: int, 
         raise InputError(path, shifted_offsets(json_problem(error), at)) from None
 
 
-def _frame(path: Path, offset: int, events: list[kineto.Event], text: Any) -> pl.DataFrame:
-    """One piece's columns, with ts_ns and dur_ns (base time not yet added)."""
+def _frame(path: Path, offset: int, events: list[kineto.Event], text: Any) -> tuple[pl.DataFrame, int]:
+    """One piece's columns, with ts_ns and dur_ns (base time not yet added), and how many of its events
+    wrote a time as a string."""
     columns = _columns(events, offset)
-    ts_us, dur_us = columns.pop("ts_us"), columns.pop("dur_us")
+    (ts_us, ts_texts), (dur_us, dur_texts) = columns.pop("ts_us"), columns.pop("dur_us")
     whole_ns = pl.Float64 in (ts_us.dtype, dur_us.dtype) and _times_in_whole_ns(text)
     (ts_ns, ts_rows), (dur_ns, dur_rows) = nanoseconds(ts_us, whole_ns), nanoseconds(dur_us, whole_ns)
     rows = pl.concat([ts_rows, dur_rows]).unique()
     if rows.len():
         ts_ns, dur_ns = _from_text(kineto.EVENT_TIMES.decode(text), rows, ts_ns, dur_ns)
+    strings = 0
+    if ts_texts is not None or dur_texts is not None:
+        times = {"ts": (ts_ns, ts_texts), "dur": (dur_ns, dur_texts)}
+        (ts_ns, dur_ns), strings = _string_times(path, columns["index"], times)
     problem = missing_time(columns["index"], columns["ph"], columns["name"], ts_ns, dur_ns)
     if problem is not None:
         raise InputError(path, problem)
-    return pl.DataFrame(columns | {"ts_ns": ts_ns, "dur_ns": dur_ns})
+    return pl.DataFrame(columns | {"ts_ns": ts_ns, "dur_ns": dur_ns}), strings
+
+
+def _string_times(
+    path: Path, index: pl.Series, times: dict[str, tuple[pl.Series, pl.Series | None]]
+) -> tuple[list[pl.Series], int]:
+    """Each field's nanoseconds (`times`: field -> its nanoseconds, its strings or None) with the times
+    written as strings read from their text, and how many events wrote one; an InputError naming the
+    first event whose string is no number or out of range."""
+    written = pl.repeat(False, index.len(), eager=True)
+    read = []
+    for field, (ns, texts) in times.items():
+        if texts is not None:
+            problem = string_problem(texts, kineto.MAX_US)
+            if problem is not None:
+                row, number = problem
+                wrong = _wrong(field, number)
+                raise InputError(path, f"event {index[row]}: {field} {wrong}: {texts[row][:60]!r}")
+            ns = ns.zip_with(texts.is_null(), pl.DataFrame({"t": texts}).select(exact_ns("t"))["t"])
+            written |= texts.is_not_null()
+        read.append(ns)
+    return read, written.sum()
 
 
 def _counter_values(events: list[kineto.Event], offset: int, ph: pl.Series) -> pl.DataFrame:
@@ -282,12 +312,19 @@ def whole_numbers(values: list[Any]) -> pl.Series:
     return ids(values)
 
 
-def _micros(values: list[int | float | None]) -> pl.Series:
-    """Int64 when every time is an int (exact as is), else Float64 (ints below kineto.MAX_US stay exact)."""
+def _micros(values: list[int | float | str | None]) -> tuple[pl.Series, pl.Series | None]:
+    """Int64 when every time is an int (exact as is), else Float64 (ints below kineto.MAX_US stay exact);
+    beside it the times written as strings (kineto.TextTimesEvent), or None where there are none."""
     try:
-        return pl.Series(values, dtype=pl.Int64)
+        return pl.Series(values, dtype=pl.Int64), None
     except TypeError:
-        return pl.Series(values, dtype=pl.Float64)
+        pass
+    try:
+        return pl.Series(values, dtype=pl.Float64), None
+    except TypeError:  # strings: a piece decoded as kineto.TextTimesEvent
+        texts = [v if v.__class__ is str else None for v in values]
+        numbers = [None if v.__class__ is str else v for v in values]
+        return _micros(numbers)[0], pl.Series(texts, dtype=pl.String)
 
 
 def bad_event(error: msgspec.ValidationError, offset: int) -> str:
@@ -299,13 +336,14 @@ def bad_event(error: msgspec.ValidationError, offset: int) -> str:
         return f"bad trace event: {message}"
     index, rest = offset + int(found[1]), found[2]
     if rest in (".ts", ".dur"):
-        wrong = (
-            "is not a number"
-            if ", got `" in message
-            else f"out of range (|{rest[1:]}| >= {kineto.MAX_US} us)"
-        )
+        wrong = _wrong(rest[1:], number=", got `" not in message)
         return f"event {index}: {rest[1:]} {wrong}: {message[: found.start()]}"
     return f"bad trace event: {message[: found.start()]} at `traceEvents[{index}]{rest}`"
+
+
+def _wrong(field: str, number: bool) -> str:
+    """What is wrong with a time that is no number, or (`number`) a number out of range."""
+    return f"out of range (|{field}| >= {kineto.MAX_US} us)" if number else "is not a number"
 
 
 def json_problem(error: msgspec.DecodeError) -> str:

@@ -5,11 +5,13 @@ come as int or float, range-checked in C; the few floats whose nanoseconds a dou
 read again as their JSON text (`EventTimes`, see analysis.traces.times). Free-form `args` values are typed
 `Any` because real traces put anything there. Decoded JSON cannot form reference cycles, so the
 structs opt out of the cyclic garbage collector (gc=False), which would otherwise rescan the growing
-event list again and again while it is decoded.
+event list again and again while it is decoded. A time written as a JSON string ("ts": "1234.5", as some
+writers emit) fails that typed decode; only such a piece is decoded again, strings allowed (`EVENTS`).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import msgspec
@@ -77,6 +79,13 @@ class Event(msgspec.Struct, gc=False):
     args: Args | None = NO_ARGS  # shared, so a missing args costs no object (JSON null gives None)
 
 
+class TextTimesEvent(Event, gc=False):
+    """An event whose ts or dur may be a JSON string: its number's text, read by analysis.traces.events."""
+
+    ts: Micros | str = None
+    dur: Micros | str = None
+
+
 class CommArgs(msgspec.Struct, gc=False):
     """What a record_param_comms op says of its peer and process group (analysis.traces.comms). Not in
     Args: every field there costs every event's args a comparison per key it does not know (five more
@@ -118,7 +127,28 @@ HEADER_TYPES: dict[str, Any] = {
     "run_id": str,  # written by our runners and the synthetic generator: the same in every rank
 }
 
-EVENTS = msgspec.json.Decoder(list[Event])
+# msgspec's words for a string where a time should be (the only refusal TextTimesEvent lifts)
+_STRING_TIME = re.compile(r"got `str` - at `\$\[\d+\]\.(?:ts|dur)`$")
+
+
+class EventsDecoder:
+    """A JSON array of events -> list[Event]; where the typed decode meets a time written as a string, the
+    array is decoded again as TextTimesEvent (a piece's events: the typed decode stays the loader's speed
+    wherever times are numbers)."""
+
+    typed = msgspec.json.Decoder(list[Event])
+    text_times = msgspec.json.Decoder(list[TextTimesEvent])
+
+    def decode(self, text: Any) -> list[Event]:
+        try:
+            return self.typed.decode(text)
+        except msgspec.ValidationError as error:
+            if _STRING_TIME.search(str(error)) is None:
+                raise
+        return self.text_times.decode(text)
+
+
+EVENTS = EventsDecoder()
 EVENT_TIMES = msgspec.json.Decoder(list[EventTimes])
 COMM_OPS = msgspec.json.Decoder(list[CommOp])
 TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])

@@ -18,7 +18,9 @@ Times are integer nanoseconds since the epoch: Kineto's `ts` is microseconds rel
 `baseTimeNanoseconds`, so start_ns = base + ts, exact to the nanosecond of the JSON text: ints as they
 are, floats through a double only where the double settles the nanosecond, else from the text
 (analysis.traces.times), so 5110114341537.881 gives ...537881. end_ns = start_ns + dur for "X" events, start_ns
-otherwise. pid/tid that are not integers (Kineto's "Spans"/"Traces" pseudo-processes) are null.
+otherwise. A ts or dur written as a JSON string ("1234.5") is read as that number, from its text, and
+counted (`RawTrace.string_times`); a string that is no number is refused. pid/tid that are not integers
+(Kineto's "Spans"/"Traces" pseudo-processes) are null.
 
 Bad input raises InputError naming the file and the problem. Events with a negative duration are
 dropped with a TraceWarning and counted in `RawTrace.dropped` (clock glitches; one such event must not
@@ -79,6 +81,7 @@ class RawTrace:
     dropped: int  # events dropped: a negative duration, a "B" never ended, an "E" with no "B"
     paired: int = 0  # "E" events folded into their "B" (analysis.traces.durations)
     replaced: int = 0  # invalid UTF-8 sequences replaced by U+FFFD (analysis.traces.source)
+    string_times: int = 0  # events whose ts or dur was a JSON string ("1234.5"), read as that number
 
     def events(self) -> list[dict[str, Any]]:
         """Every event as written, unknown fields included (for the merge)."""
@@ -210,6 +213,7 @@ def _parse(
         events.comms,
         dropped,
         paired,
+        string_times=events.string_times,
     )
 
 

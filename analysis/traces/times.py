@@ -13,6 +13,9 @@ Kineto writes three decimals, and its ts sit ~5e12 us after its base time (59 da
 below 2**43 us: there a double is within 0.49 ns of any decimal, so when every text names whole
 nanoseconds (`whole_ns`: the caller checked there are no more than three decimals) the nearest integer
 is the text's value and nothing is unsettled below 2**43 us.
+
+A time written as a JSON string ("ts": "1234.5") is read as the number its text writes, by the same
+text rule (`exact_ns`); a string that is no JSON number, or one out of range, is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ _SPACING_NS_PER_US = 500 * 2.0**-52
 _PRODUCT_ERROR_NS = 2e-13
 # Below this many us a double's spacing is under 1 ns: half of it plus the product error is < 0.5 ns.
 WHOLE_NS_LIMIT_US = 2.0**43
+# JSON's number grammar: the texts a string time may hold
+_JSON_NUMBER = r"^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?$"
 
 
 def nanoseconds(micros: pl.Series, whole_ns: bool = False) -> tuple[pl.Series, pl.Series]:
@@ -52,6 +57,21 @@ def exact_ns(column: str) -> pl.Expr:
     text = pl.col(column)
     ns = pl.when(text.str.contains("[eE]")).then(_exponent_ns(text)).otherwise(_decimal_ns(text))
     return pl.when(text.str.len_bytes() > 0).then(ns).otherwise(None)
+
+
+def string_problem(texts: pl.Series, limit_us: int) -> tuple[int, bool] | None:
+    """The first of these times written as strings (null: a number, or none) that is no JSON number, or
+    one not within +-`limit_us` (the range a number is checked against), and whether it is a number;
+    else None. Those that pass are read by `exact_ns`, as a number's text is."""
+    found = pl.DataFrame({"t": texts}).select(
+        number=pl.col("t").str.contains(_JSON_NUMBER),
+        inside=pl.col("t").cast(pl.Float64, strict=False).abs() < limit_us,
+    )
+    for bad, number in ((~found["number"], False), (~found["inside"], True)):
+        rows = bad.fill_null(False).arg_true()
+        if rows.len():
+            return rows[0], number
+    return None
 
 
 def _decimal_ns(text: pl.Expr) -> pl.Expr:
