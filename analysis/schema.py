@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 import msgspec
 
 from analysis.timeline.clock import ClockEstimate
+from analysis.traces.integrity import Integrity
 from runners.schedules import COMM_KINDS, COMPUTE_KINDS
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "WATERFALL_TERMS",
     "CriticalShare",
     "RankAlone",
+    "RankIntegrity",
     "RankEntry",
     "RanksSummary",
     "Scope",
@@ -71,6 +73,12 @@ class Rules:
         0.5,
         "fraction. More of the cells than this inferred from the op stream (no PP: labels) makes the "
         "trust low: their kind and microbatch are read from op patterns",
+    )
+    trust_integrity_max: float = _rule(
+        0.01,
+        "fraction of a rank's events. More of them than this that a viewer or the analysis cannot take "
+        "as written (overlapping or overrunning slices, slices outside every step, launches whose kernels "
+        "are missing) makes the trust low; string times are read exactly and do not count",
     )
     noisy_spread_max: float = _rule(
         0.25,
@@ -221,6 +229,12 @@ class WhatIf(msgspec.Struct, kw_only=True):
     worst_workers: list[list[int]]  # M_W's workers as [stage, dp_rank]
 
 
+class RankIntegrity(Integrity, frozen=True, kw_only=True):
+    """One rank's trace integrity counts (analysis.traces.integrity; docs/numbers.md#integrity)."""
+
+    rank: int
+
+
 class Trust(msgspec.Struct, kw_only=True):
     """Whether the pipeline model fits this trace well enough to act on its figures
     (analysis.trust.gate; docs/numbers.md#trust)."""
@@ -294,6 +308,7 @@ class Summary(msgspec.Struct, kw_only=True):
     straggler: Straggler | None = None  # None with one pipeline
     whatif: WhatIf | None = None  # op-level runs only (analysis.traces.oplevel)
     # set by analysis.trust.gate and analysis.verdict once the job is analysed (None: not yet assessed)
+    integrity: list[RankIntegrity] = []
     trust: Trust | None = None
     verdict: Verdict | None = None
 
@@ -330,6 +345,7 @@ class RanksSummary(msgspec.Struct, kw_only=True):
     unknown: list[str]
     inferred_cells: int
     rules: Rules
+    integrity: list[RankIntegrity]
     trust: Trust
     verdict: Verdict
 

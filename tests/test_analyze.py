@@ -93,6 +93,8 @@ def test_analyze_writes_its_files_and_prints_the_table(tmp_path, capsys):
         "flags",
         "straggler",
         "whatif",
+        "scope",
+        "integrity",
         "trust",
         "verdict",
     }

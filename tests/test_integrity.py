@@ -212,8 +212,13 @@ def test_rank_input_carries_the_counts_across_processes_and_a_renumbering(tmp_pa
     assert pooled.renumbered(5).integrity == expected
 
 
-def test_total_is_the_sum_of_the_counts():
+def test_total_is_the_sum_of_the_counts_not_of_the_events():
     found = Integrity(
-        overlapping_slices=1, overrunning_slices=2, string_timestamps=3, outside_steps=4, missing_kernels=5
+        events=100,
+        overlapping_slices=1,
+        overrunning_slices=2,
+        string_timestamps=3,
+        outside_steps=4,
+        missing_kernels=5,
     )
     assert found.total() == 15

@@ -15,8 +15,9 @@ from conftest import REAL_TRACES, REPO, summary_of
 
 from analysis.cells.inferred import cells_of
 from analysis.errors import NotAPipeline
-from analysis.schema import Rules, StepReplay
+from analysis.schema import RankIntegrity, Rules, StepReplay
 from analysis.timeline.clock import ClockEstimate, RankClock
+from analysis.traces.integrity import PROBLEMS
 from analysis.traces.load import read_trace
 from analysis.trust.evidence import census_of
 from analysis.trust.gate import pipeline_evidence, trust_of
@@ -126,3 +127,23 @@ def test_a_clock_causality_could_not_pin_makes_the_trust_low():
     contradicted = ClockEstimate(0, ranks[:1], transfers=4, collectives=0, inconsistent_pairs=((0, 1),))
     low = trust_of(summary_of(replayed_steps=_steps(0.0), clock=contradicted), cells=10)
     assert low.level == "low" and "0-1 contradict one clock offset" in low.reasons[0]
+
+
+def _counted(**counts) -> RankIntegrity:
+    zero = dict.fromkeys(PROBLEMS, 0)
+    return RankIntegrity(rank=0, events=100, **(zero | counts))
+
+
+def test_a_rank_whose_trace_is_not_as_written_beyond_the_bound_makes_the_trust_low():
+    """The integrity counts of a rank past `trust_integrity_max` of its events, string times aside."""
+    steady = _steps(0.0)
+    for counts, level in (
+        ({"overrunning_slices": 1}, "high"),
+        ({"overrunning_slices": 1, "missing_kernels": 1}, "low"),
+        ({"string_timestamps": 50}, "high"),
+        ({"outside_steps": 2}, "low"),
+    ):
+        trust = trust_of(summary_of(replayed_steps=steady, integrity=[_counted(**counts)]), cells=10)
+        assert trust.level == level, (counts, trust)
+    low = trust_of(summary_of(replayed_steps=steady, integrity=[_counted(overlapping_slices=3)]), cells=10)
+    assert low.reasons == ["rank 0: overlapping slices 3 of its 100 events (trace integrity)"]

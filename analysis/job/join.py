@@ -27,7 +27,7 @@ from analysis.job.layout import DP, find_pipelines, to_global, to_local
 from analysis.job.measure import RunInput, measure_run
 from analysis.ranks.tables import RankInput
 from analysis.results import Analysis
-from analysis.schema import PipelineEntry, Rules, Straggler
+from analysis.schema import PipelineEntry, RankIntegrity, Rules, Straggler
 from analysis.timeline.clock import ClockEstimate
 from analysis.timeline.dp_sync import with_skew
 from analysis.traces.memory import Memory
@@ -49,7 +49,16 @@ def analyze_job(
     measured = [measure_run(one, schedule, m, rules) for one in inputs]
     step = _job_step([one.parts for one in measured])
     joined = _joined([one.analysis(step) for one in measured], pipelines, _unsynced(run, instances))
-    return assessed(joined, run.run_json or {}, run.path)
+    summary = msgspec.structs.replace(joined.summary, integrity=integrity(run))
+    return assessed(replace(joined, summary=summary), run.run_json or {}, run.path)
+
+
+def integrity(run: RunInput) -> list[RankIntegrity]:
+    """Every rank's trace integrity counts, by global rank."""
+    return [
+        RankIntegrity(rank=rank, **msgspec.structs.asdict(run.ranks[rank].integrity))
+        for rank in sorted(run.ranks)
+    ]
 
 
 def _unsynced(run: RunInput, instances: pl.DataFrame | None) -> list[str]:

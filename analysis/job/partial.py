@@ -25,6 +25,7 @@ from analysis.attribution.parts import (
 )
 from analysis.attribution.reference import reference
 from analysis.errors import InputError
+from analysis.job.join import integrity
 from analysis.job.measure import RunInput
 from analysis.ranks.tables import RankInput
 from analysis.results import RanksAnalysis
@@ -33,6 +34,7 @@ from analysis.timeline.classify import classify, split_waits
 from analysis.timeline.gaps import timeline, windows
 from analysis.timeline.pairing import paired_steps
 from analysis.traces.memory import memory_of
+from analysis.trust.gate import integrity_reasons
 from runners.schedules import ScheduleError, build, formula_bubble
 
 # The figures that need every rank of a pipeline, and why (RanksSummary.unknown).
@@ -107,6 +109,7 @@ def measure_ranks(run: RunInput, world_size: int, rules: Rules = Rules()) -> Ran
     entries = [entry for entry, _, _ in measured]
     present = sorted(run.ranks)
     cells = pl.concat([c for _, c, _ in measured], how="diagonal_relaxed")
+    counted = integrity(run)
     summary = RanksSummary(
         schedule=config.get("schedule"),
         engine=config.get("engine"),
@@ -122,8 +125,13 @@ def measure_ranks(run: RunInput, world_size: int, rules: Rules = Rules()) -> Ran
         unknown=list(UNKNOWN),
         inferred_cells=int(cells["inferred"].sum()),
         rules=rules,
+        integrity=counted,
         trust=Trust(
-            level="low", reasons=[f"ranks missing: {world_size - len(present)} of the job's {world_size}"]
+            level="low",
+            reasons=[
+                f"ranks missing: {world_size - len(present)} of the job's {world_size}",
+                *integrity_reasons(counted, rules),
+            ],
         ),
         verdict=_verdict(present, world_size, entries),
     )

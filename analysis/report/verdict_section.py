@@ -7,7 +7,8 @@ from __future__ import annotations
 import html
 
 from analysis.report.pages import Column, Markup, number, table
-from analysis.schema import Summary, Trust
+from analysis.schema import RanksSummary, Summary, Trust
+from analysis.traces.integrity import PROBLEMS
 
 FINDING_COLUMNS = [
     Column("finding", "the part or effect the time rests on (docs/numbers.md#verdict)", text=True),
@@ -78,8 +79,9 @@ def figures_heading(summary: Summary) -> str:
     )
 
 
-def section_html(summary: Summary) -> str:
-    """The answer first: the trust (with its reasons where low), the sentences, the findings table."""
+def section_html(summary: Summary | RanksSummary) -> str:
+    """The answer first: the trust (with its reasons where low), the sentences, the findings table, the
+    trace integrity counts."""
     trust, verdict = summary.trust, summary.verdict
     parts = []
     if trust is not None and trust.level != "high":
@@ -99,4 +101,28 @@ def section_html(summary: Summary) -> str:
             for f in verdict.findings
         ]
         parts.append(table(FINDING_COLUMNS, rows, css="prose"))
+    parts.append(integrity_html(summary))
     return "\n".join(parts)
+
+
+INTEGRITY_COLUMNS = [
+    Column("rank", "the rank whose trace this is"),
+    Column("events", "the events in its file"),
+    *(
+        Column(name.replace("_", " "), f"{name}: docs/numbers.md#integrity (analysis.traces.integrity)")
+        for name in PROBLEMS
+    ),
+]
+
+
+def integrity_html(summary: Summary | RanksSummary) -> str:
+    """Each rank's trace integrity counts; one line where every count is 0."""
+    if not summary.integrity:
+        return ""
+    if all(found.total() == 0 for found in summary.integrity):
+        return f"<p>Trace integrity: every count is 0 on all {len(summary.integrity)} rank(s).</p>"
+    rows = [
+        [found.rank, found.events, *(getattr(found, name) for name in PROBLEMS)]
+        for found in summary.integrity
+    ]
+    return "<h3>Trace integrity</h3>" + table(INTEGRITY_COLUMNS, rows)

@@ -72,6 +72,7 @@ LAUNCHES = (
 class Integrity(msgspec.Struct, frozen=True, kw_only=True):
     """One rank's trace integrity: counts of events a viewer or the analysis cannot take as written."""
 
+    events: int  # the file's events, what the counts are shares of
     overlapping_slices: int
     overrunning_slices: int
     string_timestamps: int
@@ -79,7 +80,12 @@ class Integrity(msgspec.Struct, frozen=True, kw_only=True):
     missing_kernels: int
 
     def total(self) -> int:
-        return sum(msgspec.structs.astuple(self))
+        """Every event counted, once per count it is in."""
+        return sum(getattr(self, name) for name in PROBLEMS)
+
+
+# Integrity's counts, in its order.
+PROBLEMS = ("overlapping_slices", "overrunning_slices", "string_timestamps", "outside_steps", "missing_kernels")
 
 
 def integrity_of(trace: RawTrace) -> Integrity:
@@ -87,6 +93,7 @@ def integrity_of(trace: RawTrace) -> Integrity:
     slices = _slices(trace.frame)
     tracks = _Tracks.of(slices)
     return Integrity(
+        events=trace.frame.height,
         overlapping_slices=tracks.not_nesting(),
         overrunning_slices=tracks.of_work().overrunning(),
         string_timestamps=trace.string_times,

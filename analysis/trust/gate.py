@@ -13,8 +13,9 @@ from __future__ import annotations
 import statistics
 
 from analysis.errors import NotAPipeline
-from analysis.schema import Rules, Summary, Trust
+from analysis.schema import RankIntegrity, Rules, Summary, Trust
 from analysis.timeline.clock import ClockEstimate
+from analysis.traces.integrity import PROBLEMS
 from analysis.trust.evidence import CommCensus
 
 HIGH, LOW = "high", "low"
@@ -66,10 +67,23 @@ def _clock_reasons(clock: ClockEstimate | None) -> list[str]:
     return reasons
 
 
+def integrity_reasons(integrity: list[RankIntegrity], rules: Rules) -> list[str]:
+    """A reason per rank more of whose events than `rules.trust_integrity_max` cannot be taken as written
+    (string times aside: they are read exactly)."""
+    reasons = []
+    for found in integrity:
+        counted = {name: getattr(found, name) for name in PROBLEMS if name != "string_timestamps"}
+        if sum(counted.values()) > rules.trust_integrity_max * found.events:
+            shown = ", ".join(f"{name.replace('_', ' ')} {n}" for name, n in counted.items() if n)
+            reasons.append(f"rank {found.rank}: {shown} of its {found.events} events (trace integrity)")
+    return reasons
+
+
 def trust_of(summary: Summary, cells: int, rules: Rules = Rules()) -> Trust:
     """The analysed job's trust: low where a step's replay misses by more than `rules.trust_residual_max`
     of it, where most of its `cells` (compute and transfer cells, all ranks) were inferred from the op
-    stream, or where the clock alignment could not pin a rank."""
+    stream, where the clock alignment could not pin a rank, or where a rank's trace has integrity
+    problems in more than `rules.trust_integrity_max` of its events."""
     reasons = []
     missed = [
         s for s in summary.replayed_steps if abs(s.residual_ms) > rules.trust_residual_max * s.step_time_ms
@@ -87,4 +101,5 @@ def trust_of(summary: Summary, cells: int, rules: Rules = Rules()) -> Trust:
             "their kind and microbatch are guesses"
         )
     reasons += _clock_reasons(summary.clock)
+    reasons += integrity_reasons(summary.integrity, rules)
     return Trust(level=LOW if reasons else HIGH, reasons=reasons)
