@@ -80,6 +80,14 @@ def test_sendrecv_kernels_are_hops_only_on_a_rank_without_all_to_all():
     assert without.p2p_kernels == 5 and without.hops
 
 
+def test_a_kind_recorded_at_the_backend_level_only_is_counted_there():
+    """HTA's trace_diff rank: c10d::allreduce_ beside nccl:all_to_all (no c10d op of it): its SendRecv
+    kernels carry the all_to_all, so they are no hops."""
+    trace = read_trace(REAL_TRACES / "hta" / "trace_diff" / "test" / "test.json.gz")
+    census = census_of(trace.frame, cells_of(trace.frame, trace.path))
+    assert census.collectives == {"all_reduce": 3, "all_to_all": 7} and not census.hops
+
+
 def test_send_and_recv_calls_make_a_pipeline_and_none_make_none():
     census = _dlrm_census()
     with pytest.raises(NotAPipeline):

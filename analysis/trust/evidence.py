@@ -3,13 +3,13 @@
 A pipeline passes activations and gradients between ranks point to point. Per rank this counts, over
 its profiled steps:
 
-- p2p calls: torch's `c10d::send` / `c10d::recv_` (and `recv_any_source_`), else the backend's spans of
-  them (`nccl:send`, `nccl:recv`, `gloo:send`, `gloo:recv`) where the c10d ops were not recorded;
+- p2p calls: torch's `c10d::send` / `c10d::recv_` (and `recv_any_source_`) or the backend's spans of
+  them (`nccl:send`, `nccl:recv`, `gloo:send`, `gloo:recv`), whichever level recorded more;
 - p2p kernels: NCCL or RCCL Send, Recv and SendRecv kernels, but not on a rank that runs all_to_all:
   NCCL implements all_to_all with the same SendRecv kernels (DLRM's embedding exchange);
 - pipeline labels: `PP:` actions (or a framework's phase labels) the rank's cells were read from;
-- collectives by kind (all_reduce, all_to_all, ...), torch's c10d ops else the backend's spans, so that
-  a job that is not a pipeline can be told what it is instead.
+- collectives by kind (all_reduce, all_to_all, ...), per kind the level that recorded more, so that a
+  job that is not a pipeline can be told what it is instead.
 
 `analysis.trust.gate.pipeline_evidence` reads these over the job's ranks.
 """
@@ -60,20 +60,24 @@ def _kind(name: str) -> str | None:
     return next((kind for kind, pattern in _KINDS if re.search(pattern, lowered)), None)
 
 
-def _calls(names: pl.Series) -> tuple[int, dict[str, int]]:
-    """p2p calls and collectives by kind, counted at one level: c10d's ops where recorded, else the
-    backend's spans (each call is recorded at both where both are)."""
-    c10d = names.str.starts_with(_C10D)
-    level = names.filter(c10d) if c10d.any() else names.filter(~c10d)
-    p2p = P2P_OPS if c10d.any() else P2P_SPANS
+def _level(names: pl.Series, p2p: tuple[str, ...]) -> dict[str, int]:
+    """p2p calls (`p2p`: this level's names of them) and collectives by kind, at one level of names."""
     found: dict[str, int] = {}
-    calls = 0
-    for name, n in level.value_counts().iter_rows():
-        if name in p2p:
-            calls += n
-        elif (kind := _kind(name)) is not None:
+    for name, n in names.value_counts().iter_rows():
+        kind = "p2p" if name in p2p else _kind(name)
+        if kind is not None:
             found[kind] = found.get(kind, 0) + n
-    return calls, dict(sorted(found.items()))
+    return found
+
+
+def _calls(names: pl.Series) -> tuple[int, dict[str, int]]:
+    """p2p calls and collectives by kind. torch records a call as a c10d op, its backend as a span of its
+    own, or both (some versions record only the backend's span of a kind, nccl:all_to_all beside
+    c10d::allreduce_): per kind, the level that saw more."""
+    c10d = names.str.starts_with(_C10D)
+    ops, spans = _level(names.filter(c10d), P2P_OPS), _level(names.filter(~c10d), P2P_SPANS)
+    merged = {kind: max(ops.get(kind, 0), spans.get(kind, 0)) for kind in {*ops, *spans}}
+    return merged.pop("p2p", 0), dict(sorted(merged.items()))
 
 
 def census_of(frame: pl.DataFrame, cells: RankCells) -> CommCensus:
