@@ -56,7 +56,8 @@ ANALYSIS_DIR = "analysis"
 # test pins them) or to what a stored figure means, so an analysis written before the change is analysed
 # again rather than read wrong. 3: a receive that is only posted waits in its consumer, in the parts too.
 # 4: summary.json's trust and verdict (analysis.trust.gate, analysis.verdict).
-ANALYSIS_FORMAT = 4
+# 5: the waterfall's terms and the typical step renamed (tests/test_renames.py maps the old names).
+ANALYSIS_FORMAT = 5
 FORMAT_FILE = "format.json"
 
 

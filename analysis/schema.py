@@ -27,7 +27,6 @@ __all__ = [
     "COMPUTE_KINDS",
     "GAP_CLASSES",
     "RANK_PARTS",
-    "WATERFALL_TERMS",
     "CriticalShare",
     "RankAlone",
     "RankIntegrity",
@@ -134,23 +133,18 @@ class RankEntry(Parts, kw_only=True):
 
 class Waterfall(msgspec.Struct, kw_only=True):
     """The step time as replays of the typical step, from the formula to the measurement (ms;
-    analysis.attribution.waterfall).
-
-    ideal + formula_bubble is the formula's step time; the terms after it add stage imbalance, small-GEMM
-    time, slowdown, host time, p2p transfers and each rank's time after its last action (`other`: the
-    optimizer step, the DP sync), which make the typical step (`simulated_step_time_ms`); `variability`
-    is the median step's own replay less the typical one, `residual` the measured step less its own
-    replay (the completeness residual). The terms sum to the step time (None small_gemm and slowdown,
-    no isolated calibration, count as 0: they are folded into imbalance)."""
+    analysis.attribution.waterfall; its terms analysis.vocabulary.RUNGS, docs/numbers.md#waterfall).
+    They sum to the step time (None small_batches and interference, no isolated calibration, count as 0:
+    they are folded into imbalance)."""
 
     ideal: float
-    formula_bubble: float
+    fill_drain: float
     imbalance: float
-    small_gemm: float | None
-    slowdown: float | None
-    launch_overhead: float
-    p2p_wait: float
-    other: float
+    small_batches: float | None
+    interference: float | None
+    host: float
+    transfer: float
+    tail: float
     variability: float
     residual: float
 
@@ -179,9 +173,6 @@ class CriticalShare(msgspec.Struct, kw_only=True):
     part: str  # a rank part's name without _ms, or "hop" for a transfer
     stage: int | None
     ms: float
-
-
-WATERFALL_TERMS = Waterfall.__struct_fields__
 
 
 class Noise(msgspec.Struct, kw_only=True):
@@ -288,7 +279,7 @@ class Summary(msgspec.Struct, kw_only=True):
     # the seed's 1 - m*t_slot/step: 1 - the cells' work timed alone (compute + small_gemm) / (p * step);
     # None without the isolated calibration
     bubble_seed: float | None
-    simulated_step_time_ms: float  # the typical step's replay (analysis.attribution.model)
+    typical_step_ms: float  # the typical step's replay (analysis.attribution.model)
     waterfall_ms: Waterfall  # the fixed ladder
     waterfall_shapley_ms: Waterfall  # the same terms, each effect at its Shapley value
     replayed_steps: list[StepReplay]  # every analysed step against its own replay

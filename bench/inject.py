@@ -70,8 +70,8 @@ def figures(case: Case, summary: Summary) -> dict[str, float]:
         )
     return {
         "imbalance": waterfall.imbalance,
-        "small_gemm": waterfall.small_gemm,
-        "slowdown": waterfall.slowdown,
+        "small_batches": waterfall.small_batches,
+        "interference": waterfall.interference,
         # the slowed rank's own slowdown and the share of it spent waiting for a core: tells a loaded
         # machine's run-queue delay (which grows with the longer stage) from the cells' own excess
         "slowed_rank_slowdown": slowed.slowdown_ms,

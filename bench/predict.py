@@ -107,7 +107,7 @@ def prediction_accuracy(
                 progress(f"  {schedule} repeat {repeat}: failed: {error}")
                 continue
             steps = {m: analyze_run(read_run(run_dir)).summary.step_time_ms for m, run_dir in targets.items()}
-            source_error[schedule].append(source.simulated_step_time_ms / source.step_time_ms - 1)
+            source_error[schedule].append(source.typical_step_ms / source.step_time_ms - 1)
             source_steps[schedule].append(source.step_time_ms)
             for guess in found:
                 predicted[(schedule, guess.m)].append(guess.step_time_ms)

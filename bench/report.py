@@ -11,12 +11,12 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from analysis.schema import WATERFALL_TERMS
+from analysis.vocabulary import RUNGS
 from bench.stats import Stats
 from runners.results import markdown_table
 
 SEED_COLUMNS = ("p", "m", "slot_ms", "step_ms", "bubble_theory", "bubble_measured")
-OUR_COLUMNS = ("analysis_bubble", "profiled_step_ms", *(f"{term}_ms" for term in WATERFALL_TERMS))
+OUR_COLUMNS = ("analysis_bubble", "profiled_step_ms", *(f"{term}_ms" for term in RUNGS))
 SWEEP_COLUMNS = (
     "schedule",
     "m",
@@ -303,7 +303,7 @@ def _inject(part: dict) -> list[str]:
         "host:R:X sleeps X ms before each of rank R's forwards, m*X a step (injected); launch_overhead and "
         "busy (compute + small_gemm + slowdown) are rank R's, peer_bubble is rank R+1's bubble. "
         "slow:S:K gives stage S K times its layers; injected: (K-1) x the stage's full-batch F+B in the "
-        "baseline's calibration; imbalance, small_gemm and slowdown are waterfall terms, slowed_rank_slowdown "
+        "baseline's calibration; imbalance, small_batches and interference are waterfall terms, slowed_rank_slowdown "
         "and slowed_rank_cpu_contention (its wait for a core) rank S's parts. No verdict here: "
         "the targets live in tests/test_inject_recovery.py, each with the spread measured here.",
         "",

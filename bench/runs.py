@@ -19,7 +19,7 @@ import polars as pl
 from analysis.errors import InputError
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
-from analysis.schema import WATERFALL_TERMS
+from analysis.vocabulary import RUNGS
 from bench.cold import cold_passes
 from bench.stats import stats, verdict
 from runners.inject import parse_injections
@@ -89,7 +89,7 @@ def sweep_row(run_dir: Path) -> dict:
     p, m = summary.p, summary.m
     step, samples = config["step_time_unprofiled_ms"], config["step_times_unprofiled_ms"]
     slot = slot_ms(result.cells, summary.median_step)
-    profiled, simulated = summary.step_time_ms, summary.simulated_step_time_ms
+    profiled, simulated = summary.step_time_ms, summary.typical_step_ms
     return {
         "run": run_dir.name,
         "schedule": summary.schedule,
@@ -106,7 +106,7 @@ def sweep_row(run_dir: Path) -> dict:
         "simulated_step_ms": simulated,
         "sim_error": simulated / profiled - 1,
         "profiler_ratio": profiled / step,
-        **{f"{term}_ms": getattr(summary.waterfall_ms, term) for term in WATERFALL_TERMS},
+        **{f"{term}_ms": getattr(summary.waterfall_ms, term) for term in RUNGS},
     }
 
 

@@ -1,7 +1,7 @@
 """`python -m runners.results RUN_DIR...`: a small markdown table from run.json files (torch- and polars-free,
 so it runs on the GPU machine, which has neither polars nor network).
 
-Per run: the formula bubble (the schedule's order at unit times: runners.schedules.formula_bubble), the
+Per run: the formula bubble (the schedule's order at unit times: runners.schedules.bubble_formula), the
 unprofiled step time, and the busiest rank's full-batch
 compute (the calibrated F+B of the stages the schedule places on it: the seed's m*t_slot at full-batch
 efficiency), whose complement `1 - compute / step` is the seed experiment's measured bubble; it includes
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from runners.rundir import is_complete
-from runners.schedules import Schedule, build, formula_bubble
+from runners.schedules import Schedule, build, bubble_formula
 
 COLUMNS = (
     "run",
@@ -62,7 +62,7 @@ def row(run_dir: Path) -> dict:
         "rows/mb": config["dims"]["microbatch_rows"][0],
         "step ms": step_ms,
         "full-batch compute ms": compute_ms,
-        "bubble formula": formula_bubble(schedule),
+        "bubble formula": bubble_formula(schedule),
         "1 - compute/step": 1 - compute_ms / step_ms,
         "analysis bubble": summary.get("bubble_measured"),
         "run s": sum(config.get("phases_s", {}).values()),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from runners.results import busiest_rank_compute_ms, markdown_table
 from runners.rundir import is_complete
-from runners.schedules import build, formula_bubble
+from runners.schedules import build, bubble_formula
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER
 
 SEED_COLUMNS = (
@@ -66,7 +66,7 @@ def seed_row(run_dir: Path) -> dict:
         "t_slot ms": slot,
         "m*t_slot ms": m * slot,
         "step ms": step,
-        "bubble theory": formula_bubble(build(config["schedule"], config["p"], m, config["v"])),
+        "bubble theory": bubble_formula(build(config["schedule"], config["p"], m, config["v"])),
         "bubble measured": 1 - m * slot / step,
         "mode": config.get("mode"),
         "peak MiB": peak_mib(run_dir),

@@ -30,7 +30,7 @@ SUMMARY_KEYS = {
     "bubble_formula",
     "bubble_measured",
     "bubble_seed",
-    "simulated_step_time_ms",
+    "typical_step_ms",
     "waterfall_ms",
     "waterfall_shapley_ms",
     "replayed_steps",
@@ -208,7 +208,7 @@ def test_without_run_json_the_schedule_is_inferred_from_the_labels(tmp_path, nam
     (tmp_path / "run.json").unlink()
     summary = analyze_run(read_run(tmp_path)).summary
     assert (summary.schedule, summary.p, summary.m, summary.v) == (name, p, m, v)
-    assert summary.waterfall_ms.small_gemm is None and summary.engine is None
+    assert summary.waterfall_ms.small_batches is None and summary.engine is None
 
 
 def test_schedule_hint_that_disagrees_with_the_order_is_an_input_error(tmp_path, capsys):

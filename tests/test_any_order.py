@@ -17,7 +17,7 @@ from analysis.cli import main
 from analysis.errors import InputError
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
-from runners.schedules import build, formula_bubble
+from runners.schedules import bubble_formula, build
 from synthetic import write_run
 from synthetic.executor_gpu import parts_as_analysed
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport
@@ -66,7 +66,7 @@ def test_a_custom_order_is_analysed_as_it_ran_with_its_parts_recovered(tmp_path,
     assert (summary.schedule, summary.nearest_schedule) == ("custom", nearest)
     assert (summary.p, summary.m, summary.v) == (schedule.p, schedule.m, schedule.v)
     assert result.schedule.orders == schedule.orders and result.schedule.stage_ranks == schedule.stage_ranks
-    assert summary.bubble_formula == pytest.approx(formula_bubble(schedule))
+    assert summary.bubble_formula == pytest.approx(bubble_formula(schedule))
     assert summary.step_time_ms * 1e6 == pytest.approx(truth["step_ns"], abs=1)
     found = result.cells.filter(pl.col("kind").is_in(["F", "B"]) & (pl.col("step") == summary.median_step))
     assert found.height == 2 * schedule.n_stages * schedule.m  # every F and B of every stage and microbatch
@@ -89,7 +89,7 @@ def test_a_custom_order_is_analysed_as_it_ran_with_its_parts_recovered(tmp_path,
 
 def test_the_reverse_backward_gpipe_keeps_gpipes_geometry():
     # The backwards in reverse wait on the same chain as GPipe's: the same bubble.
-    assert formula_bubble(reverse_backward_gpipe(4, 8)) == pytest.approx(formula_bubble(build("gpipe", 4, 8)))
+    assert bubble_formula(reverse_backward_gpipe(4, 8)) == pytest.approx(bubble_formula(build("gpipe", 4, 8)))
 
 
 def test_a_deeper_warm_up_is_not_called_interleaved(tmp_path):

@@ -18,7 +18,8 @@ from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
 from analysis.job.join import analyze_job
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
-from analysis.schema import RANK_PARTS, WATERFALL_TERMS
+from analysis.schema import RANK_PARTS
+from analysis.vocabulary import RUNGS
 from runners.schedules import Action, Kind, build, lower, simulate
 from runners.schedules.trace_names import OPTIMIZER_STEP, RUN_QUEUE_COUNTER, STEP_END_BARRIER
 from synthetic.data_parallel import write_job
@@ -47,21 +48,21 @@ def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
     # completeness residual, not a tail.
     expected = {
         "ideal": 0.040,
-        "formula_bubble": 0.040,
+        "fill_drain": 0.040,
         "imbalance": 0.0,
-        "small_gemm": None,
-        "slowdown": None,
-        "launch_overhead": 0.007,
-        "p2p_wait": 0.004,
-        "other": 0.0,
+        "small_batches": None,
+        "interference": None,
+        "host": 0.007,
+        "transfer": 0.004,
+        "tail": 0.0,
         "variability": 0.0,  # one step of one microbatch: its own inputs are the typical ones
         "residual": 0.009,
     }
-    assert list(expected) == list(WATERFALL_TERMS)
+    assert list(expected) == list(RUNGS)
     assert msgspec.structs.asdict(summary.waterfall_ms) == {
         term: pytest.approx(ms, abs=1e-9) if ms is not None else None for term, ms in expected.items()
     }
-    assert summary.simulated_step_time_ms == pytest.approx(0.091)
+    assert summary.typical_step_ms == pytest.approx(0.091)
     (replayed,) = summary.replayed_steps
     assert (replayed.replay_ms, replayed.residual_ms) == pytest.approx((0.091, 0.009))
     # named: both ranks' steps opened together, and the step ran on 9 us after rank 0's last backward
@@ -121,8 +122,8 @@ def test_calibration_splits_busy_time_into_compute_small_gemm_and_slowdown(tmp_p
     assert summary.bubble_measured == pytest.approx(1 - 80 / 200)
     assert summary.bubble_seed == pytest.approx(1 - 64 / 200)
     terms = msgspec.structs.asdict(summary.waterfall_ms)
-    assert terms["ideal"] == pytest.approx(0.032) and terms["formula_bubble"] == pytest.approx(0.032)
-    assert terms["small_gemm"] == pytest.approx(0) and terms["slowdown"] == pytest.approx(0.016)
+    assert terms["ideal"] == pytest.approx(0.032) and terms["fill_drain"] == pytest.approx(0.032)
+    assert terms["small_batches"] == pytest.approx(0) and terms["interference"] == pytest.approx(0.016)
     assert sum(terms.values()) == pytest.approx(summary.step_time_ms, abs=1e-12)
 
 
@@ -182,9 +183,9 @@ def test_equal_slots_give_the_formula_bubble(name, p, m, v):
     )
     rungs = ladder(schedule, model, ref, step_ns=1e6, own_ns=1e6)
     terms = rungs.waterfall
-    step = terms.ideal + terms.formula_bubble
-    assert terms.formula_bubble / step == pytest.approx((p - 1) / (v * m + p - 1))
-    assert terms.imbalance == 0 and terms.small_gemm == 0 and terms.slowdown == 0
+    step = terms.ideal + terms.fill_drain
+    assert terms.fill_drain / step == pytest.approx((p - 1) / (v * m + p - 1))
+    assert terms.imbalance == 0 and terms.small_batches == 0 and terms.interference == 0
     assert sum(msgspec.structs.asdict(terms).values()) == pytest.approx(1.0)  # ms
     assert sum(msgspec.structs.asdict(rungs.shapley).values()) == pytest.approx(1.0)
 

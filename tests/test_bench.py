@@ -82,12 +82,12 @@ def test_replicated_set_analyses_like_its_source(source, tmp_path):
     assert ours.step_time_ms == pytest.approx(theirs.step_time_ms, abs=1e-6)
     # a GPU step's window holds the next step's head (the host getting to its first launch): the source's
     # last step has none, but in the set every copy's last step is followed, so its head moves the typical
-    # model's tail (`other`) and the variability by at most that head; every other rung is the source's
+    # model's tail and the variability by at most that head; every other rung is the source's
     ours_ms, theirs_ms = (
         msgspec.structs.asdict(ours.waterfall_ms),
         msgspec.structs.asdict(theirs.waterfall_ms),
     )
-    headed = ("other", "variability")
+    headed = ("tail", "variability")
     assert {k: ours_ms[k] for k in ours_ms if k not in headed} == pytest.approx(
         {k: theirs_ms[k] for k in theirs_ms if k not in headed}, abs=1e-6
     )
@@ -394,20 +394,22 @@ def test_slow_recovery_reads_the_waterfall_and_the_baseline_calibration():
     from analysis.schema import Waterfall
     from bench.inject import SLOW, recovery
 
-    def run(imbalance, small_gemm, slowdown, rank_slowdown, rank_contention):
+    def run(imbalance, small_batches, interference, rank_slowdown, rank_contention):
         slowed = rank_entry_of(
             rank=1, stage_ids=[1], slowdown_ms=rank_slowdown, cpu_contention_ms=rank_contention
         )
         terms = dict(
             ideal=80.0,
-            formula_bubble=20.0,
-            launch_overhead=5.0,
-            p2p_wait=1.0,
-            other=2.0,
+            fill_drain=20.0,
+            host=5.0,
+            transfer=1.0,
+            tail=2.0,
             variability=0.0,
             residual=0.0,
         )
-        waterfall = Waterfall(imbalance=imbalance, small_gemm=small_gemm, slowdown=slowdown, **terms)
+        waterfall = Waterfall(
+            imbalance=imbalance, small_batches=small_batches, interference=interference, **terms
+        )
         summary = summary_of(waterfall_ms=waterfall, ranks=[slowed])
         return summary, {"calibration": {"1": {"F_ms": 30.0, "B_ms": 50.0}}}
 
@@ -416,8 +418,8 @@ def test_slow_recovery_reads_the_waterfall_and_the_baseline_calibration():
     deltas = {f["figure"]: f["per_pair_ms"] for f in result["figures"]}
     assert deltas == {
         "imbalance": [90.0],
-        "small_gemm": [101.0],
-        "slowdown": [0.0],
+        "small_batches": [101.0],
+        "interference": [0.0],
         "slowed_rank_slowdown": [26.0],  # rank 1 holds stage 1
         "slowed_rank_cpu_contention": [25.0],
     }

@@ -87,7 +87,7 @@ def test_without_calibration_small_gemm_and_slowdown_are_unknown_and_compute_is_
     (tmp_path / "run.json").write_text(config.replace('"calibration"', '"not_calibration"'))
     step = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
     summary = analyze_run(read_run(tmp_path)).summary
-    assert summary.waterfall_ms.small_gemm is None and summary.waterfall_ms.slowdown is None
+    assert summary.waterfall_ms.small_batches is None and summary.waterfall_ms.interference is None
     for entry in summary.ranks:
         true = step["ranks"][str(entry.rank)]["parts_ns"]
         assert entry.small_gemm_ms is None and entry.slowdown_ms is None

@@ -21,7 +21,7 @@ from analysis.job.run_dir import analysis_of, read_run
 from analysis.report import build_report
 from analysis.report.sweeps import predicted_steps
 from runners.presets import CALIBRATED_MS
-from runners.schedules import Action, Kind, build, formula_bubble, lower
+from runners.schedules import Action, Kind, bubble_formula, build, lower
 from synthetic import write_run
 from synthetic.executor_sim import RENDEZVOUS, Transport
 from synthetic.executor_trace import write_executor_run
@@ -55,7 +55,7 @@ def test_a_prediction_at_another_m_is_that_m_s_step(tmp_path, name, p, v):
     for m in set(predicted) - {4}:
         truth_ms = _independent(tmp_path / f"m{m}", build(name, p, m, v)).step_ns / 1e6
         assert predicted[m]["step_time_ms"] == pytest.approx(truth_ms, abs=1e-3), m
-        assert predicted[m]["bubble_formula"] == formula_bubble(build(name, p, m, v))
+        assert predicted[m]["bubble_formula"] == bubble_formula(build(name, p, m, v))
         measured = analyze_run(read_run(tmp_path / f"m{m}")).summary.bubble_measured
         assert predicted[m]["bubble_predicted"] == pytest.approx(measured, abs=1e-4), m
 

@@ -35,7 +35,7 @@ from analysis.report.sweeps import (
     run_row,
     runs_frame,
 )
-from runners.schedules import build, formula_bubble
+from runners.schedules import bubble_formula, build
 from synthetic import write_run
 
 
@@ -92,8 +92,8 @@ def test_formula_curve_is_each_schedules_own_geometry_at_every_m_it_can_run():
     assert interleaved.filter(pl.col("m") == 4)["bubble"].item() == pytest.approx(1 / 9)  # (p-1)/(v*m+p-1)
     zb = curve.filter(pl.col("family").str.starts_with("zb"))
     assert zb["m"].to_list() == [2, 3, 4, 5, 6]  # zb needs m >= p
-    assert zb.filter(pl.col("m") == 4)["bubble"].item() == pytest.approx(formula_bubble(build("zb", 2, 4)))
-    assert formula_bubble(build("zb", 2, 4)) < 1 / 5  # below 1F1B's closed form: ZB's own geometry
+    assert zb.filter(pl.col("m") == 4)["bubble"].item() == pytest.approx(bubble_formula(build("zb", 2, 4)))
+    assert bubble_formula(build("zb", 2, 4)) < 1 / 5  # below 1F1B's closed form: ZB's own geometry
 
 
 def test_best_m_is_the_fastest_and_the_median_run_stands_for_a_repeated_m():
@@ -118,7 +118,7 @@ def test_waterfall_bars_chain_from_formula_to_measured():
     assert bars.filter(pl.col("term") == "measured").select("start", "end").row(0) == (0.0, 10.0)
     assert bars.filter(pl.col("term") == "residual")["bar"].item() == "decrease"
     # summary_of has no isolated calibration: its two unknown terms are drawn as unknown, not as 0.00
-    unknown = bars.filter(pl.col("term").is_in(["small_gemm", "slowdown"]))
+    unknown = bars.filter(pl.col("term").is_in(["small_batches", "interference"]))
     assert unknown["label"].to_list() == ["unknown", "unknown"]
     assert (unknown["start"] == unknown["end"]).all()
     assert bars.filter(pl.col("term") == "ideal")["label"].item() == "6.00"
@@ -202,10 +202,10 @@ def test_the_report_draws_the_waterfalls_ideal_rung(tmp_path):
     waterfall, ideal = analysis.summary.waterfall_ms, analysis.ideal
     makespan_ms = (ideal["end_ns"].max() - ideal["start_ns"].min()) / 1e6
     assert makespan_ms == pytest.approx(
-        waterfall.ideal + waterfall.formula_bubble + waterfall.imbalance, abs=1e-6
+        waterfall.ideal + waterfall.fill_drain + waterfall.imbalance, abs=1e-6
     )
     # the rung is neither equal slots nor the isolated times nor the cells
-    assert waterfall.imbalance > 0 and waterfall.small_gemm > 0 and waterfall.slowdown > 0
+    assert waterfall.imbalance > 0 and waterfall.small_batches > 0 and waterfall.interference > 0
     # GPipe at reference durations: stage 1's F (1.5 ms) paces the forwards, its B (3 ms) the backwards.
     assert makespan_ms == pytest.approx(1.0 + 4 * 1.5 + 4 * 3.0 + 2.0)
     drawn = ideal_frame(ideal, step_origin(analysis.cells, analysis.gaps, analysis.summary.median_step))
@@ -344,7 +344,7 @@ def test_a_run_analysed_by_another_version_is_analysed_again(tmp_path):
 # Each stored table's columns at analysis.results.ANALYSIS_FORMAT. A change to them must bump the format,
 # or a report reads an older analysis's tables with this version's code (a replay tail without its
 # `barrier` column stopped `make trace`'s report with a traceback).
-STORED_FORMAT = 4
+STORED_FORMAT = 5
 STORED_COLUMNS = {
     "cells": "rank step stage kind microbatch start_ns end_ns blocked_ns inferred busy_ns compute_ns small_gemm_ns "
     "slowdown_ns cpu_contention_ns slack_ns",

@@ -31,8 +31,8 @@ from runners.schedules import (
     Action,
     Kind,
     ScheduleError,
+    bubble_formula,
     build,
-    formula_bubble,
     in_flight,
     lower,
     simulate,
@@ -206,19 +206,19 @@ def test_the_formula_bubble_of_the_closed_form_schedules_is_their_closed_form(na
             schedule = build(name, p, m, v)
         except ScheduleError:
             continue
-        assert formula_bubble(schedule) == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-12), (p, m, v)
+        assert bubble_formula(schedule) == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-12), (p, m, v)
         checked += 1
     assert checked >= 40  # not a loop over nothing (1f1b: v = 1 and m >= p)
 
 
 def test_zero_bubble_orders_get_their_own_geometry():
     # ZB-H1 fills 1F1B's cool-down with deferred W's: about a third of 1F1B's bubble at p=4 m=8.
-    assert formula_bubble(build("1f1b", 4, 8)) == pytest.approx(3 / 11)
-    assert formula_bubble(build("zb", 4, 8)) == pytest.approx(1 / 9)
+    assert bubble_formula(build("1f1b", 4, 8)) == pytest.approx(3 / 11)
+    assert bubble_formula(build("zb", 4, 8)) == pytest.approx(1 / 9)
     # an order none of the generators writes: GPipe with its backwards in reverse, as the seed runs it
     gpipe = build("gpipe", 2, 3)
     reverse = tuple(
         tuple(a for a in o if a.kind is Kind.F) + tuple(reversed([a for a in o if a.kind is Kind.B]))
         for o in gpipe.orders
     )
-    assert formula_bubble(dataclasses.replace(gpipe, name="custom", orders=reverse)) == pytest.approx(1 / 4)
+    assert bubble_formula(dataclasses.replace(gpipe, name="custom", orders=reverse)) == pytest.approx(1 / 4)

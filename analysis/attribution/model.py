@@ -4,7 +4,7 @@ values, replayed on the executed lowered order (analysis.attribution.replay).
 Per (stage, kind) each input (lead, pre, work, transfer, post) is its mean over every analysed step
 and microbatch, and per rank each tail part its mean over the steps: a typical value of times that
 add is their mean (a sum of medians understates a sum of times whose spread is skewed, as a hop's is).
-Replayed at the measured m it is `simulated_step_time_ms`; `predict` replays it at other m, and the
+Replayed at the measured m it is `typical_step_ms`; `predict` replays it at other m, and the
 waterfall's rungs replay it with effects left out. What the spread around these means costs on the
 critical path is the waterfall's `variability`: the median step's own replay less this one.
 """

@@ -54,7 +54,7 @@ from analysis.attribution.replay import Deadlock, Inputs, Replayed, Step, Tail, 
 from analysis.errors import InputError
 from analysis.results import Analysis
 from runners.presets import microbatch_rows
-from runners.schedules import Action, Kind, Schedule, ScheduleError, build, formula_bubble, lower
+from runners.schedules import Action, Kind, Schedule, ScheduleError, bubble_formula, build, lower
 
 NS_PER_MS = 1e6
 SAMPLES = 64  # resampled replays per m
@@ -273,7 +273,7 @@ def predict(
         step_time_ms=step_ns / NS_PER_MS,
         step_time_low_ms=min(samples[cut], step_ns) / NS_PER_MS,
         step_time_high_ms=max(samples[-1 - cut], step_ns) / NS_PER_MS,
-        bubble_formula=formula_bubble(target),
+        bubble_formula=bubble_formula(target),
         bubble_predicted=1 - busy_ns / (target.p * step_ns),
     )
 

@@ -1,11 +1,12 @@
 """The waterfall: replays of the executed lowered schedule, from the formula to the measurement.
 
 The typical step (analysis.attribution.model) is replayed (analysis.attribution.replay) with some of
-its effects: equal slots at full-batch efficiency with no host time, transfers or tail (its excess
-over the even split of the work, `ideal`, is the formula bubble), plus per-stage full-batch durations
-(imbalance), each (stage, kind)'s work timed alone at its microbatch size (small_gemm), its measured
-mean busy time (slowdown), its host time (launch_overhead), its transfers (p2p_wait) and each rank's
-tail (other: the optimizer step, the DP sync). With all of them it is the typical step. Then
+its effects (analysis.vocabulary.Effect): equal slots at full-batch efficiency with no host time,
+transfers or tail (its excess over the even split of the work, `ideal`, is `fill_drain`: the formula's
+bubble as time), plus per-stage full-batch durations (imbalance), each (stage, kind)'s work timed alone
+at its microbatch size (small_batches), its measured mean busy time (interference), its host time
+(host), its transfers (transfer) and each rank's tail (tail: the optimizer step, the DP sync). With all
+of them it is the typical step. Then
 `variability` is the median step's own replay less the typical one (what the spread of its inputs
 around their means costs on the critical path), and `residual` the measured step less its own replay
 (the completeness residual: what no measured input explains). The terms sum to the measured step.
@@ -14,12 +15,12 @@ Under max-plus the effects interact, so a fixed ladder gives the interactions to
 later. `waterfall_ms` keeps the ladder in the order above (it reads as the seed's story: geometry,
 then the work's efficiency, then the host, the network and the tail); `waterfall_shapley_ms` gives
 each effect its Shapley value over the 2^k replays of the k effects, which no order decides. Both
-have the same ideal, formula bubble, variability and residual, and both sum to the step. Without the
-isolated calibration small_gemm and slowdown are unknown (None) and imbalance carries the measured
-busy times.
+have the same ideal, fill_drain, variability and residual, and both sum to the step. Without the
+isolated calibration small_batches and interference are unknown (None) and imbalance carries the
+measured busy times.
 
 The rung at full-batch durations alone is the ideal timeline the report and the merged trace draw:
-`ideal` + `formula_bubble` + `imbalance` (the ladder's) is its makespan.
+`ideal` + `fill_drain` + `imbalance` (the ladder's) is its makespan.
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ from analysis.attribution.reference import Reference
 from analysis.attribution.replay import Replayed, replay_all
 from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
 from analysis.schema import Waterfall
+from analysis.vocabulary import FILL_DRAIN, IDEAL, RESIDUAL, VARIABILITY, Effect
 from runners.schedules import Schedule
 
 NS_PER_MS = 1e6
 IDEAL_SCHEMA = {name: CELL_SCHEMA[name] for name in (*CELL_KEY, "start_ns", "end_ns")}
 # the effects in the ladder's order; the first three change the work, the others add inputs
-EFFECTS = ("imbalance", "small_gemm", "slowdown", "launch_overhead", "p2p_wait", "other")
+EFFECTS = tuple(Effect)
+_WORK_SPLIT = (Effect.SMALL_BATCHES, Effect.INTERFERENCE)  # unknown without the isolated calibration
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class Ladder:
     waterfall: Waterfall  # ms, the fixed ladder
     shapley: Waterfall  # ms, each effect's Shapley value
     ideal: Replayed  # the reference rung, ns from the step's origin
-    typical_ns: float  # the typical step's replay: simulated_step_time_ms
+    typical_ns: float  # the typical step's replay: typical_step_ms
 
 
 def _equal_slots(full: dict[tuple[int, str], float]) -> dict[tuple[int, str], float]:
@@ -70,13 +73,13 @@ class _Rungs:
         if ref.isolated:
             isolated = ref.isolated_medians()
             self.deltas = {
-                "imbalance": {k: full[k] - self.equal[k] for k in full},
-                "small_gemm": {k: isolated[k] - full[k] for k in full},
-                "slowdown": {k: busy.get(k, 0.0) - isolated[k] for k in full},
+                Effect.IMBALANCE: {k: full[k] - self.equal[k] for k in full},
+                Effect.SMALL_BATCHES: {k: isolated[k] - full[k] for k in full},
+                Effect.INTERFERENCE: {k: busy.get(k, 0.0) - isolated[k] for k in full},
             }
         else:  # the split of busy time is unknown: imbalance carries the measured busy times
-            self.deltas = {"imbalance": {k: busy.get(k, 0.0) - self.equal[k] for k in full}}
-        self.effects = tuple(e for e in EFFECTS if e in self.deltas or e not in ("small_gemm", "slowdown"))
+            self.deltas = {Effect.IMBALANCE: {k: busy.get(k, 0.0) - self.equal[k] for k in full}}
+        self.effects = tuple(e for e in EFFECTS if e in self.deltas or e not in _WORK_SPLIT)
         subsets = [
             frozenset(c) for size in range(len(self.effects) + 1) for c in combinations(self.effects, size)
         ]
@@ -90,9 +93,9 @@ class _Rungs:
         }
         return model.step(
             work=lambda a: work.get((a.stage, a.kind.value), 0.0),
-            host="launch_overhead" in effects,
-            transfers="p2p_wait" in effects,
-            tail="other" in effects,
+            host=Effect.HOST in effects,
+            transfers=Effect.TRANSFER in effects,
+            tail=Effect.TAIL in effects,
         )
 
     def replayed(self, effects) -> Replayed:
@@ -131,17 +134,17 @@ def ladder(schedule: Schedule, model: StepModel, ref: Reference, step_ns: float,
                 if effect not in subset:
                     shapley[effect] += weight * (rungs.value((*subset, effect)) - base)
     common = {
-        "ideal": ideal,
-        "formula_bubble": rungs.value(()) - ideal,
-        "variability": own_ns - typical,
-        "residual": step_ns - own_ns,
+        IDEAL: ideal,
+        FILL_DRAIN: rungs.value(()) - ideal,
+        VARIABILITY: own_ns - typical,
+        RESIDUAL: step_ns - own_ns,
     }
 
     def terms(values: dict[str, float]) -> Waterfall:
         found = {e: values.get(e) for e in EFFECTS} | common
         return Waterfall(**{t: None if ns is None else ns / NS_PER_MS for t, ns in found.items()})
 
-    return Ladder(terms(chain), terms(shapley), rungs.replayed(("imbalance",)), typical)
+    return Ladder(terms(chain), terms(shapley), rungs.replayed((Effect.IMBALANCE,)), typical)
 
 
 def ideal_frame(ideal: Replayed, schedule: Schedule, step: int, origin_ns: int) -> pl.DataFrame:

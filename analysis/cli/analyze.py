@@ -80,13 +80,15 @@ def ranks_alone(summary: RanksSummary) -> str:
 
 def table(summary: Summary) -> str:
     """Formula vs measured bubble, then the waterfall terms with their share of the step."""
-    from analysis.schema import WATERFALL_TERMS
+    from analysis.vocabulary import RUNGS
 
     step = summary.step_time_ms
+    from analysis.vocabulary import Level
+
     lines = [
-        "figures" + ("  (low trust: see above)" if summary.trust.level != "high" else ""),
+        "figures" + ("  (low trust: see above)" if summary.trust.level != Level.HIGH else ""),
         f"  step (profiled) {step:9.3f} ms   unprofiled {_ms(summary.step_time_unprofiled_ms)}   "
-        f"model prediction {summary.simulated_step_time_ms:.3f} ms",
+        f"typical step {summary.typical_step_ms:.3f} ms",
         f"  bubble         formula {summary.bubble_formula:.3f}   busy-time {summary.bubble_measured:.3f}   "
         f"seed {'unknown' if summary.bubble_seed is None else f'{summary.bubble_seed:.3f}'}",
     ]
@@ -98,7 +100,7 @@ def table(summary: Summary) -> str:
             f"dp_sync up to {max(r.dp_sync_ms for r in summary.ranks):.3f} ms a rank"
         )
     lines.append("  waterfall (ladder, Shapley)")
-    for term in WATERFALL_TERMS:
+    for term in RUNGS:
         value, fair = getattr(summary.waterfall_ms, term), getattr(summary.waterfall_shapley_ms, term)
         shown = "   unknown (no calibration)" if value is None else f"{value:10.3f} ms  {value / step:6.1%}"
         if value is not None and fair != value:

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     summary, found = predictions(args.run_dir, args.ms)
     print(
         f"{summary.schedule} p={summary.p} v={summary.v}: measured at m={summary.m}, "
-        f"{summary.step_time_ms:.3f} ms a step (the model replays it as {summary.simulated_step_time_ms:.3f})"
+        f"{summary.step_time_ms:.3f} ms a step (the model replays it as {summary.typical_step_ms:.3f})"
     )
     print(
         f"  {'m':>4}  {'step ms':>10}  {'interval ms':>19}  {'bubble formula':>14}  {'bubble predicted':>16}"

@@ -44,7 +44,7 @@ from analysis.timeline.dp_sync import skew_ns, with_collectives
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
 from analysis.traces.memory import Memory, memory_of
-from runners.schedules import COMPUTE_KINDS, Schedule, formula_bubble
+from runners.schedules import COMPUTE_KINDS, Schedule, bubble_formula
 from runners.schedules.trace_names import LABEL_PREFIX
 
 
@@ -196,10 +196,10 @@ class Measured:
             median_step=step,
             step_time_ms=step_ns / 1e6,
             step_time_unprofiled_ms=unprofiled if isinstance(unprofiled, (int, float)) else None,
-            bubble_formula=formula_bubble(shape),
+            bubble_formula=bubble_formula(shape),
             bubble_measured=1 - chosen["busy"].sum() / (shape.p * step_ns),
             bubble_seed=_seed_bubble(chosen, shape.p, step_ns),
-            simulated_step_time_ms=rungs.typical_ns / 1e6,
+            typical_step_ms=rungs.typical_ns / 1e6,
             waterfall_ms=rungs.waterfall,
             waterfall_shapley_ms=rungs.shapley,
             replayed_steps=self._replayed_steps(),

@@ -35,11 +35,12 @@ from analysis.timeline.gaps import timeline, windows
 from analysis.timeline.pairing import paired_steps
 from analysis.traces.memory import memory_of
 from analysis.trust.gate import integrity_reasons
-from runners.schedules import ScheduleError, build, formula_bubble
+from analysis.vocabulary import Level
+from runners.schedules import ScheduleError, bubble_formula, build
 
 # The figures that need every rank of a pipeline, and why (RanksSummary.unknown).
 UNKNOWN = (
-    "the replay, the model's step and the waterfall: they replay every stage's cells and each hop's sender",
+    "the replay, the typical step and the waterfall: they replay every stage's cells and each hop's sender",
     "the critical path: it runs across ranks",
     "bubble against p2p_wait in a receive from a missing rank: when its sender began is not in the traces",
     "the verdict's recoverable times: they come from the replay",
@@ -81,7 +82,7 @@ def _alone(rank: RankInput, config: dict, rules: Rules) -> tuple[RankAlone, pl.D
 def _formula(config: dict) -> float | None:
     """The formula's bubble at the job's schedule, p, m and v where run.json says them."""
     try:
-        return formula_bubble(build(config["schedule"], config["p"], config["m"], config.get("v", 1)))
+        return bubble_formula(build(config["schedule"], config["p"], config["m"], config.get("v", 1)))
     except (KeyError, TypeError, ScheduleError):
         return None
 
@@ -127,7 +128,7 @@ def measure_ranks(run: RunInput, world_size: int, rules: Rules = Rules()) -> Ran
         rules=rules,
         integrity=counted,
         trust=Trust(
-            level="low",
+            level=Level.LOW,
             reasons=[
                 f"ranks missing: {world_size - len(present)} of the job's {world_size}",
                 *integrity_reasons(counted, rules),

@@ -9,10 +9,11 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.report.run_charts import CRITICAL_TRACK
-from analysis.schema import COMPUTE_KINDS, RANK_PARTS, WATERFALL_TERMS, Summary
+from analysis.schema import COMPUTE_KINDS, RANK_PARTS, Summary
+from analysis.vocabulary import RUNGS
 
-# The terms that depart from the formula's step time (ideal + formula_bubble).
-DEVIATION_TERMS = WATERFALL_TERMS[2:]
+# The terms that depart from the formula's step time (ideal + fill_drain).
+DEVIATION_TERMS = RUNGS[2:]
 TIMELINE_COLUMNS = (
     "rank",
     "track",
@@ -139,10 +140,8 @@ def ideal_frame(ideal: pl.DataFrame, origin: int) -> pl.DataFrame:
 def waterfall_frame(summary: Summary) -> pl.DataFrame:
     """The waterfall's bars: each term from where the previous ended, then the measured total from 0; an
     unknown term (no isolated calibration) has no bar and says so (`label`)."""
-    values = [getattr(summary.waterfall_ms, term) for term in WATERFALL_TERMS]
-    terms = pl.DataFrame(
-        {"term": list(WATERFALL_TERMS), "ms": values}, schema={"term": pl.String, "ms": pl.Float64}
-    )
+    values = [getattr(summary.waterfall_ms, term) for term in RUNGS]
+    terms = pl.DataFrame({"term": list(RUNGS), "ms": values}, schema={"term": pl.String, "ms": pl.Float64})
     terms = terms.with_columns(end=pl.col("ms").fill_null(0.0).cum_sum()).with_columns(
         start=pl.col("end") - pl.col("ms").fill_null(0.0)
     )
@@ -171,7 +170,7 @@ def rank_parts_frame(summary: Summary) -> pl.DataFrame:
 
 
 def largest_deviation(summary: Summary) -> tuple[str, float] | None:
-    """The waterfall term (beyond ideal and formula bubble) with the largest magnitude."""
+    """The waterfall term (beyond ideal and fill_drain) with the largest magnitude."""
     present = [(t, getattr(summary.waterfall_ms, t)) for t in DEVIATION_TERMS]
     present = [(t, ms) for t, ms in present if ms is not None]
     return max(present, key=lambda item: abs(item[1])) if present else None

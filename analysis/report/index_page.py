@@ -10,6 +10,7 @@ from analysis.report import advice_section, sweep_charts, sweeps, verdict_sectio
 from analysis.report.pages import Column, Figure, Markup, link, number, table
 from analysis.report.runs import Run
 from analysis.schema import Summary
+from analysis.vocabulary import Level
 from runners.presets import CALIBRATED_MS
 
 RUN_COLUMNS = [
@@ -105,7 +106,7 @@ def runs_table(runs: list[Run], pages: dict[str, str]) -> str:
                 ", ".join(s.flags) or "—",
             ]
         )
-        classes.append("flagged" if s.flags or (s.trust and s.trust.level != "high") else "")
+        classes.append("flagged" if s.flags or (s.trust and s.trust.level != Level.HIGH) else "")
         if s.dp > 1:
             rows += _pipeline_rows(s)
             classes += ["pipeline"] * len(s.pipelines)

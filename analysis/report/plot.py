@@ -15,22 +15,34 @@ from dataclasses import dataclass
 import altair as alt
 import polars as pl
 
-# One colour per quantity, wherever it is drawn: a rank's part, a waterfall term.
-COLOURS = {
-    "compute": "#4c78a8",
-    "ideal": "#4c78a8",
-    "formula_bubble": "#bab0ac",
-    "bubble": "#bab0ac",
-    "imbalance": "#f58518",
-    "small_gemm": "#e45756",
-    "slowdown": "#ff9da6",
-    "launch_overhead": "#9d755d",
-    "p2p_wait": "#b279a2",
-    "dp_sync": "#54a24b",
-    "other": "#e0e0e0",
-    "variability": "#ff9da6",
-    "residual": "#eeca3b",
-    "measured": "#333333",
+from analysis.vocabulary import FILL_DRAIN, IDEAL, RESIDUAL, VARIABILITY, Effect, Part
+
+# One colour per quantity, wherever it is drawn: a rank's part, a waterfall term (a term takes the
+# colour of the part it is the step-level effect of).
+_PART_COLOURS = {
+    Part.COMPUTE: "#4c78a8",
+    Part.BUBBLE: "#bab0ac",
+    Part.SMALL_GEMM: "#e45756",
+    Part.SLOWDOWN: "#ff9da6",
+    Part.LAUNCH_OVERHEAD: "#9d755d",
+    Part.P2P_WAIT: "#b279a2",
+    Part.DP_SYNC: "#54a24b",
+    Part.OTHER: "#e0e0e0",
+}
+_RUNG_COLOURS = {
+    IDEAL: _PART_COLOURS[Part.COMPUTE],
+    FILL_DRAIN: _PART_COLOURS[Part.BUBBLE],
+    Effect.IMBALANCE: "#f58518",
+    Effect.SMALL_BATCHES: _PART_COLOURS[Part.SMALL_GEMM],
+    Effect.INTERFERENCE: _PART_COLOURS[Part.SLOWDOWN],
+    Effect.HOST: _PART_COLOURS[Part.LAUNCH_OVERHEAD],
+    Effect.TRANSFER: _PART_COLOURS[Part.P2P_WAIT],
+    Effect.TAIL: _PART_COLOURS[Part.OTHER],
+    VARIABILITY: "#ff9da6",
+    RESIDUAL: "#eeca3b",
+}
+COLOURS = {str(name): colour for name, colour in (_PART_COLOURS | _RUNG_COLOURS).items()} | {
+    "measured": "#333333"
 }
 WIDTH = 900
 # m is a power of two in every sweep we run; ticks there instead of log-scale ticks at 1.5, 2.5, ...

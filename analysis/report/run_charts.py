@@ -7,7 +7,8 @@ import altair as alt
 import polars as pl
 
 from analysis.report.plot import COLOURS, WIDTH, Plot, named, scale
-from analysis.schema import COMM_KINDS, COMPUTE_KINDS, GAP_CLASSES, RANK_PARTS, WATERFALL_TERMS
+from analysis.schema import COMM_KINDS, COMPUTE_KINDS, GAP_CLASSES, RANK_PARTS
+from analysis.vocabulary import RUNGS
 
 CRITICAL_TRACK = "critical path"  # the timeline's fourth track: the step's critical path, one colour
 TRACKS = ("compute", "p2p", "idle", CRITICAL_TRACK)
@@ -78,7 +79,7 @@ def waterfall(frame: pl.DataFrame) -> Plot:
     bars = base.mark_bar().encode(
         y=alt.Y("start:Q", title="ms of the step"),
         y2="end:Q",
-        color=alt.Color("term:N", scale=scale(COLOURS, (*WATERFALL_TERMS, "measured")), legend=None),
+        color=alt.Color("term:N", scale=scale(COLOURS, (*RUNGS, "measured")), legend=None),
         tooltip=[
             alt.Tooltip("term:N"),
             alt.Tooltip("ms:Q", title="ms", format=".3f"),

@@ -116,22 +116,11 @@ def waterfall_figure(summary: Summary) -> Figure:
     deviation = largest_deviation(summary)
     largest = f" The largest deviation is {deviation[0]} ({deviation[1]:.3f} ms)." if deviation else ""
     caption = (
-        "Where the step time went, in ms: ideal (the work at reference efficiency, evenly split) plus the "
-        "formula bubble is the formula's step time; imbalance (unequal stages), small_gemm (a microbatch's "
-        "work timed alone, beyond its full-batch share), slowdown (busy time beyond that isolated work), "
-        "launch_overhead (host time), p2p_wait (transfers after both sides posted) and other (each rank's "
-        "time after its last action: the optimizer, the DP sync) take it to the typical step, every input "
-        "at its mean (the model's step time); variability, the median step replayed from its own "
-        "measurements less the typical one; the residual, the measured step less that own replay (the "
-        "completeness residual: what no measured input explains), to the measured step time, the last "
-        "bar. Each term is the difference between two replays of the lowered schedule in the ladder's "
-        f"order; summary.json's waterfall_shapley_ms gives the same terms at their order-free Shapley values.{largest}"
+        "From the formula's step (ideal + fill_drain) to the measured one, each term a replay of the typical "
+        f"step with one more effect (docs/numbers.md#waterfall).{largest}"
     )
-    if summary.waterfall_ms.small_gemm is None:
-        caption += (
-            " This run has no isolated calibration: small_gemm and slowdown are unknown (no bar), their time "
-            "is in imbalance, and the reference is each stage's measured median busy time."
-        )
+    if summary.waterfall_ms.small_batches is None:
+        caption += " No isolated calibration: small_batches and interference are unknown, their time is in imbalance."
     return Figure("waterfall", run_charts.waterfall(waterfall_frame(summary)), caption)
 
 

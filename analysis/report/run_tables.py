@@ -63,8 +63,8 @@ def figures_html(summary: Summary) -> str:
             "elsewhere)",
         ),
         (
-            "model prediction",
-            summary.simulated_step_time_ms,
+            "typical step",
+            summary.typical_step_ms,
             " ms",
             "the typical step (per stage and kind the mean of every input: host time, busy time, transfer; "
             "per rank the mean time after the last action) replayed on the lowered schedule; the profiled "

@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 
 from analysis.report.plot import COLOURS, M_AXIS, WIDTH, Plot, named, scale
-from analysis.schema import WATERFALL_TERMS
+from analysis.vocabulary import RUNGS
 
 
 def bubble_vs_m(curve: pl.DataFrame, measured: pl.DataFrame) -> Plot:
@@ -57,7 +57,7 @@ def step_time_vs_m(terms: pl.DataFrame, measured: pl.DataFrame, predicted: pl.Da
         .encode(
             x=x,
             y=alt.Y("sum(ms):Q", title="ms per step"),
-            color=alt.Color("term:N", scale=scale(COLOURS, WATERFALL_TERMS), title="waterfall term"),
+            color=alt.Color("term:N", scale=scale(COLOURS, RUNGS), title="waterfall term"),
             order=alt.Order("order:Q"),
             tooltip=[alt.Tooltip("m:O"), alt.Tooltip("term:N"), alt.Tooltip("ms:Q", format=".3f")],
         )
@@ -109,7 +109,7 @@ def schedules_side_by_side(terms: pl.DataFrame) -> Plot:
         .encode(
             x=alt.X("schedule:N", title=None, axis=alt.Axis(labelAngle=0)),
             y=alt.Y("sum(ms):Q", title="ms per step"),
-            color=alt.Color("term:N", scale=scale(COLOURS, WATERFALL_TERMS), title="waterfall term"),
+            color=alt.Color("term:N", scale=scale(COLOURS, RUNGS), title="waterfall term"),
             order=alt.Order("order:Q"),
             tooltip=[
                 alt.Tooltip("schedule:N"),

@@ -12,8 +12,9 @@ import polars as pl
 from analysis.attribution.predict import predict_each
 from analysis.errors import InputError
 from analysis.results import Analysis
-from analysis.schema import WATERFALL_TERMS, Summary
-from runners.schedules import SCHEDULES, Schedule, ScheduleError, build, formula_bubble
+from analysis.schema import Summary
+from analysis.vocabulary import RUNGS
+from runners.schedules import SCHEDULES, Schedule, ScheduleError, bubble_formula, build
 
 ENGINES = ("native", "torch")
 RUN_COLUMNS = {
@@ -29,7 +30,7 @@ RUN_COLUMNS = {
     "bubble_measured": pl.Float64,
     "peak_activation_bytes": pl.Float64,
     "rows_per_microbatch": pl.Int64,
-    **{term: pl.Float64 for term in WATERFALL_TERMS},
+    **{term: pl.Float64 for term in RUNGS},
 }
 
 
@@ -44,7 +45,7 @@ def run_row(run_id: str, summary: Summary, config: dict | None = None) -> dict:
         "run_id": run_id,
         "peak_activation_bytes": max(peaks, default=None),
         "rows_per_microbatch": (config or {}).get("rows_per_microbatch"),
-        **{term: getattr(summary.waterfall_ms, term) for term in WATERFALL_TERMS},
+        **{term: getattr(summary.waterfall_ms, term) for term in RUNGS},
     }
 
 
@@ -70,11 +71,11 @@ def families(runs: pl.DataFrame) -> pl.DataFrame:
 
 
 def formula_curve(family_runs: pl.DataFrame) -> pl.DataFrame:
-    """The formula bubble (runners.schedules.formula_bubble: the schedule's own geometry) at every m up to
+    """The formula bubble (runners.schedules.bubble_formula: the schedule's own geometry) at every m up to
     the family's largest that the schedule can be built for; a custom order has no curve."""
     families = family_runs.group_by("family").agg(pl.col("schedule", "p", "v").first(), top=pl.col("m").max())
     rows = [
-        (family, m, formula_bubble(schedule))
+        (family, m, bubble_formula(schedule))
         for family, name, p, v, top in families.iter_rows()
         for m in range(1, top + 1)
         if (schedule := _buildable(name, p, m, v)) is not None
@@ -109,11 +110,9 @@ def median_per_m(family_runs: pl.DataFrame) -> pl.DataFrame:
 def _terms_long(frame: pl.DataFrame, index: list[str]) -> pl.DataFrame:
     """Waterfall terms in long form with their stacking order; a null term (not measurable) counts 0."""
     return (
-        frame.select(*index, *[pl.col(t).fill_null(0.0) for t in WATERFALL_TERMS])
+        frame.select(*index, *[pl.col(t).fill_null(0.0) for t in RUNGS])
         .unpivot(index=index, variable_name="term", value_name="ms")
-        .with_columns(
-            order=pl.col("term").replace_strict(list(WATERFALL_TERMS), list(range(len(WATERFALL_TERMS))))
-        )
+        .with_columns(order=pl.col("term").replace_strict(list(RUNGS), list(range(len(RUNGS)))))
     )
 
 

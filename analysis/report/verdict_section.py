@@ -9,6 +9,7 @@ import html
 from analysis.report.pages import Column, Markup, number, table
 from analysis.schema import RanksSummary, Summary, Trust
 from analysis.traces.integrity import PROBLEMS
+from analysis.vocabulary import Level
 
 FINDING_COLUMNS = [
     Column("finding", "the part or effect the time rests on (docs/numbers.md#verdict)", text=True),
@@ -71,7 +72,7 @@ def _predicted(finding) -> str:
 def figures_heading(summary: Summary) -> str:
     """The heading over the figures, marked where the trust is low: no figure of such a run is shown
     without it."""
-    low = summary.trust is not None and summary.trust.level != "high"
+    low = summary.trust is not None and summary.trust.level != Level.HIGH
     return (
         "<h2>Figures"
         + (' <span class="trust-low-mark">(low trust: see above)</span>' if low else "")
@@ -84,7 +85,7 @@ def section_html(summary: Summary | RanksSummary) -> str:
     trace integrity counts."""
     trust, verdict = summary.trust, summary.verdict
     parts = []
-    if trust is not None and trust.level != "high":
+    if trust is not None and trust.level != Level.HIGH:
         reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in trust.reasons)
         parts.append(
             f'<div class="low-trust-banner"><b>Low trust</b>: every figure on this page rests on a model the trace '

@@ -17,8 +17,9 @@ from analysis.schema import RankIntegrity, Rules, Summary, Trust
 from analysis.timeline.clock import ClockEstimate
 from analysis.traces.integrity import PROBLEMS
 from analysis.trust.evidence import CommCensus
+from analysis.vocabulary import Level
 
-HIGH, LOW = "high", "low"
+HIGH, LOW = Level.HIGH, Level.LOW
 
 
 def _per_step(censuses: list[CommCensus]) -> str:

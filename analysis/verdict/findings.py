@@ -20,6 +20,7 @@ from analysis.results import Analysis
 from analysis.schema import Finding
 from analysis.verdict import balance
 from analysis.verdict.removals import NS_PER_MS, Recovered, recovered
+from analysis.vocabulary import STRAGGLER, Effect, GapClass, Part
 
 SHOWN = 6  # findings kept, largest first
 CANDIDATE_MS = (1, 2, 4, 8, 16, 32)  # the m the bubble finding asks predict about (and the run's own)
@@ -62,12 +63,12 @@ def _piece_finding(context: _Context, gain_ns: float, found: Recovered) -> Findi
         f"all of {r.effect} {gain_ns / NS_PER_MS:.1f} ms"
     )
     actions = {
-        "launch_overhead": f"cut {r.what}: host code inside or between actions (a sync, data loading, "
+        Effect.HOST: f"cut {r.what}: host code inside or between actions (a sync, data loading, "
         "Python); on GPU, fewer and larger kernels or CUDA graphs",
-        "p2p_wait": f"overlap {r.what} with compute: post the receive early and send on a stream of its "
+        Effect.TRANSFER: f"overlap {r.what} with compute: post the receive early and send on a stream of its "
         "own (batch_isend_irecv), or send less",
-        "other": f"shorten or overlap {r.what} (the optimizer step, data loading)",
-        "dp_sync": "overlap the gradient all-reduce with the last backward (DDP's buckets; our runners: "
+        Effect.TAIL: f"shorten or overlap {r.what} (the optimizer step, data loading)",
+        GapClass.DP_SYNC: "overlap the gradient all-reduce with the last backward (DDP's buckets; our runners: "
         "DP_OVERLAP=1)"
         if not context.config.get("dp_overlap")
         else "the all-reduce already overlaps the last backward: fewer or larger buckets, or a faster link",
@@ -105,10 +106,10 @@ def _imbalance(context: _Context, gain_ns: float) -> Finding:
         + ", ".join(f"{s}: {ns / NS_PER_MS:.1f} ms" for s, ns in totals.items())
         + f"; stage {slow} the slowest in {by_step.count(slow)} of {len(by_step)} steps"
     )
-    if analysis.summary.waterfall_ms.small_gemm is None:
+    if analysis.summary.waterfall_ms.small_batches is None:
         evidence += " (no isolated calibration: a stage's slowdown counts as its work)"
     base = {
-        "kind": "imbalance",
+        "kind": Effect.IMBALANCE,
         "rank": analysis.schedule.rank_of(slow),
         "stage": slow,
         "recoverable_ms": gain_ns / NS_PER_MS,
@@ -168,7 +169,7 @@ def _bubble(context: _Context, best: Prediction | None) -> list[Finding]:
     )
     return [
         Finding(
-            kind="bubble",
+            kind=Part.BUBBLE,
             rank=None,
             stage=None,
             recoverable_ms=gain,
@@ -191,7 +192,7 @@ def _small_gemm(context: _Context, gain_ns: float, best: Prediction | None) -> F
             "action": "larger microbatches recover it but lengthen the bubble: `make predict` finds the best m"
         }
     return Finding(
-        kind="small_gemm",
+        kind=Effect.SMALL_BATCHES,
         rank=None,
         stage=None,
         recoverable_ms=gain_ns / NS_PER_MS,
@@ -212,7 +213,7 @@ def _slowdown(context: _Context, gain_ns: float) -> Finding:
     else:
         action = "contention between ranks running together (memory, caches): no schedule change recovers it"
     return Finding(
-        kind="slowdown",
+        kind=Effect.INTERFERENCE,
         rank=None,
         stage=None,
         recoverable_ms=gain_ns / NS_PER_MS,
@@ -244,7 +245,7 @@ def _straggler(context: _Context) -> list[Finding]:
     stage = summary.rank_entry(rank).stage_ids
     return [
         Finding(
-            kind="straggler",
+            kind=STRAGGLER,
             rank=rank,
             stage=stage[0] if len(stage) == 1 else None,
             recoverable_ms=late.slower_ms,
@@ -268,8 +269,11 @@ def findings_of(analysis: Analysis, config: dict, where) -> list[Finding]:
     effect = gains(analysis.schedule, analysis.model, reference(analysis.cells, config, analysis.schedule.m))
     best = _best_m(context)
     found = [*_pieces(context, effect), *_bubble(context, best), *_straggler(context)]
-    found.append(_imbalance(context, effect["imbalance"]))
-    if "small_gemm" in effect:
-        found += [_small_gemm(context, effect["small_gemm"], best), _slowdown(context, effect["slowdown"])]
+    found.append(_imbalance(context, effect[Effect.IMBALANCE]))
+    if Effect.SMALL_BATCHES in effect:
+        found += [
+            _small_gemm(context, effect[Effect.SMALL_BATCHES], best),
+            _slowdown(context, effect[Effect.INTERFERENCE]),
+        ]
     kept = [f for f in found if f.recoverable_ms > 0]
     return sorted(kept, key=lambda f: -f.recoverable_ms)[:SHOWN]

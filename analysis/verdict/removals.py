@@ -5,11 +5,11 @@ what it would recover: the typical step (analysis.attribution.model) replayed wi
 The pieces, each taken from the typical step's inputs, under the effect whose time it is
 (analysis.attribution.waterfall.EFFECTS):
 
-- launch_overhead: one rank's host time (lead, pre and post) in the actions of one kind;
-- p2p_wait: one hop's transfers (a stage's SEND and its neighbour's RECV of that direction);
-- other: one rank's work outside the schedule after its last action, or its host time there
-  (launch_overhead), and every rank's exposed DP sync together (dp_sync: overlapping the gradient
-  buckets removes it on all ranks at once).
+- host: one rank's host time (lead, pre and post) in the actions of one kind;
+- transfer: one hop's transfers (a stage's SEND and its neighbour's RECV of that direction);
+- tail: one rank's work outside the schedule after its last action, or its host time there, and every
+  rank's exposed DP sync together (dp_sync: overlapping the gradient buckets removes it on all ranks at
+  once).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from analysis.attribution.model import StepModel
 from analysis.attribution.replay import Inputs, Step, replay_all
+from analysis.vocabulary import Effect, GapClass
 from runners.schedules import Action, Schedule
 
 NS_PER_MS = 1e6
@@ -31,8 +32,8 @@ _SEND_OF = {"RECV_F": "SEND_F", "RECV_B": "SEND_B"}
 class Removal:
     """One time taken away from the typical step: what it is, where, how much the step held."""
 
-    effect: str  # the waterfall effect it is a piece of
-    kind: str  # the part it is (launch_overhead, p2p_wait, other, dp_sync)
+    effect: Effect  # the waterfall effect it is a piece of
+    kind: str  # the finding it makes: its effect's name, or dp_sync
     rank: int | None
     stage: int | None
     what: str  # the time in words: "rank 0's F host time", "the hop 0->1 (activations)"
@@ -60,20 +61,19 @@ def _host_removals(schedule: Schedule, typical: Step) -> list[tuple[Removal, Ste
                 continue
             inputs = dict(typical.inputs) | {a: _host_free(typical.inputs[a]) for a in mine}
             stage = mine[0].stage if len({a.stage for a in mine}) == 1 else None
-            removal = Removal(
-                "launch_overhead", "launch_overhead", rank, stage, f"rank {rank}'s {kind} host time", held
-            )
+            removal = Removal(Effect.HOST, Effect.HOST, rank, stage, f"rank {rank}'s {kind} host time", held)
             found.append((removal, replace(typical, inputs=inputs)))
     return found
 
 
-def _tail_removal(typical: Step, rank: int, part: str, what: str) -> list[tuple[Removal, Step]]:
+def _tail_removal(typical: Step, rank: int, part: GapClass, what: str) -> list[tuple[Removal, Step]]:
+    """One rank's tail without its time of class `part` (a field of its Tail)."""
     held = getattr(typical.tails[rank], part) if rank < len(typical.tails) else 0.0
     if held <= 0:
         return []
     tails = list(typical.tails)
     tails[rank] = replace(tails[rank], **{part: 0.0})
-    return [(Removal("other", part, rank, None, what, held), replace(typical, tails=tails))]
+    return [(Removal(Effect.TAIL, Effect.TAIL, rank, None, what, held), replace(typical, tails=tails))]
 
 
 def _hop_removals(schedule: Schedule, typical: Step) -> list[tuple[Removal, Step]]:
@@ -99,7 +99,7 @@ def _hop_removals(schedule: Schedule, typical: Step) -> list[tuple[Removal, Step
         inputs = dict(typical.inputs) | {a: replace(typical.inputs[a], transfer=0.0) for a in mine}
         direction = "activations" if kind == "RECV_F" else "gradients"
         what = f"the hop {sender}->{stage} ({direction})"
-        removal = Removal("p2p_wait", "p2p_wait", schedule.rank_of(stage), stage, what, held)
+        removal = Removal(Effect.TRANSFER, Effect.TRANSFER, schedule.rank_of(stage), stage, what, held)
         found.append((removal, replace(typical, inputs=inputs)))
     return found
 
@@ -109,14 +109,14 @@ def _tail_removals(typical: Step) -> list[tuple[Removal, Step]]:
     rank's exposed DP sync gone together."""
     found = []
     for rank in range(len(typical.tails)):
-        found += _tail_removal(typical, rank, "other", f"rank {rank}'s work after its last action")
+        found += _tail_removal(typical, rank, GapClass.OTHER, f"rank {rank}'s work after its last action")
         found += _tail_removal(
-            typical, rank, "launch_overhead", f"rank {rank}'s host time after its last action"
+            typical, rank, GapClass.LAUNCH_OVERHEAD, f"rank {rank}'s host time after its last action"
         )
     synced = sum(t.dp_sync for t in typical.tails)
     if synced > 0:
         tails = [replace(t, dp_sync=0.0) for t in typical.tails]
-        removal = Removal("other", "dp_sync", None, None, "the exposed DP gradient sync", synced)
+        removal = Removal(Effect.TAIL, GapClass.DP_SYNC, None, None, "the exposed DP gradient sync", synced)
         found.append((removal, replace(typical, tails=tails)))
     return found
 

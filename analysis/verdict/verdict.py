@@ -17,6 +17,7 @@ from analysis.results import Analysis
 from analysis.schema import Finding, Trust, Verdict
 from analysis.trust.gate import trust_of
 from analysis.verdict.findings import findings_of
+from analysis.vocabulary import Effect, Level
 
 SAID = 3  # findings named in the verdict's sentences
 
@@ -40,7 +41,7 @@ def _why_not(
 ) -> str | None:
     """Why nothing is recommended; None where the top change clears the evidence bar: its gain, the
     typical step less its predicted one (both the model's), beyond the run's own spread."""
-    if trust.level != "high":
+    if trust.level != Level.HIGH:
         return "the trust is low (" + "; ".join(trust.reasons) + ")"
     if "noisy" in flags:
         return "the run is noisy: repeat it on a quiet machine"
@@ -62,7 +63,7 @@ def verdict_of(analysis: Analysis, config: dict, trust: Trust, where) -> Verdict
     spread = _spread_ms(analysis, config)
     # a change is a finding the model can replay with it made: the others say what the time is
     top = next((f for f in findings if f.predicted_step_ms is not None), None)
-    why = _why_not(trust, summary.flags, top, spread, summary.simulated_step_time_ms)
+    why = _why_not(trust, summary.flags, top, spread, summary.typical_step_ms)
     sentences = [
         f"Step {summary.step_time_ms:.1f} ms (the median of {summary.steps_analyzed} profiled step(s); "
         + ("no spread measured" if spread is None else f"they spread {spread:.1f} ms")
@@ -89,7 +90,7 @@ def verdict_of(analysis: Analysis, config: dict, trust: Trust, where) -> Verdict
     else:
         sentences.append(f"Nothing recommended: {why}.")
     contention = next(
-        (f for f in findings if f.kind == "slowdown" and f.action.startswith("the machine")), None
+        (f for f in findings if f.kind == Effect.INTERFERENCE and f.action.startswith("the machine")), None
     )
     if contention is not None:
         sentences.append(f"Slowdown: {contention.action}.")
@@ -97,7 +98,7 @@ def verdict_of(analysis: Analysis, config: dict, trust: Trust, where) -> Verdict
 
 
 def _where(finding: Finding) -> str:
-    if finding.rank is not None and finding.kind in ("launch_overhead", "other"):
+    if finding.rank is not None and finding.kind in (Effect.HOST, Effect.TAIL):
         return f" (rank {finding.rank})"
     if finding.stage is not None:
         return f" (stage {finding.stage})"

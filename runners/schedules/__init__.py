@@ -6,7 +6,7 @@ print(grid(schedule, simulate(schedule))) # unit-time picture, bubbles as blanks
 """
 
 from .actions import COMM_KINDS, COMPUTE_KINDS, Action, ActionParseError, Kind
-from .bubble import formula_bubble
+from .bubble import bubble_formula
 from .dependencies import dependencies
 from .generate import SCHEDULES, V_SHAPED, build
 from .grid import grid
@@ -30,7 +30,7 @@ __all__ = [
     "V_SHAPED",
     "build",
     "dependencies",
-    "formula_bubble",
+    "bubble_formula",
     "grid",
     "held",
     "in_flight",

@@ -20,7 +20,7 @@ def unit_time(_rank: int, action: Action) -> float:
     return UNIT_TIMES.get(action.kind, 0.0)
 
 
-def formula_bubble(schedule: Schedule) -> float:
+def bubble_formula(schedule: Schedule) -> float:
     """The idle fraction of the step the schedule's order alone implies (0 for one rank)."""
     timeline = simulate(schedule, duration=unit_time)
     busy = sum(timeline.busy(rank) for rank in range(schedule.p))

@@ -1,0 +1,69 @@
+"""The analysis's words, each spelled once (docs/numbers.md defines them).
+
+- GapClass: what an idle stretch of a rank's step is (gaps.parquet `class`).
+- Part: what a rank's step is cut into; parts sum to the step (summary.json `ranks[].<part>_ms`). The
+  idle parts are the gap classes; the busy ones split the rank's busy time.
+- Effect: what the waterfall adds to the formula's step, one replay at a time, and what the verdict's
+  findings go after. An effect is measured on the typical step's critical path, a part on one rank's
+  median step: they are different time, and no effect shares a name with a part.
+- RUNGS: the waterfall's terms in order, from the ideal to the measured step.
+- Level: the trust's two levels.
+
+Every member is also its own string (`str`, and `str(member)` its value), so it serves as a polars
+column name, a JSON key stem or a value in a table.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Word(str, Enum):
+    """A name that is its own string value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class GapClass(Word):
+    BUBBLE = "bubble"  # waiting for a producer that had not produced yet (fill and drain included)
+    P2P_WAIT = "p2p_wait"  # waiting after the producer began sending: the transfer
+    DP_SYNC = "dp_sync"  # in data-parallel collectives that compute did not hide
+    LAUNCH_OVERHEAD = "launch_overhead"  # the host had not issued the next work
+    OTHER = "other"  # work outside the schedule
+
+
+class Part(Word):
+    COMPUTE = "compute"  # the work at full-batch efficiency
+    SMALL_GEMM = "small_gemm"  # the same work at its microbatch's size, beyond that
+    SLOWDOWN = "slowdown"  # busy time beyond the work timed alone
+    BUBBLE = GapClass.BUBBLE.value
+    P2P_WAIT = GapClass.P2P_WAIT.value
+    DP_SYNC = GapClass.DP_SYNC.value
+    LAUNCH_OVERHEAD = GapClass.LAUNCH_OVERHEAD.value
+    OTHER = GapClass.OTHER.value
+
+
+class Effect(Word):
+    IMBALANCE = "imbalance"  # stages' full-batch work against their mean
+    SMALL_BATCHES = "small_batches"  # each cell's work timed alone at its microbatch's size
+    INTERFERENCE = "interference"  # each cell's measured busy time against that
+    HOST = "host"  # host time before and inside actions
+    TRANSFER = "transfer"  # hops' transfers after both sides posted
+    TAIL = "tail"  # each rank's time after its last action: DP sync, optimizer, host
+
+
+# The waterfall's terms: the ideal (the work evenly split at full-batch efficiency), its fill and
+# drain at the formula's geometry, the effects, the median step's own inputs against the typical ones,
+# and what no input explains.
+IDEAL, FILL_DRAIN, VARIABILITY, RESIDUAL = "ideal", "fill_drain", "variability", "residual"
+RUNGS = (IDEAL, FILL_DRAIN, *(effect.value for effect in Effect), VARIABILITY, RESIDUAL)
+
+
+class Level(Word):
+    HIGH = "high"
+    LOW = "low"
+
+
+# The verdict's findings are of the effects, and of these.
+STRAGGLER = "straggler"  # a replica every other waits for in the gradient sync
