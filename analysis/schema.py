@@ -14,6 +14,7 @@ import msgspec
 
 from analysis.timeline.clock import ClockEstimate
 from analysis.traces.integrity import Integrity
+from analysis.vocabulary import GapClass, Part
 from runners.schedules import COMM_KINDS, COMPUTE_KINDS
 
 __all__ = [
@@ -91,8 +92,8 @@ def rule_meanings() -> dict[str, str]:
     return {f.name: f.metadata["meaning"] for f in fields(Rules)}
 
 
-# What an idle stretch of a rank's step is (gaps.parquet `class`; DESIGN.md section 4).
-GAP_CLASSES = ("bubble", "p2p_wait", "dp_sync", "launch_overhead", "other")
+# What an idle stretch of a rank's step is (gaps.parquet `class`; docs/numbers.md#gap-classes).
+GAP_CLASSES = tuple(GapClass)
 
 
 class Parts(msgspec.Struct, kw_only=True):
@@ -113,7 +114,7 @@ class Parts(msgspec.Struct, kw_only=True):
 
 
 # The rank parts in the order the report stacks them.
-RANK_PARTS = tuple(name.removesuffix("_ms") for name in Parts.__struct_fields__)
+RANK_PARTS = tuple(Part)  # Parts' fields, each with _ms (tests/test_vocabulary.py)
 
 
 class RankEntry(Parts, kw_only=True):
@@ -142,7 +143,7 @@ class Waterfall(msgspec.Struct, kw_only=True):
     imbalance: float
     small_batches: float | None
     interference: float | None
-    host: float
+    host_time: float
     transfer: float
     tail: float
     variability: float

@@ -48,7 +48,7 @@ class Effect(Word):
     IMBALANCE = "imbalance"  # stages' full-batch work against their mean
     SMALL_BATCHES = "small_batches"  # each cell's work timed alone at its microbatch's size
     INTERFERENCE = "interference"  # each cell's measured busy time against that
-    HOST = "host"  # host time before and inside actions
+    HOST = "host_time"  # host time before and inside actions
     TRANSFER = "transfer"  # hops' transfers after both sides posted
     TAIL = "tail"  # each rank's time after its last action: DP sync, optimizer, host
 
@@ -58,6 +58,14 @@ class Effect(Word):
 # and what no input explains.
 IDEAL, FILL_DRAIN, VARIABILITY, RESIDUAL = "ideal", "fill_drain", "variability", "residual"
 RUNGS = (IDEAL, FILL_DRAIN, *(effect.value for effect in Effect), VARIABILITY, RESIDUAL)
+
+
+class DeviceIdle(Word):
+    """Holistic Trace Analysis's classes of a GPU stream's idle time (analysis.timeline.classify.device_idle)."""
+
+    HOST_WAIT = "host_wait"  # nothing launched: the host had not issued the next kernel
+    KERNEL_WAIT = "kernel_wait"  # a queued kernel's own delay after the one before
+    OTHER = "other"  # queued behind something else
 
 
 class Level(Word):

@@ -78,7 +78,7 @@ def test_the_step_model_replays_the_step(tmp_path, name, p, m, v):
     )
     # the small-GEMM loss and the slowdown are the only duration changes: no imbalance
     assert terms["imbalance"] == pytest.approx(0, abs=1e-6)
-    assert all(terms[t] > 0 for t in ("small_batches", "interference", "host", "transfer")), terms
+    assert all(terms[t] > 0 for t in ("small_batches", "interference", "host_time", "transfer")), terms
 
 
 def _replayed(directory, schedule, host):

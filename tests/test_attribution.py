@@ -52,7 +52,7 @@ def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
         "imbalance": 0.0,
         "small_batches": None,
         "interference": None,
-        "host": 0.007,
+        "host_time": 0.007,
         "transfer": 0.004,
         "tail": 0.0,
         "variability": 0.0,  # one step of one microbatch: its own inputs are the typical ones

@@ -401,7 +401,7 @@ def test_slow_recovery_reads_the_waterfall_and_the_baseline_calibration():
         terms = dict(
             ideal=80.0,
             fill_drain=20.0,
-            host=5.0,
+            host_time=5.0,
             transfer=1.0,
             tail=2.0,
             variability=0.0,

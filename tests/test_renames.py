@@ -28,7 +28,7 @@ RUNGS = {
     "formula_bubble": "fill_drain",
     "small_gemm": "small_batches",
     "slowdown": "interference",
-    "launch_overhead": "host",
+    "launch_overhead": "host_time",
     "p2p_wait": "transfer",
     "other": "tail",
 }

@@ -89,10 +89,14 @@ def test_formula_curve_is_each_schedules_own_geometry_at_every_m_it_can_run():
     curve = formula_curve(families(runs_frame(rows)))
     interleaved = curve.filter(pl.col("family").str.starts_with("interleaved"))
     assert interleaved["m"].to_list() == [2, 4, 6]  # m a multiple of p only
-    assert interleaved.filter(pl.col("m") == 4)["bubble"].item() == pytest.approx(1 / 9)  # (p-1)/(v*m+p-1)
+    assert interleaved.filter(pl.col("m") == 4)["bubble_formula"].item() == pytest.approx(
+        1 / 9
+    )  # (p-1)/(v*m+p-1)
     zb = curve.filter(pl.col("family").str.starts_with("zb"))
     assert zb["m"].to_list() == [2, 3, 4, 5, 6]  # zb needs m >= p
-    assert zb.filter(pl.col("m") == 4)["bubble"].item() == pytest.approx(bubble_formula(build("zb", 2, 4)))
+    assert zb.filter(pl.col("m") == 4)["bubble_formula"].item() == pytest.approx(
+        bubble_formula(build("zb", 2, 4))
+    )
     assert bubble_formula(build("zb", 2, 4)) < 1 / 5  # below 1F1B's closed form: ZB's own geometry
 
 

@@ -38,13 +38,18 @@ import polars as pl
 from analysis.attribution.parts import idle_before
 from analysis.attribution.replay import Inputs, Step, Tail
 from analysis.cells.labelled import receives_only_posted
+from analysis.vocabulary import GapClass
 from runners.schedules import Action, Kind, Schedule
 
 KEY = ["stage", "kind", "microbatch"]
-HOST_CLASSES = ("launch_overhead", "other", "dp_sync")  # time the rank spends on its own: no dependency
-WAIT_CLASSES = ("bubble", "p2p_wait")  # time waiting on a peer
+HOST_CLASSES = (
+    GapClass.LAUNCH_OVERHEAD,
+    GapClass.OTHER,
+    GapClass.DP_SYNC,
+)  # time the rank spends on its own: no dependency
+WAIT_CLASSES = (GapClass.BUBBLE, GapClass.P2P_WAIT)  # time waiting on a peer
 INPUT_COLUMNS = ("lead", "pre", "work", "transfer", "post")
-TAIL_PARTS = ("dp_sync", "other", "launch_overhead")  # the gap classes of a tail
+TAIL_PARTS = (GapClass.DP_SYNC, GapClass.OTHER, GapClass.LAUNCH_OVERHEAD)  # the gap classes of a tail
 TAIL_COLUMNS = (
     *TAIL_PARTS,
     "barrier",

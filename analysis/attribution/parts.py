@@ -22,6 +22,7 @@ import polars as pl
 
 from analysis.attribution.reference import Reference
 from analysis.schema import GAP_CLASSES, RANK_PARTS, RankEntry
+from analysis.vocabulary import GapClass, Part
 from runners.schedules import COMPUTE_KINDS, Schedule
 
 NS_PER_MS = 1e6
@@ -139,13 +140,13 @@ def rank_parts(
         .join(_skews(skews), on=["rank", "step"], how="left")
         .with_columns(
             busy=busy.cast(pl.Float64),
-            bubble=pl.col("bubble") + pl.col("drain"),
-            other=pl.col("other") + pl.col("late"),
+            bubble=pl.col(GapClass.BUBBLE) + pl.col("drain"),
+            other=pl.col(GapClass.OTHER) + pl.col("late"),
             dp_skew=pl.col("dp_skew").fill_null(0).cast(pl.Float64),
         )
         .with_columns(
-            compute=pl.when(pl.col("small_gemm").is_not_null()).then("full").otherwise("busy"),
-            slowdown=pl.col("busy") - pl.col("full") - pl.col("small_gemm"),
+            compute=pl.when(pl.col(Part.SMALL_GEMM).is_not_null()).then("full").otherwise("busy"),
+            slowdown=pl.col("busy") - pl.col("full") - pl.col(Part.SMALL_GEMM),
         )
     )
     return parts.select("rank", "step", "step_ns", "busy", *SUB_PARTS, *RANK_PARTS).sort("step", "rank")

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analysis.vocabulary import Part
 from runners.schedules import Action, Kind, Schedule, dependencies
 from runners.schedules.dependencies import matching_recv, matching_send, receiving
 
@@ -123,7 +124,11 @@ class Deadlock(ValueError):
 
 
 _FIELDS = ("lead", "pre", "work", "transfer", "post")  # Inputs', in the weight table's blocks
-_TAIL_PARTS = ("dp_sync", "other", "launch_overhead")  # Tail's, in the order a rank runs them
+_TAIL_PARTS = (
+    Part.DP_SYNC,
+    Part.OTHER,
+    Part.LAUNCH_OVERHEAD,
+)  # Tail's, in the order a rank runs them
 _TAIL_ROWS = (*_TAIL_PARTS, "barrier", "opened")  # Tail's fields, in the weight table's blocks
 
 
@@ -213,14 +218,16 @@ def _build(schedule: Schedule, orders, index: dict[Action, int], blocking: bool,
     graph, at, lane_ends = _Graph(len(index), len(orders)), {}, []
     for rank, order in enumerate(orders):
         free = graph.node()  # the rank's step begins
-        graph.edge(free, 0, graph.row("tail:opened", rank), "other", rank, None)
+        graph.edge(free, 0, graph.row("tail:opened", rank), Part.OTHER, rank, None)
         for action in order:
             i = index[action]
             nodes = at[action] = {"posted": graph.node(), "begun": graph.node(), "end": graph.node()}
             if action.kind in (Kind.RECV_F, Kind.RECV_B):
                 nodes["delivered"] = graph.node()
-            graph.edge(nodes["posted"], free, graph.row("lead", i), "launch_overhead", rank, None)
-            graph.edge(nodes["begun"], nodes["posted"], graph.row("pre", i), "launch_overhead", rank, action)
+            graph.edge(nodes["posted"], free, graph.row("lead", i), Part.LAUNCH_OVERHEAD, rank, None)
+            graph.edge(
+                nodes["begun"], nodes["posted"], graph.row("pre", i), Part.LAUNCH_OVERHEAD, rank, action
+            )
             free = nodes["end"]
         lane_ends.append(free)
     for rank, order in enumerate(orders):
@@ -237,10 +244,10 @@ def _build(schedule: Schedule, orders, index: dict[Action, int], blocking: bool,
             done = graph.node()
             graph.edge(done, after, graph.row(f"tail:{part}", rank), part, rank, None)
             after = done
-        graph.edge(arrived, after, graph.zero, "other", rank, None)
+        graph.edge(arrived, after, graph.zero, Part.OTHER, rank, None)
     finish = graph.node()
     for rank in range(len(orders)):  # the barrier's own time is work outside the schedule
-        graph.edge(finish, arrived, graph.row("tail:barrier", rank), "other", rank, None)
+        graph.edge(finish, arrived, graph.row("tail:barrier", rank), Part.OTHER, rank, None)
     return graph, at, finish
 
 
@@ -249,20 +256,30 @@ def _action_edges(
 ):
     nodes, i = at[action], index[action]
     if action.kind.is_compute:
-        graph.edge(nodes["end"], nodes["begun"], graph.row("work", i), "compute", rank, action)
+        graph.edge(nodes["end"], nodes["begun"], graph.row("work", i), Part.COMPUTE, rank, action)
         # its input was only posted: the work waits for the data (a W's input is its I's, on the lane)
         if posted and action.kind is not Kind.W and receiving(action) in at:
             delivered = at[receiving(action)]["delivered"]
-            graph.edge(nodes["begun"], delivered, graph.row("pre", i), "launch_overhead", rank, action)
+            graph.edge(nodes["begun"], delivered, graph.row("pre", i), Part.LAUNCH_OVERHEAD, rank, action)
         for dep in dependencies(schedule, action):
             local = schedule.rank_of(dep.stage) == rank
             if dep in at and local:
                 graph.edge(
-                    nodes["begun"], at[dep]["end"], graph.row("pre", i), "launch_overhead", rank, action
+                    nodes["begun"],
+                    at[dep]["end"],
+                    graph.row("pre", i),
+                    Part.LAUNCH_OVERHEAD,
+                    rank,
+                    action,
                 )
             elif dep in at and receiving(action) not in at:  # no RECV cell: the host time follows the wait
                 graph.edge(
-                    nodes["begun"], at[dep]["end"], graph.row("lead+pre", i), "launch_overhead", rank, action
+                    nodes["begun"],
+                    at[dep]["end"],
+                    graph.row("lead+pre", i),
+                    Part.LAUNCH_OVERHEAD,
+                    rank,
+                    action,
                 )
     elif action.kind in (Kind.RECV_F, Kind.RECV_B):
         delivered = nodes["delivered"]
@@ -276,7 +293,7 @@ def _action_edges(
             nodes["end"],
             nodes["begun"] if posted else delivered,
             graph.row("post", i),
-            "launch_overhead",
+            Part.LAUNCH_OVERHEAD,
             rank,
             action,
         )

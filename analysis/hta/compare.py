@@ -19,6 +19,7 @@ import polars as pl
 from analysis.hta.figures import IDLE_CATEGORIES, HtaFigures, HtaRank
 from analysis.results import Analysis
 from analysis.schema import GAP_CLASSES
+from analysis.vocabulary import GapClass
 from runners.schedules import COMPUTE_KINDS
 
 RESOLUTION_NS = 1  # ours are whole nanoseconds, HTA's floats of microseconds
@@ -144,7 +145,7 @@ QUANTITIES = (
     Quantity(
         "host_wait (HTA) vs launch_overhead (ours)",
         _idle_of("host_wait"),
-        lambda o: o.idle_ms["launch_overhead"],
+        lambda o: o.idle_ms[GapClass.LAUNCH_OVERHEAD],
         "HTA calls a whole gap host wait when the next kernel's launch call began after the stream went "
         "idle; we end it at the launch call's end (the rest is queued: analysis.timeline.classify."
         "device_idle), and idle while a receive waits is bubble or p2p_wait to us, whatever the host did",

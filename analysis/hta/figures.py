@@ -13,9 +13,10 @@ from analysis.traces import limits
 from analysis.traces.run_files import HTA_FILE
 from analysis.traces.source import read_text
 from analysis.traces.toplevel import NESTED_TOO_DEEPLY
+from analysis.vocabulary import DeviceIdle
 
 TOP_KERNELS = 5
-IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")  # HTA's, as get_idle_time_breakdown names them
+IDLE_CATEGORIES = tuple(DeviceIdle)  # HTA's, as get_idle_time_breakdown names them
 KERNEL_NAME_CHARS = 80  # kernel names are C++ signatures of hundreds of characters
 
 

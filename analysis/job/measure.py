@@ -44,6 +44,7 @@ from analysis.timeline.dp_sync import skew_ns, with_collectives
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
 from analysis.traces.memory import Memory, memory_of
+from analysis.vocabulary import Part
 from runners.schedules import COMPUTE_KINDS, Schedule, bubble_formula
 from runners.schedules.trace_names import LABEL_PREFIX
 
@@ -336,6 +337,6 @@ def _gaps(
 
 def _seed_bubble(chosen: pl.DataFrame, p: int, step_ns: float) -> float | None:
     """The seed's 1 - m*t_slot/step, t_slot timed alone: 1 - the ranks' isolated work / (p * step)."""
-    if chosen["small_gemm"].null_count():
+    if chosen[Part.SMALL_GEMM].null_count():
         return None
-    return 1 - (chosen["compute"].sum() + chosen["small_gemm"].sum()) / (p * step_ns)
+    return 1 - (chosen[Part.COMPUTE].sum() + chosen[Part.SMALL_GEMM].sum()) / (p * step_ns)

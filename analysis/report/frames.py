@@ -10,7 +10,7 @@ import polars as pl
 
 from analysis.report.run_charts import CRITICAL_TRACK
 from analysis.schema import COMPUTE_KINDS, RANK_PARTS, Summary
-from analysis.vocabulary import RUNGS
+from analysis.vocabulary import RUNGS, Part
 
 # The terms that depart from the formula's step time (ideal + fill_drain).
 DEVIATION_TERMS = RUNGS[2:]
@@ -49,7 +49,9 @@ def timeline_frame(
     step_cells = cells.filter(pl.col("step") == step)
     cell_rows = step_cells.select(
         pl.col("rank").cast(pl.Int64),
-        track=pl.when(pl.col("kind").is_in(COMPUTE_KINDS)).then(pl.lit("compute")).otherwise(pl.lit("p2p")),
+        track=pl.when(pl.col("kind").is_in(COMPUTE_KINDS))
+        .then(pl.lit(Part.COMPUTE))
+        .otherwise(pl.lit("p2p")),
         what=pl.col("kind").cast(pl.String),
         action=pl.format("{}{}{}", "stage", "kind", "microbatch"),
         microbatch=pl.col("microbatch").cast(pl.Int64),
@@ -127,7 +129,7 @@ def ideal_frame(ideal: pl.DataFrame, origin: int) -> pl.DataFrame:
     return _with_duration(
         ideal.select(
             "rank",
-            track=pl.lit("compute"),
+            track=pl.lit(Part.COMPUTE),
             what="kind",
             action=pl.format("{}{}{}", "stage", "kind", "microbatch"),
             microbatch="microbatch",

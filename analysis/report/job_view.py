@@ -14,6 +14,7 @@ from analysis.report.pages import Choice, Column, Figure, number, table
 from analysis.report.plot import Plot
 from analysis.report.run_tables import PART_MEANINGS
 from analysis.schema import RANK_PARTS, Summary
+from analysis.vocabulary import GapClass
 
 # A run page draws every rank's timeline up to this many ranks: at 60 px a rank that is two screens of
 # rows. Past it, all pipelines' rows (6 MB of chart data and seconds to draw at 256 ranks) would bury the
@@ -22,7 +23,7 @@ TIMELINE_RANKS_MAX = 32
 # What the heatmap and the tables show per rank: its parts (they sum to the step time) and its busy time.
 QUANTITIES = ("busy", *RANK_PARTS)
 # The parts the pipeline and stage tables show: where a job's step goes besides work.
-TABLE_PARTS = ("bubble", "p2p_wait", "dp_sync")
+TABLE_PARTS = (GapClass.BUBBLE, GapClass.P2P_WAIT, GapClass.DP_SYNC)
 
 
 def summarised(summary: Summary) -> bool:

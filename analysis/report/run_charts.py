@@ -8,10 +8,10 @@ import polars as pl
 
 from analysis.report.plot import COLOURS, WIDTH, Plot, named, scale
 from analysis.schema import COMM_KINDS, COMPUTE_KINDS, GAP_CLASSES, RANK_PARTS
-from analysis.vocabulary import RUNGS
+from analysis.vocabulary import RUNGS, Part
 
 CRITICAL_TRACK = "critical path"  # the timeline's fourth track: the step's critical path, one colour
-TRACKS = ("compute", "p2p", "idle", CRITICAL_TRACK)
+TRACKS = (Part.COMPUTE, "p2p", "idle", CRITICAL_TRACK)
 # Compute kinds in strong colours, their p2p counterparts pale, idle classes as their parts.
 _WHAT_COLOURS = {
     "F": "#4c78a8",

@@ -10,6 +10,7 @@ from pathlib import Path
 from analysis.report.pages import Column, number, table
 from analysis.report.runs import Run
 from analysis.schema import RANK_PARTS, Summary, rule_meanings
+from analysis.vocabulary import Part
 
 CONFIG_FIELDS = (
     "schedule",
@@ -29,18 +30,18 @@ CONFIG_FIELDS = (
     "versions",
 )
 PART_MEANINGS = {
-    "compute": "useful compute at reference (full-batch) efficiency; measured compute where no reference exists",
-    "small_gemm": "the same work timed alone at the microbatch's size, beyond its full-batch share: smaller GEMMs "
+    Part.COMPUTE: "useful compute at reference (full-batch) efficiency; measured compute where no reference exists",
+    Part.SMALL_GEMM: "the same work timed alone at the microbatch's size, beyond its full-batch share: smaller GEMMs "
     "run less efficiently (— = no isolated calibration)",
-    "slowdown": "busy time beyond the work timed alone: what running inside the pipeline adds (contention, "
+    Part.SLOWDOWN: "busy time beyond the work timed alone: what running inside the pipeline adds (contention, "
     "interference, profiler cost, noise; may be negative; — = no isolated calibration)",
-    "bubble": "idle because the producer had not produced yet: schedule geometry plus delays from upstream",
-    "p2p_wait": "idle after the peer had already sent: transfer and latency",
-    "dp_sync": "idle in data-parallel collectives (the gradient sync) that compute did not hide; of it, "
+    Part.BUBBLE: "idle because the producer had not produced yet: schedule geometry plus delays from upstream",
+    Part.P2P_WAIT: "idle after the peer had already sent: transfer and latency",
+    Part.DP_SYNC: "idle in data-parallel collectives (the gradient sync) that compute did not hide; of it, "
     "dp_skew is the wait for a slower replica",
-    "launch_overhead": "device idle while the host had not yet issued the next work (CPU: host time inside "
+    Part.LAUNCH_OVERHEAD: "device idle while the host had not yet issued the next work (CPU: host time inside "
     "and between actions)",
-    "other": "work outside the schedule that the trace shows (the optimizer step, data loading), and the "
+    Part.OTHER: "work outside the schedule that the trace shows (the optimizer step, data loading), and the "
     "stretch before this rank's step opened while the longest was open (after it closed, it is drain bubble)",
 }
 

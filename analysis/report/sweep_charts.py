@@ -18,12 +18,12 @@ def bubble_vs_m(curve: pl.DataFrame, measured: pl.DataFrame) -> Plot:
         .mark_line(strokeDash=[5, 3])
         .encode(
             x=x,
-            y=alt.Y("bubble:Q", title="bubble (fraction of the step)"),
+            y=alt.Y("bubble_formula:Q", title="bubble (fraction of the step)"),
             color=alt.Color("family:N"),
             tooltip=[
                 alt.Tooltip("family:N"),
                 alt.Tooltip("m:Q"),
-                alt.Tooltip("bubble:Q", title="formula", format=".3f"),
+                alt.Tooltip("bubble_formula:Q", title="formula", format=".3f"),
             ],
         )
     )

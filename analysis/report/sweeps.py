@@ -81,7 +81,7 @@ def formula_curve(family_runs: pl.DataFrame) -> pl.DataFrame:
         if (schedule := _buildable(name, p, m, v)) is not None
     ]
     return pl.DataFrame(
-        rows, schema={"family": pl.String, "m": pl.Int64, "bubble": pl.Float64}, orient="row"
+        rows, schema={"family": pl.String, "m": pl.Int64, "bubble_formula": pl.Float64}, orient="row"
     ).sort("family", "m")
 
 

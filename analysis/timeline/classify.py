@@ -24,6 +24,7 @@ import polars as pl
 from analysis.cells.labelled import CELL_KEY, device_events, receives_only_posted, recv_cell_ends
 from analysis.schema import GAP_CLASSES, Rules
 from analysis.timeline.gaps import INTERVAL, queued, runs, segments
+from analysis.vocabulary import DeviceIdle, GapClass
 
 GAP_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "class": pl.Utf8}
 
@@ -144,7 +145,7 @@ def _send_wait_layers(cells: pl.DataFrame, send_waits: pl.DataFrame) -> pl.DataF
     return pl.concat(
         [
             waits.with_columns(end_ns=cut, layer=pl.lit("bubble_wait")).select(INTERVAL),
-            waits.with_columns(start_ns=cut, layer=pl.lit("p2p_wait")).select(INTERVAL),
+            waits.with_columns(start_ns=cut, layer=pl.lit(GapClass.P2P_WAIT)).select(INTERVAL),
         ]
     )
 
@@ -195,11 +196,11 @@ def split_waits(
     is_recv = pl.col("kind").str.starts_with("RECV")
     matched = sent.filter(is_recv & pl.col("sent_ns").is_not_null())
     bubble = matched.with_columns(end_ns=cut, layer=pl.lit("bubble_wait"))
-    after = matched.with_columns(start_ns=cut, layer=pl.lit("p2p_wait"))
+    after = matched.with_columns(start_ns=cut, layer=pl.lit(GapClass.P2P_WAIT))
     sending = sent.filter(~is_recv)
     ready = pl.col("ready_ns").fill_null(pl.col("start_ns")).clip(pl.col("start_ns"), pl.col("end_ns"))
     send_bubble = sending.with_columns(end_ns=ready, layer=pl.lit("bubble_wait"))
-    sends = sending.with_columns(start_ns=ready, layer=pl.lit("p2p_wait"))
+    sends = sending.with_columns(start_ns=ready, layer=pl.lit(GapClass.P2P_WAIT))
     unmatched = sent.filter(is_recv & pl.col("sent_ns").is_null()).with_columns(
         layer=pl.lit("unmatched_wait")
     )
@@ -226,12 +227,12 @@ def _edge() -> pl.Expr:
     to do: fill and drain."""
     return (
         pl.when(pl.col("unscheduled") > 0)
-        .then(_class("other"))
+        .then(_class(GapClass.OTHER))
         .when(pl.col("ready_head") > 0)
-        .then(_class("launch_overhead"))
+        .then(_class(GapClass.LAUNCH_OVERHEAD))
         .when(pl.col("head") > 0)
         .then(_class("head"))
-        .otherwise(_class("bubble"))
+        .otherwise(_class(GapClass.BUBBLE))
     )
 
 
@@ -254,18 +255,18 @@ def _gpu_idle() -> pl.Expr:
     blocked = pl.col("host_sync") > 0
     host = (
         pl.when((pl.col("active") == 0) & (pl.col("next_head") > 0) & (pl.col("unscheduled") == 0))
-        .then(_class("launch_overhead"))
+        .then(_class(GapClass.LAUNCH_OVERHEAD))
         .when(pl.col("active") == 0)
         .then(_edge())
         .when(pl.col("unscheduled") > 0)
-        .then(_class("other"))
+        .then(_class(GapClass.OTHER))
         .when(blocked & (pl.col("unposted") > 0))
-        .then(_class("bubble"))
+        .then(_class(GapClass.BUBBLE))
         .when(blocked & (pl.col("sending") > 0))
-        .then(_class("p2p_wait"))
-        .otherwise(_class("launch_overhead"))
+        .then(_class(GapClass.P2P_WAIT))
+        .otherwise(_class(GapClass.LAUNCH_OVERHEAD))
     )
-    queued = pl.when(pl.col("sending") > 0).then(_class("bubble")).otherwise(_class("other"))
+    queued = pl.when(pl.col("sending") > 0).then(_class(GapClass.BUBBLE)).otherwise(_class(GapClass.OTHER))
     return _queue_rule(host, queued)
 
 
@@ -275,11 +276,11 @@ def _cpu_idle() -> pl.Expr:
     stretches between actions (`between`) are resolved by length."""
     return (
         pl.when(pl.col("unposted") > 0)
-        .then(_class("bubble"))
+        .then(_class(GapClass.BUBBLE))
         .when(pl.col("sending") > 0)
-        .then(_class("p2p_wait"))
+        .then(_class(GapClass.P2P_WAIT))
         .when(pl.col("action") > 0)
-        .then(_class("launch_overhead"))
+        .then(_class(GapClass.LAUNCH_OVERHEAD))
         .when(pl.col("active") == 0)
         .then(_edge())
         .otherwise(_class("between"))
@@ -291,11 +292,11 @@ def _segment_class(on_gpu: bool) -> pl.Expr:
         pl.when(~pl.col("idle"))
         .then(_class("busy"))
         .when(pl.col("bubble_wait") > 0)
-        .then(_class("bubble"))
-        .when(pl.col("p2p_wait") > 0)
-        .then(_class("p2p_wait"))
+        .then(_class(GapClass.BUBBLE))
+        .when(pl.col(GapClass.P2P_WAIT) > 0)
+        .then(_class(GapClass.P2P_WAIT))
         .when(pl.col("unmatched_wait") > 0)
-        .then(_class("other"))
+        .then(_class(GapClass.OTHER))
         .otherwise(_gpu_idle() if on_gpu else _cpu_idle())
         .alias("class")
     )
@@ -309,11 +310,11 @@ def classify(timeline: pl.DataFrame, rules: Rules, on_gpu: bool) -> pl.DataFrame
     short = (pl.col("end_ns") - pl.col("start_ns")) <= rules.host_gap_max_ns
     resolved = labelled.with_columns(
         pl.when(pl.col("class").is_in(["between", "head"]) & short)
-        .then(_class("launch_overhead"))
+        .then(_class(GapClass.LAUNCH_OVERHEAD))
         .when(pl.col("class") == "between")
-        .then(_class("other"))
+        .then(_class(GapClass.OTHER))
         .when(pl.col("class") == "head")
-        .then(_class("bubble"))
+        .then(_class(GapClass.BUBBLE))
         .otherwise("class")
         .alias("class")
     )
@@ -344,12 +345,14 @@ def device_idle(frame: pl.DataFrame, rules: Rules = Rules()) -> pl.DataFrame:
     )
     idle = segments(intervals, windows, ("busy", "issued"), keys).filter(pl.col("busy") == 0)
     stretches = runs(
-        idle.with_columns(_queue_rule(pl.lit("host_wait"), pl.lit("other")).alias("class")), "class", keys
+        idle.with_columns(_queue_rule(pl.lit(DeviceIdle.HOST_WAIT), pl.lit(DeviceIdle.OTHER)).alias("class")),
+        "class",
+        keys,
     )
     short = (pl.col("end_ns") - pl.col("start_ns")) < rules.kernel_wait_max_ns
     return stretches.with_columns(
-        pl.when((pl.col("class") == "other") & short)
-        .then(pl.lit("kernel_wait"))
+        pl.when((pl.col("class") == DeviceIdle.OTHER) & short)
+        .then(pl.lit(DeviceIdle.KERNEL_WAIT))
         .otherwise("class")
         .alias("class")
     ).select(*keys, "start_ns", "end_ns", "class")

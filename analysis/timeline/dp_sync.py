@@ -24,6 +24,7 @@ from analysis.cells.labelled import cat_in, rows
 from analysis.job.layout import DP, STAGES, Group, group_scope
 from analysis.traces.comms import GROUP_SCHEMA
 from analysis.traces.kineto import DEVICE_WORK_CATS, RECORD_PARAM_COMMS
+from analysis.vocabulary import GapClass
 
 # CPU: the dispatcher's collective ops, and the span of each on gloo's worker thread.
 CPU_CALLS = ("c10d::allreduce_", "c10d::reduce_scatter_", "c10d::_reduce_scatter_base_", "c10d::allgather_")
@@ -199,7 +200,7 @@ def _reclassed(
     """`gaps` with their idle time under `intervals` (rank, start_ns, end_ns) classed `name`, but dp_sync
     (and, with `only`, that class alone)."""
     pieces = cut(gaps, intervals)
-    inside = pl.col("inside") & (pl.col("class") != "dp_sync")
+    inside = pl.col("inside") & (pl.col("class") != GapClass.DP_SYNC)
     if only is not None:
         inside &= pl.col("class") == only
     return pieces.with_columns(pl.when(inside).then(pl.lit(name)).otherwise("class").alias("class")).drop(
@@ -215,19 +216,19 @@ def with_collectives(gaps: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFram
     within its start skew bubble (waiting for another stage, as for a pipeline partner not ready), after
     it other (its transfer, work outside the schedule). Within one stage (tensor parallel) it stays."""
     dp = instances.filter(pl.col("scope") == DP)
-    gaps = _reclassed(gaps, dp.select("rank", "start_ns", "end_ns"), "dp_sync")
+    gaps = _reclassed(gaps, dp.select("rank", "start_ns", "end_ns"), GapClass.DP_SYNC)
     held = dp.select("rank", start_ns="ready_ns", end_ns=pl.min_horizontal("start_ns", "skew_end_ns"))
-    gaps = _reclassed(gaps, held, "dp_sync", only="bubble")
+    gaps = _reclassed(gaps, held, GapClass.DP_SYNC, only=GapClass.BUBBLE)
     across = instances.filter(pl.col("scope") == STAGES)
     waited = pl.coalesce("skew_end_ns", "start_ns")
-    gaps = _reclassed(gaps, across.select("rank", start_ns=waited, end_ns="end_ns"), "other")
-    return _reclassed(gaps, across.select("rank", "start_ns", end_ns=waited), "bubble")
+    gaps = _reclassed(gaps, across.select("rank", start_ns=waited, end_ns="end_ns"), GapClass.OTHER)
+    return _reclassed(gaps, across.select("rank", "start_ns", end_ns=waited), GapClass.BUBBLE)
 
 
 def skew_ns(gaps: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
     """Per (rank, step) with dp_sync time: dp_skew, the part of it within the DP collectives' waits for
     their replicas (from ready_ns to skew_end_ns)."""
-    synced = gaps.filter(pl.col("class") == "dp_sync")
+    synced = gaps.filter(pl.col("class") == GapClass.DP_SYNC)
     dp = instances.filter(pl.col("scope") == DP).drop_nulls("skew_end_ns")
     skews = dp.select("rank", start_ns="ready_ns", end_ns="skew_end_ns")
     pieces = cut(synced, skews).filter("inside")

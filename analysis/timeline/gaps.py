@@ -14,6 +14,7 @@ from dataclasses import replace
 import polars as pl
 
 from analysis.cells.labelled import RankCells
+from analysis.vocabulary import GapClass
 from runners.schedules import COMPUTE_KINDS
 
 INTERVAL = ["rank", "step", "layer", "start_ns", "end_ns"]
@@ -122,7 +123,7 @@ def runs(labelled: pl.DataFrame, column: str, keys: tuple[str, ...] = ("rank", "
     return marked.filter("first").select(*keys, column, "start_ns", end_ns=ends)
 
 
-WAIT_LAYERS = ("bubble_wait", "p2p_wait", "unmatched_wait")
+WAIT_LAYERS = ("bubble_wait", GapClass.P2P_WAIT, "unmatched_wait")
 # unposted (classify.split_waits): a blocking SEND before its receiver posted; not a wait layer, it makes
 # nothing idle (a SEND cell is idle on CPU anyway)
 # host_sync: GPU, the host blocked in a synchronize call (RankCells.host_syncs); next_head: GPU, the next
