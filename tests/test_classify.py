@@ -9,7 +9,8 @@ from test_cells import cpu_action, gpipe_m1_run, gpu_action, span, trace, write_
 from analysis.cells.labelled import CELL_KEY
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
-from analysis.timeline.classify import Rules, split_waits
+from analysis.schema import Rules
+from analysis.timeline.waits import split_waits
 from runners.schedules.trace_names import WAIT_SENDS
 
 US = 1_000

@@ -12,7 +12,8 @@ import pytest
 from conftest import REAL_TRACES
 from test_cells import span, trace, write_trace
 
-from analysis.timeline.classify import Rules, device_idle
+from analysis.schema import Rules
+from analysis.timeline.classify import device_idle
 from analysis.traces.load import load_trace
 
 SETS = ["param_dlrm_8rank", "hta/critical_path/alexnet"]

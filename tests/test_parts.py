@@ -8,10 +8,10 @@ import polars as pl
 import pytest
 from test_cells import cpu_action, span, trace, write_trace
 
-from analysis.attribution.parts import shortfall
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS
+from analysis.timeline.classify import shortfall
 
 US = 1e-3  # ms
 

@@ -8,12 +8,12 @@ share (m*t_slot(m) - t_slot(1), 0 at m = 1 by definition); `slowdown`, busy time
 work (what running inside the pipeline adds; it may be negative). Without the isolated times the last
 two are unknown (null) and compute is all the busy time.
 
-Per rank and step the step time is cut into those three and the idle time of each gap class (bubble,
-p2p_wait, launch_overhead, other), plus the stretch by which this rank's window is shorter than the
-step's longest (`shortfall`, below). The rank's busy time is its window less its gaps (`busy`, not a part);
-compute and small_gemm are its cells' sums, and slowdown is the busy time beyond the cells' isolated
-work: the term that closes the split, named for what it is (with cells that do not overlap it is
-the sum of their slowdowns).
+Per rank and step the step time is cut into those three and the idle time of each gap class, plus the
+stretch by which this rank's window is shorter than the step's longest, classed as
+analysis.timeline.classify.shortfall says. The rank's busy time is its window less its gaps (`busy`,
+not a part); compute and small_gemm are its cells' sums, and slowdown is the busy time beyond the cells'
+isolated work: the term that closes the split, named for what it is (with cells that do not overlap it
+is the sum of their slowdowns).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import polars as pl
 
 from analysis.attribution.reference import Reference
 from analysis.schema import GAP_CLASSES, RANK_PARTS, RankEntry
-from analysis.vocabulary import GapClass, Part
+from analysis.timeline.classify import SHORTFALL, shortfall
+from analysis.vocabulary import Part
 from runners.schedules import COMPUTE_KINDS, Schedule
 
 NS_PER_MS = 1e6
@@ -140,8 +141,7 @@ def rank_parts(
         .join(_skews(skews), on=["rank", "step"], how="left")
         .with_columns(
             busy=busy.cast(pl.Float64),
-            bubble=pl.col(GapClass.BUBBLE) + pl.col("drain"),
-            other=pl.col(GapClass.OTHER) + pl.col("late"),
+            **{klass: pl.col(klass) + pl.col(piece) for piece, klass in SHORTFALL.items()},
             dp_skew=pl.col("dp_skew").fill_null(0).cast(pl.Float64),
         )
         .with_columns(
@@ -150,34 +150,6 @@ def rank_parts(
         )
     )
     return parts.select("rank", "step", "step_ns", "busy", *SUB_PARTS, *RANK_PARTS).sort("step", "rank")
-
-
-def shortfall(windows: pl.DataFrame) -> pl.DataFrame:
-    """Per (rank, step) of `windows` (all ranks on one clock): step_ns, the step's longest window, and
-    its window's shortfall against it, cut in two.
-
-    `drain`, bubble: the part after the rank's window closed while another rank's was still open. A loop
-    without a barrier at the end of a step (others' traces) ends a rank's ProfilerStep once its own
-    share is done: the last stage's ends after its last send, while the first still runs its backward.
-    The rank had nothing left of the step while another still ran it, which is drain, and the same
-    stretch is bubble where a barrier holds the rank's window open to the step's end (idle after its
-    last action, analysis.timeline.classify). It runs to the step's last close, so it also holds another
-    rank's longer optimizer step, as a barrier's wait would.
-
-    `late`, other: the rest, which lies before the window opened while the step's longest was open. The
-    rank had not begun this step rather than finished it: it was still in its previous one (a rank's
-    ProfilerStep spans follow one another), or waiting without computing before the step's last window
-    opened, a wait timeline.gaps.aligned_starts gives to the previous step. Either way the time is the
-    previous step's, so this step gets no class of the pipeline for it. (A window that opened early
-    and closed early is all drain: its shortfall lies after it.)
-    """
-    length = pl.col("end_ns") - pl.col("start_ns")
-    missing = pl.col("step_ns") - length
-    return (
-        windows.with_columns(step_ns=length.max().over("step"), closed_ns=pl.col("end_ns").max().over("step"))
-        .with_columns(drain=(pl.col("closed_ns") - pl.col("end_ns")).clip(pl.lit(0), missing))
-        .select("rank", "step", "step_ns", window_ns=length, drain="drain", late=missing - pl.col("drain"))
-    )
 
 
 def _skews(skews: pl.DataFrame | None) -> pl.DataFrame:

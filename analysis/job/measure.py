@@ -38,11 +38,12 @@ from analysis.job.layout import Group
 from analysis.ranks.tables import RankInput
 from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, Rules, StepReplay, Summary
-from analysis.timeline.classify import classify, split_waits
+from analysis.timeline.classify import classify, with_collectives
 from analysis.timeline.clock import ClockEstimate, on_one_clock, shifted_like_cells
-from analysis.timeline.dp_sync import skew_ns, with_collectives
+from analysis.timeline.dp_sync import skew_ns
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
+from analysis.timeline.waits import split_waits
 from analysis.traces.memory import Memory, memory_of
 from analysis.vocabulary import Part
 from runners.schedules import COMPUTE_KINDS, Schedule, bubble_formula

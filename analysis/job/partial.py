@@ -30,9 +30,10 @@ from analysis.job.measure import RunInput
 from analysis.ranks.tables import RankInput
 from analysis.results import RanksAnalysis
 from analysis.schema import RANK_PARTS, RankAlone, RanksSummary, Rules, Trust, Verdict
-from analysis.timeline.classify import classify, split_waits
+from analysis.timeline.classify import classify
 from analysis.timeline.gaps import timeline, windows
 from analysis.timeline.pairing import paired_steps
+from analysis.timeline.waits import split_waits
 from analysis.traces.memory import memory_of
 from analysis.trust.gate import integrity_reasons
 from analysis.vocabulary import Level

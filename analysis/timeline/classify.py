@@ -1,18 +1,21 @@
-"""Name every idle nanosecond of a rank's step: bubble, p2p_wait, launch_overhead or other.
+"""Every class decision for a rank's idle time, in the order it is made (docs/numbers.md#gap-classes):
 
-A wait on a peer (a RECV's blocked interval) is matched to the peer's SEND of the same microbatch on
-the other rank: the part of the wait before the SEND started is bubble (the producer had not produced
-yet), the rest is p2p_wait (transfer and latency). A CPU sender's own time inside a blocking SEND is
-split at its receiver's posting of the RECV: bubble before (the partner was not ready), p2p_wait after
-(the transfer); an isend's host call, over before its receiver posted, stays p2p_wait. A receive that
-was only posted (torch.distributed.pipelining's irecv) waits in its consumer, not in its RECV. Idle
-time that is not a wait is launch overhead when the host had not yet issued the next work (GPU: no
-launched kernel pending, HTA's host-wait rule; CPU: framework time inside RECV actions or between
-actions up to a threshold), else other. Idle before a rank's first action of the step or after its
-last is bubble (the schedule had nothing for it: fill and drain) unless the rank was busy with work
-outside the schedule there (optimizer step, kernels no action launched): other; a short idle before
-the first action, or any before a first action that is compute (it waits on no peer: the first
-stage's forward), is the host getting to it: launch_overhead.
+1. `classify`: each idle stretch of its step. A wait is classed by its layer (analysis.timeline.waits):
+   bubble_wait bubble, p2p_wait p2p_wait, unmatched_wait other. Idle time that is not a wait is
+   launch_overhead when the host had not yet issued the next work (GPU: no launched kernel pending,
+   HTA's host-wait rule; CPU: framework time inside RECV actions or between actions up to a
+   threshold), else other. Idle before a rank's first action of the step or after its last is bubble
+   (the schedule had nothing for it: fill and drain) unless the rank was busy with work outside the
+   schedule there (optimizer step, kernels no action launched): other; a short idle before the first
+   action, or any before a first action that is compute (it waits on no peer: the first stage's
+   forward), is the host getting to it: launch_overhead.
+2. `with_collectives`: in a job of several pipelines, the idle time under the collectives, by their
+   group's scope (analysis.timeline.dp_sync finds them): dp_sync on a DP group, bubble then other on a
+   group across stages.
+3. `shortfall`: the time by which a rank's window is shorter than the step's longest, outside every gap
+   of its own: drain (after its window closed) bubble, late (before it opened) other (SHORTFALL).
+
+`device_idle` is Holistic Trace Analysis's split of a GPU stream's idle time, beside them.
 """
 
 from __future__ import annotations
@@ -21,194 +24,14 @@ import functools
 
 import polars as pl
 
-from analysis.cells.labelled import CELL_KEY, device_events, receives_only_posted, recv_cell_ends
+from analysis.cells.labelled import device_events
+from analysis.job.layout import DP, STAGES
 from analysis.schema import GAP_CLASSES, Rules
-from analysis.timeline.gaps import INTERVAL, queued, runs, segments
+from analysis.timeline.dp_sync import cut
+from analysis.timeline.gaps import queued, runs, segments
 from analysis.vocabulary import DeviceIdle, GapClass
 
 GAP_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "class": pl.Utf8}
-
-
-# RECV kind -> (stage step to the producer, the producer's SEND kind, its compute kinds by preference)
-_PRODUCER = {"RECV_F": (-1, "SEND_F", ("F",)), "RECV_B": (1, "SEND_B", ("B", "I"))}
-# per RECV kind each cell that may mark its producer's sending, by preference (0 first)
-_CANDIDATES = pl.DataFrame(
-    [
-        (recv_kind, stage_step, kind, preference)
-        for recv_kind, (stage_step, send_kind, compute_kinds) in _PRODUCER.items()
-        for preference, kind in enumerate((send_kind, *compute_kinds))
-    ],
-    schema={"kind": pl.Utf8, "stage_step": pl.Int64, "peer_kind": pl.Utf8, "preference": pl.Int64},
-    orient="row",
-)
-
-
-def _producer_starts(cells: pl.DataFrame) -> pl.DataFrame:
-    """Per RECV cell: when its producer began sending (None if unknown); all ranks on one clock.
-
-    The SEND's start where the trace has SEND labels, else the producing compute cell's end.
-    """
-    marks = cells.select(
-        "step",
-        "stage",
-        "kind",
-        "microbatch",
-        sent_ns=pl.when(pl.col("kind").str.starts_with("SEND")).then("start_ns").otherwise("end_ns"),
-    )
-    candidates = (
-        cells.filter(pl.col("kind").is_in(list(_PRODUCER)))
-        .join(_CANDIDATES, on="kind")
-        .with_columns(peer_stage=pl.col("stage") + pl.col("stage_step"))
-        .join(
-            marks,
-            left_on=["step", "peer_stage", "peer_kind", "microbatch"],
-            right_on=["step", "stage", "kind", "microbatch"],
-        )
-    )
-    return candidates.sort("preference").group_by(CELL_KEY).agg(pl.col("sent_ns").first())
-
-
-# SEND kind -> (stage step to its receiver, the receiver's RECV kind)
-_RECEIVER = {"SEND_F": (1, "RECV_F"), "SEND_B": (-1, "RECV_B")}
-
-
-def _receivers_posted(sends: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:
-    """`sends` (step, send_stage, send_kind, send_mb, ...) joined with posted_ns: when each one's
-    receiver began its RECV."""
-    receivers = cells.filter(pl.col("kind").str.starts_with("RECV")).select(
-        "step", r_stage="stage", r_kind="kind", r_mb="microbatch", posted_ns="start_ns"
-    )
-    step_of = pl.col("send_kind").replace_strict(
-        {k: v[0] for k, v in _RECEIVER.items()}, return_dtype=pl.Int64
-    )
-    kind_of = pl.col("send_kind").replace_strict({k: v[1] for k, v in _RECEIVER.items()})
-    return sends.with_columns(r_stage=pl.col("send_stage") + step_of, r_kind=kind_of, r_mb="send_mb").join(
-        receivers, on=["step", "r_stage", "r_kind", "r_mb"]
-    )
-
-
-def _send_posted(cells: pl.DataFrame) -> pl.DataFrame:
-    """Per SEND cell (CELL_KEY): ready_ns, when its receiver posted its RECV."""
-    sends = cells.filter(pl.col("kind").is_in(list(_RECEIVER))).select(
-        "rank", "step", send_stage="stage", send_kind="kind", send_mb="microbatch"
-    )
-    return (
-        _receivers_posted(sends, cells)
-        .select(
-            "rank", "step", stage="send_stage", kind="send_kind", microbatch="send_mb", ready_ns="posted_ns"
-        )
-        .group_by(CELL_KEY)
-        .agg(pl.col("ready_ns").max())
-    )
-
-
-def _batched_ready(cells: pl.DataFrame, kernels: pl.DataFrame | None) -> pl.DataFrame:
-    """Per RECV cell carried by one kernel with a SEND of its rank (batch_isend_irecv): when that send's
-    receiver posted its receive. The kernel, and the rank's compute after it, waits for both halves, so
-    until then the pair waits for a partner that is not ready: bubble."""
-    schema = {name: pl.Int64 if name != "kind" else pl.Utf8 for name in CELL_KEY} | {"posted_ns": pl.Int64}
-    if kernels is None or kernels.is_empty():
-        return pl.DataFrame(schema=schema)
-    p2p = kernels.filter("is_p2p").select(*CELL_KEY, "correlation")
-    recvs = p2p.filter(pl.col("kind").str.starts_with("RECV"))
-    sends = p2p.filter(pl.col("kind").str.starts_with("SEND")).select(
-        "rank", "step", "correlation", send_stage="stage", send_kind="kind", send_mb="microbatch"
-    )
-    paired = recvs.join(sends, on=["rank", "step", "correlation"])
-    return _receivers_posted(paired, cells).group_by(CELL_KEY).agg(pl.col("posted_ns").max())
-
-
-def _unposted_sends(cells: pl.DataFrame) -> pl.DataFrame:
-    """The `unposted` layer: a SEND cell from its start until its receiver posted the RECV, where the
-    cell was still open then. A blocking send (Megatron's, a hand-written loop's c10d::send; gloo's send
-    is a rendezvous) stays in its cell until the transfer is done, so it was open when its receiver came
-    and waited for it until then: the partner not ready, bubble. A SEND that had ended before its
-    receiver posted did not wait for it (the native executor's isend returns, its wait for the transfer
-    is `PP wait for sends`): the layer leaves it alone."""
-    return (
-        cells.join(_send_posted(cells), on=CELL_KEY)
-        .filter(pl.col("ready_ns") < pl.col("end_ns"))
-        .with_columns(end_ns="ready_ns", layer=pl.lit("unposted"))
-        .select(INTERVAL)
-    )
-
-
-def _send_wait_layers(cells: pl.DataFrame, send_waits: pl.DataFrame) -> pl.DataFrame:
-    """The executor's wait for its pending sends after its last action: bubble until the last of its
-    sends' receivers had posted its receive (a partner not ready), p2p_wait after (the transfer)."""
-    sends = cells.filter(pl.col("kind").is_in(list(_RECEIVER))).select(
-        "rank", "step", send_stage="stage", send_kind="kind", send_mb="microbatch"
-    )
-    posted = _receivers_posted(sends, cells).group_by("rank", "step").agg(pl.col("posted_ns").max())
-    waits = send_waits.join(posted, on=["rank", "step"], how="left")
-    cut = pl.col("posted_ns").fill_null(pl.col("end_ns")).clip(pl.col("start_ns"), pl.col("end_ns"))
-    return pl.concat(
-        [
-            waits.with_columns(end_ns=cut, layer=pl.lit("bubble_wait")).select(INTERVAL),
-            waits.with_columns(start_ns=cut, layer=pl.lit(GapClass.P2P_WAIT)).select(INTERVAL),
-        ]
-    )
-
-
-def _posts_only(cells: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
-    """`waits` less, where the run's receives were only posted (torch.distributed.pipelining's irecv: a
-    wait keyed by a RECV runs on past its cell, into its consumer, analysis.cells.inferred.consumer_waits),
-    each RECV's blocked time inside its own cell. That is the post, the c10d::recv_ call up to gloo's
-    span of the receive opening at its end, and the host's time in the label after it: the own-step
-    replay's RECV pre and post, host time (the rank's partner had often not begun its send: no data was
-    in flight). The consumer's wait, after the cell, is the hop's."""
-    if not receives_only_posted(cells, waits):
-        return waits
-    keyed = waits.join(recv_cell_ends(cells), on=CELL_KEY, how="left", maintain_order="left")
-    after_post = pl.when(pl.col("cell_end").is_not_null()).then(pl.max_horizontal("start_ns", "cell_end"))
-    return keyed.with_columns(start_ns=after_post.fill_null(pl.col("start_ns"))).select(waits.columns)
-
-
-def split_waits(
-    cells: pl.DataFrame,
-    waits: pl.DataFrame,
-    kernels: pl.DataFrame | None = None,
-    send_waits: pl.DataFrame | None = None,
-) -> pl.DataFrame:
-    """Blocked intervals of all ranks as wait layers: bubble_wait before the peer sent, p2p_wait after.
-
-    Waits inside SEND cells are bubble_wait before the receiver posted its RECV (the peer was not
-    receiving yet), p2p_wait after; a RECV wait whose producer is not in the traces is unmatched_wait
-    (classed `other`). Every SEND cell still open when its receiver posted also gives the `unposted`
-    layer until then (_unposted_sends), which the CPU rules class bubble. A RECV coalesced with a SEND
-    in one kernel (`kernels`: GPU, every rank's) waits as bubble also until that send's receiver had
-    posted; so does the executor's wait for its pending sends after its last action (`send_waits`, CPU).
-    A receive that was only posted waits in its consumer alone: its RECV's own time is host time (_posts_only).
-    `cells`, `waits`, `kernels` and `send_waits` of all ranks, with times already on one clock
-    (analysis.timeline.clock).
-    """
-    sent = (
-        _posts_only(cells, waits)
-        .join(_producer_starts(cells), on=CELL_KEY, how="left")
-        .join(_send_posted(cells), on=CELL_KEY, how="left")
-        .join(_batched_ready(cells, kernels), on=CELL_KEY, how="left")
-        .with_columns(
-            sent_ns=pl.when(pl.col("sent_ns").is_not_null()).then(pl.max_horizontal("sent_ns", "posted_ns"))
-        )
-        .drop("posted_ns")
-    )
-    cut = pl.col("sent_ns").clip(pl.col("start_ns"), pl.col("end_ns"))
-    is_recv = pl.col("kind").str.starts_with("RECV")
-    matched = sent.filter(is_recv & pl.col("sent_ns").is_not_null())
-    bubble = matched.with_columns(end_ns=cut, layer=pl.lit("bubble_wait"))
-    after = matched.with_columns(start_ns=cut, layer=pl.lit(GapClass.P2P_WAIT))
-    sending = sent.filter(~is_recv)
-    ready = pl.col("ready_ns").fill_null(pl.col("start_ns")).clip(pl.col("start_ns"), pl.col("end_ns"))
-    send_bubble = sending.with_columns(end_ns=ready, layer=pl.lit("bubble_wait"))
-    sends = sending.with_columns(start_ns=ready, layer=pl.lit(GapClass.P2P_WAIT))
-    unmatched = sent.filter(is_recv & pl.col("sent_ns").is_null()).with_columns(
-        layer=pl.lit("unmatched_wait")
-    )
-    parts = [frame.select(INTERVAL) for frame in (bubble, after, send_bubble, sends, unmatched)]
-    parts.append(_unposted_sends(cells))
-    if send_waits is not None:
-        parts.append(_send_wait_layers(cells, send_waits))
-    return pl.concat(parts).filter(pl.col("end_ns") > pl.col("start_ns"))
 
 
 # a segment's class while it is classified: an Enum, cheaper to make and compare than strings (the
@@ -320,6 +143,69 @@ def classify(timeline: pl.DataFrame, rules: Rules, on_gpu: bool) -> pl.DataFrame
     )
     gaps = runs(resolved, "class")
     return gaps.select(pl.col(name).cast(dtype) for name, dtype in GAP_SCHEMA.items())
+
+
+def _reclassed(
+    gaps: pl.DataFrame, intervals: pl.DataFrame, name: str, only: str | None = None
+) -> pl.DataFrame:
+    """`gaps` with their idle time under `intervals` (rank, start_ns, end_ns) classed `name`, but dp_sync
+    (and, with `only`, that class alone)."""
+    pieces = cut(gaps, intervals)
+    inside = pl.col("inside") & (pl.col("class") != GapClass.DP_SYNC)
+    if only is not None:
+        inside &= pl.col("class") == only
+    return pieces.with_columns(pl.when(inside).then(pl.lit(name)).otherwise("class").alias("class")).drop(
+        "inside"
+    )
+
+
+def with_collectives(gaps: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
+    """`gaps` (rank, step, start_ns, end_ns, class) with the idle time under the collectives classed by
+    their group's scope, whatever it was classed before: on a DP group dp_sync, and so is the drain
+    bubble before its launch while the rank waited for its replicas (from ready_ns to the end of its
+    skew); on a group across stages,
+    within its start skew bubble (waiting for another stage, as for a pipeline partner not ready), after
+    it other (its transfer, work outside the schedule). Within one stage (tensor parallel) it stays."""
+    dp = instances.filter(pl.col("scope") == DP)
+    gaps = _reclassed(gaps, dp.select("rank", "start_ns", "end_ns"), GapClass.DP_SYNC)
+    held = dp.select("rank", start_ns="ready_ns", end_ns=pl.min_horizontal("start_ns", "skew_end_ns"))
+    gaps = _reclassed(gaps, held, GapClass.DP_SYNC, only=GapClass.BUBBLE)
+    across = instances.filter(pl.col("scope") == STAGES)
+    waited = pl.coalesce("skew_end_ns", "start_ns")
+    gaps = _reclassed(gaps, across.select("rank", start_ns=waited, end_ns="end_ns"), GapClass.OTHER)
+    return _reclassed(gaps, across.select("rank", "start_ns", end_ns=waited), GapClass.BUBBLE)
+
+
+# The two pieces of a rank's shortfall (shortfall) and the class each is.
+SHORTFALL = {"drain": GapClass.BUBBLE, "late": GapClass.OTHER}
+
+
+def shortfall(windows: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step) of `windows` (all ranks on one clock): step_ns, the step's longest window, and
+    its window's shortfall against it, cut in two.
+
+    `drain`, bubble: the part after the rank's window closed while another rank's was still open. A loop
+    without a barrier at the end of a step (others' traces) ends a rank's ProfilerStep once its own
+    share is done: the last stage's ends after its last send, while the first still runs its backward.
+    The rank had nothing left of the step while another still ran it, which is drain, and the same
+    stretch is bubble where a barrier holds the rank's window open to the step's end (idle after its
+    last action, analysis.timeline.classify). It runs to the step's last close, so it also holds another
+    rank's longer optimizer step, as a barrier's wait would.
+
+    `late`, other: the rest, which lies before the window opened while the step's longest was open. The
+    rank had not begun this step rather than finished it: it was still in its previous one (a rank's
+    ProfilerStep spans follow one another), or waiting without computing before the step's last window
+    opened, a wait timeline.gaps.aligned_starts gives to the previous step. Either way the time is the
+    previous step's, so this step gets no class of the pipeline for it. (A window that opened early
+    and closed early is all drain: its shortfall lies after it.)
+    """
+    length = pl.col("end_ns") - pl.col("start_ns")
+    missing = pl.col("step_ns") - length
+    return (
+        windows.with_columns(step_ns=length.max().over("step"), closed_ns=pl.col("end_ns").max().over("step"))
+        .with_columns(drain=(pl.col("closed_ns") - pl.col("end_ns")).clip(pl.lit(0), missing))
+        .select("rank", "step", "step_ns", window_ns=length, drain="drain", late=missing - pl.col("drain"))
+    )
 
 
 def device_idle(frame: pl.DataFrame, rules: Rules = Rules()) -> pl.DataFrame:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.cells.labelled import cat_in, rows
-from analysis.job.layout import DP, STAGES, Group, group_scope
+from analysis.job.layout import DP, Group, group_scope
 from analysis.traces.comms import GROUP_SCHEMA
 from analysis.traces.kineto import DEVICE_WORK_CATS, RECORD_PARAM_COMMS
 from analysis.vocabulary import GapClass
@@ -192,37 +192,6 @@ def cut(gaps: pl.DataFrame, intervals: pl.DataFrame) -> pl.DataFrame:
         .sort("gap", "start_ns")
         .select(*gaps.columns, "inside")
     )
-
-
-def _reclassed(
-    gaps: pl.DataFrame, intervals: pl.DataFrame, name: str, only: str | None = None
-) -> pl.DataFrame:
-    """`gaps` with their idle time under `intervals` (rank, start_ns, end_ns) classed `name`, but dp_sync
-    (and, with `only`, that class alone)."""
-    pieces = cut(gaps, intervals)
-    inside = pl.col("inside") & (pl.col("class") != GapClass.DP_SYNC)
-    if only is not None:
-        inside &= pl.col("class") == only
-    return pieces.with_columns(pl.when(inside).then(pl.lit(name)).otherwise("class").alias("class")).drop(
-        "inside"
-    )
-
-
-def with_collectives(gaps: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
-    """`gaps` (rank, step, start_ns, end_ns, class) with the idle time under the collectives classed by
-    their group's scope, whatever it was classed before: on a DP group dp_sync, and so is the drain
-    bubble before its launch while the rank waited for its replicas (from ready_ns to the end of its
-    skew); on a group across stages,
-    within its start skew bubble (waiting for another stage, as for a pipeline partner not ready), after
-    it other (its transfer, work outside the schedule). Within one stage (tensor parallel) it stays."""
-    dp = instances.filter(pl.col("scope") == DP)
-    gaps = _reclassed(gaps, dp.select("rank", "start_ns", "end_ns"), GapClass.DP_SYNC)
-    held = dp.select("rank", start_ns="ready_ns", end_ns=pl.min_horizontal("start_ns", "skew_end_ns"))
-    gaps = _reclassed(gaps, held, GapClass.DP_SYNC, only=GapClass.BUBBLE)
-    across = instances.filter(pl.col("scope") == STAGES)
-    waited = pl.coalesce("skew_end_ns", "start_ns")
-    gaps = _reclassed(gaps, across.select("rank", start_ns=waited, end_ns="end_ns"), GapClass.OTHER)
-    return _reclassed(gaps, across.select("rank", "start_ns", end_ns=waited), GapClass.BUBBLE)
 
 
 def skew_ns(gaps: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:

@@ -124,7 +124,7 @@ def runs(labelled: pl.DataFrame, column: str, keys: tuple[str, ...] = ("rank", "
 
 
 WAIT_LAYERS = ("bubble_wait", GapClass.P2P_WAIT, "unmatched_wait")
-# unposted (classify.split_waits): a blocking SEND before its receiver posted; not a wait layer, it makes
+# unposted (analysis.timeline.waits.split_waits): a blocking SEND before its receiver posted; not a wait layer, it makes
 # nothing idle (a SEND cell is idle on CPU anyway)
 # host_sync: GPU, the host blocked in a synchronize call (RankCells.host_syncs); next_head: GPU, the next
 # step's host getting to its first launch (RankCells.next_heads)
@@ -209,7 +209,7 @@ def timeline(rank: RankCells, waits: pl.DataFrame, steps: pl.DataFrame) -> pl.Da
     as the union of its spans per step, as the rank's cells keep it: only whether some runs matters,
     and nested operators are most of a CPU trace's spans).
 
-    `waits` are this rank's blocked intervals already split into WAIT_LAYERS (classify.split_waits),
+    `waits` are this rank's blocked intervals already split into WAIT_LAYERS (analysis.timeline.waits.split_waits),
     INTERVAL columns; `steps` its `windows`. A segment is idle when nothing busy covers it or a wait
     does.
     """
