@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from runners.arguments import OneLineParser, whole_number
 from runners.launch import LaunchError, launch
 from runners.request import (
     SEED_P,
@@ -41,7 +42,7 @@ def _add_arguments(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add_request_arguments(parser, microbatches=not sweep)
     parser.add_argument(
         "--p",
-        type=int,
+        type=whole_number,
         default=None,
         help=f"pipeline ranks, one process each (default: {SEED_P} on CUDA, else min({SEED_P}, usable cores))",
     )
@@ -100,9 +101,9 @@ def trace(args: argparse.Namespace) -> int:
 
 def microbatch_counts(text: str) -> list[int]:
     try:
-        counts = [int(word) for word in text.replace(",", " ").split()]
-    except ValueError:
-        raise RequestError(f"--ms must be whole numbers, got {text!r}") from None
+        counts = [whole_number(word) for word in text.replace(",", " ").split()]
+    except argparse.ArgumentTypeError as error:
+        raise RequestError(f"--ms: {error}") from None
     if not counts:
         raise RequestError("--ms is empty")
     return counts
@@ -129,7 +130,7 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m runners", description=__doc__)
+    parser = OneLineParser(prog="python -m runners", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, function, help_text in (
         ("trace", trace, "run one schedule under the profiler into traces/<run_id>/"),

@@ -17,15 +17,24 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from analysis.traces.limits import Limits, available_bytes
+from runners.arguments import whole_number
 from runners.engines import ENGINES
 from runners.engines.torch_classes import SPLIT_BACKWARD, TORCH_CLASSES, TORCH_ONLY
 from runners.inject import SYNTAX, Injection, InjectionError, injection_problem, parse_injections
 from runners.mesh import Mesh, dp_problem
-from runners.presets import PRESETS, Preset, preset_problem
-from runners.schedules import V_SHAPED, ScheduleError, build
+from runners.presets import PRESETS, Preset, preset_bytes, preset_problem
+from runners.schedules import V_SHAPED, ScheduleError, build, check_request
 from runners.schedules.single_gpu import PROCESSES, SINGLE_GPU
 
 DEVICES = ("auto", "cpu", "cuda")
+# Profiled steps and timed steps. The profiler holds every profiled step's events until it exports
+# them: a step of the cpu preset at m=32 is about 8,000 events a rank, so a thousand steps make a file
+# of 8 million, which the analysis reads on a machine with 2.4 GB available (analysis.traces.limits).
+STEPS_MAX = 1_000
+# One worker process on the host before its model: torch, gloo and the profiler (430 MB measured on
+# the tiny preset); a request for more ranks than the memory available holds is refused.
+WORKER_BYTES = 500 * 1_000_000
 ENTRY_POINT = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")  # package.module:factory
 
 
@@ -129,9 +138,10 @@ def resolve(
     """
     if request.engine not in ENGINES:
         raise RequestError(f"unknown engine {request.engine!r}; choose one of {', '.join(ENGINES)}")
-    if min(request.steps, request.timed_steps) < 1:
+    if min(request.steps, request.timed_steps) < 1 or max(request.steps, request.timed_steps) > STEPS_MAX:
         raise RequestError(
-            f"steps and timed steps must be at least 1, got {request.steps} and {request.timed_steps}"
+            f"steps and timed steps must be at least 1 and at most {STEPS_MAX:,}, "
+            f"got {request.steps:,} and {request.timed_steps:,}"
         )
     if request.rows_per_microbatch is not None and request.rows_per_microbatch < 1:
         raise RequestError(f"rows per microbatch must be at least 1, got {request.rows_per_microbatch}")
@@ -144,15 +154,10 @@ def resolve(
     if request.schedule in V_SHAPED and request.v == 1:
         request = replace(request, v=2)  # a V always holds 2 stages per rank; v=1 is the option's default
     try:
-        schedule = build(request.schedule, request.p, request.m, request.v)
+        check_request(request.schedule, request.p, request.m, request.v)
     except ScheduleError as error:
         raise RequestError(str(error).splitlines()[0]) from None
-    problem = (
-        dp_problem(request.dp)
-        or overlap_problem(request)
-        or injection_problem(request.injections, request.p, schedule.n_stages, request.dp)
-        or model_problem(request, schedule.split_backward)
-    )
+    problem = dp_problem(request.dp) or overlap_problem(request) or limits_problem(request)
     if problem:
         raise RequestError(problem)
     world = request.p * request.dp
@@ -176,7 +181,59 @@ def resolve(
     problem = preset_problem(preset, request.m, request.v if request.model is None else 1)
     if problem:
         raise RequestError(problem)
-    return Resolved(request, device, "nccl" if device == "cuda" else "gloo", preset, mode)
+    resolved = Resolved(request, device, "nccl" if device == "cuda" else "gloo", preset, mode)
+    if ranks_per_node is None:  # the launcher, before any process starts (a worker's siblings hold memory)
+        problem = memory_problem(resolved, available_bytes())
+        if problem:
+            raise RequestError(problem)
+    schedule = build(request.schedule, request.p, request.m, request.v)
+    problem = injection_problem(
+        request.injections, request.p, schedule.n_stages, request.dp
+    ) or model_problem(request, schedule.split_backward)
+    if problem:
+        raise RequestError(problem)
+    return resolved
+
+
+READS = "the analysis reads (analysis.traces.limits)"
+
+
+def limits_problem(request: RunRequest) -> str | None:
+    """Why the run's traces would be past the analysis's default limits (analysis.traces.limits), or None;
+    checked before any schedule is built, whose size grows with p x m x v."""
+    limits = Limits()
+    stages, world = request.p * request.v, request.p * request.dp
+    if request.m > limits.microbatches:
+        return f"m={request.m:,} microbatches, more than the {limits.microbatches:,} {READS}"
+    if stages > limits.stages:
+        return (
+            f"P={request.p:,} x V={request.v:,} = {stages:,} stages, more than the {limits.stages:,} {READS}"
+        )
+    if world > limits.ranks:
+        return (
+            f"P={request.p:,} x DP={request.dp:,} = {world:,} ranks, more than the {limits.ranks:,} {READS}"
+        )
+    return None
+
+
+def memory_problem(resolved: Resolved, available: int | None) -> str | None:
+    """Why this machine's memory cannot hold the run's processes, or None: each a worker (WORKER_BYTES)
+    and, on CPU, its stages' parameters and the whole batch's activations (runners.presets.preset_bytes;
+    a --model's are its own, unknown here); one process holds a single-GPU run."""
+    request = resolved.request
+    if available is None:
+        return None
+    processes = 1 if resolved.mode == SINGLE_GPU else request.p * request.dp
+    factor = max((i.amount for i in request.injections if i.kind == "slow"), default=1)
+    stages = 0 if resolved.device != "cpu" or request.model else preset_bytes(resolved.preset) * int(factor)
+    needed = processes * (WORKER_BYTES + stages)
+    if needed <= available:
+        return None
+    return (
+        f"{processes:,} worker process(es) of the {resolved.preset.name} preset need about {needed / 1e9:,.1f} GB "
+        f"({(WORKER_BYTES + stages) / 1e6:,.0f} MB each), more than the {available / 1e9:.1f} GB this machine "
+        "has available"
+    )
 
 
 def model_problem(request: RunRequest, split_backward: bool) -> str | None:
@@ -208,6 +265,17 @@ def overlap_problem(request: RunRequest) -> str | None:
     return None
 
 
+def switch(text: str) -> bool:
+    """A switch's value as make passes it (DP_OVERLAP=1): 1 or 0, nothing else (`yes` is no 1)."""
+    if text not in ("0", "1"):
+        raise argparse.ArgumentTypeError(f"1 or 0, not {text!r}")
+    return text == "1"
+
+
+# An option that is on alone (--dp-overlap) or says 1 or 0 (--dp-overlap 0, as the Makefile passes it).
+SWITCH = {"nargs": "?", "const": True, "default": False, "type": switch, "metavar": "1|0"}
+
+
 def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = True) -> None:
     """The options a run request needs; shared with the launcher so both read the same request.
 
@@ -219,13 +287,13 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
     )
     if microbatches:  # a sweep takes its microbatch counts from --ms instead
         parser.add_argument(
-            "--m", "--microbatches", dest="m", type=int, required=True, help="microbatches per step"
+            "--m", "--microbatches", dest="m", type=whole_number, required=True, help="microbatches per step"
         )
     parser.add_argument(
         "--v",
         "--chunks",
         dest="v",
-        type=int,
+        type=whole_number,
         default=1,
         help="chunks per rank (interleaved; zbv and dualpipev: 2)",
     )
@@ -237,13 +305,15 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
     parser.add_argument(
         "--preset", default=None, help="seed | cpu | tiny (default: seed on CUDA, cpu otherwise)"
     )
-    parser.add_argument("--steps", type=int, default=3, help="profiled steps")
+    parser.add_argument("--steps", type=whole_number, default=3, help="profiled steps")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    parser.add_argument("--timed-steps", type=int, default=5, help="unprofiled steps timed for step_time")
+    parser.add_argument(
+        "--timed-steps", type=whole_number, default=5, help="unprofiled steps timed for step_time"
+    )
     parser.add_argument(
         "--rows-per-mb",
         dest="rows_per_microbatch",
-        type=int,
+        type=whole_number,
         default=None,
         help="fix the microbatch size (the batch becomes m x this many rows) instead of the batch",
     )
@@ -266,17 +336,17 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
         "e.g. runners.examples.transformer_block:stage",
     )
     parser.add_argument(
-        "--dp", type=int, default=1, help="pipelines (data-parallel replicas): P x DP ranks in all"
+        "--dp", type=whole_number, default=1, help="pipelines (data-parallel replicas): P x DP ranks in all"
     )
     parser.add_argument(
         "--dp-overlap",
-        action="store_true",
+        **SWITCH,
         help="launch each gradient bucket's all-reduce in the last backward, as DDP does "
         "(default: all buckets after it)",
     )
     parser.add_argument(
         "--calibrate-advice",
-        action="store_true",
+        **SWITCH,
         help="also calibrate what `python -m analysis advise` would otherwise assume: the stages at every "
         "advised v (chunks) and the backward split into I and W (run.json advice_calibration)",
     )

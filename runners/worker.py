@@ -17,7 +17,6 @@ its GPU (runners.engines.single_gpu) and calibrates every stage itself.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import os
@@ -33,6 +32,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from runners.advice_calibration import advice_calibration, chunk_ids
+from runners.arguments import OneLineParser, whole_number
 from runners.engines import ENGINES, single_gpu
 from runners.engines.protocol import RankSetup
 from runners.grad_sync import open_grad_sync
@@ -310,10 +310,13 @@ def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path, h
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runners.worker", description=__doc__)
+    parser = OneLineParser(prog="python -m runners.worker", description=__doc__)
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument(
-        "--virtual-ranks", type=int, default=None, help="run P ranks as streams of this one process's GPU"
+        "--virtual-ranks",
+        type=whole_number,
+        default=None,
+        help="run P ranks as streams of this one process's GPU",
     )
     add_request_arguments(parser)
     args = parser.parse_args(argv)

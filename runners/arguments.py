@@ -1,0 +1,46 @@
+"""Command lines read strictly, and refused in one line (torch-free; the analysis's commands share it).
+
+argparse's own refusal is a usage block of several lines, and `int`/`float` take more than a number
+as a user writes one: `1_000`, ` 7`, `+3`, Arabic-Indic digits, and `float` also `1e20`, `inf`, `nan`.
+Here a whole number is ASCII digits, a decimal ASCII digits with at most one point; anything else is
+refused naming the option and the text, before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import NoReturn
+
+_WHOLE = re.compile(r"[0-9]+")
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
+# Digits past this are past every limit of the runner and the analysis; int() is not asked to convert
+# them (it refuses 4,300 digits itself, and the time it takes grows with the square of their number).
+DIGITS_MAX = 30
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose refusal is `error: <problem>` on one line and exit 2 (the error contract)."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: {' '.join(message.split())}\n")
+        sys.exit(2)
+
+
+def whole_number(text: str) -> int:
+    """A whole number >= 0 as digits alone: `8`, not `8.0`, `1e3`, `+8`, `yes`."""
+    if not _WHOLE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    if len(text.lstrip("0")) > DIGITS_MAX:
+        raise argparse.ArgumentTypeError(f"{text[:DIGITS_MAX]}... ({len(text)} digits) is past every limit")
+    return int(text)
+
+
+def decimal(text: str) -> float:
+    """A number >= 0 written in decimals: `512`, `0.5`, not `1e20`, `inf`, `nan`, `-1`."""
+    if not _DECIMAL.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"not a number written in decimals: {text!r}")
+    if len(text.split(".")[0].lstrip("0")) > DIGITS_MAX:
+        raise argparse.ArgumentTypeError(f"{text[:DIGITS_MAX]}... is past every limit")
+    return float(text)
