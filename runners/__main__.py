@@ -1,7 +1,8 @@
 """`python -m runners trace|sweep`: validate the request, run it under torchrun, report where it went.
 
-Bad requests end as one line on stderr and exit 2 before any process starts; a failed or interrupted
-run ends as one line and exit 1 (130 for Ctrl-C), leaving its directory without "complete": true.
+Bad requests end as one line on stderr and exit 2 before any process starts; a failed run ends as
+one line and exit 1, a run stopped by signal N (Ctrl-C, SIGTERM, SIGHUP, to this process, to its
+parent or to torchrun) as one line and exit 128 + N, leaving its directory without "complete": true.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from runners.request import (
     request_from,
     resolve,
 )
+from runners.rundir import LATEST
+from runners.stop import die_with_parent
 
 GPU_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")  # NVIDIA, ROCm
 
@@ -94,8 +97,11 @@ def trace(args: argparse.Namespace) -> int:
     )
     _say_mode(resolved)
     run_dir = launch(resolved, args.traces)
-    latest = args.traces / "latest"
-    print(f"traces: {run_dir} (step {_step_ms(run_dir):.1f} ms unprofiled); {latest} points at it")
+    latest = args.traces / LATEST
+    pointed = (
+        f"{latest} points at it" if latest.resolve() == run_dir else f"{latest} is not moved (not a link)"
+    )
+    print(f"traces: {run_dir} (step {_step_ms(run_dir):.1f} ms unprofiled); {pointed}", flush=True)
     return 0
 
 
@@ -144,6 +150,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    die_with_parent()  # make's SIGTERM ends its recipe's shell, not this process: its run must end too
     try:
         return args.run(args)
     except RequestError as error:
@@ -151,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except LaunchError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; the run directory is left incomplete", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:  # before or between runs: nothing of a run is running
+        print("error: interrupted by SIGINT", file=sys.stderr)
         return 130
 
 
