@@ -52,6 +52,13 @@ def _add_arguments(parser: argparse.ArgumentParser, sweep: bool) -> None:
     parser.add_argument("--traces", type=Path, default=Path("traces"), help="where run directories go")
     if sweep:
         parser.add_argument("--ms", required=True, help='microbatch counts, e.g. "1 2 4 8"')
+    else:
+        parser.add_argument(
+            "--run-dir-to",
+            type=Path,
+            help="also write the complete run's directory to this file, one line (make trace passes "
+            "/dev/fd/3 and analyses that run, whatever traces/latest points at by then)",
+        )
 
 
 def _step_ms(run_dir: Path) -> float:
@@ -102,6 +109,13 @@ def trace(args: argparse.Namespace) -> int:
         f"{latest} points at it" if latest.resolve() == run_dir else f"{latest} is not moved (not a link)"
     )
     print(f"traces: {run_dir} (step {_step_ms(run_dir):.1f} ms unprofiled); {pointed}", flush=True)
+    if args.run_dir_to is not None:
+        try:
+            args.run_dir_to.write_text(f"{run_dir}\n")
+        except OSError as error:
+            raise RequestError(
+                f"--run-dir-to {args.run_dir_to}: cannot write it ({error.strerror})"
+            ) from None
     return 0
 
 

@@ -199,3 +199,26 @@ def test_a_launcher_killed_outright_leaves_no_worker_and_no_complete_run(tmp_pat
     assert_refused_as_incomplete(run, capsys)
     index = build_report(traces, tmp_path / "reports").read_text()
     assert "its launcher ended before the run completed (killed?)" in index
+
+
+def test_sigterm_to_make_ends_the_whole_run(tmp_path, capsys):
+    """make passes SIGTERM to its recipe's shell only, which dies without passing it on: the launcher
+    learns of it from its parent's death. Before, make said `Terminated` and the workers went on to
+    write a complete run."""
+    for name in (".venv", "pyproject.toml"):
+        (tmp_path / name).symlink_to(REPO / name)
+    traces = tmp_path / "traces"
+    variables = ["SCHED=gpipe", "P=2", "M=2", "PRESET=tiny", "DEVICE=cpu", f"STEPS={STEPS_MAX}"]
+    make = subprocess.Popen(
+        ["make", "-f", str(REPO / "Makefile"), "trace", *variables],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_workers(traces, make)
+    make.send_signal(signal.SIGTERM)
+    _, err = make.communicate(timeout=120)
+    assert make.returncode != 0, err
+    wait_until_gone(traces)
+    assert_stopped(traces, capsys, "interrupted by SIGTERM")
