@@ -1,6 +1,7 @@
 """`python -m analysis <command>`: each command lives in its own module, imported only when used.
 
-Bad input ends as one line on stderr and exit code 2 (see analysis.errors); `--debug` shows the traceback.
+Bad input, and a place an output cannot be written, end as one line on stderr and exit code 2 (see
+analysis.errors, analysis.files); `--debug` shows the traceback.
 Usable input with something dropped or assumed (analysis.errors.TraceWarning) is one `warning:` line
 each, its untrusted text escaped as the error's is (analysis.errors.printable). Every command takes the
 input limits' flags (analysis.traces.limits: `--max-file-mb` ...) and runs under them; those that analyse
@@ -17,6 +18,7 @@ import warnings
 from collections.abc import Callable
 
 from analysis.errors import InputError, printable
+from analysis.files import cause
 from analysis.ranks import cluster, workers
 from analysis.traces import limits
 
@@ -107,6 +109,11 @@ def _run(args: argparse.Namespace) -> int:
             if args.debug:
                 raise
             print(f"error: {error}", file=sys.stderr)
+            return 2
+        except OSError as error:  # a file system fault no write path named (each names its own)
+            if args.debug:
+                raise
+            print(f"error: {printable(error.filename or '')}: {cause(error)}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
