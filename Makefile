@@ -109,5 +109,8 @@ test: setup-dev browser
 fuzz: setup-dev
 	FUZZ_EXAMPLES=20000 $(PY) -m pytest -q tests -k fuzz
 
+# reports/ is the report's own folder (it lists its files in reports/.report-files.json and refuses a
+# folder holding others), so it goes whole.
 clean:
-	find traces reports -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
+	find traces -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
+	rm -rf reports

@@ -19,6 +19,7 @@ from analysis.errors import InputError, LimitExceeded, TraceWarning, printable
 from analysis.job.join import analyze_job
 from analysis.job.run_dir import run_input
 from analysis.merge.merged import kept_ranks, read_named_ranks, read_ranks, write_merged
+from analysis.merge.output import MERGED_FILE, check_out
 from analysis.results import Analysis
 from analysis.traces import limits
 from analysis.traces.run import RunTraces, load_run
@@ -41,7 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_ranges,
         help="pipelines of a PP x DP job to keep (their ranks, as the analysis found them), e.g. 0,3 or 0-1",
     )
-    parser.add_argument("--out", type=Path, help="output file (default: RUN/merged.json.gz)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="output file (default: RUN/merged.json.gz): a new one or one merge wrote, never a run's file",
+    )
     parser.add_argument("--no-align", action="store_true", help="keep each rank's own clock")
 
 
@@ -50,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     steps = _selection(args.steps, "--steps", "steps")
     ranks = _selection(args.ranks, "--ranks", "ranks")
     source: Path = run_in(args.source)
+    out = args.out or (source if source.is_dir() else source.parent) / MERGED_FILE
+    check_out(out)
     analysis, without = None, None
     pipelines = _selection(args.pipelines, "--pipelines", "ranks")
     if source.is_dir():
@@ -68,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         traces = read_ranks(source, ranks)
-    out = args.out or (source if source.is_dir() else source.parent) / "merged.json.gz"
     size, notes = write_merged(out, traces, steps, analysis, align=not args.no_align)
     print(
         f"{printable(out)}: {len(traces)} rank(s), {notes['events']} events, {size / 1e6:.1f} MB of JSON, "
