@@ -1,5 +1,6 @@
 """Outputs never destroy: `merge --out` and `report --out` write a new file or folder, or one they wrote,
-and refuse anything else in one line, leaving it byte for byte.
+and refuse anything else in one line, leaving it byte for byte; layouts made by copying (run directories
+as links) are read.
 
 Before: as root `merge --out /dev/full` replaced the device with a gzip file, `merge --out RUN/run.json`
 overwrote the run's input, and `report --out DIR` deleted the user's own DIR/runs/*.html and *.js.
@@ -20,6 +21,7 @@ from test_faults_outputs import predictable_run
 from analysis.cli import main
 from analysis.job.run_dir import analysis_of
 from analysis.merge.output import MARK
+from analysis.report import build_report
 from analysis.report.site import MANIFEST
 
 
@@ -129,3 +131,14 @@ def test_report_rebuilds_its_own_folder_deleting_only_its_own_stale_pages(tmp_pa
     assert main(["report", "--traces", str(traces), "--out", str(out)]) == 2
     assert "holds runs/notes.txt, which no report wrote" in capsys.readouterr().err
     assert files_in(out) == before
+
+
+def test_the_report_lists_run_directories_that_are_links_and_latest_once(tmp_path, run):
+    """Runs gathered with `ln -s` were skipped in silence ("0 runs"); `latest` still is no run of its own."""
+    elsewhere = predictable_run(tmp_path / "elsewhere" / "gathered")
+    traces = tmp_path / "traces"
+    (traces / "linked").symlink_to(elsewhere)
+    (traces / "latest").symlink_to("run")
+    index = build_report(traces, tmp_path / "reports").read_text()
+    pages = sorted(path.name for path in (tmp_path / "reports" / "runs").glob("*.html"))
+    assert pages == ["linked.html", "run.html"] and 'class="error"' not in index
