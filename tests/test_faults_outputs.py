@@ -15,6 +15,7 @@ import json
 import shutil
 import stat
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,3 +224,18 @@ def test_an_analysis_that_is_a_file_or_a_link_is_left_as_it_is_and_refused(tmp_p
         "mine.txt"
     ]
     assert (run / results.ANALYSIS_DIR).is_symlink() == (kind == "a link")
+
+
+def test_python_dash_m_analysis_is_one_line_for_a_bad_option(tmp_path):
+    """A command line the analysis refuses is `error: ...` on one line, as its runner's is."""
+    result = subprocess.run(
+        [sys.executable, "-m", "analysis", "advise", str(tmp_path), "--memory-mb", "inf"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (result.returncode, result.stderr) == (
+        2,
+        "error: argument --memory-mb: not a number written in decimals: 'inf'\n",
+    )

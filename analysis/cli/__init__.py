@@ -1,7 +1,7 @@
 """`python -m analysis <command>`: each command lives in its own module, imported only when used.
 
 Bad input, and a place an output cannot be written, end as one line on stderr and exit code 2 (see
-analysis.errors, analysis.files); `--debug` shows the traceback.
+analysis.errors, analysis.files); so does a refused command line; `--debug` shows the traceback.
 Usable input with something dropped or assumed (analysis.errors.TraceWarning) is one `warning:` line
 each, its untrusted text escaped as the error's is (analysis.errors.printable). Every command takes the
 input limits' flags (analysis.traces.limits: `--max-file-mb` ...) and runs under them; those that analyse
@@ -21,6 +21,7 @@ from analysis.errors import InputError, printable
 from analysis.files import cause
 from analysis.ranks import cluster, workers
 from analysis.traces import limits
+from runners.arguments import OneLineParser
 
 # command -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -44,7 +45,7 @@ ANALYSING = frozenset({"analyze", "predict", "advise", "report", "hta"})
 
 
 def _parser(prog: str, description: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = OneLineParser(prog=prog, description=description)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     return parser
 

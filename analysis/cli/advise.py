@@ -22,6 +22,7 @@ from analysis.files import write_atomically
 from analysis.job.run_dir import analysis_of
 from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import ADVICE_FILE
+from runners.arguments import decimal
 from runners.presets import ADVISED_VS, CALIBRATED_MS
 from runners.schedules import SCHEDULES
 
@@ -37,13 +38,10 @@ def _schedules(text: str) -> list[str]:
 
 
 def _megabytes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
+    """MiB in decimals (`512`, `0.5`), > 0: not `inf` (an OverflowError once made bytes), `1e20`, `nan`."""
+    if not decimal(text) > 0:
         raise argparse.ArgumentTypeError(f"not a positive number of MiB: {text!r}")
-    return value
+    return decimal(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         peak = "-" if c.peak_activation_bytes is None else f"{c.peak_activation_bytes / MIB:.1f}"
         interval = f"{c.step_time_low_ms:.1f} - {c.step_time_high_ms:.1f}"
         print(
-            f"  {i:>3}  {c.engine:<6}  {c.schedule:<10}  {c.m:>3}  {c.v:>2}  {c.step_time_ms:>9.1f}  {interval:>17}"
+            f"  {i:>3}  {c.engine!s:<6}  {c.schedule:<10}  {c.m:>3}  {c.v:>2}  {c.step_time_ms:>9.1f}  {interval:>17}"
             f"  {c.bubble_formula:>6.3f}  {peak:>8}  {'yes' if c.fits else 'no':<4}  {'yes' if c.extrapolated else ''}"
         )
     assumed = sorted({why for c in found.candidates for why in c.caveats})

@@ -24,6 +24,7 @@ from analysis.results import Analysis
 from analysis.traces import limits
 from analysis.traces.run import RunTraces, load_run
 from analysis.traces.run_files import run_in
+from runners.arguments import whole_number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,11 +137,11 @@ def _ranges(text: str) -> tuple[tuple[int, int], ...]:
     try:
         for part in text.split(","):
             low, _, high = part.partition("-")
-            first, last = int(low), int(high or low)
-            if first < 0 or last < first:
-                raise ValueError(part)
+            first, last = whole_number(low), whole_number(high or low)
+            if last < first:
+                raise argparse.ArgumentTypeError(part)
             runs.append((first, last))
-    except ValueError:
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"not a list of integers: {text!r} (e.g. 3,4 or 3-5)") from None
     return tuple(runs)
 
