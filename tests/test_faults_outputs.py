@@ -239,3 +239,36 @@ def test_python_dash_m_analysis_is_one_line_for_a_bad_option(tmp_path):
         2,
         "error: argument --memory-mb: not a number written in decimals: 'inf'\n",
     )
+
+
+# A real SIGTERM, sent by the command to itself at the moment it writes its output, in a process of its
+# own (before, the default action ended it on the spot, the temporary file left beside the output).
+STOPPED_WHILE_WRITING = """
+import os, signal, sys
+import polars as pl
+from analysis.cli import main
+from analysis.merge import output
+
+def stop(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+
+pl.DataFrame.write_parquet = stop
+output.GzipStream.write = stop
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("command", ["analyze", "merge"])
+def test_a_signal_while_writing_is_one_line_and_leaves_no_temporary_file(tmp_path, command):
+    run = predictable_run(tmp_path / "run")
+    analysis_of(run)
+    before = {path.name for path in run.rglob("*")}
+    result = subprocess.run(
+        [sys.executable, "-c", STOPPED_WHILE_WRITING, command, str(run)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (result.returncode, result.stderr) == (143, "error: interrupted by SIGTERM\n")
+    assert {path.name for path in run.rglob("*")} == before
