@@ -92,7 +92,17 @@ def _say_mode(resolved: Resolved) -> None:
         print(line, flush=True)
 
 
+def _check_run_dir_to(path: Path | None) -> None:
+    """--run-dir-to takes a pipe (make's /dev/fd/3) or a new file in a folder that is there: never a file
+    or folder someone has, which is left as it is."""
+    if path is not None and (path.is_file() or path.is_dir() or not path.parent.is_dir()):
+        raise RequestError(
+            f"--run-dir-to {path}: not a pipe or a new file in an existing folder; left as it is"
+        )
+
+
 def trace(args: argparse.Namespace) -> int:
+    _check_run_dir_to(args.run_dir_to)
     resolved = resolve(request_from(args, _p(args)), _gpus)
     _check_model(resolved)
     request = resolved.request

@@ -125,6 +125,35 @@ def test_numbers_are_read_strictly_and_any_refusal_is_one_line(tmp_path, args, w
     assert not traces.exists()
 
 
+@pytest.mark.parametrize("existing", ["file", "folder"])
+def test_run_dir_to_never_replaces_what_is_there(tmp_path, existing):
+    """It is for make's /dev/fd/3; `--run-dir-to ~/notes.txt` would have been overwritten after the run."""
+    target = tmp_path / "mine"
+    target.write_text("mine") if existing == "file" else target.mkdir()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runners",
+            "trace",
+            "--sched",
+            "gpipe",
+            "--m",
+            "2",
+            "--run-dir-to",
+            str(target),
+        ]
+        + ["--traces", str(tmp_path / "traces")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (result.returncode, result.stderr.count("\n")) == (2, 1) and "--run-dir-to" in result.stderr
+    assert (target.read_text() == "mine") if existing == "file" else target.is_dir()
+    assert not (tmp_path / "traces").exists()
+
+
 @pytest.mark.parametrize(
     "requested,p,count,device",
     [
