@@ -17,9 +17,10 @@ import msgspec
 
 from analysis.attribution.advice import MIB, Advice, admitted, advise
 from analysis.cli.predict import check_limit, microbatch_counts
-from analysis.errors import InputError, TraceWarning
+from analysis.errors import InputError, LimitExceeded, TraceWarning
 from analysis.files import write_atomically
 from analysis.job.run_dir import analysis_of
+from analysis.traces import limits
 from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import ADVICE_FILE
 from runners.arguments import decimal
@@ -72,6 +73,8 @@ def advice(
     """The run's candidates predicted, best first; a candidate that cannot be predicted is a warning."""
     path = Path(run_dir) / "run.json"
     check_limit(ms)
+    if vs[-1] > limits.current().stages:  # each v's schedules are built: v=10**8 ran for minutes
+        raise LimitExceeded("--vs", f"v={vs[-1]:,} is past {limits.current().describe('stages')}")
     config = read_run_config(path)
     if config is None or not (config.get("dims") or {}).get("microbatch_rows"):
         raise InputError(path, "advise needs run.json with the microbatch rows (dims.microbatch_rows)")
