@@ -2,8 +2,8 @@
 
 argparse's own refusal is a usage block of several lines, and `int`/`float` take more than a number
 as a user writes one: `1_000`, ` 7`, `+3`, Arabic-Indic digits, and `float` also `1e20`, `inf`, `nan`.
-Here a whole number is ASCII digits, a decimal ASCII digits with at most one point; anything else is
-refused naming the option and the text, before any work.
+Here a whole number is ASCII digits, a decimal ASCII digits with at most one point, a switch 1 or 0;
+anything else is refused naming the option and the text, before any work.
 """
 
 from __future__ import annotations
@@ -44,3 +44,14 @@ def decimal(text: str) -> float:
     if len(text.split(".")[0].lstrip("0")) > DIGITS_MAX:
         raise argparse.ArgumentTypeError(f"{text[:DIGITS_MAX]}... is past every limit")
     return float(text)
+
+
+def switch(text: str) -> bool:
+    """A switch's value as make passes it (DP_OVERLAP=1): 1 or 0, nothing else (`yes` is no 1)."""
+    if text not in ("0", "1"):
+        raise argparse.ArgumentTypeError(f"1 or 0, not {text!r}")
+    return text == "1"
+
+
+# An option that is on alone (--dp-overlap) or says 1 or 0 (--dp-overlap 0, as the Makefile passes it).
+SWITCH = {"nargs": "?", "const": True, "default": False, "type": switch, "metavar": "1|0"}

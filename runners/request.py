@@ -17,24 +17,18 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from analysis.traces.limits import Limits, available_bytes
-from runners.arguments import whole_number
+from analysis.traces.limits import available_bytes
+from runners.arguments import SWITCH, whole_number
+from runners.bounds import limits_problem, memory_problem, steps_problem
 from runners.engines import ENGINES
 from runners.engines.torch_classes import SPLIT_BACKWARD, TORCH_CLASSES, TORCH_ONLY
 from runners.inject import SYNTAX, Injection, InjectionError, injection_problem, parse_injections
 from runners.mesh import Mesh, dp_problem
-from runners.presets import PRESETS, Preset, preset_bytes, preset_problem
+from runners.presets import PRESETS, Preset, preset_problem
 from runners.schedules import V_SHAPED, ScheduleError, build, check_request
 from runners.schedules.single_gpu import PROCESSES, SINGLE_GPU
 
 DEVICES = ("auto", "cpu", "cuda")
-# Profiled steps and timed steps. The profiler holds every profiled step's events until it exports
-# them: a step of the cpu preset at m=32 is about 8,000 events a rank, so a thousand steps make a file
-# of 8 million, which the analysis reads on a machine with 2.4 GB available (analysis.traces.limits).
-STEPS_MAX = 1_000
-# One worker process on the host before its model: torch, gloo and the profiler (430 MB measured on
-# the tiny preset); a request for more ranks than the memory available holds is refused.
-WORKER_BYTES = 500 * 1_000_000
 ENTRY_POINT = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")  # package.module:factory
 
 
@@ -138,11 +132,9 @@ def resolve(
     """
     if request.engine not in ENGINES:
         raise RequestError(f"unknown engine {request.engine!r}; choose one of {', '.join(ENGINES)}")
-    if min(request.steps, request.timed_steps) < 1 or max(request.steps, request.timed_steps) > STEPS_MAX:
-        raise RequestError(
-            f"steps and timed steps must be at least 1 and at most {STEPS_MAX:,}, "
-            f"got {request.steps:,} and {request.timed_steps:,}"
-        )
+    problem = steps_problem(request.steps, request.timed_steps)
+    if problem:
+        raise RequestError(problem)
     if request.rows_per_microbatch is not None and request.rows_per_microbatch < 1:
         raise RequestError(f"rows per microbatch must be at least 1, got {request.rows_per_microbatch}")
     if request.schedule in TORCH_ONLY and request.engine != "torch":
@@ -157,7 +149,11 @@ def resolve(
         check_request(request.schedule, request.p, request.m, request.v)
     except ScheduleError as error:
         raise RequestError(str(error).splitlines()[0]) from None
-    problem = dp_problem(request.dp) or overlap_problem(request) or limits_problem(request)
+    problem = (
+        dp_problem(request.dp)
+        or overlap_problem(request)
+        or limits_problem(request.p, request.m, request.v, request.dp)
+    )
     if problem:
         raise RequestError(problem)
     world = request.p * request.dp
@@ -183,7 +179,10 @@ def resolve(
         raise RequestError(problem)
     resolved = Resolved(request, device, "nccl" if device == "cuda" else "gloo", preset, mode)
     if ranks_per_node is None:  # the launcher, before any process starts (a worker's siblings hold memory)
-        problem = memory_problem(resolved, available_bytes())
+        processes = 1 if mode == SINGLE_GPU else world
+        on_host = device == "cpu" and request.model is None  # a --model's stages are its own, unknown here
+        factor = max((int(i.amount) for i in request.injections if i.kind == "slow"), default=1)
+        problem = memory_problem(processes, preset, factor if on_host else 0, available_bytes())
         if problem:
             raise RequestError(problem)
     schedule = build(request.schedule, request.p, request.m, request.v)
@@ -193,47 +192,6 @@ def resolve(
     if problem:
         raise RequestError(problem)
     return resolved
-
-
-READS = "the analysis reads (analysis.traces.limits)"
-
-
-def limits_problem(request: RunRequest) -> str | None:
-    """Why the run's traces would be past the analysis's default limits (analysis.traces.limits), or None;
-    checked before any schedule is built, whose size grows with p x m x v."""
-    limits = Limits()
-    stages, world = request.p * request.v, request.p * request.dp
-    if request.m > limits.microbatches:
-        return f"m={request.m:,} microbatches, more than the {limits.microbatches:,} {READS}"
-    if stages > limits.stages:
-        return (
-            f"P={request.p:,} x V={request.v:,} = {stages:,} stages, more than the {limits.stages:,} {READS}"
-        )
-    if world > limits.ranks:
-        return (
-            f"P={request.p:,} x DP={request.dp:,} = {world:,} ranks, more than the {limits.ranks:,} {READS}"
-        )
-    return None
-
-
-def memory_problem(resolved: Resolved, available: int | None) -> str | None:
-    """Why this machine's memory cannot hold the run's processes, or None: each a worker (WORKER_BYTES)
-    and, on CPU, its stages' parameters and the whole batch's activations (runners.presets.preset_bytes;
-    a --model's are its own, unknown here); one process holds a single-GPU run."""
-    request = resolved.request
-    if available is None:
-        return None
-    processes = 1 if resolved.mode == SINGLE_GPU else request.p * request.dp
-    factor = max((i.amount for i in request.injections if i.kind == "slow"), default=1)
-    stages = 0 if resolved.device != "cpu" or request.model else preset_bytes(resolved.preset) * int(factor)
-    needed = processes * (WORKER_BYTES + stages)
-    if needed <= available:
-        return None
-    return (
-        f"{processes:,} worker process(es) of the {resolved.preset.name} preset need about {needed / 1e9:,.1f} GB "
-        f"({(WORKER_BYTES + stages) / 1e6:,.0f} MB each), more than the {available / 1e9:.1f} GB this machine "
-        "has available"
-    )
 
 
 def model_problem(request: RunRequest, split_backward: bool) -> str | None:
@@ -263,17 +221,6 @@ def overlap_problem(request: RunRequest) -> str | None:
             f"{TORCH_CLASSES[request.schedule]} assigns them itself; run {request.schedule} without it"
         )
     return None
-
-
-def switch(text: str) -> bool:
-    """A switch's value as make passes it (DP_OVERLAP=1): 1 or 0, nothing else (`yes` is no 1)."""
-    if text not in ("0", "1"):
-        raise argparse.ArgumentTypeError(f"1 or 0, not {text!r}")
-    return text == "1"
-
-
-# An option that is on alone (--dp-overlap) or says 1 or 0 (--dp-overlap 0, as the Makefile passes it).
-SWITCH = {"nargs": "?", "const": True, "default": False, "type": switch, "metavar": "1|0"}
 
 
 def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = True) -> None:

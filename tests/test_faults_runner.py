@@ -21,7 +21,7 @@ from conftest import REPO, trace_command
 
 from analysis.cli import main as analysis_main
 from analysis.report import build_report
-from runners.request import STEPS_MAX
+from runners.bounds import STEPS_MAX
 from runners.rundir import is_complete
 
 pytestmark = pytest.mark.slow
