@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -31,7 +32,7 @@ from runners.rundir import (
     run_id,
 )
 from runners.schedules.single_gpu import SINGLE_GPU
-from runners.stop import Stopped, adopt_orphans, die_with_parent, signals_held, stop_adopted, stopping
+from runners.stop import Stopped, adopting_orphans, die_with_parent, signals_held, stopping
 
 SHUTDOWN_S = 30  # how long torchrun gets to stop its workers after SIGTERM
 FAILED = 1  # the launcher's exit code for a run that failed; a stopped run's is the signal's (Stopped)
@@ -93,7 +94,7 @@ def _start(command: list[str], log: IO) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=log, stderr=log, preexec_fn=lambda: die_with_parent(launcher))
 
 
-def _end(process: subprocess.Popen) -> None:
+def _end(process: subprocess.Popen, stop_adopted: Callable[[], None]) -> None:
     """Nothing of the run left: torchrun, if it still runs, gets SIGTERM, which it passes on to its
     workers, and SIGKILL after SHUTDOWN_S; workers it left behind (it died first) are stopped too."""
     if process.poll() is None:
@@ -129,14 +130,14 @@ def _run(resolved: Resolved, run_dir: Path) -> None:
         log = (run_dir / RUNNER_LOG).open("w")
     except OSError as error:
         raise RequestError(f"{run_dir}: cannot write {RUNNER_LOG} ({error.strerror})") from None
-    with log, stopping() as whole:
+    with log, stopping() as whole, adopting_orphans() as stop_adopted:
         hold_run(log)
         process = _start(torchrun_command(resolved, run_dir), log)
         try:
             code = process.wait()
         finally:
             with signals_held():
-                _end(process)
+                _end(process, stop_adopted)
         if code != 0:
             raise _failure(code, run_dir)
         with signals_held():
@@ -153,7 +154,6 @@ def launch(resolved: Resolved, traces: Path) -> Path:
     """Run the request; return the complete run directory, which traces/latest then points at where it
     is a link it can write (a directory there, a copy, is left as it is)."""
     run_dir = _new_run_dir(resolved, traces)
-    adopt_orphans()
     try:
         _run(resolved, run_dir)
     except Stopped as stop:

@@ -4,7 +4,7 @@ torchrun starts each worker in a session of its own, so a signal to the launcher
 terminal's Ctrl-C or hang-up) does not reach them, and a worker whose torchrun died keeps running.
 Hence: the launcher turns SIGINT, SIGTERM and SIGHUP into `Stopped` while its run lives and passes
 SIGTERM on to torchrun, which passes it on to its workers; the launcher is the workers' subreaper, so a
-worker whose torchrun died (SIGKILL) is its child and is stopped by it (`stop_adopted`); and a process
+worker whose torchrun died (SIGKILL) is its child and is stopped by it (`adopting_orphans`); and a process
 of the run gets SIGTERM when its parent dies (`die_with_parent`): make's SIGTERM ends the shell of its
 recipe, not the launcher, and a SIGKILLed launcher leaves torchrun behind. Linux only (prctl, /proc);
 elsewhere the launcher still stops torchrun on a signal.
@@ -16,6 +16,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,18 +58,17 @@ def die_with_parent(parent: int | None = None) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def adopt_orphans() -> None:
-    """Become the subreaper of this process's descendants: one whose parent dies becomes its child."""
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-
-
 @contextmanager
 def stopping() -> Iterator[Callable[[], None]]:
     """Within: the first stop signal raises Stopped (the ones after it, while the run is being stopped,
     change nothing: a shell killed by a hang-up sends this process SIGTERM as well), until the caller
     calls what this yields (its run is whole, there is nothing left to stop); one that comes after that
     is raised again on leaving, with the caller's own handling. A signal the caller's parent set to be
-    ignored (nohup's SIGHUP, SIGINT of a background job) stays ignored."""
+    ignored (nohup's SIGHUP, SIGINT of a background job) stays ignored. Only the main thread can take
+    signals: elsewhere this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
     stopped, whole, late = [], [], []
 
     def stop(signum: int, frame: object) -> None:
@@ -123,17 +123,14 @@ def _reaped(pid: int, block: bool) -> bool:
         return True
 
 
-def stop_adopted() -> None:
-    """SIGTERM every child left (the workers of a torchrun that died), SIGKILL those still alive after
-    STOP_GRACE_S, and reap them all. Each worker leads its own session, so its process group is its own."""
-    if not sys.platform.startswith("linux"):
-        return
-    children = _children()
+def _stop(children: set[int]) -> None:
+    """SIGTERM these children, SIGKILL those still alive after STOP_GRACE_S, and reap them all. Each
+    worker leads its own session, so its process group is its own."""
     for pid in children:
         try:
             os.killpg(pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)  # not a group leader: the process alone
+            os.kill(pid, signal.SIGTERM)  # not a group leader (or a zombie already): the process alone
     deadline = time.monotonic() + STOP_GRACE_S
     waiting = [pid for pid in children if not _reaped(pid, block=False)]
     while waiting and time.monotonic() < deadline:
@@ -142,3 +139,19 @@ def stop_adopted() -> None:
     for pid in waiting:
         os.kill(pid, signal.SIGKILL)
         _reaped(pid, block=True)
+
+
+@contextmanager
+def adopting_orphans() -> Iterator[Callable[[], None]]:
+    """Within: this process is the subreaper of its descendants (one whose parent dies becomes its
+    child). Yields what stops the children adopted since, or started since and not reaped (the workers
+    of a torchrun that died first); children it had before (a process pool's) are left alone."""
+    if not sys.platform.startswith("linux"):
+        yield lambda: None
+        return
+    had = set(_children())
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    try:
+        yield lambda: _stop(set(_children()) - had)
+    finally:
+        _prctl(_PR_SET_CHILD_SUBREAPER, 0)
