@@ -61,7 +61,7 @@ def die_with_parent(parent: int | None = None) -> None:
 @contextmanager
 def stopping() -> Iterator[Callable[[], None]]:
     """Within: the first stop signal raises Stopped (the ones after it, while the run is being stopped,
-    change nothing: a shell killed by a hang-up sends this process SIGTERM as well), until the caller
+    change nothing: a hang-up that ends make's shell brings the parent-death SIGTERM too), until the caller
     calls what this yields (its run is whole, there is nothing left to stop); one that comes after that
     is raised again on leaving, with the caller's own handling. A signal the caller's parent set to be
     ignored (nohup's SIGHUP, SIGINT of a background job) stays ignored. Only the main thread can take
