@@ -9,15 +9,13 @@ anything else is refused naming the option and the text, before any work.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from typing import NoReturn
 
 _WHOLE = re.compile(r"[0-9]+")
 _DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
-# Digits past this are past every limit of the runner and the analysis; int() is not asked to convert
-# them (it refuses 4,300 digits itself, and the time it takes grows with the square of their number).
-DIGITS_MAX = 30
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -32,8 +30,9 @@ def whole_number(text: str) -> int:
     """A whole number >= 0 as digits alone: `8`, not `8.0`, `1e3`, `+8`, `yes`."""
     if not _WHOLE.fullmatch(text):
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
-    if len(text.lstrip("0")) > DIGITS_MAX:
-        raise argparse.ArgumentTypeError(f"{text[:DIGITS_MAX]}... ({len(text)} digits) is past every limit")
+    digits = text.lstrip("0")
+    if len(digits) > sys.get_int_max_str_digits():  # int() refuses them; every limit is far below
+        raise argparse.ArgumentTypeError(f"a number of {len(digits):,} digits is past every limit")
     return int(text)
 
 
@@ -41,9 +40,10 @@ def decimal(text: str) -> float:
     """A number >= 0 written in decimals: `512`, `0.5`, not `1e20`, `inf`, `nan`, `-1`."""
     if not _DECIMAL.fullmatch(text):
         raise argparse.ArgumentTypeError(f"not a number written in decimals: {text!r}")
-    if len(text.split(".")[0].lstrip("0")) > DIGITS_MAX:
-        raise argparse.ArgumentTypeError(f"{text[:DIGITS_MAX]}... is past every limit")
-    return float(text)
+    value = float(text)
+    if not math.isfinite(value):  # 400 digits or more are past a double
+        raise argparse.ArgumentTypeError(f"a number of {len(text):,} digits is past every limit")
+    return value
 
 
 def switch(text: str) -> bool:

@@ -30,8 +30,8 @@ from runners.presets import CALIBRATED_MS
 def microbatch_counts(text: str) -> list[int]:
     try:
         counts = sorted({whole_number(part.strip()) for part in text.split(",") if part.strip()})
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of whole numbers: {error}") from None
     if not counts or counts[0] < 1:
         raise argparse.ArgumentTypeError(f"microbatch counts must be >= 1: {text!r}")
     return counts
