@@ -27,12 +27,15 @@ TORCH_SPEC ?= torch==2.13.0
 PY := .venv/bin/python
 comma := ,
 space := $(subst ,, )
-RUN_ARGS = --sched $(strip $(SCHED)) $(if $(strip $(P)),--p $(strip $(P))) --v $(strip $(V)) --engine $(strip $(ENGINE)) \
-           --steps $(strip $(STEPS)) --device $(strip $(DEVICE)) $(if $(strip $(PRESET)),--preset $(strip $(PRESET))) \
-           $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(strip $(ROWS_PER_MB))) \
-           $(if $(strip $(INJECT)),--inject $(strip $(INJECT))) $(if $(strip $(MODEL)),--model $(strip $(MODEL))) \
-           --dp $(strip $(DP)) $(if $(filter 1,$(strip $(DP_OVERLAP))),--dp-overlap) \
-           $(if $(filter 1,$(strip $(CALIBRATE_ADVICE))),--calibrate-advice)
+# A variable's value as one shell word, whatever it holds (spaces, quotes, `;`): in '...', each ' as '\''.
+# Every value reaches its command as written, and the command refuses it in one line if it is no value.
+quote = '$(subst ','\'',$(strip $(1)))'
+RUN_ARGS = --sched $(call quote,$(SCHED)) $(if $(strip $(P)),--p $(call quote,$(P))) --v $(call quote,$(V)) \
+           --engine $(call quote,$(ENGINE)) --steps $(call quote,$(STEPS)) --device $(call quote,$(DEVICE)) \
+           $(if $(strip $(PRESET)),--preset $(call quote,$(PRESET))) \
+           $(if $(strip $(ROWS_PER_MB)),--rows-per-mb $(call quote,$(ROWS_PER_MB))) \
+           $(if $(strip $(INJECT)),--inject $(call quote,$(INJECT))) $(if $(strip $(MODEL)),--model $(call quote,$(MODEL))) \
+           --dp $(call quote,$(DP)) --dp-overlap $(call quote,$(DP_OVERLAP)) --calibrate-advice $(call quote,$(CALIBRATE_ADVICE))
 
 .PHONY: setup setup-dev trace sweep analyze merge predict advise hta report bench lint test fuzz browser clean
 .DEFAULT_GOAL := trace
@@ -56,33 +59,35 @@ RUN_ARGS = --sched $(strip $(SCHED)) $(if $(strip $(P)),--p $(strip $(P))) --v $
 setup: .venv/.installed
 setup-dev: .venv/.installed-dev
 
+# The runner writes the directory of the run it made to fd 3, which the shell takes as `run` (its output
+# goes on to make's, fd 4): analyze, merge and report work on that run, whatever traces/latest points at
+# by then (another run may have finished meanwhile).
 trace: setup
-	$(PY) -m runners trace $(RUN_ARGS) --m $(strip $(M))
-	$(PY) -m analysis analyze traces/latest
-	$(PY) -m analysis merge traces/latest
-	$(PY) -m analysis report
+	exec 4>&1; run=$$(3>&1 1>&4 $(PY) -m runners trace $(RUN_ARGS) --m $(call quote,$(M)) --run-dir-to /dev/fd/3) && \
+	$(PY) -m analysis analyze "$$run" && $(PY) -m analysis merge "$$run" && $(PY) -m analysis report
 
 sweep: setup
-	$(PY) -m runners sweep $(RUN_ARGS) --ms "$(strip $(MS))"
+	$(PY) -m runners sweep $(RUN_ARGS) --ms $(call quote,$(MS))
 	$(PY) -m analysis report
 
 analyze: setup
-	$(PY) -m analysis analyze $(RUN)
+	$(PY) -m analysis analyze $(call quote,$(RUN))
 
 merge: setup
-	$(PY) -m analysis merge $(RUN)
+	$(PY) -m analysis merge $(call quote,$(RUN))
 
 predict: setup
-	$(PY) -m analysis predict $(RUN) --ms $(subst $(space),$(comma),$(strip $(MS)))
+	$(PY) -m analysis predict $(call quote,$(RUN)) --ms $(call quote,$(subst $(space),$(comma),$(strip $(MS))))
 
 advise: setup
-	$(PY) -m analysis advise $(RUN) --ms $(subst $(space),$(comma),$(strip $(MS))) $(if $(strip $(MEMORY_MB)),--memory-mb $(strip $(MEMORY_MB)))
+	$(PY) -m analysis advise $(call quote,$(RUN)) --ms $(call quote,$(subst $(space),$(comma),$(strip $(MS)))) \
+	  $(if $(strip $(MEMORY_MB)),--memory-mb $(call quote,$(MEMORY_MB)))
 
 hta: .venv/.installed-hta
-	$(PY) -m analysis hta $(RUN)
+	$(PY) -m analysis hta $(call quote,$(RUN))
 
 report: setup
-	$(PY) -m analysis report --traces $(TRACES)
+	$(PY) -m analysis report --traces $(call quote,$(TRACES))
 
 bench: setup-dev
 	$(PY) -m bench $(BENCH_ARGS)
@@ -104,5 +109,8 @@ test: setup-dev browser
 fuzz: setup-dev
 	FUZZ_EXAMPLES=20000 $(PY) -m pytest -q tests -k fuzz
 
+# reports/ is the report's own folder (it lists its files in reports/.report-files.json and refuses a
+# folder holding others), so it goes whole.
 clean:
-	find traces reports -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
+	find traces -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
+	rm -rf reports

@@ -28,12 +28,14 @@ ranks are global. An analysis of another format (a stored table's columns change
 before it) is not read: `read` says so, and the report and the merge analyse the run again. A summary
 written before the PP x DP keys (dp, pipelines, straggler, a rank's pipeline, dp_sync_ms, dp_skew_ms)
 reads with their one-pipeline defaults.
-The directory is written into a fresh temporary sibling and renamed into place, so a crash leaves the
-previous analysis whole; `analyze` replaces it entirely, so nothing else keeps files there.
+The directory is written into a fresh temporary sibling and renamed into place, so a crash or a full
+disk leaves the previous analysis whole; `analyze` replaces it entirely, so nothing else keeps files
+there.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -47,6 +49,7 @@ from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import OwnSteps
 from analysis.attribution.replay import Inputs, Tail
 from analysis.errors import InputError
+from analysis.files import SHARED_DIRECTORY, OutputError, unwritable
 from analysis.schema import RanksSummary, Scope, Summary
 from analysis.traces.memory import Memory
 from runners.schedules import Action, Schedule
@@ -173,26 +176,48 @@ def _files(analysis: Analysis | RanksAnalysis) -> dict[str, bytes | pl.DataFrame
     return files
 
 
+def _swap_in(staging: Path, target: Path) -> None:
+    """`staging` renamed to `target`, the analysis there first moved aside and deleted. Writers of one
+    run's analysis at once (a report and a merge) each retry where another moved it first."""
+    while True:
+        try:
+            os.replace(staging, target)  # where no analysis is there (or an empty directory)
+            return
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        old = Path(tempfile.mkdtemp(prefix=f".{ANALYSIS_DIR}.old.", dir=target.parent))
+        try:
+            os.replace(target, old)
+        except FileNotFoundError:
+            continue  # another writer moved it aside first: the rename above may now succeed
+        finally:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def write(run_dir: Path, analysis: Analysis | RanksAnalysis) -> Path:
-    """RUN/analysis/, replaced as a whole; returns its path."""
+    """RUN/analysis/, replaced as a whole; returns its path. A place that cannot be written is one
+    OutputError line (the previous analysis whole, no staging directory left); an `analysis` that is
+    not a directory this writes (a file, a link) is left as it is and refused."""
     target = Path(run_dir) / ANALYSIS_DIR
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise OutputError(
+            target, "is not the analysis directory analyze writes (a file or a link); left as it is"
+        )
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{ANALYSIS_DIR}.", dir=target.parent))
     except OSError as error:
-        raise InputError(target.parent, f"cannot write the analysis: {error.strerror}") from None
+        raise unwritable(target, error) from None
     try:
+        os.chmod(staging, SHARED_DIRECTORY)
         for name, content in _files(analysis).items():
             if isinstance(content, pl.DataFrame):
                 content.write_parquet(staging / name)
             else:
                 (staging / name).write_bytes(content)
-        if target.exists():
-            old = target.with_name(f".{ANALYSIS_DIR}.old.{os.getpid()}")
-            os.replace(target, old)
-            os.replace(staging, target)
-            shutil.rmtree(old)
-        else:
-            os.replace(staging, target)
+        _swap_in(staging, target)
+    except (OSError, pl.exceptions.PolarsError) as error:  # polars says ComputeError for a full disk
+        raise unwritable(target, error) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -1,7 +1,8 @@
 """`python -m runners trace|sweep`: validate the request, run it under torchrun, report where it went.
 
-Bad requests end as one line on stderr and exit 2 before any process starts; a failed or interrupted
-run ends as one line and exit 1 (130 for Ctrl-C), leaving its directory without "complete": true.
+Bad requests end as one line on stderr and exit 2 before any process starts; a failed run ends as
+one line and exit 1, a run stopped by signal N (Ctrl-C, SIGTERM, SIGHUP, to this process, to its
+parent or to torchrun) as one line and exit 128 + N, leaving its directory without "complete": true.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from runners.arguments import OneLineParser, whole_number
 from runners.launch import LaunchError, launch
 from runners.request import (
     SEED_P,
@@ -24,6 +26,8 @@ from runners.request import (
     request_from,
     resolve,
 )
+from runners.rundir import LATEST
+from runners.stop import die_with_parent
 
 GPU_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")  # NVIDIA, ROCm
 
@@ -41,13 +45,20 @@ def _add_arguments(parser: argparse.ArgumentParser, sweep: bool) -> None:
     add_request_arguments(parser, microbatches=not sweep)
     parser.add_argument(
         "--p",
-        type=int,
+        type=whole_number,
         default=None,
         help=f"pipeline ranks, one process each (default: {SEED_P} on CUDA, else min({SEED_P}, usable cores))",
     )
     parser.add_argument("--traces", type=Path, default=Path("traces"), help="where run directories go")
     if sweep:
         parser.add_argument("--ms", required=True, help='microbatch counts, e.g. "1 2 4 8"')
+    else:
+        parser.add_argument(
+            "--run-dir-to",
+            type=Path,
+            help="also write the complete run's directory to this file, one line (make trace passes "
+            "/dev/fd/3 and analyses that run, whatever traces/latest points at by then)",
+        )
 
 
 def _step_ms(run_dir: Path) -> float:
@@ -81,7 +92,17 @@ def _say_mode(resolved: Resolved) -> None:
         print(line, flush=True)
 
 
+def _check_run_dir_to(path: Path | None) -> None:
+    """--run-dir-to takes a pipe (make's /dev/fd/3) or a new file in a folder that is there: never a file
+    or folder someone has, which is left as it is."""
+    if path is not None and (path.is_file() or path.is_dir() or not path.parent.is_dir()):
+        raise RequestError(
+            f"--run-dir-to {path}: not a pipe or a new file in an existing folder; left as it is"
+        )
+
+
 def trace(args: argparse.Namespace) -> int:
+    _check_run_dir_to(args.run_dir_to)
     resolved = resolve(request_from(args, _p(args)), _gpus)
     _check_model(resolved)
     request = resolved.request
@@ -93,16 +114,26 @@ def trace(args: argparse.Namespace) -> int:
     )
     _say_mode(resolved)
     run_dir = launch(resolved, args.traces)
-    latest = args.traces / "latest"
-    print(f"traces: {run_dir} (step {_step_ms(run_dir):.1f} ms unprofiled); {latest} points at it")
+    latest = args.traces / LATEST
+    pointed = (
+        f"{latest} points at it" if latest.resolve() == run_dir else f"{latest} is not moved (not a link)"
+    )
+    print(f"traces: {run_dir} (step {_step_ms(run_dir):.1f} ms unprofiled); {pointed}", flush=True)
+    if args.run_dir_to is not None:
+        try:
+            args.run_dir_to.write_text(f"{run_dir}\n")
+        except OSError as error:
+            raise RequestError(
+                f"--run-dir-to {args.run_dir_to}: cannot write it ({error.strerror})"
+            ) from None
     return 0
 
 
 def microbatch_counts(text: str) -> list[int]:
     try:
-        counts = [int(word) for word in text.replace(",", " ").split()]
-    except ValueError:
-        raise RequestError(f"--ms must be whole numbers, got {text!r}") from None
+        counts = [whole_number(word) for word in text.replace(",", " ").split()]
+    except argparse.ArgumentTypeError as error:
+        raise RequestError(f"--ms: {error}") from None
     if not counts:
         raise RequestError("--ms is empty")
     return counts
@@ -129,7 +160,7 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m runners", description=__doc__)
+    parser = OneLineParser(prog="python -m runners", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, function, help_text in (
         ("trace", trace, "run one schedule under the profiler into traces/<run_id>/"),
@@ -143,6 +174,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    die_with_parent()  # make's SIGTERM ends its recipe's shell, not this process: its run must end too
     try:
         return args.run(args)
     except RequestError as error:
@@ -150,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except LaunchError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; the run directory is left incomplete", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:  # before or between runs: nothing of a run is running
+        print("error: interrupted by SIGINT", file=sys.stderr)
         return 130
 
 

@@ -20,8 +20,10 @@ Checked in the launcher before any process starts (one line per problem) and rec
 
 from __future__ import annotations
 
-import math
+import argparse
 from dataclasses import dataclass
+
+from runners.arguments import decimal, whole_number
 
 KINDS = ("host", "slow")
 SYNTAX = "host:RANK:MS or slow:STAGE:FACTOR, comma-separated"
@@ -53,16 +55,13 @@ def _one(text: str) -> Injection:
         raise InjectionError(f"bad injection {text.strip()!r}: write {SYNTAX}")
     kind, target_text, amount_text = parts
     try:
-        target = int(target_text)
-        amount = float(amount_text)
-    except ValueError:
-        raise InjectionError(f"bad injection {text.strip()!r}: write {SYNTAX} (numbers)") from None
-    what = "rank" if kind == "host" else "stage"
-    if target < 0:
-        raise InjectionError(f"bad injection {text.strip()!r}: the {what} must be >= 0")
-    if kind == "host" and not (math.isfinite(amount) and amount > 0):
+        target = whole_number(target_text)
+        amount = decimal(amount_text)
+    except argparse.ArgumentTypeError as error:
+        raise InjectionError(f"bad injection {text.strip()!r}: write {SYNTAX} ({error})") from None
+    if kind == "host" and not amount > 0:
         raise InjectionError(f"bad injection {text.strip()!r}: the stall must be a time in ms > 0")
-    if kind == "slow" and not (math.isfinite(amount) and amount >= 1 and amount == int(amount)):
+    if kind == "slow" and not (amount >= 1 and amount == int(amount)):
         raise InjectionError(
             f"bad injection {text.strip()!r}: the factor must be a whole number >= 1 (K times the stage's layers)"
         )

@@ -28,6 +28,17 @@ PRESETS = {
 }
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def preset_bytes(preset: Preset) -> int:
+    """What one rank's stages hold at most: each layer's weight and its gradient, and, with the whole
+    batch in flight (gpipe's stash, the calibration's whole-batch pass), each layer's input and its
+    GELU's input for every row."""
+    per_layer = 2 * preset.width * preset.width + 2 * preset.rows * preset.width
+    return preset.layers_per_rank * per_layer * DTYPE_BYTES[preset.dtype]
+
+
 def preset_problem(preset: Preset, m: int, v: int) -> str | None:
     """Why this preset cannot run m microbatches with v chunks per rank, or None when it can."""
     if preset.layers_per_rank % v:

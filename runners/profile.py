@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity
 
+from runners.rundir import temporary_beside
 from runners.runqueue import RunQueueMeter, run_queue_events
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER
 from runners.stash import StashMeter, base_ns, counter_event, stash_events, with_events
@@ -27,15 +28,20 @@ Counters = Callable[[int], list[bytes]]  # the trace's baseTimeNanoseconds -> co
 
 
 def export_atomically(profiler: torch.profiler.profile, path: Path, counters: Counters | None = None) -> None:
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp.json")
-    profiler.export_chrome_trace(str(temporary))
-    trace = temporary.read_bytes()
-    if counters is not None:
-        trace = with_events(trace, counters(base_ns(trace)))
+    """The trace exported and gzipped under temporary names, renamed into place whole; the temporary
+    files are removed whatever happens (a full disk)."""
+    temporary = temporary_beside(path, ".json")
     packed = temporary.with_suffix(".json.gz")
-    packed.write_bytes(gzip.compress(trace, compresslevel=6))
-    temporary.unlink()
-    os.replace(packed, path)
+    try:
+        profiler.export_chrome_trace(str(temporary))
+        trace = temporary.read_bytes()
+        if counters is not None:
+            trace = with_events(trace, counters(base_ns(trace)))
+        packed.write_bytes(gzip.compress(trace, compresslevel=6))
+        os.replace(packed, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+        packed.unlink(missing_ok=True)
 
 
 def _step_with_cuda_peak(step: Callable[[], None], peaks: list[tuple[int, int]]) -> None:

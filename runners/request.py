@@ -17,12 +17,15 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from analysis.traces.limits import available_bytes
+from runners.arguments import SWITCH, whole_number
+from runners.bounds import limits_problem, memory_problem, steps_problem
 from runners.engines import ENGINES
 from runners.engines.torch_classes import SPLIT_BACKWARD, TORCH_CLASSES, TORCH_ONLY
 from runners.inject import SYNTAX, Injection, InjectionError, injection_problem, parse_injections
 from runners.mesh import Mesh, dp_problem
 from runners.presets import PRESETS, Preset, preset_problem
-from runners.schedules import V_SHAPED, ScheduleError, build
+from runners.schedules import V_SHAPED, ScheduleError, build, check_request
 from runners.schedules.single_gpu import PROCESSES, SINGLE_GPU
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -129,10 +132,9 @@ def resolve(
     """
     if request.engine not in ENGINES:
         raise RequestError(f"unknown engine {request.engine!r}; choose one of {', '.join(ENGINES)}")
-    if min(request.steps, request.timed_steps) < 1:
-        raise RequestError(
-            f"steps and timed steps must be at least 1, got {request.steps} and {request.timed_steps}"
-        )
+    problem = steps_problem(request.steps, request.timed_steps)
+    if problem:
+        raise RequestError(problem)
     if request.rows_per_microbatch is not None and request.rows_per_microbatch < 1:
         raise RequestError(f"rows per microbatch must be at least 1, got {request.rows_per_microbatch}")
     if request.schedule in TORCH_ONLY and request.engine != "torch":
@@ -144,14 +146,13 @@ def resolve(
     if request.schedule in V_SHAPED and request.v == 1:
         request = replace(request, v=2)  # a V always holds 2 stages per rank; v=1 is the option's default
     try:
-        schedule = build(request.schedule, request.p, request.m, request.v)
+        check_request(request.schedule, request.p, request.m, request.v)
     except ScheduleError as error:
         raise RequestError(str(error).splitlines()[0]) from None
     problem = (
         dp_problem(request.dp)
         or overlap_problem(request)
-        or injection_problem(request.injections, request.p, schedule.n_stages, request.dp)
-        or model_problem(request, schedule.split_backward)
+        or limits_problem(request.p, request.m, request.v, request.dp)
     )
     if problem:
         raise RequestError(problem)
@@ -176,7 +177,21 @@ def resolve(
     problem = preset_problem(preset, request.m, request.v if request.model is None else 1)
     if problem:
         raise RequestError(problem)
-    return Resolved(request, device, "nccl" if device == "cuda" else "gloo", preset, mode)
+    resolved = Resolved(request, device, "nccl" if device == "cuda" else "gloo", preset, mode)
+    if ranks_per_node is None:  # the launcher, before any process starts (a worker's siblings hold memory)
+        processes = 1 if mode == SINGLE_GPU else world
+        on_host = device == "cpu" and request.model is None  # a --model's stages are its own, unknown here
+        factor = max((int(i.amount) for i in request.injections if i.kind == "slow"), default=1)
+        problem = memory_problem(processes, preset, factor if on_host else 0, available_bytes())
+        if problem:
+            raise RequestError(problem)
+    schedule = build(request.schedule, request.p, request.m, request.v)
+    problem = injection_problem(
+        request.injections, request.p, schedule.n_stages, request.dp
+    ) or model_problem(request, schedule.split_backward)
+    if problem:
+        raise RequestError(problem)
+    return resolved
 
 
 def model_problem(request: RunRequest, split_backward: bool) -> str | None:
@@ -219,13 +234,13 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
     )
     if microbatches:  # a sweep takes its microbatch counts from --ms instead
         parser.add_argument(
-            "--m", "--microbatches", dest="m", type=int, required=True, help="microbatches per step"
+            "--m", "--microbatches", dest="m", type=whole_number, required=True, help="microbatches per step"
         )
     parser.add_argument(
         "--v",
         "--chunks",
         dest="v",
-        type=int,
+        type=whole_number,
         default=1,
         help="chunks per rank (interleaved; zbv and dualpipev: 2)",
     )
@@ -237,13 +252,15 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
     parser.add_argument(
         "--preset", default=None, help="seed | cpu | tiny (default: seed on CUDA, cpu otherwise)"
     )
-    parser.add_argument("--steps", type=int, default=3, help="profiled steps")
+    parser.add_argument("--steps", type=whole_number, default=3, help="profiled steps")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    parser.add_argument("--timed-steps", type=int, default=5, help="unprofiled steps timed for step_time")
+    parser.add_argument(
+        "--timed-steps", type=whole_number, default=5, help="unprofiled steps timed for step_time"
+    )
     parser.add_argument(
         "--rows-per-mb",
         dest="rows_per_microbatch",
-        type=int,
+        type=whole_number,
         default=None,
         help="fix the microbatch size (the batch becomes m x this many rows) instead of the batch",
     )
@@ -266,17 +283,17 @@ def add_request_arguments(parser: argparse.ArgumentParser, microbatches: bool = 
         "e.g. runners.examples.transformer_block:stage",
     )
     parser.add_argument(
-        "--dp", type=int, default=1, help="pipelines (data-parallel replicas): P x DP ranks in all"
+        "--dp", type=whole_number, default=1, help="pipelines (data-parallel replicas): P x DP ranks in all"
     )
     parser.add_argument(
         "--dp-overlap",
-        action="store_true",
+        **SWITCH,
         help="launch each gradient bucket's all-reduce in the last backward, as DDP does "
         "(default: all buckets after it)",
     )
     parser.add_argument(
         "--calibrate-advice",
-        action="store_true",
+        **SWITCH,
         help="also calibrate what `python -m analysis advise` would otherwise assume: the stages at every "
         "advised v (chunks) and the backward split into I and W (run.json advice_calibration)",
     )

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from runners.rundir import is_complete
-from runners.schedules import Schedule, build, bubble_formula
+from runners.schedules import Schedule, bubble_formula, build
 
 COLUMNS = (
     "run",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from runners.results import busiest_rank_compute_ms, markdown_table
 from runners.rundir import is_complete
-from runners.schedules import build, bubble_formula
+from runners.schedules import bubble_formula, build
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER
 
 SEED_COLUMNS = (

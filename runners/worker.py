@@ -10,14 +10,14 @@ torchrun yourself, as the README's "Several nodes" says (c10d rendezvous, the ru
 file system). Each rank times unprofiled steps, calibrating its stages between them at every microbatch
 size of runners.presets.calibration_rows (under a profiler
 session with the profiled steps' settings: CALIBRATION_PROFILED), then profiles a few steps into
-rank{r}.json.gz; rank 0 writes run.json last, once every rank has exported its trace. With
+rank{r}.json.gz; rank 0 writes run.json last, once every rank has exported its trace (started by our
+launcher, incomplete: the launcher completes it, runners.rundir). With
 `--virtual-ranks P` (the launcher's single_gpu mode) this one process runs all P ranks as streams of
 its GPU (runners.engines.single_gpu) and calibrates every stage itself.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import os
@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from runners.advice_calibration import advice_calibration, chunk_ids
+from runners.arguments import OneLineParser, whole_number
 from runners.engines import ENGINES, single_gpu
 from runners.engines.protocol import RankSetup
 from runners.grad_sync import open_grad_sync
@@ -60,6 +61,7 @@ from runners.schedules.single_gpu import SINGLE_GPU
 from runners.schedules.trace_names import STEP_END_BARRIER
 from runners.stage_factory import checked_sample_shape, rank_stages
 from runners.stash import StashMeter
+from runners.stop import die_with_parent
 
 PROFILER_WAIT, PROFILER_WARMUP = 1, 1
 # Calibrate inside a profiler session with the profiled steps' settings (its trace discarded), so the
@@ -195,8 +197,11 @@ def advice_chunks(resolved: Resolved, v: int, stage_ranks: tuple[int, ...], devi
     return rank_stages(replace(resolved, request=replace(request, v=v)), ids, n_chunks, device, slowed)
 
 
-def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path, heap_kept: bool) -> None:
-    """Everything one rank does once the process group is up (`heap_kept`: runners.heap's settings took)."""
+def run_rank(
+    resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path, heap_kept: bool, complete: bool
+) -> None:
+    """Everything one rank does once the process group is up (`heap_kept`: runners.heap's settings took;
+    `complete`: rank 0 says the run is complete in run.json, rather than its launcher)."""
     request, preset, rank = resolved.request, resolved.preset, dist.get_rank()
     device = (
         torch.device("cuda", torch.cuda.current_device())
@@ -306,17 +311,27 @@ def run_rank(resolved: Resolved, sample_shape: tuple[int, ...], run_dir: Path, h
                 **advice,
                 **replicas,
             },
+            complete,
         )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runners.worker", description=__doc__)
+    parser = OneLineParser(prog="python -m runners.worker", description=__doc__)
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument(
-        "--virtual-ranks", type=int, default=None, help="run P ranks as streams of this one process's GPU"
+        "--virtual-ranks",
+        type=whole_number,
+        default=None,
+        help="run P ranks as streams of this one process's GPU",
+    )
+    parser.add_argument(
+        "--completed-by-launcher",
+        action="store_true",
+        help="write run.json incomplete: the launcher completes it once torchrun has ended well",
     )
     add_request_arguments(parser)
     args = parser.parse_args(argv)
+    die_with_parent()  # a worker whose torchrun died (SIGKILL) stops too
     world, local_world = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
     set_up_torch(local_world)  # before any op of the checks below starts torch's threads
     heap_kept = keep_heap()
@@ -344,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     args.run_dir.mkdir(parents=True, exist_ok=True)
     dist.init_process_group(resolved.backend, timeout=PEER_TIMEOUT, device_id=device_id)
     try:
-        run_rank(resolved, sample_shape, args.run_dir, heap_kept)
+        run_rank(resolved, sample_shape, args.run_dir, heap_kept, not args.completed_by_launcher)
     finally:
         dist.destroy_process_group()
     return 0

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from places import Place
 
 from analysis.schema import CriticalShare, Noise, RankEntry, Rules, StepReplay, Summary, Waterfall
 
@@ -60,6 +61,16 @@ def trace_run(traces: Path, *options: str, timeout: float = 300) -> Path:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     return (traces / "latest").resolve()
+
+
+@pytest.fixture
+def place(tmp_path):
+    """A folder that a test can make full or read-only (tests/places.py); unmounted after it."""
+    made = Place(tmp_path / "place")
+    try:
+        yield made
+    finally:
+        made.close()
 
 
 # The real PP x DP job the DP tests share (test_dp_runs, test_dp_analysis_runs), gloo on the tiny preset.

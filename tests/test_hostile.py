@@ -156,6 +156,16 @@ def test_predicting_past_the_microbatch_limit_is_refused_before_any_replay(tmp_p
     assert cli(capsys, "predict", str(run), "--ms", "2,100", "--max-microbatches", "100")[0] == 0
 
 
+def test_advising_past_the_stage_limit_is_refused_before_any_schedule_is_built(tmp_path, capsys):
+    """advise builds each v's schedules: --vs 100000000 ran for minutes."""
+    run = good_run(tmp_path / "run")
+    code, err = cli(capsys, "advise", str(run), "--vs", "1,100000000")
+    assert code == 2 and one_error_line(err) == (
+        "error: --vs: v=100,000,000 is past the limit of 256 stages (raise it with --max-stages)\n"
+    )
+    assert not (run / "advice.json").exists()
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_events_and_run_totals_past_their_limits_are_refused_naming_the_flag(tmp_path, capsys, command):
     run = good_run(tmp_path / "run")

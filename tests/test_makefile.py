@@ -1,6 +1,7 @@
 """What the Makefile's variables reach: each make command line (`make -n`) read by the parser of the
-command it runs, so a variable that is dropped, misspelt or passed to the wrong option fails here; and
-`make sweep` run to its report."""
+command it runs, so a variable that is dropped, misspelt or passed to the wrong option fails here; any
+value reaches its command as one word, which refuses it in one line; `make trace` works on the run it
+made; and `make sweep` run to its report."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import argparse
 import dataclasses
 import importlib
 import json
+import re
 import shlex
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -24,14 +28,17 @@ P = 2  # make passes --p only when P is set; the request needs one either way
 
 
 def command_line(target: str, *variables: str, module: str) -> list[str]:
-    """The arguments `make -n target variables...` gives `python -m module` (the target first)."""
+    """The arguments `make -n target variables...` gives `python -m module` (the target first), read as
+    the shell reads them: up to the shell's next operator (`)`, `&&`, `;`)."""
     result = subprocess.run(["make", "-n", target, *variables], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     (line,) = [
         line for line in result.stdout.replace("\\\n", " ").splitlines() if f" -m {module} {target}" in line
     ]
-    words = shlex.split(line)
-    return words[words.index(module) + 1 :]
+    words = list(shlex.shlex(line, posix=True, punctuation_chars=True))
+    words = words[words.index(module) + 1 :]
+    ends = [i for i, word in enumerate(words) if set(word) <= set("();<>|&")]
+    return words[: ends[0] if ends else None]
 
 
 def runner_args(target: str, *variables: str) -> argparse.Namespace:
@@ -103,21 +110,126 @@ def test_memory_mb_reaches_advise():
     assert analysis_args("advise").memory_mb is None
 
 
-@pytest.mark.slow
-def test_make_sweep_runs_each_m_and_reports_them(tmp_path):
-    """`make sweep` in a folder of its own (the Makefile's paths are relative: its traces/ and reports/
-    land there; the checkout's .venv and pyproject.toml are linked in, so setup has nothing to do)."""
+def test_values_with_spaces_quotes_or_shell_syntax_reach_their_command_as_one_word():
+    """`MODEL='a:b;touch X;#'` ran `touch X`; `RUN="a b"` was two paths."""
+    assert make_request("MODEL=a:b;touch X;#").model == "a:b;touch X;#"
+    assert analysis_args("predict", "RUN=runs/a b's").run_dir.as_posix() == "runs/a b's"
+    assert command_line("advise", "MEMORY_MB=1;x", module="analysis")[-2:] == ["--memory-mb", "1;x"]
+
+
+def make_command(folder: Path, target: str, *variables: str) -> list[str]:
+    """`make target variables...` to run in `folder`, a folder of its own (the Makefile's paths are
+    relative: its traces/ and reports/ land there; the checkout's .venv and pyproject.toml are linked
+    in, so setup has nothing to do)."""
     for name in (".venv", "pyproject.toml"):
-        (tmp_path / name).symlink_to(REPO / name)
-    variables = ["SCHED=gpipe", "P=2", "MS=1 2", "PRESET=tiny", "DEVICE=cpu", "STEPS=1"]
-    result = subprocess.run(
-        ["make", "-f", str(REPO / "Makefile"), "sweep", *variables],
+        if not (folder / name).exists():
+            (folder / name).symlink_to(REPO / name)
+    return ["make", "-f", str(REPO / "Makefile"), target, *variables]
+
+
+def make_in(folder: Path, target: str, *variables: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        make_command(folder, target, *variables),
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def ours_of(err: str) -> list[str]:
+    """stderr's lines less make's own (`make: ***`, or `make[1]: ***` under another make: `make test`)."""
+    return [line for line in err.splitlines() if not re.match(r"make(\[\d+\])?: ", line)]
+
+
+@pytest.mark.parametrize(
+    "variable, words",
+    [
+        ("M=abc", "error: argument --m/--microbatches: not a whole number: 'abc'"),
+        ("CALIBRATE_ADVICE=yes", "error: argument --calibrate-advice: 1 or 0, not 'yes'"),
+        ("DP_OVERLAP=true", "error: argument --dp-overlap: 1 or 0, not 'true'"),
+        ("MODEL=a:b;touch X;#", "error: --model 'a:b;touch X;#': write package.module:factory"),
+    ],
+)
+def test_a_value_that_is_none_stops_make_trace_with_the_runners_one_line(tmp_path, variable, words):
+    """Before: `M=abc` printed argparse's usage block, `CALIBRATE_ADVICE=yes` was silently 0, and the
+    MODEL ran `touch X`, then analysed the previous run and exited 0."""
+    made = make_in(tmp_path, "trace", "DEVICE=cpu", variable)
+    _, err = made.communicate(timeout=120)
+    ours = ours_of(err)
+    assert made.returncode == 2 and ours == [ours[0]] and ours[0].startswith(words), err
+    assert not (tmp_path / "X").exists() and not (tmp_path / "traces").exists()
+
+
+# Runs argv[2:] under an address-space limit of argv[1] bytes (a request that would exhaust the machine
+# dies of MemoryError instead), then prints its and its descendants' CPU seconds and peak resident bytes.
+# A process of its own: a child's peak counts what it held between fork and exec, which for a child
+# of the test process is the test process's own (560 MB in a whole `make test`).
+COST_OF = """
+import os, resource, subprocess, sys
+limit = int(sys.argv[1])
+child = subprocess.Popen(sys.argv[2:], preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+err = child.stderr.read()
+_, status, usage = os.wait4(child.pid, 0)
+print(usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
+sys.stderr.write(err)
+"""
+
+
+@pytest.mark.parametrize("variable", ["M=99999999999999999999", "P=1000000", "DP=1000000"])
+def test_huge_requests_are_refused_by_make_trace_in_a_second_and_200_mb(tmp_path, variable):
+    """The issue's bounds, in CPU time (the machine may be shared: a refusal that waits for a core is no
+    slower for it) and peak memory of make and what it runs. Before, M=10**20 grew until killed and P,
+    DP=10**6 built schedules of millions of actions or handed torchrun a million processes."""
+    command = make_command(tmp_path, "trace", "DEVICE=cpu", variable)
+    measured = subprocess.run(
+        [sys.executable, "-c", COST_OF, str(2_000_000_000), *command],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=120,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
+    ours = ours_of(measured.stderr)
+    assert len(ours) == 1 and "more than the" in ours[0], measured.stderr
+    seconds, peak = map(float, measured.stdout.split())
+    assert seconds < 1 and peak < 200_000_000, (seconds, peak)
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+@pytest.mark.slow
+def test_make_trace_analyses_the_run_it_made_whatever_latest_is(tmp_path):
+    """traces/latest copied as a directory (`cp -rL`) holding another run: the runner leaves it as it is
+    (it failed the complete run with IsADirectoryError), and analyze, merge and report take the run the
+    runner made (they read traces/latest, so analysed and merged that other run)."""
+    other = tmp_path / "traces" / "latest"
+    subprocess.run(
+        [sys.executable, "-m", "synthetic", str(other), "--schedule", "1f1b", "--p", "2", "--m", "4"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    before = snapshot(other)
+    variables = ["SCHED=gpipe", "P=2", "M=2", "PRESET=tiny", "DEVICE=cpu", "STEPS=1"]
+    out, err = make_in(tmp_path, "trace", *variables).communicate(timeout=600)
+    (made,) = [path for path in (tmp_path / "traces").iterdir() if path.name != "latest"]
+    assert f"traces: {made} " in out and "latest is not moved (not a link)" in out, err[-2000:]
+    assert "gpipe p=2 m=2 v=1" in out and "1f1b" not in out
+    assert (made / "analysis" / "summary.json").is_file() and (made / "merged.json.gz").is_file()
+    after = snapshot(other)  # the report analysed the copy too, as it does every run under traces/
+    assert {name: after.get(name) for name in before} == before and "merged.json.gz" not in after
+    assert made.name in (tmp_path / "reports" / "index.html").read_text()
+
+
+@pytest.mark.slow
+def test_make_sweep_runs_each_m_and_reports_them(tmp_path):
+    variables = ["SCHED=gpipe", "P=2", "MS=1 2", "PRESET=tiny", "DEVICE=cpu", "STEPS=1"]
+    made = make_in(tmp_path, "sweep", *variables)
+    _, err = made.communicate(timeout=600)
+    assert made.returncode == 0, err[-2000:]
     runs = sorted(path for path in (tmp_path / "traces").iterdir() if path.name != "latest")
     configs = [json.loads((run / "run.json").read_text()) for run in runs]
     assert [(c["complete"], c["schedule"], c["p"], c["m"], c["preset"], c["device"]) for c in configs] == [

@@ -90,5 +90,6 @@ def test_a_failed_worker_leaves_the_run_incomplete(tmp_path):
         launch(bad, tmp_path)
     assert "\n" not in str(error.value)
     (run,) = [path for path in tmp_path.iterdir()]
-    assert not (run / "run.json").exists() and not (tmp_path / "latest").exists()
+    assert json.loads((run / "run.json").read_text()) == {"outcome": error.value.outcome, "complete": False}
+    assert not (tmp_path / "latest").exists()
     assert "m=100 microbatches" in (run / "torchrun.log").read_text()

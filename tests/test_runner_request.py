@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+import runners.request
 from runners.engines import ENGINES
+from runners.inject import parse_injections
 from runners.launch import torchrun_command
 from runners.presets import PRESETS, microbatch_rows, preset_problem
 from runners.request import RequestError, RunRequest, choose_device, default_p, mode_line, resolve
@@ -57,6 +59,99 @@ def test_bad_requests_are_refused_in_one_line(request_, count_gpus, words):
     with pytest.raises(RequestError) as error:
         resolve(request_, count_gpus)
     assert words in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "request_, words",
+    [
+        (
+            RunRequest("gpipe", 2, 99999999999999999999),
+            "m=99,999,999,999,999,999,999 microbatches, more than",
+        ),
+        (RunRequest("gpipe", 1_000_000, 8), "1,000,000 stages, more than the 256"),
+        (RunRequest("gpipe", 2, 8, dp=1_000_000), "2,000,000 ranks, more than the 1,024"),
+        (RunRequest("interleaved", 2, 8, v=1_000_000, model="m:stage"), "2,000,000 stages"),
+        (RunRequest("interleaved", 2, 8, v=16), "v=16 must divide"),
+        (RunRequest("gpipe", 2, 8, steps=10**20), "at most 1,000"),
+        (RunRequest("gpipe", 2, 8, timed_steps=10**6), "at most 1,000"),
+        (RunRequest("gpipe", 2, 512, rows_per_microbatch=100_000), "GB ("),
+        (RunRequest("gpipe", 2, 8, injections=parse_injections("slow:0:1000000")), "GB ("),
+        (RunRequest("gpipe", 200, 8), "200 worker process(es)"),
+    ],
+)
+def test_requests_past_what_the_analysis_or_the_machine_holds_are_refused_before_a_schedule_is_built(
+    monkeypatch, request_, words
+):
+    """m, v, P, DP, steps and rows are bounded first: a schedule of m=10**20 (or P=10**6) is never built."""
+
+    def build(*args):
+        raise AssertionError(f"built a schedule for {args}")
+
+    monkeypatch.setattr(runners.request, "build", build)
+    monkeypatch.setattr(runners.request, "available_bytes", lambda: 24_000_000_000)
+    with pytest.raises(RequestError) as error:
+        resolve(request_, no_gpus)
+    assert words in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--m", "abc"], "argument --m/--microbatches: not a whole number: 'abc'"),
+        (["--m", "1e20"], "not a whole number: '1e20'"),
+        (["--m", "8", "--steps", "inf"], "argument --steps: not a whole number: 'inf'"),
+        (["--m", "8", "--v", "yes"], "argument --v/--chunks: not a whole number: 'yes'"),
+        (["--m", "8", "--p", "+2"], "argument --p: not a whole number: '+2'"),
+        (["--m", "8", "--dp", " 2"], "argument --dp: not a whole number: ' 2'"),
+        (["--m", "8", "--rows-per-mb", "1_000"], "not a whole number: '1_000'"),
+        (["--m", "8", "--calibrate-advice", "yes"], "argument --calibrate-advice: 1 or 0, not 'yes'"),
+        (["--m", "8", "--dp-overlap", "2"], "argument --dp-overlap: 1 or 0, not '2'"),
+        (["--m", "8", "--inject", "slow:0:1e3"], "not a number written in decimals: '1e3'"),
+        (["--m", "8", "--unknown"], "unrecognized arguments: --unknown"),
+    ],
+)
+def test_numbers_are_read_strictly_and_any_refusal_is_one_line(tmp_path, args, words):
+    """`yes`, `1e20`, `inf`, `+2` are no counts; argparse's refusal was a usage block of eight lines."""
+    traces = tmp_path / "traces"
+    result = subprocess.run(
+        [sys.executable, "-m", "runners", "trace", "--sched", "gpipe", *args, "--traces", str(traces)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (result.returncode, result.stderr.count("\n")) == (2, 1), result.stderr
+    assert result.stderr.startswith("error: ") and words in result.stderr
+    assert not traces.exists()
+
+
+@pytest.mark.parametrize("existing", ["file", "folder"])
+def test_run_dir_to_never_replaces_what_is_there(tmp_path, existing):
+    """It is for make's /dev/fd/3; `--run-dir-to ~/notes.txt` would have been overwritten after the run."""
+    target = tmp_path / "mine"
+    target.write_text("mine") if existing == "file" else target.mkdir()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runners",
+            "trace",
+            "--sched",
+            "gpipe",
+            "--m",
+            "2",
+            "--run-dir-to",
+            str(target),
+        ]
+        + ["--traces", str(tmp_path / "traces")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (result.returncode, result.stderr.count("\n")) == (2, 1) and "--run-dir-to" in result.stderr
+    assert (target.read_text() == "mine") if existing == "file" else target.is_dir()
+    assert not (tmp_path / "traces").exists()
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,9 @@
 """`python -m analysis <command>`: each command lives in its own module, imported only when used.
 
-Bad input ends as one line on stderr and exit code 2 (see analysis.errors); `--debug` shows the traceback.
+Bad input, and a place an output cannot be written, end as one line on stderr and exit code 2 (see
+analysis.errors, analysis.files); so does a refused command line; `--debug` shows the traceback. A
+stop signal (Ctrl-C, SIGTERM, SIGHUP) ends the command with one line and exit 128 + N, having removed
+what it was writing.
 Usable input with something dropped or assumed (analysis.errors.TraceWarning) is one `warning:` line
 each, its untrusted text escaped as the error's is (analysis.errors.printable). Every command takes the
 input limits' flags (analysis.traces.limits: `--max-file-mb` ...) and runs under them; those that analyse
@@ -17,8 +20,11 @@ import warnings
 from collections.abc import Callable
 
 from analysis.errors import InputError, printable
+from analysis.files import cause
 from analysis.ranks import cluster, workers
 from analysis.traces import limits
+from runners.arguments import OneLineParser
+from runners.stop import Stopped, stopping
 
 # command -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -42,7 +48,7 @@ ANALYSING = frozenset({"analyze", "predict", "advise", "report", "hta"})
 
 
 def _parser(prog: str, description: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = OneLineParser(prog=prog, description=description)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
     return parser
 
@@ -95,6 +101,7 @@ def _run(args: argparse.Namespace) -> int:
             warnings.showwarning = one_line
         try:
             with (
+                stopping(),
                 limits.applied(limits.from_arguments(args)),
                 workers.applied(getattr(args, "jobs", None)),
                 cluster.applied(getattr(args, "cluster", None)),
@@ -108,6 +115,11 @@ def _run(args: argparse.Namespace) -> int:
                 raise
             print(f"error: {error}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            return 130
+        except OSError as error:  # a file system fault no write path named (each names its own)
+            if args.debug:
+                raise
+            print(f"error: {printable(error.filename or '')}: {cause(error)}", file=sys.stderr)
+            return 2
+        except Stopped as stop:  # Ctrl-C, SIGTERM, SIGHUP: what was being written is removed on the way
+            print(f"error: interrupted by {stop.name}", file=sys.stderr)
+            return stop.exit_code

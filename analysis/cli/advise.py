@@ -17,11 +17,13 @@ import msgspec
 
 from analysis.attribution.advice import MIB, Advice, admitted, advise
 from analysis.cli.predict import check_limit, microbatch_counts
-from analysis.errors import InputError, TraceWarning
+from analysis.errors import InputError, LimitExceeded, TraceWarning
 from analysis.files import write_atomically
 from analysis.job.run_dir import analysis_of
+from analysis.traces import limits
 from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import ADVICE_FILE
+from runners.arguments import decimal
 from runners.presets import ADVISED_VS, CALIBRATED_MS
 from runners.schedules import SCHEDULES
 
@@ -37,13 +39,10 @@ def _schedules(text: str) -> list[str]:
 
 
 def _megabytes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
+    """MiB in decimals (`512`, `0.5`), > 0: not `inf` (an OverflowError once made bytes), `1e20`, `nan`."""
+    if not decimal(text) > 0:
         raise argparse.ArgumentTypeError(f"not a positive number of MiB: {text!r}")
-    return value
+    return decimal(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +73,8 @@ def advice(
     """The run's candidates predicted, best first; a candidate that cannot be predicted is a warning."""
     path = Path(run_dir) / "run.json"
     check_limit(ms)
+    if vs[-1] > limits.current().stages:  # each v's schedules are built: v=10**8 ran for minutes
+        raise LimitExceeded("--vs", f"v={vs[-1]:,} is past {limits.current().describe('stages')}")
     config = read_run_config(path)
     if config is None or not (config.get("dims") or {}).get("microbatch_rows"):
         raise InputError(path, "advise needs run.json with the microbatch rows (dims.microbatch_rows)")
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         peak = "-" if c.peak_activation_bytes is None else f"{c.peak_activation_bytes / MIB:.1f}"
         interval = f"{c.step_time_low_ms:.1f} - {c.step_time_high_ms:.1f}"
         print(
-            f"  {i:>3}  {c.engine:<6}  {c.schedule:<10}  {c.m:>3}  {c.v:>2}  {c.step_time_ms:>9.1f}  {interval:>17}"
+            f"  {i:>3}  {c.engine!s:<6}  {c.schedule:<10}  {c.m:>3}  {c.v:>2}  {c.step_time_ms:>9.1f}  {interval:>17}"
             f"  {c.bubble_formula:>6.3f}  {peak:>8}  {'yes' if c.fits else 'no':<4}  {'yes' if c.extrapolated else ''}"
         )
     assumed = sorted({why for c in found.candidates for why in c.caveats})

@@ -11,6 +11,8 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runners.arguments import whole_number
+
 if TYPE_CHECKING:
     from analysis.schema import RanksSummary, StepReplay, Summary
 
@@ -20,7 +22,9 @@ STEPS_LISTED = 8  # steps the residual line names one by one
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="DIR", help="run directory with rank*.json[.gz] traces")
     parser.add_argument("--schedule", help="schedule name when DIR has no run.json (must match the traces)")
-    parser.add_argument("--m", type=int, help="microbatches per step when DIR has no run.json (must match)")
+    parser.add_argument(
+        "--m", type=whole_number, help="microbatches per step when DIR has no run.json (must match)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,11 +22,13 @@ from analysis.errors import InputError, LimitExceeded, TraceWarning, printable
 from analysis.job.join import analyze_job
 from analysis.job.run_dir import run_input
 from analysis.merge.merged import kept_ranks, read_named_ranks, read_run, write_merged
+from analysis.merge.output import MERGED_FILE, check_out
 from analysis.results import Analysis
 from analysis.traces import limits
 from analysis.traces.load import RawTrace
 from analysis.traces.run import RunTraces, listed, load_run
 from analysis.traces.run_files import run_in
+from runners.arguments import whole_number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_ranges,
         help="pipelines of a PP x DP job to keep (their ranks, as the analysis found them), e.g. 0,3 or 0-1",
     )
-    parser.add_argument("--out", type=Path, help="output file (default: RUN/merged.json.gz)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="output file (default: RUN/merged.json.gz): a new one or one merge wrote, never a run's file",
+    )
     parser.add_argument("--no-align", action="store_true", help="keep each rank's own clock")
 
 
@@ -54,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     steps = _selection(args.steps, "--steps", "steps")
     ranks = _selection(args.ranks, "--ranks", "ranks")
     source: Path = run_in(args.source)
+    out = args.out or (source if source.is_dir() else source.parent) / MERGED_FILE
+    check_out(out)
     analysis, without, job = None, None, None
     pipelines = _selection(args.pipelines, "--pipelines", "ranks")
     if source.is_dir():
@@ -75,7 +83,6 @@ def run(args: argparse.Namespace) -> int:
         traces = kept_ranks(source, {t.rank: t for t in job.traces}, ranks)
     if analysis is not None:
         analysis, without = _covering(source, analysis, traces)
-    out = args.out or (source if source.is_dir() else source.parent) / "merged.json.gz"
     size, notes = write_merged(out, traces, steps, analysis, align=not args.no_align)
     print(
         f"{printable(out)}: {len(traces)} rank(s), {notes['events']} events, {size / 1e6:.1f} MB of JSON, "
@@ -161,11 +168,11 @@ def _ranges(text: str) -> tuple[tuple[int, int], ...]:
     try:
         for part in text.split(","):
             low, _, high = part.partition("-")
-            first, last = int(low), int(high or low)
-            if first < 0 or last < first:
-                raise ValueError(part)
+            first, last = whole_number(low), whole_number(high or low)
+            if last < first:
+                raise argparse.ArgumentTypeError(part)
             runs.append((first, last))
-    except ValueError:
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"not a list of integers: {text!r} (e.g. 3,4 or 3-5)") from None
     return tuple(runs)
 

@@ -23,14 +23,15 @@ from analysis.schema import Summary
 from analysis.traces import limits
 from analysis.traces.run_config import read_run_config
 from analysis.traces.run_files import PREDICT_FILE
+from runners.arguments import whole_number
 from runners.presets import CALIBRATED_MS
 
 
 def microbatch_counts(text: str) -> list[int]:
     try:
-        counts = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+        counts = sorted({whole_number(part.strip()) for part in text.split(",") if part.strip()})
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of whole numbers: {error}") from None
     if not counts or counts[0] < 1:
         raise argparse.ArgumentTypeError(f"microbatch counts must be >= 1: {text!r}")
     return counts

@@ -14,10 +14,7 @@ silently moved by Perfetto.
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +25,10 @@ import polars as pl
 
 from analysis.cells.labelled import step_spans
 from analysis.errors import InputError
+from analysis.files import atomic_file
 from analysis.merge.analysis_tracks import analysis_tracks, applied_offsets
 from analysis.merge.flows import Placed, p2p_flows, placed, profiler_flows
+from analysis.merge.output import GzipStream
 from analysis.merge.tracks import exact_micros, layout, micros
 from analysis.results import Analysis
 from analysis.timeline import clock
@@ -187,10 +186,12 @@ def write_merged(
     align: bool = True,
 ) -> tuple[int, dict]:
     """`merge`'s trace streamed into gzipped JSON at `path` (a temporary file renamed into place: readers
-    never see half of it), a piece of events at a time. Returns the size of the uncompressed JSON (the
-    number the browser's limit applies to) and the trace's pipelineMerge metadata."""
+    never see half of it; analysis.files.atomic_file), a piece of events at a time. Returns the size of
+    the uncompressed JSON (the number the browser's limit applies to) and the trace's pipelineMerge
+    metadata."""
     plan = _plan(traces, steps, analysis, align)
-    with _AtomicGzip(path) as out:
+    with atomic_file(path) as file:
+        out = GzipStream(file)
         out.write(b'{"traceEvents":[')
         count = 0
         for batch in _batches(plan):
@@ -199,6 +200,7 @@ def write_merged(
                 count += len(batch)
         meta = plan.meta(count)
         out.write(b'],"displayTimeUnit":"ns","pipelineMerge":' + _ENCODER.encode(meta) + b"}")
+        out.finish()
     if out.size > BROWSER_LIMIT_BYTES:
         print(
             f"warning: {path} is {out.size / 1e9:.1f} GB of JSON; Perfetto's UI may not open it. "
@@ -206,49 +208,6 @@ def write_merged(
             file=sys.stderr,
         )
     return out.size, meta
-
-
-class _AtomicGzip:
-    """A gzip stream into a temporary file beside `path`, renamed over it when the block ends without an
-    exception (and removed when it does not); `size` counts the bytes before compression."""
-
-    def __init__(self, path: Path):
-        self.path, self.size = path, 0
-        self._deflate = zlib.compressobj(5, zlib.DEFLATED, zlib.MAX_WBITS | 16)
-
-    def __enter__(self) -> _AtomicGzip:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle, self._temporary = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-        except OSError as error:
-            raise _unwritable(self.path, error) from None
-        self._file = os.fdopen(handle, "wb")
-        return self
-
-    def write(self, data: bytes) -> None:
-        self.size += len(data)
-        try:
-            self._file.write(self._deflate.compress(data))
-        except OSError as error:
-            raise _unwritable(self.path, error) from None
-
-    def __exit__(self, kind, value, traceback) -> None:
-        try:
-            if kind is None:
-                self._file.write(self._deflate.flush())
-                self._file.close()
-                os.chmod(self._temporary, 0o644)  # mkstemp makes it private; traces are for sharing
-                os.replace(self._temporary, self.path)
-                return
-        except OSError as error:
-            os.unlink(self._temporary)
-            raise _unwritable(self.path, error) from None
-        self._file.close()
-        os.unlink(self._temporary)
-
-
-def _unwritable(path: Path, error: OSError) -> InputError:
-    return InputError(path.parent, f"cannot write here ({error.strerror}); choose another place with --out")
 
 
 def _own_clock_cells(analysis: Analysis | None) -> pl.DataFrame | None:

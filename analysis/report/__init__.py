@@ -13,25 +13,23 @@ from analysis.report import index_page, ranks_page, run_page
 from analysis.report.assets import write_assets
 from analysis.report.pages import assets_path, chart_script, document
 from analysis.report.runs import Run, load_run, run_directories
-from analysis.report.site import RUNS_DIR, page_stem, remove_stale_pages, write_atomic
+from analysis.report.site import RUNS_DIR, Site, page_stem
 
 
 def _write_page(
-    path: Path, title: str, body: str, figures: list, depth: int, choices: tuple = ()
-) -> set[str]:
-    """Write the page, its chart script and its choices' option scripts; return their file names."""
+    site: Site, path: Path, title: str, body: str, figures: list, depth: int, choices: tuple = ()
+) -> None:
+    """Write the page, its chart script and its choices' option scripts, the page last."""
     script = path.with_suffix(".charts.js")
-    files = {script.name: chart_script(figures)} | {
+    scripts = {script.name: chart_script(figures)} | {
         name: text for choice in choices for name, text in choice.scripts().items()
     }
-    for name, text in files.items():
-        write_atomic(path.parent / name, text)
-    write_atomic(path, document(title, body, script.name, assets_path(depth)))
-    return {path.name, *files}
+    site.write({path.parent / name: text for name, text in scripts.items()})
+    site.write({path: document(title, body, script.name, assets_path(depth))})
 
 
-def _write_run_page(run: Run, out: Path, stem: str) -> set[str]:
-    page = out / RUNS_DIR / f"{stem}.html"
+def _write_run_page(site: Site, run: Run, stem: str) -> None:
+    page = site.out / RUNS_DIR / f"{stem}.html"
     merged = run.merged_trace
     merged_href = (
         Path(os.path.relpath(merged.resolve(), page.parent.resolve())).as_posix() if merged else None
@@ -41,21 +39,23 @@ def _write_run_page(run: Run, out: Path, stem: str) -> set[str]:
             page, f"{run.run_id}: some ranks of a job", ranks_page.body(run, merged_href), [], 1
         )
     body, figures, choices = run_page.body(run, merged_href, stem)
-    return _write_page(page, f"{run.run_id}: pipeline run", body, figures, 1, choices)
+    _write_page(site, page, f"{run.run_id}: pipeline run", body, figures, 1, choices)
 
 
 def build_report(traces: Path, out: Path) -> Path:
-    """Write every page (only what changed) and return the index's path."""
+    """Write every page (only what changed) into `out`, a folder of the report's own (analysis.report.site:
+    refused before any run is read where it is not), and return the index's path."""
+    site = Site(out)
     runs = [load_run(path) for path in run_directories(traces)]
     stems = _unique_stems([r.run_id for r in runs])
-    write_assets(out)
-    written = {
-        name for run in runs if run.error is None for name in _write_run_page(run, out, stems[run.run_id])
-    }
-    remove_stale_pages(out / RUNS_DIR, written)
+    write_assets(site)
+    for run in runs:
+        if run.error is None:
+            _write_run_page(site, run, stems[run.run_id])
     pages = {run_id: f"{RUNS_DIR}/{stem}.html" for run_id, stem in stems.items()}
     body, figures = index_page.body(runs, pages)
-    _write_page(out / "index.html", "Pipeline runs", body, figures, 0)
+    _write_page(site, out / "index.html", "Pipeline runs", body, figures, 0)
+    site.finish()
     return out / "index.html"
 
 

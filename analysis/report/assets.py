@@ -7,11 +7,9 @@ module loader. It is about 0.9 MB: written once per vl-convert version, never in
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import vl_convert
 
-from analysis.report.site import ASSETS_DIR, write_atomic
+from analysis.report.site import ASSETS_DIR, Site
 
 # Renders the charts the page's data script listed in window.REPORT_CHARTS, and for each picker
 # (<select data-chart=SLOT>, pages.Choice) the chosen option's chart, loaded by a <script> whose file
@@ -81,11 +79,12 @@ def bundle_name() -> str:
     return f"vega-bundle-{vl_convert.__version__}.js"
 
 
-def write_assets(out: Path) -> None:
+def write_assets(site: Site) -> None:
     """Write the bundle once (its name carries the version) and keep our small files current."""
-    assets = out / ASSETS_DIR
+    assets = site.out / ASSETS_DIR
     bundle = assets / bundle_name()
-    if not bundle.is_file():
-        write_atomic(bundle, vl_convert.javascript_bundle())
-    write_atomic(assets / "embed.js", EMBED_JS)
-    write_atomic(assets / "report.css", STYLE_CSS)
+    if bundle.is_file():
+        site.keep(bundle)
+    else:
+        site.write({bundle: vl_convert.javascript_bundle()})
+    site.write({assets / "embed.js": EMBED_JS, assets / "report.css": STYLE_CSS})

@@ -42,10 +42,20 @@ class Run:
 
 
 def run_directories(traces: Path) -> list[Path]:
-    """Run directories newest first: by when run.json (else the directory) was written, then by name."""
+    """Run directories newest first: by when run.json (else the directory) was written, then by name. A
+    link to a run directory (runs gathered from elsewhere) is one, unless it points at a run listed
+    already (`latest`)."""
     if not traces.is_dir():
         raise InputError(traces, "no such traces directory")
-    runs = [path for path in traces.iterdir() if is_run_directory(path)]
+    found: dict[Path, Path] = {}  # where each run is -> its entry in `traces`
+    for path in sorted(traces.iterdir(), key=Path.is_symlink):  # a run's own directory before links to it
+        try:
+            where = path.resolve(strict=True)
+        except (OSError, RuntimeError):  # a dangling link, a loop
+            continue
+        if where not in found and is_run_directory(where):
+            found[where] = path
+    runs = list(found.values())
 
     def written(path: Path) -> tuple[int, str]:
         stamp = path / "run.json" if (path / "run.json").is_file() else path

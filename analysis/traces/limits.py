@@ -29,6 +29,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from runners.arguments import whole_number
+
 MB = 1_000_000
 # run.json is a few kB of configuration; not a limit to raise, just the most it may be read as.
 RUN_JSON_BYTES = 16 * MB
@@ -133,8 +135,8 @@ def applied(limits: Limits) -> Iterator[Limits]:
 
 def positive(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
+        value = whole_number(text)
+    except argparse.ArgumentTypeError:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"not a whole number >= 1: {text!r}")

@@ -12,20 +12,19 @@ import msgspec
 from analysis.errors import InputError
 from analysis.traces import limits
 from analysis.traces.run_files import RUNNER_LOG
+from runners.rundir import incomplete_reason
 from analysis.traces.source import read_text
 from analysis.traces.toplevel import NESTED_TOO_DEEPLY
 
 
 def read_run_config(path: Path) -> dict[str, Any] | None:
     """run.json as a dict; None when absent (traces our runners did not write). A run.json without
-    `"complete": true`, or none beside the launcher's log, is an interrupted or failed run."""
+    `"complete": true`, or none beside the launcher's log, is a run stopped, failed or in progress, which
+    the refusal says (runners.rundir.incomplete_reason)."""
+    ours = path.with_name(RUNNER_LOG).exists()
     if not path.exists():
-        if path.with_name(RUNNER_LOG).exists():
-            raise InputError(
-                path.parent,
-                f"incomplete run: no run.json beside {RUNNER_LOG} (a rank failed or "
-                f"the run was interrupted; see {RUNNER_LOG})",
-            )
+        if ours:
+            raise InputError(path.parent, f"incomplete run: {incomplete_reason(path.parent)}")
         return None
     try:
         config = msgspec.json.decode(read_text(path, limits.RUN_JSON_BYTES).data)
@@ -35,9 +34,8 @@ def read_run_config(path: Path) -> dict[str, Any] | None:
     if not isinstance(config, dict):
         raise InputError(path, "run.json is not a JSON object")
     if config.get("complete") is not True:
-        raise InputError(
-            path, 'incomplete run: run.json lacks "complete": true (interrupted or still running)'
-        )
+        why = incomplete_reason(path.parent) if ours else 'run.json lacks "complete": true (interrupted or running)'
+        raise InputError(path, f"incomplete run: {why}")
     _check_calibration(path, config.get("calibration"), config.get("calibration_by_rows"))
     return config
 

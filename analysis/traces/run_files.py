@@ -11,10 +11,9 @@ import warnings
 from pathlib import Path
 
 from analysis.errors import TraceWarning
+from runners.rundir import RUNNER_LOG
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
-# runners.launch writes it before any worker starts: a directory holding it is one of our runs.
-RUNNER_LOG = "torchrun.log"
 # JSON files of a run directory that are not rank traces: ours and the synthetic generator's.
 HTA_FILE = "hta.json"  # Holistic Trace Analysis's figures (analysis.hta.figures)
 PREDICT_FILE = "predict.json"  # the step predicted at other m (python -m analysis predict)

@@ -8,7 +8,7 @@ print(grid(schedule, simulate(schedule))) # unit-time picture, bubbles as blanks
 from .actions import COMM_KINDS, COMPUTE_KINDS, Action, ActionParseError, Kind
 from .bubble import bubble_formula
 from .dependencies import dependencies
-from .generate import SCHEDULES, V_SHAPED, build
+from .generate import SCHEDULES, V_SHAPED, build, check_request
 from .grid import grid
 from .lower import lower
 from .memory import held, in_flight
@@ -29,6 +29,7 @@ __all__ = [
     "Timeline",
     "V_SHAPED",
     "build",
+    "check_request",
     "dependencies",
     "bubble_formula",
     "grid",
