@@ -133,10 +133,9 @@ class RankEntry(Parts, kw_only=True):
 
 
 class Waterfall(msgspec.Struct, kw_only=True):
-    """The step time as replays of the typical step, from the formula to the measurement (ms;
-    analysis.attribution.waterfall; its terms analysis.vocabulary.RUNGS, docs/numbers.md#waterfall).
-    They sum to the step time (None small_batches and interference, no isolated calibration, count as 0:
-    they are folded into imbalance)."""
+    """The step from the formula to the measurement, term by term (ms; analysis.attribution.waterfall.ladder;
+    the terms analysis.vocabulary.RUNGS): docs/numbers.md#waterfall. None: unknown without the isolated
+    calibration."""
 
     ideal: float
     fill_drain: float
