@@ -9,7 +9,7 @@ for the merge, the report and the benchmarks), so every page and track shows wha
                           (analysis.attribution.parts)
     gaps.parquet          rank, step, start_ns, end_ns, class (analysis.schema.GAP_CLASSES)
     ranks.parquet         every analysed step's parts per rank, in ms
-    ideal.parquet         the ideal timeline (analysis.attribution.waterfall): rank, stage, kind,
+    ideal.parquet         the ideal timeline (analysis.attribution.waterfall): rank, step, stage, kind,
                           microbatch, start_ns, end_ns from the median step's origin
     model.json            the typical step (analysis.attribution.model): per (stage, kind) its mean
                           inputs, per rank its mean tail, the executed lowered orders; the waterfall
@@ -102,7 +102,7 @@ class _ScheduleFile(msgspec.Struct):
 class _ModelFile(msgspec.Struct):
     # stage, kind, and its mean lead, pre, work, transfer, post (ns)
     kinds: list[tuple[int, str, float, float, float, float, float]]
-    # per rank: dp_sync, other, launch_overhead, barrier (older files: the first three)
+    # per rank, replay.Tail's fields: dp_sync, other, launch_overhead, barrier, opened (older files hold fewer: 0)
     tails_ns: list[tuple[float, ...]]
     orders: list[list[str]]  # per rank, its lowered actions as the median step ran them
     blocking_sends: bool

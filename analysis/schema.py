@@ -133,10 +133,9 @@ class RankEntry(Parts, kw_only=True):
 
 
 class Waterfall(msgspec.Struct, kw_only=True):
-    """The step time as replays of the typical step, from the formula to the measurement (ms;
-    analysis.attribution.waterfall; its terms analysis.vocabulary.RUNGS, docs/numbers.md#waterfall).
-    They sum to the step time (None small_batches and interference, no isolated calibration, count as 0:
-    they are folded into imbalance)."""
+    """The step from the formula to the measurement, term by term (ms; analysis.attribution.waterfall.ladder;
+    the terms analysis.vocabulary.RUNGS): docs/numbers.md#waterfall. None: unknown without the isolated
+    calibration."""
 
     ideal: float
     fill_drain: float
@@ -239,7 +238,7 @@ class Finding(msgspec.Struct, kw_only=True):
     """One place the step loses time that a pipeline user can change (analysis.verdict;
     docs/numbers.md#verdict): what the replay recovers without it, and the change that goes after it."""
 
-    kind: str  # the part or effect it rests on: imbalance, small_gemm, bubble, launch_overhead, ...
+    kind: str  # the effect or part it rests on: host_time, transfer, tail, imbalance, bubble, dp_sync, ...
     rank: int | None  # the rank it is on, where it is one rank's
     stage: int | None  # the stage it is on, where it is one stage's
     recoverable_ms: float  # the typical step less its replay without this time (the gain ceiling)
@@ -261,7 +260,8 @@ class Verdict(msgspec.Struct, kw_only=True):
 
 
 class Summary(msgspec.Struct, kw_only=True):
-    """summary.json: DESIGN.md section 3's keys, plus what the later stages need to show them."""
+    """summary.json: the keys docs/ARCHITECTURE.md section 3 lists (each number: docs/numbers.md), plus what
+    the later stages need to show them."""
 
     scope: str = "pipeline"  # a whole job's; RanksSummary's is "ranks"
     schedule: str  # run.json's name, the generator whose order the traces match exactly, or "custom"

@@ -6,7 +6,7 @@ seeded by the pipeline), and averages its gradients over its DP group before eac
 (runners/grad_sync.py).
 
 The launcher (`python -m runners trace`) starts it on one node; for several nodes start it with
-torchrun yourself, as the README's "Several nodes" says (c10d rendezvous, the run directory on a shared
+torchrun yourself, as docs/guide.md's "Several nodes" says (c10d rendezvous, the run directory on a shared
 file system). Each rank times unprofiled steps, calibrating its stages between them at every microbatch
 size of runners.presets.calibration_rows (under a profiler
 session with the profiled steps' settings: CALIBRATION_PROFILED), then profiles a few steps into

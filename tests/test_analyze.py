@@ -1,4 +1,5 @@
-"""The `analyze` command: files written atomically, summary keys as DESIGN.md says, bad input = exit 2."""
+"""The `analyze` command: files written atomically, summary keys as docs/ARCHITECTURE.md section 3 lists
+them, bad input = exit 2."""
 
 from __future__ import annotations
 

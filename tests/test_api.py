@@ -1,10 +1,10 @@
-"""The README's notebook example runs as written, against a run in traces/latest."""
+"""The guide's notebook example (docs/guide.md, "In a notebook") runs as written, on the runtime
+dependencies alone, against a run in traces/latest."""
 
 from __future__ import annotations
 
 import re
 
-import pytest
 from conftest import REPO
 
 from analysis import analyze
@@ -12,17 +12,16 @@ from runners.schedules import build
 from synthetic import write_run
 
 
-def readme_example() -> str:
-    section = (REPO / "README.md").read_text().split("## In a notebook", 1)[1]
+def guide_example() -> str:
+    section = (REPO / "docs" / "guide.md").read_text().split("## In a notebook", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_the_readme_notebook_example_runs(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("pandas")
+def test_the_guides_notebook_example_runs(tmp_path, monkeypatch, capsys):
     write_run(tmp_path / "traces" / "run", build("1f1b", 2, 4), steps=3)
     (tmp_path / "traces" / "latest").symlink_to("run")
     monkeypatch.chdir(tmp_path)
-    exec(compile(readme_example(), "README.md", "exec"), {})
+    exec(compile(guide_example(), "docs/guide.md", "exec"), {})
     printed = capsys.readouterr().out
     assert printed.startswith("1f1b p=2 m=4: step ") and "Waterfall(" in printed and "bubble" in printed
 

@@ -19,11 +19,11 @@ from analysis.job.run_dir import read_run
 
 pytestmark = pytest.mark.slow
 P = 2
-# The m = 1 bubble is naive model parallelism's, (P - 1) / P, within BUBBLE_BAND (the README's "within 0.02 of
-# 0.5"), taken as the median over the run's profiled steps: the ranks run one after another, and what the
-# formula leaves out (a hop, host time between ops) is a few percent of a step. One step alone is noisy:
-# measured on 2 cores at load 10-11 (other jobs running), 4 runs of 9 profiled steps each: single steps
-# 0.503-0.554, the step of median length's (the summary's figure) 0.5125-0.5358, the median over steps
+# The m = 1 bubble is naive model parallelism's, (P - 1) / P, within BUBBLE_BAND (docs/guide.md's presets:
+# "within 0.02 of 0.5"), taken as the median over the run's profiled steps: the ranks run one after another,
+# and what the formula leaves out (a hop, host time between ops) is a few percent of a step. One step alone
+# is noisy: measured on 2 cores at load 10-11 (other jobs running), 4 runs of 9 profiled steps each: single
+# steps 0.503-0.554, the step of median length's (the summary's figure) 0.5125-0.5358, the median over steps
 # 0.5092-0.5152; 9 runs of 3 steps at load 5.6-10.5 gave summaries 0.5075-0.5464, 2 of them past 0.52.
 BUBBLE_BAND = 0.02
 

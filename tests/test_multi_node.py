@@ -1,5 +1,6 @@
-"""The README's multi-node command, run as it prints it on two torchrun agents of this machine (two
-"nodes" meeting at a local endpoint): each agent exits 0 and the run directory both write analyses."""
+"""The guide's multi-node command (docs/guide.md, "Several nodes"), run as it prints it on two torchrun
+agents of this machine (two "nodes" meeting at a local endpoint): each agent exits 0 and the run directory
+both write analyses."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from conftest import REPO
 from analysis.cli import main as analysis_main
 
 pytestmark = pytest.mark.slow
-# Kept small here: one rank per node (the README's 4 would put 8 ranks on this machine's cores) and the
+# Kept small here: one rank per node (the guide's 4 would put 8 ranks on this machine's cores) and the
 # tiny preset's seconds-long steps.
 SMALL = "--preset tiny --device cpu --steps 1 --timed-steps 1"
 AGENT_SECONDS = 300
 
 
-def readme_command() -> str:
-    (command,) = re.findall(r"`(torchrun --nnodes=2 [^`]*)`", (REPO / "README.md").read_text())
+def guide_command() -> str:
+    (command,) = re.findall(r"`(torchrun --nnodes=2 [^`]*)`", (REPO / "docs" / "guide.md").read_text())
     return command
 
 
@@ -39,8 +40,8 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_the_readmes_multi_node_command_runs_on_two_agents_and_analyses(tmp_path):
-    command = readme_command()
+def test_the_guides_multi_node_command_runs_on_two_agents_and_analyses(tmp_path):
+    command = guide_command()
     for placeholder in ("HOST:PORT", "--nproc_per_node=4", "traces/RUN"):
         assert placeholder in command, placeholder
     run = tmp_path / "traces" / "RUN"

@@ -248,7 +248,7 @@ def test_predict_json_beside_the_traces_is_no_trace_to_the_loader(tmp_path):
 
 
 def test_predict_without_ms_predicts_every_calibrated_count(tmp_path, capsys):
-    """`predict RUN` as `make predict` and the README give it: every m the runner calibrates, each row
+    """`predict RUN` as `make predict` and docs/guide.md give it: every m the runner calibrates, each row
     printed and written."""
     write_run(tmp_path, build("gpipe", 2, 4), **WORK)
     assert main(["predict", str(tmp_path)]) == 0

@@ -202,8 +202,8 @@ def test_the_run_page_shows_the_model(tmp_path):
     )
 
 
-def test_the_readmes_factory_checks_as_written(tmp_path, monkeypatch):
-    section = (REPO / "README.md").read_text().split("## Your own model", 1)[1]
+def test_the_guides_factory_checks_as_written(tmp_path, monkeypatch):
+    section = (REPO / "docs" / "guide.md").read_text().split("## Your own model", 1)[1]
     (tmp_path / "my_stages.py").write_text(re.search(r"```python\n(.*?)```", section, re.S).group(1))
     monkeypatch.syspath_prepend(tmp_path)
     assert checked_sample_shape(resolved("my_stages:stage", "1f1b")) == (64,)

@@ -1,26 +1,12 @@
-"""The waterfall: replays of the executed lowered schedule, from the formula to the measurement.
+"""The waterfall: the typical step (analysis.attribution.model) replayed with the effects
+(analysis.vocabulary.Effect) added one at a time, from the formula's step to the measurement: the fixed
+ladder, each effect's Shapley value, and the rung at full-batch durations that is the ideal timeline.
+Every term and its formula: docs/numbers.md#waterfall.
 
-The typical step (analysis.attribution.model) is replayed (analysis.attribution.replay) with some of
-its effects (analysis.vocabulary.Effect): equal slots at full-batch efficiency with no host time,
-transfers or tail (its excess over the even split of the work, `ideal`, is `fill_drain`: the formula's
-bubble as time), plus per-stage full-batch durations (imbalance), each (stage, kind)'s work timed alone
-at its microbatch size (small_batches), its measured mean busy time (interference), its host time
-(host), its transfers (transfer) and each rank's tail (tail: the optimizer step, the DP sync). With all
-of them it is the typical step. Then
-`variability` is the median step's own replay less the typical one (what the spread of its inputs
-around their means costs on the critical path), and `residual` the measured step less its own replay
-(the completeness residual: what no measured input explains). The terms sum to the measured step.
-
-Under max-plus the effects interact, so a fixed ladder gives the interactions to whichever rung comes
-later. `waterfall_ms` keeps the ladder in the order above (it reads as the seed's story: geometry,
-then the work's efficiency, then the host, the network and the tail); `waterfall_shapley_ms` gives
-each effect its Shapley value over the 2^k replays of the k effects, which no order decides. Both
-have the same ideal, fill_drain, variability and residual, and both sum to the step. Without the
-isolated calibration small_batches and interference are unknown (None) and imbalance carries the
-measured busy times.
-
-The rung at full-batch durations alone is the ideal timeline the report and the merged trace draw:
-`ideal` + `fill_drain` + `imbalance` (the ladder's) is its makespan.
+_Rungs replays every subset of the effects in one batch (analysis.attribution.replay.replay_all); the
+ladder, the Shapley values and `gains` (each effect's gain ceiling: docs/numbers.md#recoverable) read
+their makespans. Without the isolated calibration small_batches and interference are unknown (None)
+and imbalance carries the measured busy times.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One run's page: key figures, measured timeline over the simulated ideal, waterfall, per-rank parts,
+"""One run's page: key figures, measured timeline over the ideal one, waterfall, per-rank parts,
 memory, thresholds and the merged Perfetto trace."""
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ from analysis.schema import Summary
 from analysis.traces.memory import Memory
 
 IDEAL_CAPTION = (
-    "Ideal: the executed schedule replayed at reference durations (each stage's calibrated F and B per "
-    "microbatch; without calibration, the step's own cell durations), no host gaps, no p2p latency: the "
-    "waterfall's rung ideal + formula_bubble + imbalance."
+    "Ideal: the executed schedule replayed at each stage's full-batch durations, with no host time or "
+    "transfers: the waterfall's rung ideal + fill_drain + imbalance (docs/numbers.md#ideal-timeline)."
 )
 
 
@@ -208,9 +207,8 @@ def _per_rank(summary: Summary) -> tuple[list[str], Figure | None]:
     parts = Figure(
         "parts",
         run_charts.rank_parts(rank_parts_frame(summary)),
-        "Each rank's step split into its parts in ms (they sum to the step time): compute at full-batch "
-        "efficiency, small_gemm and slowdown (no bar where unknown), bubble, p2p wait, launch overhead, other "
-        "(work outside the schedule).",
+        "Each rank's step split into its parts in ms, which sum to the step time; small_gemm and slowdown "
+        "have no bar where unknown (docs/numbers.md#parts).",
     )
     return [parts_html(summary), parts.html()], parts
 
