@@ -138,7 +138,7 @@ def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(tmp_path)
 
 def test_progress_shows_only_long_work_and_erases_itself(monkeypatch, capsys):
     clock = iter([0.0, 0.5, 40.0, 41.0])
-    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(progress, "monotonic", lambda: next(clock))
     with progress.Progress("run: ranks read", total=3) as shown:
         shown.done_one()  # half a second in: nothing
         shown.done_one()  # 40 s in, not a terminal: one line
