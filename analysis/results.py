@@ -21,6 +21,9 @@ for the merge, the report and the benchmarks), so every page and track shows wha
                           `predict` resamples for its intervals
     memory.parquet, memory_peaks.parquet
                           where the traces carry memory events (analysis.traces.memory)
+    predictions.json      the step at every m runs calibrate, where the run can predict
+                          (analysis.attribution.predict.standard_predictions): the verdict's best m, the
+                          sweep page's curve
     format.json           {"format": ANALYSIS_FORMAT}: which layout of these files this is
 
 Times in the tables are on the analysis's clock: each rank's own plus its offset in `summary.clock`;
@@ -49,9 +52,10 @@ from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import OwnSteps
 from analysis.attribution.replay import Inputs, Tail
 from analysis.errors import InputError
-from analysis.files import SHARED_DIRECTORY, OutputError, unwritable
-from analysis.schema import RanksSummary, Scope, Summary
+from analysis.files import SHARED_DIRECTORY, OutputError, unwritable, write_atomically
+from analysis.schema import Advice, Prediction, RanksSummary, Scope, Summary
 from analysis.traces.memory import Memory
+from analysis.traces.run_files import ADVICE_FILE, PREDICT_FILE
 from runners.schedules import Action, Schedule
 
 ANALYSIS_DIR = "analysis"
@@ -60,8 +64,10 @@ ANALYSIS_DIR = "analysis"
 # again rather than read wrong. 3: a receive that is only posted waits in its consumer, in the parts too.
 # 4: summary.json's trust and verdict (analysis.trust.gate, analysis.verdict).
 # 5: the waterfall's terms and the typical step renamed (tests/test_renames.py maps the old names).
-ANALYSIS_FORMAT = 5
+# 6: predictions.json (the step at every m runs calibrate); ideal.parquet's in_flight.
+ANALYSIS_FORMAT = 6
 FORMAT_FILE = "format.json"
+PREDICTIONS_FILE = "predictions.json"  # Analysis.predictions
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,9 @@ class Analysis:
     critical: pl.DataFrame  # each analysed step's critical path (analysis.attribution.critical)
     own: OwnSteps  # every analysed step's own replay inputs
     memory: Memory | None = None  # None: the traces have no memory events
+    # the step at every m runs calibrate (analysis.attribution.predict.standard_predictions); None: the
+    # run cannot predict (no isolated calibration), or an analysis read without them
+    predictions: list[Prediction] | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +182,8 @@ def _files(analysis: Analysis | RanksAnalysis) -> dict[str, bytes | pl.DataFrame
     }
     if analysis.memory is not None and not analysis.memory.peaks.is_empty():
         files |= {"memory.parquet": analysis.memory.stash, "memory_peaks.parquet": analysis.memory.peaks}
+    if analysis.predictions is not None:
+        files[PREDICTIONS_FILE] = msgspec.json.format(msgspec.json.encode(analysis.predictions)) + b"\n"
     return files
 
 
@@ -325,4 +336,35 @@ def _whole(directory: Path) -> Analysis:
             model.posted_receives,
         ),
         memory=None if stash is None or peaks is None else Memory(stash, peaks),
+        predictions=_predictions(directory / PREDICTIONS_FILE),
     )
+
+
+def _predictions(path: Path) -> list[Prediction] | None:
+    return _decode(path, list[Prediction]) if path.is_file() else None
+
+
+def write_predictions(run_dir: Path, found: list[Prediction]) -> Path:
+    """RUN/predict.json (`predict`'s), written whole or not at all."""
+    target = Path(run_dir) / PREDICT_FILE
+    write_atomically(target, msgspec.json.format(msgspec.json.encode(found)) + b"\n")
+    return target
+
+
+def write_advice(run_dir: Path, found: Advice) -> Path:
+    """RUN/advice.json (`advise`'s), written whole or not at all."""
+    target = Path(run_dir) / ADVICE_FILE
+    write_atomically(target, msgspec.json.format(msgspec.json.encode(found)) + b"\n")
+    return target
+
+
+def read_advice(run_dir: Path) -> Advice | None:
+    """RUN/advice.json as write_advice wrote it; None where there is none, InputError where it cannot be
+    read."""
+    path = Path(run_dir) / ADVICE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=Advice)
+    except (msgspec.DecodeError, msgspec.ValidationError, OSError) as error:
+        raise InputError(path, f"not readable advice ({str(error).splitlines()[0]})") from None

@@ -346,3 +346,43 @@ class Scope(msgspec.Struct):
     """What a summary.json covers: a whole job (`pipeline`, Summary) or some of its ranks (RanksSummary)."""
 
     scope: str = "pipeline"
+
+
+# The forecasts `predict` and `advise` write beside the analysis (RUN/predict.json, RUN/advice.json) and
+# the analysis keeps of its own (analysis/predictions.json): analysis.results reads and writes them.
+MIB = 2**20  # --memory-mb counts MiB
+
+
+@dataclass(frozen=True)
+class Prediction:
+    m: int
+    step_time_ms: float
+    step_time_low_ms: float
+    step_time_high_ms: float
+    bubble_formula: float
+    bubble_predicted: float  # 1 - busy / (p * step), the busy-time bubble of the predicted step
+
+
+@dataclass(frozen=True)
+class Candidate:
+    engine: str  # native | torch: `make trace ENGINE=... SCHED=... M=... V=...` runs it
+    schedule: str
+    m: int
+    v: int
+    step_time_ms: float
+    step_time_low_ms: float
+    step_time_high_ms: float
+    bubble_formula: float
+    peak_activation_bytes: int | None  # the largest rank's; None: the run measured no stash
+    fits: bool  # within the memory limit (true without one)
+    extrapolated: bool  # needs what the run did not measure: `caveats` say what was assumed
+    caveats: list[str] = field(default_factory=list)  # what was assumed; an interval wider than promised
+
+
+@dataclass(frozen=True)
+class Advice:
+    ranked: bool  # false: the predictions' level cannot be trusted (`caveats` say why); listed anyway
+    caveats: list[str]
+    memory_limit_bytes: int | None
+    source: dict  # the run advised from: engine, schedule, p, m, v, step_time_ms
+    candidates: list[Candidate]  # best first: those that fit by predicted step time, then the others

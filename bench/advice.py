@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from analysis.attribution.advice import PROMISED_STEP_ERROR, Candidate
+from analysis.attribution.advice import PROMISED_STEP_ERROR
 from analysis.cli.advise import advice
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
+from analysis.schema import Candidate
 from bench.runs import P, RunPlan, request
 from bench.stats import stats
 from runners.launch import LaunchError, launch

@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 
+from analysis import results
 from analysis.attribution.advice import (
     UNCALIBRATED,
     output_row_bytes,
@@ -15,7 +16,6 @@ from analysis.attribution.advice import (
     spread_caveat,
     stash_bytes_per_row,
 )
-from analysis.cli import advise as advise_cli
 from analysis.cli import main
 from analysis.job.run_dir import read_run
 from analysis.report import advice_section, build_report, sweeps
@@ -159,7 +159,7 @@ def test_the_run_page_shows_the_advice_and_the_sweep_page_its_measured_runs(tmp_
         main(["advise", str(traces / "m2"), "--ms", "2,4", "--schedules", "gpipe,zb", "--memory-mb", "1"])
         == 0
     )
-    found = advise_cli.read(traces / "m2")
+    found = results.read_advice(traces / "m2")
     build_report(traces, tmp_path / "reports")
     page = (tmp_path / "reports" / "runs" / "m2.html").read_text()
     assert "Advice: schedule, m and v at this p" in page and "the memory limit, 1.0 MiB" in page

@@ -206,7 +206,7 @@ def test_theory_over_time_reaches_p_minus_s_on_stage_s_at_replayed_times():
     schedule = build("1f1b", 4, 8)
     one_ms = {a: Inputs(work=1e6) for order in schedule.orders for a in order}  # F = B = 1 ms
     one_ms_per_unit = replay(schedule, Step(schedule.orders, one_ms, [Tail()] * 4))
-    theory = theory_in_flight(schedule, ideal_frame(one_ms_per_unit, schedule, step=0, origin_ns=0), origin=0)
+    theory = theory_in_flight(ideal_frame(one_ms_per_unit, schedule, step=0, origin_ns=0), origin=0)
     assert theory.group_by("rank").agg(pl.col("live").max()).sort("rank")["live"].to_list() == [4, 3, 2, 1]
     # unit-time replay: rank 3's first forward ends at 4, so its count first rises there
     assert theory.filter(pl.col("rank") == 3)["t_ms"].min() == 4.0

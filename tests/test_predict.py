@@ -231,9 +231,8 @@ def test_the_sweep_page_draws_the_prediction_from_its_middle_run(tmp_path):
     truth = {m: write_run(traces / f"m{m}", build("gpipe", 2, m), run_id=f"m{m}", **WORK) for m in (2, 4, 8)}
     index = build_report(traces, tmp_path / "reports").read_text()
     assert "predicted from the m=4 run alone" in index
-    source = analysis_of(traces / "m4")
-    config = json.loads((traces / "m4" / "run.json").read_text())
-    predicted = predicted_steps(source, config, [2, 4, 8])
+    source = analysis_of(traces / "m4")  # analyze stored its predictions: the report only reads them
+    predicted = predicted_steps(source, [2, 4, 8])
     for m, step_ms, best in predicted.iter_rows():
         assert step_ms == pytest.approx(truth[m].truth[0].step_ns / 1e6, abs=1e-3)
         assert best == (m == 2)  # fixed microbatch work: fewer microbatches, a shorter step

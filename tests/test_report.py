@@ -177,7 +177,7 @@ def test_a_huge_step_is_drawn_from_time_bins_that_keep_its_time(tmp_path):
 def test_measured_in_flight_peaks_follow_the_schedule(tmp_path, schedule):
     analysis = results.read(write_contract_run(tmp_path, "run", schedule, p=4, m=8, steps=1))
     measured = measured_in_flight(analysis.cells, 0, step_origin(analysis.cells, analysis.gaps, 0))
-    peaks = peaks_frame(measured, theory_peaks(analysis.schedule))
+    peaks = peaks_frame(measured, theory_peaks(analysis.ideal))
     expected = [8, 8, 8, 8] if schedule == "gpipe" else [4, 3, 2, 1]  # m on every stage; p - s on stage s
     assert peaks["measured"].to_list() == expected
     assert peaks["theory"].to_list() == expected
@@ -348,13 +348,13 @@ def test_a_run_analysed_by_another_version_is_analysed_again(tmp_path):
 # Each stored table's columns at analysis.results.ANALYSIS_FORMAT. A change to them must bump the format,
 # or a report reads an older analysis's tables with this version's code (a replay tail without its
 # `barrier` column stopped `make trace`'s report with a traceback).
-STORED_FORMAT = 5
+STORED_FORMAT = 6
 STORED_COLUMNS = {
     "cells": "rank step stage kind microbatch start_ns end_ns blocked_ns inferred busy_ns compute_ns small_gemm_ns "
     "slowdown_ns cpu_contention_ns slack_ns",
     "critical": "step rank start_ns end_ns part stage kind microbatch",
     "gaps": "rank step start_ns end_ns class",
-    "ideal": "rank step stage kind microbatch start_ns end_ns",
+    "ideal": "rank step stage kind microbatch start_ns end_ns in_flight",
     "ranks": "rank step step_ms busy_ms cpu_contention_ms dp_skew_ms compute_ms small_gemm_ms slowdown_ms bubble_ms "
     "p2p_wait_ms dp_sync_ms launch_overhead_ms other_ms",
     "replay_inputs": "step rank position stage kind microbatch lead pre work transfer post",

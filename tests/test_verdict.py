@@ -75,7 +75,7 @@ def test_low_trust_recommends_nothing_and_says_why(slow_stage):
     analysis = analyze_dir(slow_stage)
     config = json.loads((slow_stage / "run.json").read_text())
     low = Trust(level="low", reasons=["the replay misses"])
-    verdict = verdict_of(analysis, config, low, slow_stage)
+    verdict = verdict_of(analysis, config, low)
     assert not verdict.recommends
     assert verdict.sentences[-1] == "Nothing recommended: the trust is low (the replay misses)."
     assert msgspec.json.decode(msgspec.json.encode(verdict)) == msgspec.to_builtins(verdict)

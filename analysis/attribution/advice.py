@@ -16,19 +16,19 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from itertools import accumulate
 
 from analysis.attribution.predict import Unpredictable, predict, rows_at, run_concurrency, run_levels
 from analysis.attribution.project import projection, stage_shares
 from analysis.attribution.reference import reference
 from analysis.results import Analysis
+from analysis.schema import Advice, Candidate
 from runners.engines.torch_classes import TORCH_CLASSES, TORCH_ONLY
 from runners.presets import PRESETS, calibration_rows, preset_problem
 from runners.schedules import Kind, Schedule, ScheduleError, build, held
 from runners.schedules.generate import check_request
 
-MIB = 2**20  # --memory-mb counts MiB
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}  # run.json dtype -> bytes an element
 UNCALIBRATED = (
     "no calibration in run.json: every stage's time taken as its measured busy time, linear in rows"
@@ -37,31 +37,6 @@ UNCALIBRATED = (
 # interval, from the run's own spread, reaches further says so in its caveats
 PROMISED_STEP_ERROR = 0.10
 TORCH_ZB = f"torch runs zb as {TORCH_CLASSES['zb']}, whose W order differs from the one replayed here"
-
-
-@dataclass(frozen=True)
-class Candidate:
-    engine: str  # native | torch: `make trace ENGINE=... SCHED=... M=... V=...` runs it
-    schedule: str
-    m: int
-    v: int
-    step_time_ms: float
-    step_time_low_ms: float
-    step_time_high_ms: float
-    bubble_formula: float
-    peak_activation_bytes: int | None  # the largest rank's; None: the run measured no stash
-    fits: bool  # within the memory limit (true without one)
-    extrapolated: bool  # needs what the run did not measure: `caveats` say what was assumed
-    caveats: list[str] = field(default_factory=list)  # what was assumed; an interval wider than promised
-
-
-@dataclass(frozen=True)
-class Advice:
-    ranked: bool  # false: the predictions' level cannot be trusted (`caveats` say why); listed anyway
-    caveats: list[str]
-    memory_limit_bytes: int | None
-    source: dict  # the run advised from: engine, schedule, p, m, v, step_time_ms
-    candidates: list[Candidate]  # best first: those that fit by predicted step time, then the others
 
 
 def admitted(engine: str, p: int, config: dict, schedules, ms, vs) -> list[tuple[str, str, int, int]]:

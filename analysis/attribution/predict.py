@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import polars as pl
 
@@ -53,7 +53,8 @@ from analysis.attribution.reference import Reference, reference, reference_at
 from analysis.attribution.replay import Deadlock, Inputs, Replayed, Step, Tail, replay, replay_all
 from analysis.errors import InputError
 from analysis.results import Analysis
-from runners.presets import microbatch_rows
+from analysis.schema import Prediction
+from runners.presets import CALIBRATED_MS, microbatch_rows
 from runners.schedules import Action, Kind, Schedule, ScheduleError, bubble_formula, build, lower
 
 NS_PER_MS = 1e6
@@ -64,16 +65,6 @@ CONCURRENCY_ROUNDS = 3  # replays that settle the slowdown at m' on the concurre
 
 class Unpredictable(Exception):
     """This m cannot be predicted from the run (the schedule cannot run it, or no calibration at its rows)."""
-
-
-@dataclass(frozen=True)
-class Prediction:
-    m: int
-    step_time_ms: float
-    step_time_low_ms: float
-    step_time_high_ms: float
-    bubble_formula: float
-    bubble_predicted: float  # 1 - busy / (p * step), the busy-time bubble of the predicted step
 
 
 def rows_at(config: dict, m: int) -> list[int]:
@@ -276,6 +267,16 @@ def predict(
         bubble_formula=bubble_formula(target),
         bubble_predicted=1 - busy_ns / (target.p * step_ns),
     )
+
+
+def standard_predictions(analysis: Analysis, config: dict, where) -> list[Prediction] | None:
+    """The run's step at every m runs calibrate (and its own): what `analyze` keeps beside its analysis
+    (the verdict's m, the sweep page's curve); None where it cannot predict (no isolated calibration)."""
+    try:
+        found, _ = predict_each(analysis, config, sorted({*CALIBRATED_MS, analysis.schedule.m}), where)
+    except InputError:
+        return None
+    return found
 
 
 def predict_each(

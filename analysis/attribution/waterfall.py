@@ -24,10 +24,12 @@ from analysis.attribution.replay import Replayed, replay_all
 from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
 from analysis.schema import Waterfall
 from analysis.vocabulary import FILL_DRAIN, IDEAL, RESIDUAL, VARIABILITY, Effect
-from runners.schedules import Schedule
+from runners.schedules import Schedule, in_flight
 
 NS_PER_MS = 1e6
-IDEAL_SCHEMA = {name: CELL_SCHEMA[name] for name in (*CELL_KEY, "start_ns", "end_ns")}
+IDEAL_SCHEMA = {name: CELL_SCHEMA[name] for name in (*CELL_KEY, "start_ns", "end_ns")} | {
+    "in_flight": pl.Int64
+}
 # the effects in the ladder's order; the first three change the work, the others add inputs
 EFFECTS = tuple(Effect)
 _WORK_SPLIT = (Effect.SMALL_BATCHES, Effect.INTERFERENCE)  # unknown without the isolated calibration
@@ -135,7 +137,13 @@ def ladder(schedule: Schedule, model: StepModel, ref: Reference, step_ns: float,
 
 def ideal_frame(ideal: Replayed, schedule: Schedule, step: int, origin_ns: int) -> pl.DataFrame:
     """The ideal timeline's compute actions as a table on the analysis's clock, from the step's origin:
-    rank, step, stage, kind, microbatch, start_ns, end_ns."""
+    rank, step, stage, kind, microbatch, start_ns, end_ns, and in_flight: the microbatches the schedule
+    holds for backward on the rank after the action (runners.schedules.in_flight)."""
+    held = {
+        action: count
+        for order, counts in zip(schedule.orders, in_flight(schedule))
+        for action, count in zip(order, counts)
+    }
     rows = [
         (
             schedule.rank_of(a.stage),
@@ -145,6 +153,7 @@ def ideal_frame(ideal: Replayed, schedule: Schedule, step: int, origin_ns: int) 
             a.microbatch,
             origin_ns + round(s),
             origin_ns + round(e),
+            held.get(a, 0),
         )
         for a, (s, e) in sorted(
             ideal.spans.items(), key=lambda item: (schedule.rank_of(item[0].stage), item[1])

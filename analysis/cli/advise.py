@@ -9,20 +9,17 @@ bubble_formula, peak_activation_bytes, fits, extrapolated, caveats}]}.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import warnings
 from pathlib import Path
 
-import msgspec
-
-from analysis.attribution.advice import MIB, Advice, admitted, advise
+from analysis import results
+from analysis.attribution.advice import admitted, advise
 from analysis.cli.predict import check_limit, microbatch_counts
 from analysis.errors import InputError, LimitExceeded, TraceWarning
-from analysis.files import write_atomically
 from analysis.job.run_dir import analysis_of
+from analysis.schema import MIB, Advice
 from analysis.traces import limits
 from analysis.traces.run_config import read_run_config
-from analysis.traces.run_files import ADVICE_FILE
 from runners.arguments import decimal
 from runners.presets import ADVISED_VS, CALIBRATED_MS
 from runners.schedules import SCHEDULES
@@ -89,24 +86,6 @@ def advice(
     return found
 
 
-def write(run_dir: Path, found: Advice) -> Path:
-    """RUN/advice.json, written whole or not at all."""
-    target = Path(run_dir) / ADVICE_FILE
-    write_atomically(target, msgspec.json.format(msgspec.json.encode(dataclasses.asdict(found))) + b"\n")
-    return target
-
-
-def read(run_dir: Path) -> Advice | None:
-    """RUN/advice.json as `write` wrote it; None where there is none, InputError where it cannot be read."""
-    path = Path(run_dir) / ADVICE_FILE
-    if not path.is_file():
-        return None
-    try:
-        return msgspec.json.decode(path.read_bytes(), type=Advice)
-    except (msgspec.DecodeError, msgspec.ValidationError, OSError) as error:
-        raise InputError(path, f"not readable advice ({str(error).splitlines()[0]})") from None
-
-
 def run(args: argparse.Namespace) -> int:
     found = advice(args.run_dir, args.schedules, args.ms, args.vs, args.memory_mb)
     s = found.source
@@ -127,5 +106,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"  assumed: {why}")
     if not found.ranked:
         print("  not ranked: " + "; ".join(found.caveats))
-    print(f"written: {write(args.run_dir, found)}")
+    print(f"written: {results.write_advice(args.run_dir, found)}")
     return 0

@@ -9,20 +9,16 @@ whole).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import warnings
 from pathlib import Path
 
-import msgspec
-
-from analysis.attribution.predict import Prediction, predict_each
+from analysis import results
+from analysis.attribution.predict import predict_each
 from analysis.errors import InputError, LimitExceeded, TraceWarning
-from analysis.files import write_atomically
 from analysis.job.run_dir import analysis_of
-from analysis.schema import Summary
+from analysis.schema import Prediction, Summary
 from analysis.traces import limits
 from analysis.traces.run_config import read_run_config
-from analysis.traces.run_files import PREDICT_FILE
 from runners.arguments import whole_number
 from runners.presets import CALIBRATED_MS
 
@@ -69,15 +65,6 @@ def predictions(run_dir: Path, ms: list[int]) -> tuple[Summary, list[Prediction]
     return analysis.summary, found
 
 
-def write(run_dir: Path, found: list[Prediction]) -> Path:
-    """RUN/predict.json, written whole or not at all."""
-    target = Path(run_dir) / PREDICT_FILE
-    write_atomically(
-        target, msgspec.json.format(msgspec.json.encode([dataclasses.asdict(p) for p in found])) + b"\n"
-    )
-    return target
-
-
 def run(args: argparse.Namespace) -> int:
     summary, found = predictions(args.run_dir, args.ms)
     print(
@@ -96,5 +83,5 @@ def run(args: argparse.Namespace) -> int:
         )
     best = min(found, key=lambda p: p.step_time_ms)
     print(f"  predicted best m: {best.m} ({best.step_time_ms:.3f} ms)")
-    print(f"written: {write(args.run_dir, found)}")
+    print(f"written: {results.write_predictions(args.run_dir, found)}")
     return 0

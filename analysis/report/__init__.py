@@ -35,9 +35,10 @@ def _write_run_page(site: Site, run: Run, stem: str) -> None:
         Path(os.path.relpath(merged.resolve(), page.parent.resolve())).as_posix() if merged else None
     )
     if run.summary.scope == "ranks":
-        return _write_page(
-            page, f"{run.run_id}: some ranks of a job", ranks_page.body(run, merged_href), [], 1
+        _write_page(
+            site, page, f"{run.run_id}: some ranks of a job", ranks_page.body(run, merged_href), [], 1
         )
+        return
     body, figures, choices = run_page.body(run, merged_href, stem)
     _write_page(site, page, f"{run.run_id}: pipeline run", body, figures, 1, choices)
 

@@ -1,6 +1,6 @@
 """The run page's advice (RUN/advice.json: the best candidates and their step and memory against m) and
 the sweep page's chart of a sweep's advice with its measured runs on the same axes. Advice is not
-computed here (analysis.cli.advise.read only reads what `python -m analysis advise` wrote)."""
+computed here (analysis.results.read_advice reads what `python -m analysis advise` wrote)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import html
 
 import polars as pl
 
-from analysis.attribution.advice import MIB, Advice
-from analysis.cli import advise
+from analysis import results
 from analysis.errors import InputError
 from analysis.report import advice_chart
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
+from analysis.schema import MIB, Advice
 
 HEADING = "<h2>Advice: schedule, m and v at this p</h2>"
 SHOWN = 10  # rows of the table; the chart draws every candidate
@@ -69,7 +69,7 @@ def _limit_mib(advice: Advice) -> float | None:
 
 def _read(run: Run) -> tuple[Advice | None, str]:
     try:
-        return advise.read(run.path), ""
+        return results.read_advice(run.path), ""
     except InputError as error:
         return None, f"<p>{html.escape(str(error))}</p>"
 

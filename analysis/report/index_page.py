@@ -226,7 +226,7 @@ def sweep_figures(runs: pl.DataFrame, by_id: dict[str, Run]) -> list[Figure]:
             rows = chosen.filter(pl.col("family") == family)
             source = by_id[sweeps.prediction_source(rows)]
             ms = sorted({*CALIBRATED_MS, *rows["m"]} & set(range(1, rows["m"].max() + 1)))
-            predicted = sweeps.predicted_steps(source.analysis, source.config, ms)
+            predicted = sweeps.predicted_steps(source.analysis, ms)
             figures.append(
                 Figure(
                     f"step-vs-m-{i}",

@@ -2,9 +2,9 @@
 
 Measured: the executor's own stash counter where the trace has one (analysis.traces.memory), else from the
 cells: +1 when a forward ends, -1 when the backward that frees its activations ends (W where the
-backward is split, else B). Theory: runners.schedules.in_flight on the executed schedule (GPipe holds m
-on every stage, 1F1B p - s on stage s), never hard-coded here; over time it is placed on the ideal
-timeline, the replay of the same schedule.
+backward is split, else B). Theory: the ideal timeline's in_flight, which `analyze` stores from
+runners.schedules.in_flight on the executed schedule (GPipe holds m on every stage, 1F1B p - s on stage
+s), placed at each action's end on that replay of the same schedule.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.report.frames import TIMELINE_BINS, TIMELINE_ROWS_MAX
-from runners.schedules import Schedule, in_flight
 
 
 def measured_in_flight(cells: pl.DataFrame, step: int, origin: int) -> pl.DataFrame:
@@ -42,26 +41,16 @@ def thinned(live: pl.DataFrame, bins: int = TIMELINE_BINS, rows_max: int = TIMEL
     )
 
 
-def theory_in_flight(schedule: Schedule, ideal: pl.DataFrame, origin: int) -> pl.DataFrame:
+def theory_in_flight(ideal: pl.DataFrame, origin: int) -> pl.DataFrame:
     """(rank, t_ms, live): the schedule's count wherever an action changes it, at that action's end on the
-    ideal timeline (analysis.results `ideal`), t from `origin`."""
-    ends = {
-        (rank, str(stage) + kind + str(mb)): end
-        for rank, stage, kind, mb, end in ideal.select(
-            "rank", "stage", "kind", "microbatch", "end_ns"
-        ).iter_rows()
-    }
-    points = []
-    for rank, (order, counts) in enumerate(zip(schedule.orders, in_flight(schedule))):
-        changes = [
-            (str(action), live) for action, live, before in zip(order, counts, (0, *counts)) if live != before
-        ]
-        points += [
-            (rank, round((ends[(rank, a)] - origin) / 1e6, 4), live)
-            for a, live in changes
-            if (rank, a) in ends
-        ]
-    return pl.DataFrame(points, schema={"rank": pl.Int64, "t_ms": pl.Float64, "live": pl.Int64}, orient="row")
+    ideal timeline (analysis.results `ideal`, its `in_flight`), t from `origin`."""
+    ordered = ideal.sort("rank", "end_ns")
+    changed = pl.col("in_flight") != pl.col("in_flight").shift(1, fill_value=0).over("rank")
+    return ordered.filter(changed).select(
+        pl.col("rank").cast(pl.Int64),
+        t_ms=((pl.col("end_ns") - origin) / 1e6).round(4),
+        live=pl.col("in_flight").cast(pl.Int64),
+    )
 
 
 def stash_in_flight(stash: pl.DataFrame, step: int) -> pl.DataFrame:
@@ -75,9 +64,9 @@ def stash_in_flight(stash: pl.DataFrame, step: int) -> pl.DataFrame:
     )
 
 
-def theory_peaks(schedule: Schedule) -> dict[int, int]:
-    """Per rank, the most microbatches the schedule keeps in flight."""
-    return {rank: max(counts, default=0) for rank, counts in enumerate(in_flight(schedule))}
+def theory_peaks(ideal: pl.DataFrame) -> dict[int, int]:
+    """Per rank, the most microbatches the schedule keeps in flight (the ideal timeline's in_flight)."""
+    return dict(ideal.group_by("rank").agg(pl.col("in_flight").max()).sort("rank").iter_rows())
 
 
 def peaks_frame(measured: pl.DataFrame, theory: dict[int, int]) -> pl.DataFrame:

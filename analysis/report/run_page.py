@@ -177,8 +177,8 @@ def in_flight_section(run: Run) -> tuple[str, Figure]:
     (analysis, which), step = _slowest_pipeline(run), run.summary.median_step
     origin = step_origin(analysis.cells, analysis.gaps, step)
     measured, source = _measured_in_flight(analysis, step, origin)
-    peaks = peaks_frame(measured, theory_peaks(analysis.schedule))
-    over_time = theory_in_flight(analysis.schedule, analysis.ideal, origin)
+    peaks = peaks_frame(measured, theory_peaks(analysis.ideal))
+    over_time = theory_in_flight(analysis.ideal, origin)
     columns = [
         Column("rank", "pipeline rank"),
         Column(

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.attribution.predict import predict_each
-from analysis.errors import InputError
 from analysis.results import Analysis
 from analysis.schema import Summary
 from analysis.vocabulary import RUNGS
@@ -138,13 +136,10 @@ def prediction_source(newest: pl.DataFrame) -> str:
     return ordered["run_id"][(ordered.height - 1) // 2]
 
 
-def predicted_steps(analysis: Analysis, config: dict, ms: list[int]) -> pl.DataFrame:
-    """The step time predicted from one run at each of `ms` it can be (analysis.attribution.predict), with
-    the predicted best m flagged; empty where the run has no isolated calibration."""
-    try:
-        found, _ = predict_each(analysis, config, ms, "run.json")
-    except InputError:
-        found = []
+def predicted_steps(analysis: Analysis, ms: list[int]) -> pl.DataFrame:
+    """The step time `analyze` predicted from one run (Analysis.predictions) at each of `ms`, with the
+    predicted best m flagged; empty where the run has no isolated calibration."""
+    found = [p for p in analysis.predictions or [] if p.m in ms]
     frame = pl.DataFrame(
         [(p.m, p.step_time_ms) for p in found],
         schema={"m": pl.Int64, "step_time_ms": pl.Float64},

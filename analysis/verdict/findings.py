@@ -11,19 +11,17 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from analysis.attribution.predict import Prediction, predict_each, step_levels
+from analysis.attribution.predict import step_levels
 from analysis.attribution.reference import reference
 from analysis.attribution.replay import replay
 from analysis.attribution.waterfall import gains
-from analysis.errors import InputError
 from analysis.results import Analysis
-from analysis.schema import Finding
+from analysis.schema import Finding, Prediction
 from analysis.verdict import balance
 from analysis.verdict.removals import NS_PER_MS, Recovered, recovered
 from analysis.vocabulary import STRAGGLER, Effect, GapClass, Part
 
 SHOWN = 6  # findings kept, largest first
-CANDIDATE_MS = (1, 2, 4, 8, 16, 32)  # the m the bubble finding asks predict about (and the run's own)
 
 
 @dataclass(frozen=True)
@@ -32,7 +30,6 @@ class _Context:
     config: dict
     typical_ns: float
     levels: list[float]
-    where: object  # the run, named in predict's refusals
 
     def interval(self, step_ns: float) -> dict[str, float]:
         """A predicted step with the interval the run's step levels give it, as Finding's fields."""
@@ -131,18 +128,6 @@ def _imbalance(context: _Context, gain_ns: float) -> Finding:
     return Finding(
         **base, action=action, evidence=f"{evidence}; layers {layers}", **context.interval(predicted)
     )
-
-
-def _best_m(context: _Context) -> Prediction | None:
-    """predict's best m for the executed schedule; None where the run has no isolated calibration."""
-    schedule = context.analysis.schedule
-    try:
-        found, _ = predict_each(
-            context.analysis, context.config, sorted({*CANDIDATE_MS, schedule.m}), context.where
-        )
-    except InputError:  # predict needs the isolated calibration
-        return None
-    return min(found, key=lambda p: p.step_time_ms) if found else None
 
 
 def _m_change(context: _Context, best: Prediction) -> dict:
@@ -259,15 +244,16 @@ def _straggler(context: _Context) -> list[Finding]:
     ]
 
 
-def findings_of(analysis: Analysis, config: dict, where) -> list[Finding]:
+def findings_of(analysis: Analysis, config: dict) -> list[Finding]:
     """Every finding of the analysed run, largest recoverable first (those that recover nothing left out)."""
     typical = analysis.model.step()
     replayed_ms = [s.step_time_ms for s in analysis.summary.replayed_steps]
     context = _Context(
-        analysis, config, replay(analysis.schedule, typical).makespan, step_levels(replayed_ms, config), where
+        analysis, config, replay(analysis.schedule, typical).makespan, step_levels(replayed_ms, config)
     )
     effect = gains(analysis.schedule, analysis.model, reference(analysis.cells, config, analysis.schedule.m))
-    best = _best_m(context)
+    # predict's best m for the executed schedule, where the run can predict
+    best = min(analysis.predictions, key=lambda p: p.step_time_ms) if analysis.predictions else None
     found = [*_pieces(context, effect), *_bubble(context, best), *_straggler(context)]
     found.append(_imbalance(context, effect[Effect.IMBALANCE]))
     if Effect.SMALL_BATCHES in effect:

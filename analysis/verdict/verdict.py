@@ -13,6 +13,7 @@ import dataclasses
 
 import msgspec
 
+from analysis.attribution.predict import standard_predictions
 from analysis.results import Analysis
 from analysis.schema import Finding, Trust, Verdict
 from analysis.trust.gate import trust_of
@@ -56,10 +57,10 @@ def _why_not(
     return None
 
 
-def verdict_of(analysis: Analysis, config: dict, trust: Trust, where) -> Verdict:
+def verdict_of(analysis: Analysis, config: dict, trust: Trust) -> Verdict:
     """The run's verdict: sentences, whether it recommends, and its findings."""
     summary = analysis.summary
-    findings = findings_of(analysis, config, where)
+    findings = findings_of(analysis, config)
     spread = _spread_ms(analysis, config)
     # a change is a finding the model can replay with it made: the others say what the time is
     top = next((f for f in findings if f.predicted_step_ms is not None), None)
@@ -106,10 +107,12 @@ def _where(finding: Finding) -> str:
 
 
 def assessed(analysis: Analysis, config: dict, where) -> Analysis:
-    """`analysis` with its summary's trust (analysis.trust.gate) and verdict."""
+    """`analysis` with its standard predictions (analysis.attribution.predict), its summary's trust
+    (analysis.trust.gate) and verdict."""
+    analysis = dataclasses.replace(analysis, predictions=standard_predictions(analysis, config, where))
     summary = analysis.summary
     trust = trust_of(summary, analysis.cells.height, summary.rules)
-    verdict = verdict_of(analysis, config, trust, where)
+    verdict = verdict_of(analysis, config, trust)
     return dataclasses.replace(
         analysis, summary=msgspec.structs.replace(summary, trust=trust, verdict=verdict)
     )
