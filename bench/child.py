@@ -8,7 +8,7 @@ time printed is the work alone, after the imports; the parent also records the w
               seconds of it spent in every step's own replay and critical path (REPLAY_CALLS)
     hta       Holistic Trace Analysis: TraceAnalysis(trace_dir=DIR), its load alone (its own pool)
     decode    the floor: every file decoded into typed structs of ph, name, cat, ts, dur, pid, tid, id
-              (args raw), one process per core
+              (args raw), a gzip file inflated first by the analysis's codec, one process per core
     merge     our `merge`: DIR/analysis/ (written by analyze) and the traces -> DIR/merged.json.gz
 Each prints the processes it read the ranks with; the limits are the defaults (they follow the memory
 available, per file: analysis.traces.limits), so a set they refuse is a failed run.
@@ -121,13 +121,15 @@ _FLOOR_EVENTS = msgspec.json.Decoder(list[FloorEvent])
 
 
 def _floor_file(path: Path) -> int:
-    """One file's events decoded as the floor decodes them (gzip inflated first): their count."""
-    import gzip
+    """One file's events decoded as the floor decodes them: their count. A gzip file is inflated first, in
+    one call, by the codec the analysis inflates with (analysis.traces.source: isal's, else zlib), so the
+    floor and ours pay the same for it."""
+    from analysis.traces.source import GZIP_MAGIC, gzip_member
 
     gc.disable()  # as the loader does: decoded JSON has no cycles to collect
     data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+    if data[:2] == GZIP_MAGIC:
+        data = gzip_member().decompress(data)  # (one member: the sets bench.traceset writes)
     return len(_FLOOR_EVENTS.decode(_FLOOR_TOP_LEVEL.decode(data)["traceEvents"]))
 
 

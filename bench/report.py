@@ -60,7 +60,7 @@ def _verdicts(rows: list[str]) -> list[str]:
 def _throughput_verdicts(part: dict) -> list[str]:
     rows = []
     for size in part["sizes"]:
-        where = f"{size['mb']:.0f} MB, {size['ranks']} ranks"
+        where = f"{_set_size(size)}, {size['ranks']} ranks"
         for name, label in (
             ("hta_over_ours", "HTA load time / ours (work after imports)"),
             ("hta_over_ours_wall", "HTA load time / ours (whole processes)"),
@@ -118,6 +118,10 @@ def _sweep_verdicts(results: dict) -> list[str]:
     return _verdicts(rows)
 
 
+def _set_size(size: dict) -> str:
+    return f"{size['mb']:.0f} MB{' gzipped' if size.get('gzipped') else ''}"
+
+
 def _throughput(part: dict) -> list[str]:
     sources = ", ".join(f"`{Path(path).name}` ({ranks} ranks)" for ranks, path in part["sources"].items())
     lines = [
@@ -127,14 +131,18 @@ def _throughput(part: dict) -> list[str]:
         "sampled peak of the RSS summed over it and its pool workers (ours and HTA read ranks in a pool), "
         "'largest' the largest sampled RSS of one of those processes; 'procs' the processes each read the "
         "ranks with. analyze_jobs1 is analyze with --jobs 1 (one process, one rank at a time); merge "
-        "writes merged.json.gz (rows: its bytes). Ours and decoding: "
+        "writes merged.json.gz (rows: its bytes). Typed decoding (decode) is the floor: every file decoded "
+        "by msgspec into typed structs of ph, name, cat, ts, dur, pid, tid, id (args raw), over one process per "
+        "core as ours; a gzipped file is first inflated whole by the codec the analysis inflates with (isal's, "
+        "else zlib), so ours / typed decoding compares like with like. Sizes are the JSON text's, gzipped or "
+        "not. Ours and decoding: "
         f"{part['repeats']} alternating repeats; the others once per set, HTA stopped after "
         f"{part['hta_timeout_s']:.0f} s.",
         "",
     ]
     for size in part["sizes"]:
         lines += [
-            f"### {size['mb']:.0f} MB, {size['ranks']} ranks, {size['steps_per_rank']} steps per rank",
+            f"### {_set_size(size)}, {size['ranks']} ranks, {size['steps_per_rank']} steps per rank",
             "",
             "| task | work s | wall s | RSS at start MiB | peak RSS MiB | with workers MiB | largest MiB | procs "
             "| rows | status |",

@@ -67,7 +67,7 @@ PARTS = (
 SWEEP_PARTS = {"profiler", "sim", "seed"}
 # per run of the parts that launch runs: profiled steps, and timed steps (each followed by a calibration round)
 PROFILED_STEPS, TIMED_STEPS = 3, 5
-PACKAGES = ("torch", "polars", "pyarrow", "msgspec", "HolisticTraceAnalysis")
+PACKAGES = ("torch", "polars", "pyarrow", "msgspec", "isal", "HolisticTraceAnalysis")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the throughput ladder: trace set sizes (uncompressed MB) for the fewest ranks, e.g. '50 500'",
     )
     parser.add_argument("--ranks", default="4 8 16", help="rank counts of the throughput sets")
+    parser.add_argument(
+        "--gzip", action="store_true", help="throughput: the sets written as .json.gz, as our runner writes"
+    )
     parser.add_argument(
         "--ranks-mb", type=float, default=140.0, help="the size of the sets of the other rank counts"
     )
@@ -230,6 +233,7 @@ def _command(args: argparse.Namespace) -> str:
     command = "python -m bench " + " ".join(
         f"--{key} '{value}'" if " " in str(value) else f"--{key} {value}" for key, value in options.items()
     )
+    command += " --gzip" if args.gzip else ""
     # the runs' names only: a committed record names no folder outside the repository
     return command + (" --sources " + " ".join(path.name for path in args.sources) if args.sources else "")
 
@@ -255,7 +259,9 @@ def _throughput(args, workdir: Path, say) -> dict:
         sizes = tuple(sorted(float(word) for word in args.sizes_mb.replace(",", " ").split()))
     except ValueError:
         raise InputError(None, f"--sizes-mb must be sizes in MB, got {args.sizes_mb!r}") from None
-    plan = ThroughputPlan(sources, sizes, args.ranks_mb, args.repeats, args.hta_timeout, workdir, REPO_ROOT)
+    plan = ThroughputPlan(
+        sources, sizes, args.ranks_mb, args.repeats, args.hta_timeout, workdir, REPO_ROOT, args.gzip
+    )
     return throughput(plan, say)
 
 

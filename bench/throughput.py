@@ -49,6 +49,7 @@ class ThroughputPlan:
     hta_timeout_s: float
     workdir: Path  # generated sets live here and are deleted after their size is measured
     repo: Path  # where the children run (the analysis package must import)
+    gzipped: bool = False  # the sets' files as .json.gz (their quoted size: the JSON text's)
 
 
 def _hints(source: Path) -> list[str]:
@@ -116,11 +117,11 @@ def measure_size(
     target = trace_set.path
     progress(
         f"throughput: {trace_set.bytes / MB:.0f} MB over {trace_set.ranks} ranks "
-        f"({trace_set.steps_per_rank} steps per rank)"
+        f"({trace_set.steps_per_rank} steps per rank{', gzipped' if plan.gzipped else ''})"
     )
     runs: dict[str, list[ChildRun]] = {task: [] for task in TASKS}
     hints = _hints(source)
-    largest = max(path.stat().st_size for path in target.glob("rank*.json"))
+    largest = trace_set.largest
 
     def measure(name: str, task: str, arguments: list[str], label: str = "") -> None:
         timeout = plan.hta_timeout_s if task == "hta" else TASK_TIMEOUT_S
@@ -138,6 +139,7 @@ def measure_size(
         shutil.rmtree(target, ignore_errors=True)
     return {
         "mb": trace_set.bytes / MB,
+        "gzipped": plan.gzipped,
         "ranks": trace_set.ranks,
         "copies": trace_set.copies,
         "steps_per_rank": trace_set.steps_per_rank,
@@ -187,7 +189,7 @@ def growth(small: dict, large: dict, by: str) -> dict:
 def _measured(plan: ThroughputPlan, ranks: int, size_mb: float, say: Callable[[str], None]) -> dict:
     source = plan.sources[ranks]
     name = f"set-{ranks}ranks-{size_mb:g}mb"
-    trace_set = replicate_run(source, plan.workdir / name, round(size_mb * MB))
+    trace_set = replicate_run(source, plan.workdir / name, round(size_mb * MB), plan.gzipped)
     return measure_size(plan, source, trace_set, say)
 
 

@@ -4,8 +4,8 @@ Every rank's timed events are copied k times, each copy shifted by k periods (it
 follow each other as steps do; one period for all ranks, so they stay aligned), its ids (correlation,
 External id, flow ids, ...) moved past the previous copy's and its steps renumbered; metadata is
 written once. Times are shifted as exact decimals, so the loader's nanoseconds stay exact.
-Files are written uncompressed and compact (more events per MB than Kineto's indented output), so
-their size is the uncompressed size the benchmark quotes.
+Files are written compact (more events per MB than Kineto's indented output), uncompressed or, asked,
+gzipped as our runner writes its traces; the size the benchmark quotes is the uncompressed text's.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ ID_ARGS = ("correlation", "External id", "Record function id", "Python id", "Pyt
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _DECODER = msgspec.json.Decoder(float_hook=Decimal)
 _ENCODER = msgspec.json.Encoder(decimal_format="number")
+GZIP_LEVEL = 6  # runners.profile's, gzip's default
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class RankTemplate:
 @dataclass(frozen=True)
 class TraceSet:
     path: Path
-    bytes: int
+    bytes: int  # of JSON text (uncompressed)
+    largest: int  # the largest rank's bytes of JSON text
     copies: int
     steps_per_rank: int
     ranks: int
@@ -123,21 +125,24 @@ def _copy_bytes(template: RankTemplate, copy: int, period_us: Decimal) -> bytes:
 
 
 def write_rank(path: Path, template: RankTemplate, copies: int, period_us: Decimal) -> int:
-    """Stream the rank's file (one copy in memory at a time); returns its size in bytes."""
+    """Stream the rank's file (one copy in memory at a time; gzipped where `path` ends in .gz); returns
+    its bytes of JSON text."""
     # The header as Kineto writes it, indented ("rank": 3): HTA reads a file's rank with a regex that
     # wants the space, and takes a compact header's file for rank 0 (every file then but one is lost).
     head = msgspec.json.format(_ENCODER.encode(template.header), indent=1).rstrip()[:-1]
     once = _ENCODER.encode(template.once)[1:-1]
-    with path.open("wb") as out:
-        out.write(head + (b"," if template.header else b"") + b'"traceEvents":[' + once)
+    opened = gzip.open(path, "wb", compresslevel=GZIP_LEVEL) if path.suffix == ".gz" else path.open("wb")
+    with opened as out:
+        size = out.write(head + (b"," if template.header else b"") + b'"traceEvents":[' + once)
         for copy in range(copies):
-            out.write((b"," if once or copy else b"") + _copy_bytes(template, copy, period_us))
-        out.write(b"]}")
-    return path.stat().st_size
+            size += out.write((b"," if once or copy else b"") + _copy_bytes(template, copy, period_us))
+        size += out.write(b"]}")
+    return size
 
 
-def replicate_run(source: Path, target: Path, target_bytes: int) -> TraceSet:
-    """target/rank{r}.json for every rank of source, about target_bytes in all (at least one copy)."""
+def replicate_run(source: Path, target: Path, target_bytes: int, gzipped: bool = False) -> TraceSet:
+    """target/rank{r}.json (.json.gz, `gzipped`) for every rank of source, about target_bytes of JSON text
+    in all (at least one copy)."""
     templates = [rank_template(path) for path in trace_files(source)]
     if not templates:
         raise InputError(source, "no trace files to replicate")
@@ -146,5 +151,6 @@ def replicate_run(source: Path, target: Path, target_bytes: int) -> TraceSet:
     per_copy = sum(len(_copy_bytes(t, 0, period_us)) for t in templates)
     copies = max(1, round(target_bytes / per_copy))
     target.mkdir(parents=True, exist_ok=True)
-    size = sum(write_rank(target / f"rank{t.rank}.json", t, copies, period_us) for t in templates)
-    return TraceSet(target, size, copies, copies * templates[0].n_steps, len(templates))
+    suffix = ".json.gz" if gzipped else ".json"
+    sizes = [write_rank(target / f"rank{t.rank}{suffix}", t, copies, period_us) for t in templates]
+    return TraceSet(target, sum(sizes), max(sizes), copies, copies * templates[0].n_steps, len(templates))

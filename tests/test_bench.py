@@ -3,6 +3,8 @@ and a smoke run of `python -m analysis bench` (structure and sanity only; nothin
 
 from __future__ import annotations
 
+import gc
+import gzip
 import json
 from collections import Counter
 from pathlib import Path
@@ -13,7 +15,9 @@ import pytest
 
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
+from analysis.traces import source as trace_source
 from analysis.traces.load import load_trace
+from bench import child
 from bench.process import run_child
 from bench.runs import COLD_PAIRS
 from bench.stats import stats, verdict
@@ -65,6 +69,37 @@ def test_replicated_set_has_the_copies_with_fresh_steps_and_ids(source, tmp_path
     assert {k: v * trace_set.copies for k, v in pairs(original).items()} == pairs(copied)
     assert copied["start_ns"].min() == original["start_ns"].min()
     assert copied["end_ns"].max() > original["end_ns"].max()
+
+
+def test_a_gzipped_set_is_the_same_text_and_its_floor_inflates_as_the_analysis_does(
+    source, tmp_path, monkeypatch
+):
+    plain = replicate_run(source, tmp_path / "plain", 1)
+    packed = replicate_run(source, tmp_path / "packed", 1, gzipped=True)
+    texts = {path.name: path.read_bytes() for path in plain.path.glob("rank*.json")}
+    assert {path.name: gzip.decompress(path.read_bytes()) for path in packed.path.glob("rank*")} == {
+        f"{name}.gz": text for name, text in texts.items()
+    }
+    assert packed.bytes == plain.bytes == sum(map(len, texts.values()))
+    assert packed.largest == plain.largest == max(map(len, texts.values()))
+    inflaters = []
+    codec = trace_source.gzip_codec
+
+    class Counted:
+        error = codec.error
+
+        @staticmethod
+        def decompressobj(wbits):
+            inflaters.append(wbits)
+            return codec.decompressobj(wbits)
+
+    monkeypatch.setattr(trace_source, "gzip_codec", Counted)
+    try:
+        for name in texts:
+            assert child._floor_file(packed.path / f"{name}.gz") == child._floor_file(plain.path / name) > 0
+    finally:
+        gc.enable()  # (the floor turns it off, as the loader does)
+    assert len(inflaters) == len(texts)
 
 
 def test_replicated_set_analyses_like_its_source(source, tmp_path):
@@ -182,6 +217,7 @@ def test_bench_throughput_smoke(source, tmp_path):
             "0.05",
             "--repeats",
             "1",
+            "--gzip",  # (as our runner writes traces; the plain set's files are tested above)
             "--hta-timeout",
             "120",
             "--sources",
@@ -197,6 +233,7 @@ def test_bench_throughput_smoke(source, tmp_path):
         "throughput"
     ]
     (size,) = document["results"]["throughput"]["sizes"]  # one size, one rank count: one set
+    assert size["gzipped"] is True and document["command"].endswith(f"--gzip --sources {source.name}")
     assert document["results"]["throughput"]["growth"] is None
     assert document["results"]["throughput"]["growth_ranks"] is None
     tasks = size["tasks"]
@@ -207,6 +244,7 @@ def test_bench_throughput_smoke(source, tmp_path):
     assert 0 < size["ratios"]["replay_share"]["median"] < 1  # timed inside analyze's work
     text = (out / "RESULTS.md").read_text()
     assert "## 1. Analysis throughput" in text and "ours / typed decoding" in text
+    assert " MB gzipped, 2 ranks" in text and "Typed decoding (decode) is the floor" in text
     assert "own replay and critical path" in text
     assert kept in text and text.index("## 1.") < text.index("## 6.")
 
