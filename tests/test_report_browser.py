@@ -31,10 +31,23 @@ def browser():
         chromium.close()
 
 
+VIEWPORT_WIDTH = 1400
+# every pair of axis labels in one chart whose boxes intersect (the report draws labels level or
+# upright, never aslant, so a box is its text's extent)
+OVERLAPPING_LABELS = """Array.from(document.querySelectorAll('div.chart')).flatMap(chart => {
+  const boxes = Array.from(chart.querySelectorAll('.role-axis-label text'))
+    .map(t => [t.textContent, t.getBoundingClientRect()]);
+  const found = [];
+  boxes.forEach(([a, p], i) => boxes.slice(i + 1).forEach(([b, q]) => {
+    if (p.left < q.right && q.left < p.right && p.top < q.bottom && q.top < p.bottom) found.push([chart.id, a, b]);
+  }));
+  return found; })"""
+
+
 def open_page(browser, page_path: Path, screenshot: Path, pick: dict[str, int] | None = None) -> dict:
     """Open one page, wait for every chart, and report what went wrong (errors, outside requests);
     `pick`: chart slot -> the option to pick in its list, and wait for it to be drawn."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport={"width": VIEWPORT_WIDTH, "height": 1000})
     seen = {"outside": [], "errors": []}
 
     def route(request_route):
@@ -74,6 +87,9 @@ def open_page(browser, page_path: Path, screenshot: Path, pick: dict[str, int] |
     seen["svg_nodes"] = dict(
         page.evaluate(charts % "document.getElementById(c.id).querySelectorAll('svg *').length")
     )
+    seen["width"] = page.evaluate("document.documentElement.scrollWidth")
+    seen["overlapping_labels"] = page.evaluate(OVERLAPPING_LABELS)
+    seen["text"] = page.evaluate("document.body.innerText")
     page.screenshot(path=str(screenshot), full_page=True)
     context.close()
     return seen
@@ -85,6 +101,9 @@ def assert_clean(seen: dict) -> None:
     assert all(drawn for _, drawn in seen["charts"]), seen["charts"]
     assert seen["errors"] == []
     assert seen["outside"] == []
+    assert seen["width"] <= VIEWPORT_WIDTH, f"the page scrolls sideways: {seen['width']} px"
+    assert seen["overlapping_labels"] == []
+    assert "None" not in seen["text"]
 
 
 def test_index_and_run_page_render_offline(browser, tmp_path):

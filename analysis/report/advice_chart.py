@@ -6,7 +6,7 @@ from __future__ import annotations
 import altair as alt
 import polars as pl
 
-from analysis.report.plot import M_AXIS, WIDTH, Plot, named
+from analysis.report.plot import WIDTH, Plot, m_x, named
 
 MEASURED_ADVICE_SCHEMA = {
     "label": pl.String,
@@ -24,7 +24,7 @@ def empty_measured() -> pl.DataFrame:
 def advice_vs_m(candidates: pl.DataFrame, measured: pl.DataFrame, limit_mib: float | None) -> Plot:
     """Predicted step time and peak memory against m, a line per candidate label (hollow points: over the
     memory limit, drawn as a red rule), and measured runs as black-edged points on the same axes."""
-    x = alt.X("m:Q", scale=alt.Scale(type="log", base=2), axis=M_AXIS, title="microbatches m (log scale)")
+    x = m_x(candidates, measured)
     colour = alt.Color("label:N", title="schedule v (engine)")
 
     def panel(y: str, title: str) -> alt.LayerChart:

@@ -59,7 +59,8 @@ body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em 2em; color: #222; ma
 h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
 h3 { font-size: 1.05em; margin-top: 1.2em; }
 table { border-collapse: collapse; margin: 0.5em 0 1em; }
-th, td { padding: 3px 10px; border-bottom: 1px solid #ddd; text-align: right; white-space: nowrap; }
+th, td { padding: 3px 10px; border-bottom: 1px solid #ddd; text-align: right; }
+td { white-space: nowrap; } td.text { white-space: normal; } /* numbers stay whole, words and headers wrap */
 th { background: #f4f4f4; cursor: help; } td.text, th.text { text-align: left; }
 tr.error td { background: #fff0f0; } td.error { text-align: left; white-space: normal; color: #a00; }
 tr.flagged td { background: #fff8e0; }
@@ -67,7 +68,7 @@ tr.not-pipeline td { background: #f0f4ff; } td.trust-low { color: #a00; font-wei
 .low-trust-banner { border-left: 4px solid #c00; background: #fff0f0; padding: 0.3em 1em; margin: 0.5em 0; }
 .verdict { border-left: 4px solid #2a6; background: #f2fbf5; padding: 0.3em 1em; max-width: 70em; }
 .verdict p { margin: 0.3em 0; } .trust-low-mark { color: #a00; font-size: 0.8em; }
-table.prose td.text { white-space: normal; min-width: 6em; }
+table.prose td.text { min-width: 6em; }
 .caption, .note { color: #555; max-width: 70em; margin: 0.3em 0 0.8em; }
 .chart { margin: 0.5em 0 0.3em; } .figures { display: flex; gap: 2.5em; flex-wrap: wrap; }
 .figure b { font-size: 1.35em; display: block; } .figure { cursor: help; }

@@ -49,6 +49,21 @@ WIDTH = 900
 M_AXIS = alt.Axis(values=[2**k for k in range(13)], format="d")
 
 
+def m_x(*frames: pl.DataFrame) -> alt.X:
+    """The m axis (log 2) over the frames' m: one m alone gets a domain an octave either side, where vega
+    would otherwise spread its ticks from 1 to 4096 over one point."""
+    ms = [m for frame in frames for m in frame["m"].to_list() if m is not None]
+    low, high = (min(ms), max(ms)) if ms else (1, 2)
+    if low == high:
+        low, high = low / 2, high * 2
+    return alt.X(
+        "m:Q",
+        scale=alt.Scale(type="log", base=2, domain=[low, high]),
+        axis=M_AXIS,
+        title="microbatches m (log scale)",
+    )
+
+
 @dataclass(frozen=True)
 class Plot:
     chart: alt.TopLevelMixin

@@ -74,7 +74,13 @@ def timelines(
 def waterfall(frame: pl.DataFrame) -> Plot:
     """From the formula's step time (ideal + formula bubble) through each deviation to the measured one."""
     base = alt.Chart(named("waterfall")).encode(
-        x=alt.X("term:N", sort=alt.SortField("order"), title=None, axis=alt.Axis(labelAngle=0))
+        x=alt.X(
+            "term:N",
+            sort=alt.SortField("order"),
+            title=None,
+            # a name's words on lines of their own: a dozen rungs fit the page without overlapping
+            axis=alt.Axis(labelAngle=0, labelExpr="split(datum.label, '_')"),
+        )
     )
     bars = base.mark_bar().encode(
         y=alt.Y("start:Q", title="ms of the step"),
@@ -87,7 +93,7 @@ def waterfall(frame: pl.DataFrame) -> Plot:
         ],
     )
     labels = base.mark_text(dy=-7).encode(y="top:Q", text=alt.Text("label:N"))
-    chart = alt.layer(bars, labels).properties(width=WIDTH * 2 // 3, height=260)
+    chart = alt.layer(bars, labels).properties(width=WIDTH, height=260)
     return Plot(chart, {"waterfall": frame.with_columns(top=pl.max_horizontal("start", "end"))})
 
 

@@ -95,9 +95,9 @@ def figures_html(summary: Summary) -> str:
         ("steps analysed", summary.steps_analyzed, "", "profiled steps the figures are taken over"),
         (
             "profiled steps spread",
-            f"{summary.noise.profiled_spread:.0%}",
+            f"{summary.noise.profiled_spread:.0%}" if summary.steps_analyzed > 1 else "—",
             "",
-            "(max - min) / median of the analysed steps' times; over "
+            "(max - min) / median of the analysed steps' times (— = one step: no spread to measure); over "
             f"{summary.rules.noisy_spread_max:.0%} (this one's or the unprofiled steps') flags the run noisy",
         ),
     ]
@@ -133,17 +133,18 @@ def config_html(run: Run) -> str:
 def plain_text(value) -> str:
     """A setting or a stage list as text: key=value pairs, a x b dimensions."""
     if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items())
+        return ", ".join(f"{k}={'—' if v is None else v}" for k, v in value.items())
     if isinstance(value, list):
         return " x ".join(map(str, value))
     return str(value)
 
 
 def parts_html(summary: Summary) -> str:
-    """Per-rank table: each rank's parts sum to its pipeline's step time (the closure column shows it)."""
+    """Per-rank table: each rank's parts sum to its pipeline's step time (the sum column shows it), with
+    the busy time they split and its run-queue delay; the figures read less often are folded below it so
+    the table fits the page."""
     columns = [
         Column("rank", "global rank (one process)"),
-        Column("pipeline", "the pipeline (data-parallel replica) the rank belongs to"),
         Column("stages", "global stage indices on this rank", show=plain_text, text=True),
     ]
     columns += [Column(f"{part} (ms)", PART_MEANINGS[part], show=number(3)) for part in RANK_PARTS]
@@ -156,6 +157,23 @@ def parts_html(summary: Summary) -> str:
             "on their busy share; it lengthens busy time, mostly seen as slowdown (— = no run-queue counter)",
             show=number(3),
         ),
+    ]
+    rows = []
+    for entry in summary.ranks:
+        parts = [entry.part_ms(part) for part in RANK_PARTS]
+        rows.append(
+            [
+                entry.rank,
+                entry.stage_ids,
+                *parts,
+                sum(x or 0.0 for x in parts),
+                entry.busy_ms,
+                entry.cpu_contention_ms,
+            ]
+        )
+    more = [
+        Column("rank", "global rank (one process)"),
+        Column("pipeline", "the pipeline (data-parallel replica) the rank belongs to"),
         Column(
             "dp_skew (ms)",
             "of dp_sync: the wait for a slower replica (each collective's latest start in the DP group less "
@@ -164,24 +182,21 @@ def parts_html(summary: Summary) -> str:
         ),
         Column("peak activations (MiB)", "largest live activation memory held for backward", show=number(2)),
     ]
-    rows = []
-    for entry in summary.ranks:
-        parts = [entry.part_ms(part) for part in RANK_PARTS]
-        peak = entry.peak_activation_bytes
-        rows.append(
-            [
-                entry.rank,
-                entry.pipeline,
-                entry.stage_ids,
-                *parts,
-                sum(x or 0.0 for x in parts),
-                entry.busy_ms,
-                entry.cpu_contention_ms,
-                entry.dp_skew_ms,
-                None if peak is None else peak / 2**20,
-            ]
-        )
-    return table(columns, rows)
+    more_rows = [
+        [
+            entry.rank,
+            entry.pipeline,
+            entry.dp_skew_ms,
+            None if entry.peak_activation_bytes is None else entry.peak_activation_bytes / 2**20,
+        ]
+        for entry in summary.ranks
+    ]
+    return (
+        table(columns, rows)
+        + "<details><summary>each rank's pipeline, dp_skew and peak activations</summary>"
+        + table(more, more_rows)
+        + "</details>"
+    )
 
 
 def rules_html(summary: Summary) -> str:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import altair as alt
 import polars as pl
 
-from analysis.report.plot import COLOURS, M_AXIS, WIDTH, Plot, named, scale
+from analysis.report.plot import COLOURS, WIDTH, Plot, m_x, named, scale
 from analysis.vocabulary import RUNGS
 
 
 def bubble_vs_m(curve: pl.DataFrame, measured: pl.DataFrame) -> Plot:
     """Formula bubble as a line over m, measured bubbles as points, one colour per family."""
-    x = alt.X("m:Q", scale=alt.Scale(type="log", base=2), axis=M_AXIS, title="microbatches m (log scale)")
+    x = m_x(curve, measured)
     line = (
         alt.Chart(named("curve"))
         .mark_line(strokeDash=[5, 3])
@@ -130,9 +130,7 @@ def peak_memory_vs_m(frame: pl.DataFrame) -> Plot:
         alt.Chart(named("memory"))
         .mark_line(point=True)
         .encode(
-            x=alt.X(
-                "m:Q", scale=alt.Scale(type="log", base=2), axis=M_AXIS, title="microbatches m (log scale)"
-            ),
+            x=m_x(frame),
             y=alt.Y("peak_mib:Q", title="peak activation memory (MiB, largest rank)"),
             color="family:N",
             tooltip=[alt.Tooltip("family:N"), alt.Tooltip("m:Q"), alt.Tooltip("peak_mib:Q", format=".2f")],
