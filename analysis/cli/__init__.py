@@ -47,20 +47,38 @@ COMMANDS = {
 ANALYSING = frozenset({"analyze", "predict", "advise", "report", "hta"})
 
 
+# What `--help` tells a user (the module's docstring above is for whoever works on it).
+DESCRIPTION = (
+    "Analyse pipeline-parallel training traces (one Chrome trace per rank): `python -m analysis COMMAND "
+    "--help` for one command. Bad input ends as one `error:` line and exit code 2 (--debug shows the "
+    "traceback); a stop signal ends the command with one line and exit 128 + N, removing what it was "
+    "writing. Every command takes the input limits' flags (--max-file-mb ...); those that analyse runs take "
+    "--jobs N or --cluster ADDRESS."
+)
+
+
 def _parser(prog: str, description: str | None) -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description=description)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for input errors")
+    _add_debug(parser, default=False)
     return parser
 
 
+def _add_debug(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument(
+        "--debug", action="store_true", default=default, help="show tracebacks for input errors"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser("python -m analysis", __doc__)
+    parser = _parser("python -m analysis", DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     argv = sys.argv[1:] if argv is None else argv
     # Import only the chosen command's module: a broken or slow module must not tax the others.
     chosen = next((a for a in argv if a in COMMANDS), None)
     for name, (module_name, help_text) in COMMANDS.items():
         sub = commands.add_parser(name, help=help_text)
+        # also after the command; SUPPRESS keeps a --debug given before it
+        _add_debug(sub, default=argparse.SUPPRESS)
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(sub)
