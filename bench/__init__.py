@@ -2,6 +2,6 @@
 
 `suite` runs every part and writes bench/results.json and bench/RESULTS.md; `throughput`, `traceset`,
 `child` and `process` time the analysis against Holistic Trace Analysis on generated trace sets;
-`runs` times real runs (executor, profiler, simulator, the seed's sweep, the m=1 bubble); `load`
+`runs` times real runs (executor, profiler, the typical step, the seed's sweep, the m=1 bubble); `load`
 times the loader alone; `stats` and `report` summarise and render.
 """

@@ -137,7 +137,7 @@ def prediction_accuracy(
         "configs": configs,
         "coverage": {"held": held, "of": total, "target": COVERAGE_TARGET},
         # the source run's own step as its model replays it: the waterfall's residual, which predict inherits
-        "source_simulated_error": {s: stats(e).to_json() for s, e in source_error.items() if e},
+        "source_typical_error": {s: stats(e).to_json() for s, e in source_error.items() if e},
         # the drift between repeats of one configuration: the source runs' measured steps
         "source_step_ms": {s: stats(steps).to_json() for s, steps in source_steps.items() if steps},
         "load_average": loads,

@@ -25,8 +25,8 @@ SWEEP_COLUMNS = (
     "step_ms_max",
     "profiled_step_ms",
     "profiler_ratio",
-    "simulated_step_ms",
-    "sim_error",
+    "typical_step_ms",
+    "typical_error",
 )
 
 
@@ -112,7 +112,7 @@ def _sweep_verdicts(results: dict) -> list[str]:
     if "sim" in results:
         sim = results["sim"]
         rows.append(
-            f"| abs(simulated / measured - 1) ({sim['runs_within']}/{sim['runs']} within target) | "
+            f"| abs(typical / measured - 1) ({sim['runs_within']}/{sim['runs']} within target) | "
             f"{_figure(sim)} | {sim['target']} | {sim['verdict']} |"
         )
     return _verdicts(rows)
@@ -386,7 +386,7 @@ def _predict(part: dict) -> list[str]:
         f"| intervals holding the measured median | {coverage['held']} of {coverage['of']} ({share:.0%}) | "
         f"{coverage['target']:.0%} | {'meets' if share >= coverage['target'] else 'misses'} |"
     )
-    source = ", ".join(f"{s} {_figure(e)}" for s, e in part["source_simulated_error"].items())
+    source = ", ".join(f"{s} {_figure(e)}" for s, e in part["source_typical_error"].items())
     return [
         *_verdicts(rows),
         f"Each of {part['repeats']} repeats: one run at m={part['source_m']} per schedule, "
@@ -432,7 +432,7 @@ def _sweep(results: dict, _machine: dict) -> list[str]:
     return [
         *_sweep_verdicts(results),
         "step_ms: median of the run's unprofiled steps (min, max); profiled: the analysed median step; "
-        "sim_error: simulated / profiled - 1.",
+        "typical_error: typical / profiled - 1 (docs/numbers.md#step-times).",
         "",
         *_table(SWEEP_COLUMNS, results["sweep"]),
         *(f"Skipped: {reason}" for reason in results.get("skipped", [])),
@@ -548,7 +548,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[dict, dict], list[str]]], ...] = (
         "## 2. Executor overhead (p=2, CPU, unprofiled, A B A B)",
         lambda r, _: _executor_verdicts(r["executor"]) + _executor(r["executor"]),
     ),
-    ("sweep", "## 3-4. Profiler overhead and simulator accuracy (p=2 sweep, one run each)", _sweep),
+    ("sweep", "## 3-4. Profiler overhead and the typical step's accuracy (p=2 sweep, one run each)", _sweep),
     ("seed", "## 5. The seed's experiment on CPU (gpipe)", _seed),
     (
         "bubble",

@@ -3,7 +3,7 @@
 A sweep row carries the seed experiment's columns (p, m, slot_ms, step_ms, bubble_theory,
 bubble_measured: slot_ms is stage 0's F+B per microbatch as profiled, step_ms the unprofiled median,
 bubble_measured = 1 - m * slot_ms / step_ms as the seed computes it) beside our decomposition
-(summary.json's bubble, waterfall and simulated step), the profiler ratio and the simulator error.
+(summary.json's bubble, waterfall and typical step), the profiler ratio and the typical model's error.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from runners.request import RequestError, RunRequest, resolve
 
 P = 2  # ranks of the inject and predict parts' runs: one per core of a 2-core machine
 PROFILER_TARGET = 1.10  # profiled / unprofiled step time
-SIM_TARGET = 0.05  # |simulated / measured - 1| on every run
+SIM_TARGET = 0.05  # |typical / measured - 1| on every run
 EXECUTOR_TARGET = 1.0  # native / torch step time
 BUBBLE_TARGET = 0.02  # |bubble_measured - 1/2| of gpipe p=2 m=1 on every run (the seed got 0.009 of it)
 SLOWDOWN_TARGET = 0.05  # |slowdown| / busy of each rank at gpipe p=2 m=1: the isolated work is the cells' own
@@ -89,7 +89,7 @@ def sweep_row(run_dir: Path) -> dict:
     p, m = summary.p, summary.m
     step, samples = config["step_time_unprofiled_ms"], config["step_times_unprofiled_ms"]
     slot = slot_ms(result.cells, summary.median_step)
-    profiled, simulated = summary.step_time_ms, summary.typical_step_ms
+    profiled, typical = summary.step_time_ms, summary.typical_step_ms
     return {
         "run": run_dir.name,
         "schedule": summary.schedule,
@@ -103,8 +103,8 @@ def sweep_row(run_dir: Path) -> dict:
         "bubble_measured": 1 - m * slot / step,
         "analysis_bubble": summary.bubble_measured,
         "profiled_step_ms": profiled,
-        "simulated_step_ms": simulated,
-        "sim_error": simulated / profiled - 1,
+        "typical_step_ms": typical,
+        "typical_error": typical / profiled - 1,
         "profiler_ratio": profiled / step,
         **{f"{term}_ms": getattr(summary.waterfall_ms, term) for term in RUNGS},
     }
@@ -145,7 +145,7 @@ def sweep(
         rows.append(row)
         progress(
             f"  [{done}/{len(requests)}] {row['schedule']} p={p} m={row['m']}: step {row['step_ms']:.1f} ms, "
-            f"profiled {row['profiled_step_ms']:.1f}, simulated {row['simulated_step_ms']:.1f}"
+            f"profiled {row['profiled_step_ms']:.1f}, typical {row['typical_step_ms']:.1f}"
         )
     return rows, skipped
 
@@ -155,8 +155,8 @@ def profiler_overhead(rows: list[dict]) -> dict:
     return figure.to_json() | {"target": PROFILER_TARGET, "verdict": verdict(figure, PROFILER_TARGET)}
 
 
-def simulator_accuracy(rows: list[dict]) -> dict:
-    errors = [abs(row["sim_error"]) for row in rows]
+def typical_step_accuracy(rows: list[dict]) -> dict:
+    errors = [abs(row["typical_error"]) for row in rows]
     figure = stats(errors)
     within = sum(error <= SIM_TARGET for error in errors)
     return figure.to_json() | {

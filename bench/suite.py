@@ -1,7 +1,7 @@
 """`python -m bench`: every benchmark side by side in one run -> bench/results.json, bench/RESULTS.md.
 
 Parts (--only picks some): throughput (ours vs HTA vs typed decoding on a generated trace set),
-executor (native vs torch engine), profiler (profiled / unprofiled step), sim (simulated vs measured
+executor (native vs torch engine), profiler (profiled / unprofiled step), sim (the typical step vs measured
 step), seed (the seed's m sweep at p=2 and p=4), bubble (gpipe p=2 m=1 against the formula's 1/2,
 repeated, with each rank's slowdown, whole and less its cpu_contention, and what the idle before a
 pass costs it: bench/cold.py), inject (injected delays against what the analysis recovers, A/B pairs),
@@ -44,8 +44,8 @@ from bench.runs import (
     profiler_overhead,
     request,
     seed_optimum,
-    simulator_accuracy,
     sweep,
+    typical_step_accuracy,
 )
 from bench.throughput import ThroughputPlan, throughput
 from runners.launch import launch
@@ -308,7 +308,7 @@ def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, reco
             rows, skipped = sweep(plan, ("gpipe", "1f1b"), 2, ms, say)
             results |= {"sweep": rows, "skipped": skipped}
             if rows:  # every run may have failed (see skipped)
-                results |= {"profiler": profiler_overhead(rows), "sim": simulator_accuracy(rows)}
+                results |= {"profiler": profiler_overhead(rows), "sim": typical_step_accuracy(rows)}
     if "seed" in parts:
         with record.section("seed") as results:
             say("seed: gpipe p=4 (4 single-threaded ranks on the usable cores)")

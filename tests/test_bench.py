@@ -563,7 +563,7 @@ def test_bench_predict_smoke(tmp_path):
         predicted, measured = config["predicted_ms"]["median"], config["measured_ms"]["median"]
         assert config["error"]["median"] == pytest.approx(abs(predicted / measured - 1))
         assert config["machine_level"]["n"] == 1
-    assert set(part["source_simulated_error"]) == set(part["source_step_ms"]) == {"gpipe", "1f1b"}
+    assert set(part["source_typical_error"]) == set(part["source_step_ms"]) == {"gpipe", "1f1b"}
     assert len(part["load_average"]) == 1
     text = (out / "RESULTS.md").read_text()
     assert "## 8. predict" in text and "abs(median predicted / median measured - 1), 1f1b m=2" in text
