@@ -26,6 +26,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from analysis.errors import InputError
+from analysis.ranks.workers import main_not_rerun
 
 LOCAL = "local:"
 # Seconds a scheduler or its workers have to answer when first connected to, and the scheduler while the
@@ -189,8 +190,6 @@ def local_cluster(workers: int) -> Iterator[Any]:
     threads of its own, and a start cancelled midway left one spawned after it, reaped with a log line at
     exit (2 of 12 runs on a loaded machine)."""
     import distributed
-
-    from analysis.ranks.pool import main_not_rerun
 
     with main_not_rerun():
         local = distributed.LocalCluster(

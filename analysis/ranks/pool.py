@@ -144,20 +144,6 @@ def _recursion_headroom(headroom: int | None) -> Iterator[None]:
         sys.setrecursionlimit(before)
 
 
-@contextmanager
-def main_not_rerun() -> Iterator[None]:
-    """Workers started without the caller's script: multiprocessing runs a `__main__` given by its path
-    again in each worker (a script calling the analysis at its top level would run in every worker);
-    they need only this module, preloaded."""
-    main = sys.modules["__main__"]
-    path = main.__dict__.pop("__file__", None) if getattr(main.__spec__, "name", None) is None else None
-    try:
-        yield
-    finally:
-        if path is not None:
-            main.__file__ = path
-
-
 def _warned(caught: list[warnings.WarningMessage]) -> list[Warned]:
     return [(str(w.message), w.category) for w in caught]
 
@@ -244,7 +230,7 @@ class _Reader:
     def start_pool(self) -> Any:
         context = multiprocessing.get_context("forkserver")  # fork is unsafe once polars' threads run
         context.set_forkserver_preload([__name__])
-        with main_not_rerun():
+        with workers.main_not_rerun():
             return context.Pool(self.size)
 
     def close(self) -> None:

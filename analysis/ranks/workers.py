@@ -7,12 +7,14 @@ pool saves.
 
 A command sets the number for its duration (`applied`), as it does the input limits
 (analysis.traces.limits); this module reads only /proc and the file sizes, so the CLI imports it cheaply.
+Workers, pooled or a local cluster's, start without the caller's script (`main_not_rerun`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -71,3 +73,17 @@ def json_bytes(path: Path) -> int:
     except OSError:
         return 0  # the loader says what is wrong with it
     return min(size, limits.current().file_bytes)
+
+
+@contextmanager
+def main_not_rerun() -> Iterator[None]:
+    """Workers started without the caller's script: multiprocessing runs a `__main__` given by its path
+    again in each worker (a script calling the analysis at its top level would run in every worker);
+    they need only this module, preloaded."""
+    main = sys.modules["__main__"]
+    path = main.__dict__.pop("__file__", None) if getattr(main.__spec__, "name", None) is None else None
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
