@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, fields
 
 import msgspec
 
-from analysis.timeline.clock import ClockEstimate
 from analysis.traces.integrity import Integrity
 from analysis.vocabulary import GapClass, Part
 from runners.schedules import COMM_KINDS, COMPUTE_KINDS
@@ -257,6 +256,27 @@ class Verdict(msgspec.Struct, kw_only=True):
     sentences: list[str]
     recommends: bool  # False where the evidence is too weak to act on (low trust, noise): said why
     findings: list[Finding]
+
+
+# Per-rank clock offsets (analysis.timeline.clock estimates them; summary.json's clock stores them).
+@dataclass(frozen=True)
+class RankClock:
+    rank: int
+    offset_ns: int  # add to this rank's timestamps to put them on the reference rank's clock
+    uncertainty_ns: int | None  # None: only bounded on one side, or not linked to the reference
+    via: str  # reference | p2p | collective | unlinked
+
+
+@dataclass(frozen=True)
+class ClockEstimate:
+    reference_rank: int
+    ranks: tuple[RankClock, ...]
+    transfers: int  # pipeline transfers used as evidence
+    collectives: int  # collective instances used as evidence
+    inconsistent_pairs: tuple[tuple[int, int], ...]  # rank pairs whose bounds contradict each other
+
+    def offset_ns(self, rank: int) -> int:
+        return next((r.offset_ns for r in self.ranks if r.rank == rank), 0)
 
 
 class Summary(msgspec.Struct, kw_only=True):

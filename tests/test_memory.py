@@ -12,7 +12,6 @@ import torch
 from conftest import REAL_TRACES, summary_of
 from test_cells import gpipe_m1_run
 
-from analysis.cells.labelled import step_spans
 from analysis.errors import TraceWarning
 from analysis.job.measure import analyze_run
 from analysis.job.run_dir import read_run
@@ -20,6 +19,7 @@ from analysis.traces.load import read_trace
 from analysis.traces.memory import memory_events, run_memory, step_peaks, with_steps
 from analysis.traces.run import load_run
 from analysis.traces.runqueue import run_queue_samples
+from analysis.traces.spans import step_spans
 from runners.execute import Forward, forward_work
 from runners.model import Stage
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER, RUN_QUEUE_COUNTER, STASH_COUNTER

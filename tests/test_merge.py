@@ -16,7 +16,7 @@ from analysis.errors import InputError
 from analysis.job.run_dir import analyze_dir
 from analysis.merge.merged import merge, read_ranks
 from analysis.merge.perfetto_check import problems
-from analysis.timeline.clock import ClockEstimate
+from analysis.schema import ClockEstimate
 from analysis.traces.load import read_trace
 from analysis.traces.run import load_run
 from runners.schedules import build

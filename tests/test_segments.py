@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.cells.spans import union
 from analysis.timeline.gaps import runs, segments
+from analysis.traces.spans import union
 
 
 def frame(columns: list[str], rows: list[tuple]) -> pl.DataFrame:

@@ -1,4 +1,4 @@
-"""analysis.cells.spans: the frame's rows of a test (rows); union: per key, nested and overlapping spans
+"""analysis.traces.spans: the frame's rows of a test (rows); union: per key, nested and overlapping spans
 merge into disjoint pieces."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import polars as pl
 
-from analysis.cells.spans import rows, union
+from analysis.traces.spans import rows, union
 
 
 def merged(spans: list[tuple[int | None, int, int]]) -> set[tuple[int | None, int, int]]:

@@ -15,8 +15,7 @@ from conftest import REAL_TRACES, REPO, summary_of
 
 from analysis.cells.inferred import cells_of
 from analysis.errors import NotAPipeline
-from analysis.schema import RankIntegrity, Rules, StepReplay
-from analysis.timeline.clock import ClockEstimate, RankClock
+from analysis.schema import ClockEstimate, RankClock, RankIntegrity, Rules, StepReplay
 from analysis.traces.integrity import PROBLEMS
 from analysis.traces.load import read_trace
 from analysis.trust.evidence import census_of

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis.cells.spans import rows
 from analysis.traces.kineto import BACKWARD_OP_PREFIX
+from analysis.traces.spans import rows
 from runners.schedules.trace_names import OPERATOR_CATEGORY
 
 FUSED = r"^PP:\((\d+F\d+);(\d+[BI]\d+)\)OVERLAP_F_B$"

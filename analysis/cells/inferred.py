@@ -46,8 +46,8 @@ from analysis.cells.labelled import (
 )
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
 from analysis.cells.phases import phase_cells, phase_labels
-from analysis.cells.spans import assign_steps, rows
 from analysis.traces.kineto import BACKWARD_OP_PREFIX, STEP_PREFIX
+from analysis.traces.spans import assign_steps, rows
 from runners.schedules.trace_names import OPERATOR_CATEGORY
 
 TORCH_LABEL = r"^(Forward|Backward) (\d+)$"

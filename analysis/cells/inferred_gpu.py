@@ -31,8 +31,8 @@ from analysis.cells.labelled import (
     next_heads,
 )
 from analysis.cells.op_stream import GEMM_OPS, RECV_OPS, SEND_OPS, comm_cells, number_backwards
-from analysis.cells.spans import assign_steps, union
 from analysis.traces.kineto import BACKWARD_OP_PREFIX
+from analysis.traces.spans import assign_steps, union
 
 
 def _inside(points: pl.DataFrame, spans: pl.DataFrame, name: str) -> pl.DataFrame:

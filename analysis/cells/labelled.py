@@ -19,8 +19,8 @@ import polars as pl
 import polars.selectors as cs
 
 from analysis.cells.labels import TORCH_HOUSEKEEPING, label_spans
-from analysis.cells.spans import assign_steps, rows, union
 from analysis.traces.kineto import DEVICE_WORK_CATS, STEP_PREFIX
+from analysis.traces.spans import assign_steps, rows, step_spans, union
 from runners.schedules import COMPUTE_KINDS
 from runners.schedules.trace_names import LABEL_PREFIX, OPERATOR_CATEGORY, STEP_END_BARRIER, WAIT_SENDS
 
@@ -105,26 +105,6 @@ def cat_in(frame: pl.DataFrame, wanted: Callable[[str], bool]) -> pl.Expr:
 
 def is_gpu(frame: pl.DataFrame) -> bool:
     return any(c.lower() == "kernel" for c in frame["cat"].unique().drop_nulls())
-
-
-def step_spans(frame: pl.DataFrame, on_device: bool = False) -> pl.DataFrame:
-    """`ProfilerStep#N` spans on the host, or (on_device) the GPU-side annotations recent Kineto adds."""
-    device_side = pl.col("cat") == "gpu_user_annotation"
-    side = device_side if on_device else ~device_side
-    is_step = pl.col("name").str.starts_with(STEP_PREFIX) & (pl.col("ph") == "X") & side
-    steps = rows(frame, is_step, "rank", "name", "start_ns", "end_ns")
-    return (
-        steps.select(
-            "rank",
-            pl.col("name").str.strip_prefix(STEP_PREFIX).cast(pl.Int64, strict=False).alias("step"),
-            "start_ns",
-            "end_ns",
-        )
-        .drop_nulls("step")
-        .group_by("rank", "step")
-        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-        .sort("rank", "start_ns")
-    )
 
 
 def _device_windows(frame: pl.DataFrame, host: pl.DataFrame, cells: pl.DataFrame) -> pl.DataFrame:

@@ -7,8 +7,8 @@ from pathlib import Path
 import polars as pl
 
 from analysis.cells.fused import fused_halves
-from analysis.cells.spans import rows
 from analysis.errors import InputError
+from analysis.traces.spans import rows
 from runners.schedules import Action, ActionParseError
 from runners.schedules.trace_names import LABEL_PREFIX
 

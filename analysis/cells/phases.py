@@ -21,8 +21,8 @@ from dataclasses import replace
 import polars as pl
 
 from analysis.cells.labelled import CELL_KEY, RankCells, RankEvents, labelled_cells
-from analysis.cells.spans import assign_steps, rows
 from analysis.traces.kineto import STEP_PREFIX
+from analysis.traces.spans import assign_steps, rows
 
 # A name (letters, digits, _ and ., not starting with a digit) and the kind in parentheses, nothing else:
 # `forward(F)` and `moe.dispatch(B)` are phases; `step (F)`, `f(x)`, `attn(F) layer 3` are not.

@@ -33,12 +33,12 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.cells.labelled import _events_in_labels, device_events, step_spans
+from analysis.cells.labelled import _events_in_labels, device_events
 from analysis.cells.labels import label_spans
-from analysis.cells.spans import assign_steps
 from analysis.errors import InputError
 from analysis.traces.kineto import DEVICE_TRACK_CATS
 from analysis.traces.run import RunTraces
+from analysis.traces.spans import assign_steps, step_spans
 from runners.schedules import COMPUTE_KINDS
 from runners.schedules.single_gpu import SINGLE_GPU
 

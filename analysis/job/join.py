@@ -27,8 +27,7 @@ from analysis.job.layout import DP, find_pipelines, to_global, to_local
 from analysis.job.measure import RunInput, measure_run
 from analysis.ranks.tables import RankInput
 from analysis.results import Analysis
-from analysis.schema import PipelineEntry, RankIntegrity, Rules, Straggler
-from analysis.timeline.clock import ClockEstimate
+from analysis.schema import ClockEstimate, PipelineEntry, RankIntegrity, Rules, Straggler
 from analysis.timeline.dp_sync import with_skew
 from analysis.traces.memory import Memory
 from analysis.trust.gate import pipeline_evidence

@@ -37,9 +37,9 @@ from analysis.errors import InputError, TraceWarning
 from analysis.job.layout import Group
 from analysis.ranks.tables import RankInput
 from analysis.results import Analysis
-from analysis.schema import RANK_PARTS, Rules, StepReplay, Summary
+from analysis.schema import RANK_PARTS, ClockEstimate, Rules, StepReplay, Summary
 from analysis.timeline.classify import classify, with_collectives
-from analysis.timeline.clock import ClockEstimate, on_one_clock, shifted_like_cells
+from analysis.timeline.clock import on_one_clock, shifted_like_cells
 from analysis.timeline.dp_sync import skew_ns
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps

@@ -23,7 +23,6 @@ from typing import TypeVar
 import msgspec
 import polars as pl
 
-from analysis.cells.labelled import step_spans
 from analysis.errors import InputError
 from analysis.files import atomic_file
 from analysis.merge.analysis_tracks import analysis_tracks, applied_offsets
@@ -36,6 +35,7 @@ from analysis.traces import limits
 from analysis.traces.load import Budget, RawTrace, read_trace, with_rank
 from analysis.traces.run import RunTraces, load_run, one_trace_run
 from analysis.traces.run_files import rank_from_name, trace_files
+from analysis.traces.spans import step_spans
 from analysis.traces.times import WHOLE_NS_LIMIT_US
 
 BROWSER_LIMIT_BYTES = 1 << 30  # Perfetto's UI struggles to open JSON traces past about this size

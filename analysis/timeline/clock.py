@@ -18,11 +18,11 @@ path whose summed uncertainty is smallest.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 
 import polars as pl
 
 from analysis.cells.labelled import CELL_KEY, RankCells, cat_in
+from analysis.schema import ClockEstimate, RankClock
 from runners.schedules import COMM_KINDS
 
 # A send of kind K of stage s is received by the RECV of the same microbatch at stage s + step.
@@ -31,26 +31,6 @@ _RECEIVER = {"SEND_F": ("RECV_F", 1), "SEND_B": ("RECV_B", -1)}
 _HOST_PREFIX = "gloo:"
 _HOST_COLLECTIVE = pl.col("name").str.starts_with(_HOST_PREFIX) & ~pl.col("name").str.contains("send|recv")
 _NCCL = pl.col("name").str.contains("(?i)^nccl")  # a kernel's name; the device's collectives
-
-
-@dataclass(frozen=True)
-class RankClock:
-    rank: int
-    offset_ns: int  # add to this rank's timestamps to put them on the reference rank's clock
-    uncertainty_ns: int | None  # None: only bounded on one side, or not linked to the reference
-    via: str  # reference | p2p | collective | unlinked
-
-
-@dataclass(frozen=True)
-class ClockEstimate:
-    reference_rank: int
-    ranks: tuple[RankClock, ...]
-    transfers: int  # pipeline transfers used as evidence
-    collectives: int  # collective instances used as evidence
-    inconsistent_pairs: tuple[tuple[int, int], ...]  # rank pairs whose bounds contradict each other
-
-    def offset_ns(self, rank: int) -> int:
-        return next((r.offset_ns for r in self.ranks if r.rank == rank), 0)
 
 
 def transfers(cells: pl.DataFrame) -> pl.DataFrame:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from analysis.cells.labelled import step_spans
-from analysis.cells.spans import rows
+from analysis.traces.spans import step_spans
+from analysis.traces.spans import rows
 from analysis.traces.load import RawTrace
 from analysis.traces.run import RunTraces
 from runners.schedules.trace_names import CUDA_PEAK_COUNTER, STASH_COUNTER

@@ -8,7 +8,7 @@ import warnings
 
 import polars as pl
 
-from analysis.cells.spans import rows
+from analysis.traces.spans import rows
 from analysis.errors import TraceWarning
 from analysis.traces.load import RawTrace
 from runners.schedules.trace_names import RUN_QUEUE_COUNTER

@@ -22,7 +22,7 @@ import msgspec
 import polars as pl
 
 from analysis.cells.labelled import RankCells
-from analysis.cells.spans import rows
+from analysis.traces.spans import rows
 
 P2P_OPS = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
 P2P_SPANS = ("nccl:send", "nccl:recv", "gloo:send", "gloo:recv")

@@ -13,8 +13,7 @@ from __future__ import annotations
 import statistics
 
 from analysis.errors import NotAPipeline
-from analysis.schema import RankIntegrity, Rules, Summary, Trust
-from analysis.timeline.clock import ClockEstimate
+from analysis.schema import ClockEstimate, RankIntegrity, Rules, Summary, Trust
 from analysis.traces.integrity import PROBLEMS
 from analysis.trust.evidence import CommCensus
 from analysis.vocabulary import Level

@@ -1,9 +1,11 @@
-"""What the cell passes share: the rows of the event frame one test picks, spans placed in their steps,
-and unions of spans."""
+"""What the passes over a rank's events share: the rows of the event frame one test picks, the profiled
+steps' spans, spans placed in their steps, and unions of spans."""
 
 from __future__ import annotations
 
 import polars as pl
+
+from analysis.traces.kineto import STEP_PREFIX
 
 
 def rows(frame: pl.DataFrame, where: pl.Expr, *columns: str | pl.Expr) -> pl.DataFrame:
@@ -42,3 +44,23 @@ def union(spans: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     )
     ends = marked.filter(pl.col("opens").shift(-1, fill_value=True))["reach"]
     return marked.filter("opens").drop("end_ns", "reach", "opens").with_columns(end_ns=ends)
+
+
+def step_spans(frame: pl.DataFrame, on_device: bool = False) -> pl.DataFrame:
+    """`ProfilerStep#N` spans on the host, or (on_device) the GPU-side annotations recent Kineto adds."""
+    device_side = pl.col("cat") == "gpu_user_annotation"
+    side = device_side if on_device else ~device_side
+    is_step = pl.col("name").str.starts_with(STEP_PREFIX) & (pl.col("ph") == "X") & side
+    steps = rows(frame, is_step, "rank", "name", "start_ns", "end_ns")
+    return (
+        steps.select(
+            "rank",
+            pl.col("name").str.strip_prefix(STEP_PREFIX).cast(pl.Int64, strict=False).alias("step"),
+            "start_ns",
+            "end_ns",
+        )
+        .drop_nulls("step")
+        .group_by("rank", "step")
+        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+        .sort("rank", "start_ns")
+    )
