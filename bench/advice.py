@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from analysis.attribution.advice import PROMISED_STEP_ERROR
 from analysis.cli.advise import advice
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.schema import Candidate
 from bench.runs import P, RunPlan, request
@@ -37,7 +37,7 @@ def _key(c: Candidate) -> tuple[str, str, int, int]:
 def _measure(plan: RunPlan, key: tuple[str, str, int, int]) -> tuple[float, int | None]:
     """One run of (engine, schedule, m, v): its profiled step (ms) and largest rank's peak activations."""
     engine, name, m, v = key
-    summary = analyze_run(read_run(launch(request(plan, name, P, m, engine, v=v), plan.traces))).summary
+    summary = analyze_pipeline(read_run(launch(request(plan, name, P, m, engine, v=v), plan.traces))).summary
     peaks = [r.peak_activation_bytes for r in summary.ranks if r.peak_activation_bytes is not None]
     return summary.step_time_ms, max(peaks, default=None)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.schema import Summary
 from bench.runs import P, RunPlan, request
@@ -120,7 +120,7 @@ def recovery(case: Case, baseline: list[tuple[Summary, dict]], injected: list[tu
 
 def measured(run_dir: Path) -> tuple[Summary, dict]:
     """A run's summary and its run.json, what `recovery` reads of each run."""
-    return analyze_run(read_run(run_dir)).summary, json.loads((run_dir / "run.json").read_text())
+    return analyze_pipeline(read_run(run_dir)).summary, json.loads((run_dir / "run.json").read_text())
 
 
 def _run(plan: RunPlan, case: Case, injected: bool) -> tuple[Summary, dict]:

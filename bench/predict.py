@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from analysis.cli.predict import predictions
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from bench.runs import P, RunPlan, request
 from bench.stats import stats, verdict
@@ -106,7 +106,9 @@ def prediction_accuracy(
                 failed.append(f"{schedule} repeat {repeat}: {error}")
                 progress(f"  {schedule} repeat {repeat}: failed: {error}")
                 continue
-            steps = {m: analyze_run(read_run(run_dir)).summary.step_time_ms for m, run_dir in targets.items()}
+            steps = {
+                m: analyze_pipeline(read_run(run_dir)).summary.step_time_ms for m, run_dir in targets.items()
+            }
             source_error[schedule].append(source.typical_step_ms / source.step_time_ms - 1)
             source_steps[schedule].append(source.step_time_ms)
             for guess in found:

@@ -17,7 +17,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis.errors import InputError
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.vocabulary import RUNGS
 from bench.cold import cold_passes
@@ -84,7 +84,7 @@ def slot_ms(cells: pl.DataFrame, step: int) -> float:
 
 def sweep_row(run_dir: Path) -> dict:
     config = json.loads((run_dir / "run.json").read_text())
-    result = analyze_run(read_run(run_dir))
+    result = analyze_pipeline(read_run(run_dir))
     summary = result.summary
     p, m = summary.p, summary.m
     step, samples = config["step_time_unprofiled_ms"], config["step_times_unprofiled_ms"]
@@ -194,7 +194,7 @@ def m1_bubble(plan: RunPlan, runs: int, progress: Callable[[str], None]) -> dict
     for done in range(1, runs + 1):
         try:
             run_dir = launch(resolved, plan.traces)
-            summary = analyze_run(read_run(run_dir)).summary
+            summary = analyze_pipeline(read_run(run_dir)).summary
         except LaunchError as error:  # one failed run must not cost the others
             failed.append(str(error))
             progress(f"  [{done}/{runs}] failed: {error}")

@@ -12,7 +12,7 @@ from test_cells import cpu_action, gpipe_m1_run, trace, write_trace
 
 from analysis.cli import main
 from analysis.cli.analyze import STEPS_LISTED, residual_by_step
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.report import build_report
 from analysis.schema import StepReplay
@@ -207,7 +207,7 @@ def test_unlabelled_trace_is_an_input_error_naming_it(tmp_path, capsys):
 def test_without_run_json_the_schedule_is_inferred_from_the_labels(tmp_path, name, p, m, v):
     write_run(tmp_path, build(name, p, m, v), steps=1)
     (tmp_path / "run.json").unlink()
-    summary = analyze_run(read_run(tmp_path)).summary
+    summary = analyze_pipeline(read_run(tmp_path)).summary
     assert (summary.schedule, summary.p, summary.m, summary.v) == (name, p, m, v)
     assert summary.waterfall_ms.small_batches is None and summary.engine is None
 
@@ -226,13 +226,13 @@ def test_schedule_hint_that_disagrees_with_the_order_is_an_input_error(tmp_path,
 def test_torchtitans_schedule_names_are_hints_too(tmp_path, hint, name, p, v):
     write_run(tmp_path, build(name, p, 4, v), steps=1)
     (tmp_path / "run.json").unlink()
-    assert analyze_run(read_run(tmp_path), schedule=hint).summary.schedule == name
+    assert analyze_pipeline(read_run(tmp_path), schedule=hint).summary.schedule == name
 
 
 def test_a_torch_order_no_generator_builds_is_a_hint_for_custom_and_a_typo_names_the_known(tmp_path, capsys):
     write_run(tmp_path, build("gpipe", 2, 4), steps=1)
     (tmp_path / "run.json").unlink()
-    assert analyze_run(read_run(tmp_path), schedule="LoopedBFS").summary.schedule == "gpipe"
+    assert analyze_pipeline(read_run(tmp_path), schedule="LoopedBFS").summary.schedule == "gpipe"
     assert main(["analyze", str(tmp_path), "--schedule", "Interleaved1F1", "--m", "4"]) == 2
     error = capsys.readouterr().err
     assert "is no schedule name; known: gpipe, 1f1b" in error and "ZBVZeroBubble" in error

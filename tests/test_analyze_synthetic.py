@@ -11,7 +11,7 @@ import msgspec
 import polars as pl
 import pytest
 
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS
 from analysis.traces.load import load_trace
@@ -91,7 +91,7 @@ def _replayed(directory, schedule, host):
         small_gemm=SMALL_GEMM,
         slowdown=SLOWDOWN,
     )
-    return analyze_run(read_run(directory)).summary
+    return analyze_pipeline(read_run(directory)).summary
 
 
 def test_a_p2p_call_that_took_no_time_still_cuts_the_op_stream(tmp_path):
@@ -104,7 +104,7 @@ def test_a_p2p_call_that_took_no_time_still_cuts_the_op_stream(tmp_path):
     sends = frame.filter(pl.col("name") == "c10d::send")
     assert sends.height and (sends["end_ns"] == sends["start_ns"]).all()
     assert frame.join(sends.select("start_ns"), on="start_ns").filter(pl.col("name") == "aten::linear").height
-    result = analyze_run(read_run(tmp_path))
+    result = analyze_pipeline(read_run(tmp_path))
     assert result.schedule.orders == schedule.orders
 
 
@@ -123,7 +123,7 @@ def test_host_time_inside_a_cpu_action_is_launch_overhead_not_compute(tmp_path):
         slowdown=SLOWDOWN,
     )
     truth = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
-    summary = analyze_run(read_run(tmp_path)).summary
+    summary = analyze_pipeline(read_run(tmp_path)).summary
     for entry in summary.ranks:
         true = truth["ranks"][str(entry.rank)]["parts_ns"]
         assert true["launch_overhead"] == 2 * schedule.m * 300 * US  # the stalls alone: every F and B's

@@ -15,7 +15,7 @@ import pytest
 from analysis.cells.executed import check_causality
 from analysis.cli import main
 from analysis.errors import InputError
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from runners.schedules import bubble_formula, build
 from synthetic import write_run
@@ -61,7 +61,7 @@ def test_a_custom_order_is_analysed_as_it_ran_with_its_parts_recovered(tmp_path,
     truth = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
     if not with_run_json:
         drop_run_json(tmp_path)
-    result = analyze_run(read_run(tmp_path))
+    result = analyze_pipeline(read_run(tmp_path))
     summary = result.summary
     assert (summary.schedule, summary.nearest_schedule) == ("custom", nearest)
     assert (summary.p, summary.m, summary.v) == (schedule.p, schedule.m, schedule.v)
@@ -97,14 +97,14 @@ def test_a_deeper_warm_up_is_not_called_interleaved(tmp_path):
     # user means by interleaved, so the run is custom, nearest 1f1b.
     write_run(tmp_path, deeper_warmup_1f1b(3, 6, extra=2), steps=1)
     drop_run_json(tmp_path)
-    summary = analyze_run(read_run(tmp_path)).summary
+    summary = analyze_pipeline(read_run(tmp_path)).summary
     assert (summary.schedule, summary.nearest_schedule, summary.v) == ("custom", "1f1b", 1)
 
 
 def test_a_named_order_is_named_and_has_no_nearest(tmp_path):
     write_run(tmp_path, build("1f1b", 3, 6), steps=1)
     drop_run_json(tmp_path)
-    summary = analyze_run(read_run(tmp_path)).summary
+    summary = analyze_pipeline(read_run(tmp_path)).summary
     assert (summary.schedule, summary.nearest_schedule) == ("1f1b", None)
 
 

@@ -16,7 +16,7 @@ from analysis.attribution.replay import Inputs, Step, Tail, replay, replay_all
 from analysis.attribution.waterfall import ladder
 from analysis.cells.labelled import CELL_KEY, CELL_SCHEMA
 from analysis.job.join import analyze_job
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS
 from analysis.vocabulary import RUNGS
@@ -39,7 +39,7 @@ RUN_JSON = {
 
 
 def test_uncalibrated_waterfall_matches_the_hand_replay(tmp_path):
-    summary = analyze_run(read_run(gpipe_m1_run(tmp_path))).summary
+    summary = analyze_pipeline(read_run(gpipe_m1_run(tmp_path))).summary
     # ideal (10+20 + 20+30)/2 = 40 us; equal slots F=15, B=25 in a serial m=1 chain = 80; the measured
     # chain is also 80 (no imbalance at m=1); host time 2+1 on rank 0 and 1+1+1 on rank 1 on the chain
     # pushes it to 87, the transfers after both sides posted (1RECV_F0 3 us after 0SEND_F0 began, the
@@ -97,7 +97,7 @@ def test_a_labelled_step_end_barrier_and_a_late_opening_are_replayed_not_left_in
     ]
     write_trace(tmp_path, trace(0, [(0, 100)], rank0))
     write_trace(tmp_path, trace(1, [(4, 106)], rank1))
-    summary = analyze_run(read_run(tmp_path)).summary
+    summary = analyze_pipeline(read_run(tmp_path)).summary
     (replayed,) = summary.replayed_steps
     assert replayed.step_time_ms == pytest.approx(0.102)
     assert replayed.residual_ms == pytest.approx(0.0, abs=1e-9)
@@ -108,7 +108,7 @@ def test_a_labelled_step_end_barrier_and_a_late_opening_are_replayed_not_left_in
 
 
 def test_calibration_splits_busy_time_into_compute_small_gemm_and_slowdown(tmp_path):
-    summary = analyze_run(read_run(gpipe_m1_run(tmp_path, RUN_JSON))).summary
+    summary = analyze_pipeline(read_run(gpipe_m1_run(tmp_path, RUN_JSON))).summary
     ranks = {entry.rank: entry for entry in summary.ranks}
     # busy 30 and 50 us against the isolated (here whole-batch) 24 and 40 us: at m = 1 no small-GEMM loss
     assert (ranks[0].compute_ms, ranks[0].small_gemm_ms, ranks[0].slowdown_ms) == pytest.approx(
@@ -129,7 +129,7 @@ def test_calibration_splits_busy_time_into_compute_small_gemm_and_slowdown(tmp_p
 
 def test_each_compute_cell_carries_its_split(tmp_path):
     # measured F/B: 10/20 us on stage 0, 20/30 us on stage 1; calibrated (m=1): 8/16 and 16/24 us
-    cells = analyze_run(read_run(gpipe_m1_run(tmp_path, RUN_JSON))).cells
+    cells = analyze_pipeline(read_run(gpipe_m1_run(tmp_path, RUN_JSON))).cells
     split = {
         f"{s}{k}": (c, g, d)
         for s, k, c, g, d in cells.select(
@@ -147,7 +147,7 @@ def test_each_compute_cell_carries_its_split(tmp_path):
 
 @pytest.mark.parametrize("with_run_json", [False, True])
 def test_each_ranks_parts_sum_to_the_step_time(tmp_path, with_run_json):
-    result = analyze_run(read_run(gpipe_m1_run(tmp_path, RUN_JSON if with_run_json else None)))
+    result = analyze_pipeline(read_run(gpipe_m1_run(tmp_path, RUN_JSON if with_run_json else None)))
     assert result.summary.parts == tuple(f"{part}_ms" for part in RANK_PARTS)
     for entry in result.summary.ranks:
         total = sum(getattr(entry, key) or 0.0 for key in result.summary.parts)
@@ -210,10 +210,10 @@ def test_cpu_contention_is_the_run_queue_delay_across_compute_cells_on_their_bus
         1: [run_queue(t, ns) for t, ns in ((17, 1000), (37, 6000), (38, 6000), (68, 6500), (90, 9500))],
         0: [span("aten::mm", 76, 91, cat="cpu_op"), run_queue(71, 0), run_queue(91, 4000)],
     }
-    ranks = analyze_run(read_run(gpipe_m1_run(tmp_path, extra=extra))).summary.ranks
+    ranks = analyze_pipeline(read_run(gpipe_m1_run(tmp_path, extra=extra))).summary.ranks
     assert ranks[1].cpu_contention_ms == pytest.approx(0.0055, abs=1e-12)
     assert ranks[0].cpu_contention_ms == pytest.approx(0.003, abs=1e-12)
-    bare = analyze_run(read_run(gpipe_m1_run(tmp_path / "bare"))).summary.ranks
+    bare = analyze_pipeline(read_run(gpipe_m1_run(tmp_path / "bare"))).summary.ranks
     assert [r.cpu_contention_ms for r in bare] == [None, None]  # no counter: unknown, not zero
 
 
@@ -437,7 +437,7 @@ def test_an_isend_whose_slow_call_outlasted_its_receivers_post_is_not_taken_for_
 
 
 def test_the_critical_path_crosses_ranks_and_tiles_the_replay(tmp_path):
-    analysis = analyze_run(read_run(gpipe_m1_run(tmp_path)))
+    analysis = analyze_pipeline(read_run(gpipe_m1_run(tmp_path)))
     path = analysis.critical.sort("start_ns")
     assert (path["end_ns"] - path["start_ns"]).sum() == 91_000  # the own replay: the step less 9 us
     assert (path["start_ns"].slice(1) == path["end_ns"].slice(0, path.height - 1)).all()  # no holes

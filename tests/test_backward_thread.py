@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from runners.schedules import Action, Kind, build
 from runners.schedules.trace_names import LABEL_PREFIX
@@ -54,7 +54,7 @@ def test_backward_kernels_launched_by_autograd_s_thread_belong_to_their_labels(t
     assert all(
         launch_backwards_from_autograd_s_thread(tmp_path / f"rank{r}.json.gz") == 4 * 3 for r in (0, 1)
     )
-    summary = analyze_run(read_run(tmp_path)).summary
+    summary = analyze_pipeline(read_run(tmp_path)).summary
     truth = json.loads((tmp_path / "truth.json").read_text())["steps"][0]["ranks"]
     for rank in summary.ranks:
         true = truth[str(rank.rank)]["parts_ns"]

@@ -13,7 +13,7 @@ import msgspec
 import polars as pl
 import pytest
 
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.traces import source as trace_source
 from analysis.traces.load import load_trace
@@ -106,7 +106,7 @@ def test_replicated_set_analyses_like_its_source(source, tmp_path):
     """Copies of identical steps: every step of the set has the source's step time and parts."""
     trace_set = replicate_run(source, tmp_path / "set", 3 * _per_copy_bytes(source, tmp_path))
     (tmp_path / "set" / "run.json").write_text((source / "run.json").read_text())
-    copied, original = analyze_run(read_run(tmp_path / "set")), analyze_run(read_run(source))
+    copied, original = analyze_pipeline(read_run(tmp_path / "set")), analyze_pipeline(read_run(source))
     ours, theirs = copied.summary, original.summary
     # every step of every copy lasts as a source step does; at a copy's end, the next copy starts where
     # the last step's span ends, so that step may last its whole span

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from analysis.caveats import flags, noise, spread
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.schema import Noise, Rules
 from runners.schedules import build
@@ -57,9 +57,9 @@ def test_a_wide_spread_of_either_kind_of_step_is_flagged_noisy():
 def test_the_summary_carries_the_noise_and_the_flag(tmp_path):
     write_run(tmp_path, build("gpipe", 2, 4), steps=3)
     config = json.loads((tmp_path / "run.json").read_text())
-    steady = analyze_run(read_run(tmp_path)).summary
+    steady = analyze_pipeline(read_run(tmp_path)).summary
     assert steady.flags == [] and steady.noise.profiled_spread == pytest.approx(0, abs=1e-9)
     assert steady.step_time_unprofiled_ms == config["step_time_unprofiled_ms"]
     (tmp_path / "run.json").write_text(json.dumps(config | {"step_times_unprofiled_ms": [1.0, 2.0, 5.0]}))
-    summary = analyze_run(read_run(tmp_path)).summary
+    summary = analyze_pipeline(read_run(tmp_path)).summary
     assert summary.flags == ["noisy"] and summary.noise.unprofiled_spread == pytest.approx(2.0)

@@ -7,7 +7,7 @@ import pytest
 from test_cells import cpu_action, gpipe_m1_run, gpu_action, span, trace, write_trace
 
 from analysis.cells.labelled import CELL_KEY
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.schema import Rules
 from analysis.timeline.waits import split_waits
@@ -24,7 +24,7 @@ def totals(gaps: pl.DataFrame, rank: int) -> dict[str, int]:
 
 
 def test_wait_splits_at_the_peers_send_and_sending_is_p2p(tmp_path):
-    gaps = analyze_run(read_run(gpipe_m1_run(tmp_path))).gaps
+    gaps = analyze_pipeline(read_run(gpipe_m1_run(tmp_path))).gaps
     # rank 1 waits (2,15); rank 0's SEND_F starts at 12: bubble 10 us, then 3 us in transfer, plus its
     # own 1 us sending in SEND_B; after its last action (69,100) it has nothing to do: drain, bubble;
     # the other 5 us are framework time before, in and between actions
@@ -38,7 +38,7 @@ def test_wait_splits_at_the_peers_send_and_sending_is_p2p(tmp_path):
 
 def test_work_outside_the_schedule_is_other_and_idle_around_it_is_drain(tmp_path):
     optimizer = [span("optimizer_step", 70, 99), span("aten::add_", 71, 80, cat="cpu_op")]
-    gaps = analyze_run(read_run(gpipe_m1_run(tmp_path, extra={1: optimizer}))).gaps
+    gaps = analyze_pipeline(read_run(gpipe_m1_run(tmp_path, extra={1: optimizer}))).gaps
     assert totals(gaps, 1) == {
         "bubble": 12 * US,
         "p2p_wait": 4 * US,
@@ -51,7 +51,7 @@ def test_the_wait_for_pending_sends_is_p2p_once_the_receiver_posted_and_bubble_b
     # rank 1 waits for its sends (69,80) after its last action: rank 0 had posted the receive of its
     # one send at 14, so all 11 us are transfer, not other; the optimizer (80,99) stays other
     extra = {1: [span(WAIT_SENDS, 69, 80), span("optimizer_step", 80, 99)]}
-    gaps = analyze_run(read_run(gpipe_m1_run(tmp_path, extra=extra))).gaps
+    gaps = analyze_pipeline(read_run(gpipe_m1_run(tmp_path, extra=extra))).gaps
     assert totals(gaps, 1) == {
         "bubble": 11 * US,
         "p2p_wait": 15 * US,
@@ -103,7 +103,7 @@ def blocking_send_run(directory, send_end_ms: float):
 
 def test_a_blocking_send_waits_for_its_receiver_as_bubble_then_transfers_as_p2p(tmp_path):
     ms = 1_000_000  # ns
-    gaps = analyze_run(read_run(blocking_send_run(tmp_path / "blocking", 16))).gaps
+    gaps = analyze_pipeline(read_run(blocking_send_run(tmp_path / "blocking", 16))).gaps
     sending = gaps.filter(
         (pl.col("rank") == 0) & (pl.col("start_ns") >= 10 * ms) & (pl.col("end_ns") <= 16 * ms)
     )
@@ -115,7 +115,7 @@ def test_a_blocking_send_waits_for_its_receiver_as_bubble_then_transfers_as_p2p(
     # the receiver's side is unchanged: its producer had begun sending at 10, so its wait is transfer
     assert totals(gaps, 1)["p2p_wait"] == 1.6 * ms + 1 * ms  # (15.2,16.8) and its own SEND_B0 (68,69)
     # an isend's host call that returned before its receiver posted did not wait for it: p2p as before
-    gaps = analyze_run(read_run(blocking_send_run(tmp_path / "isend", 11))).gaps
+    gaps = analyze_pipeline(read_run(blocking_send_run(tmp_path / "isend", 11))).gaps
     sending = gaps.filter(
         (pl.col("rank") == 0) & (pl.col("start_ns") >= 10 * ms) & (pl.col("end_ns") <= 11 * ms)
     )
@@ -145,11 +145,11 @@ def test_a_wait_inside_a_send_splits_at_its_receivers_posting():
 
 
 def test_long_idle_between_actions_is_other_and_long_head_before_a_receive_is_bubble(tmp_path):
-    gaps = analyze_run(read_run(gpipe_m1_run(tmp_path)), rules=Rules(host_gap_max_ns=1 * US + 1)).gaps
+    gaps = analyze_pipeline(read_run(gpipe_m1_run(tmp_path)), rules=Rules(host_gap_max_ns=1 * US + 1)).gaps
     # rank 0: (0,2) before its first action, a forward that waits on no peer, is the host getting to it
     # at any length: launch_overhead, as are (13,14) between and (14,15) inside RECV, each short
     assert totals(gaps, 0) == {"bubble": 62 * US, "p2p_wait": 2 * US, "launch_overhead": 6 * US}
-    gaps = analyze_run(read_run(gpipe_m1_run(tmp_path)), rules=Rules(host_gap_max_ns=US // 2)).gaps
+    gaps = analyze_pipeline(read_run(gpipe_m1_run(tmp_path)), rules=Rules(host_gap_max_ns=US // 2)).gaps
     # every stretch between actions (1 us each: (13,14), (70,71) on rank 0) is now other
     assert totals(gaps, 0)["other"] == 2 * US
     # rank 1's (0,1) before its first action, a receive, is now too long for a launch: nothing to do yet
@@ -158,7 +158,7 @@ def test_long_idle_between_actions_is_other_and_long_head_before_a_receive_is_bu
 
 
 def test_gaps_never_overlap_and_stay_inside_the_step(tmp_path):
-    gaps = analyze_run(read_run(gpipe_m1_run(tmp_path))).gaps.sort("rank", "start_ns")
+    gaps = analyze_pipeline(read_run(gpipe_m1_run(tmp_path))).gaps.sort("rank", "start_ns")
     overlap = gaps.filter(pl.col("start_ns") < pl.col("end_ns").shift(1).over("rank"))
     assert overlap.height == 0
     assert gaps["start_ns"].min() >= 0 and gaps["end_ns"].max() <= 100 * US
@@ -183,7 +183,7 @@ def test_gpu_idle_is_split_by_the_nccl_wait_and_the_launch_queue(tmp_path):
     run.mkdir()
     write_trace(run, trace(0, [(0, 100)], rank0))
     write_trace(run, trace(1, [(0, 100)], rank1))
-    result = analyze_run(read_run(run))
+    result = analyze_pipeline(read_run(run))
     # The device's step runs from its first kernel (rank 0: 10) to the host step's end (100); rank 1's
     # recv kernel starts at 5, but its step opens with the last rank's (10): before that it waits for a
     # step that has not begun (analysis.timeline.gaps.aligned_starts).
@@ -228,7 +228,7 @@ def test_a_gpu_host_blocked_on_its_send_waits_for_the_receiver_as_bubble_then_tr
     run.mkdir()
     write_trace(run, trace(0, [(0, 100)], rank0))
     write_trace(run, trace(1, [(0, 100)], rank1))
-    gaps = analyze_run(read_run(run)).gaps
+    gaps = analyze_pipeline(read_run(run)).gaps
     sending = gaps.filter(
         (pl.col("rank") == 0) & (pl.col("start_ns") >= 20 * US) & (pl.col("end_ns") <= 41.5 * US)
     )
@@ -270,7 +270,7 @@ def posted_receive_run(directory):
 
 
 def test_a_receive_only_posted_waits_in_its_consumer_not_in_its_label(tmp_path):
-    gaps = analyze_run(read_run(posted_receive_run(tmp_path / "run"))).gaps
+    gaps = analyze_pipeline(read_run(posted_receive_run(tmp_path / "run"))).gaps
     # 1RECV_F0's label [1,5] only posts the receive (a slow call, 3 us), long before rank 0 began sending
     # at 12: no data was in flight, it is the host's time in the action, as the replay takes it; with the
     # host getting to it before (0,1) and to 1F0 after (5,6), one stretch

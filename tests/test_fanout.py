@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from test_fuzz_commands import EDITS, FUZZ, SEEDS, _mutated, _run
 
 from analysis.errors import InputError
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.ranks import cluster, progress, workers
 from analysis.traces.load import read_trace
@@ -63,9 +63,9 @@ def test_pool_cluster_and_one_process_agree_on_any_input(tmp_path, seed, edits, 
 def test_pool_gives_the_same_tables(tmp_path):
     write_run(tmp_path, build("1f1b", 4, 8, 1), shape="gpu", clock_offset_ns={1: 3_000_000, 3: -2_000_000})
     with workers.applied(3):
-        pooled = analyze_run(read_run(tmp_path))
+        pooled = analyze_pipeline(read_run(tmp_path))
     with workers.applied(1):
-        alone = analyze_run(read_run(tmp_path))
+        alone = analyze_pipeline(read_run(tmp_path))
     assert pooled.summary == alone.summary
     assert pooled.cells.equals(alone.cells) and pooled.gaps.equals(alone.gaps)
 

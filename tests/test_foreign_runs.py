@@ -26,7 +26,7 @@ import polars as pl
 import pytest
 
 from analysis.cells.labelled import CELL_KEY
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.results import Analysis
 
@@ -206,7 +206,7 @@ def traced(tmp_path_factory):
 def check(run: Path, v: int, schedule: str, nearest: str | None) -> Analysis:
     """The analysis of `run`: p, m and v; every microbatch's F and B once on each stage's rank (stage s
     on rank s % P) in the median step; each rank's parts summing to the step time; the schedule's name."""
-    result = analyze_run(read_run(run))
+    result = analyze_pipeline(read_run(run))
     summary = result.summary
     assert (summary.p, summary.m, summary.v) == (P, M, v), summary
     median = result.cells.filter(pl.col("step") == summary.median_step)
@@ -290,7 +290,7 @@ def test_a_blocking_recv_waiting_on_its_late_sender_is_blocked(traced):
     run = traced("labelled-gpipe")
     waits = recv_wait_ns(run)
     assert max(ns for key, ns in waits.items() if key[3] == "RECV_B") >= SEND_DELAY_S * 1e9, waits
-    cells = analyze_run(read_run(run)).cells.filter(pl.col("kind").str.starts_with("RECV"))
+    cells = analyze_pipeline(read_run(run)).cells.filter(pl.col("kind").str.starts_with("RECV"))
     blocked = {tuple(row[:-1]): row[-1] for row in cells.select(*CELL_KEY, "blocked_ns").iter_rows()}
     short = {
         key: (round(blocked.get(key, 0) / 1e6, 3), round(ns / 1e6, 3))

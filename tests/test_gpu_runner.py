@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import REPO, trace_command, trace_run
 
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 
 pytestmark = [
@@ -77,5 +77,5 @@ def test_two_ranks_on_one_gpu_run_as_streams_of_one_process_and_analyse_as_two_r
     trace = events(run / "rank0.json.gz")
     assert len({e["args"]["stream"] for e in trace if e.get("cat") == "kernel"}) >= 2  # a stream per rank
     assert any(e.get("cat") == "gpu_memcpy" for e in trace)  # the hops
-    summary = analyze_run(read_run(run)).summary
+    summary = analyze_pipeline(read_run(run)).summary
     assert summary.p == 2 and all(rank.busy_ms > 0 for rank in summary.ranks)

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from analysis.errors import InputError
-from analysis.job.measure import analyze_run, measure_run
+from analysis.job.measure import analyze_pipeline, measure_pipeline
 from analysis.job.run_dir import read_run
 
 pytestmark = pytest.mark.slow
@@ -107,14 +107,14 @@ def seed_run(tmp_path_factory) -> Path:
 
 
 def test_unannotated_gpipe_is_analysed_from_inferred_cells(seed_run):
-    result = analyze_run(read_run(seed_run))
+    result = analyze_pipeline(read_run(seed_run))
     summary = result.summary
     assert (summary.schedule, summary.p, summary.m, summary.v) == ("gpipe", P, 1, 1)
     assert summary.inferred_cells == result.cells.height > 0
     compute = result.cells.filter(pl.col("kind").is_in(["F", "B"]))
     per_step = compute.group_by("rank", "step").agg(pl.col("kind").sort().str.join(","))
     assert set(per_step["kind"]) == {"B,F"}  # one F and one B per rank and step, nothing else
-    measured = measure_run(read_run(seed_run))
+    measured = measure_pipeline(read_run(seed_run))
     bubbles = [measured.analysis(step).summary.bubble_measured for step in measured.parts["step"].unique()]
     assert len(bubbles) == 9 and abs(statistics.median(bubbles) - (P - 1) / P) < BUBBLE_BAND, bubbles
 
@@ -123,7 +123,7 @@ def test_the_last_stages_tail_without_a_barrier_is_drain_bubble(seed_run):
     """The loop ends no step with a barrier: rank 1's ProfilerStep closes after its send and optimizer
     step while rank 0 still runs its backward, a third of the step. That stretch is drain bubble; rank 1's
     other is its optimizer step alone (0.5 ms of 288 measured; 104 ms when the stretch was other)."""
-    summary = analyze_run(read_run(seed_run)).summary
+    summary = analyze_pipeline(read_run(seed_run)).summary
     first, last = sorted(summary.ranks, key=lambda entry: entry.rank)
     assert last.other_ms < 0.05 * summary.step_time_ms, last
     # rank 1 waits while rank 0 works: its forward (fill) and its backward (drain; a third before)
@@ -131,17 +131,17 @@ def test_the_last_stages_tail_without_a_barrier_is_drain_bubble(seed_run):
 
 
 def test_hints_must_agree_with_the_traces(seed_run):
-    assert analyze_run(read_run(seed_run), schedule="gpipe", m=1).summary.schedule == "gpipe"
+    assert analyze_pipeline(read_run(seed_run), schedule="gpipe", m=1).summary.schedule == "gpipe"
     with pytest.raises(InputError, match="--m 8"):
-        analyze_run(read_run(seed_run), m=8)
+        analyze_pipeline(read_run(seed_run), m=8)
     with pytest.raises(InputError, match="--schedule 1f1b"):
-        analyze_run(read_run(seed_run), schedule="1f1b")
+        analyze_pipeline(read_run(seed_run), schedule="1f1b")
 
 
 def test_backwards_in_reverse_are_numbered_as_they_ran(tmp_path):
     """At m=4 the seed's loop runs B3 B2 B1 B0: autograd's sequence numbers tie each B to its F, so the
     order is the loop's own (custom, nearest gpipe), not GPipe's with the B's renumbered."""
-    result = analyze_run(read_run(handwritten_run(tmp_path, m=4)))
+    result = analyze_pipeline(read_run(handwritten_run(tmp_path, m=4)))
     assert (result.summary.schedule, result.summary.nearest_schedule) == ("custom", "gpipe")
     for order in result.schedule.orders:
         assert [a.microbatch for a in order if a.kind.value == "B"] == [3, 2, 1, 0]

@@ -20,7 +20,7 @@ import json
 
 import pytest
 
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from runners.schedules import build
 from synthetic.executor_gpu import parts_as_analysed
@@ -63,7 +63,7 @@ def test_small_gemm_slowdown_and_clock_offsets_are_recovered_per_rank(tmp_path, 
         clock_offset_ns=skew,
     )
     step = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
-    summary = analyze_run(read_run(tmp_path)).summary
+    summary = analyze_pipeline(read_run(tmp_path)).summary
     errors = CLOCK_ERRORS_NS.get((shape, name), {})
     # the analysis adds its offset to a rank's times: the injected one, negated, within the departure
     assert {c.rank: c.offset_ns + skew[c.rank] for c in summary.clock.ranks} == {
@@ -86,7 +86,7 @@ def test_without_calibration_small_gemm_and_slowdown_are_unknown_and_compute_is_
     config = (tmp_path / "run.json").read_text()
     (tmp_path / "run.json").write_text(config.replace('"calibration"', '"not_calibration"'))
     step = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
-    summary = analyze_run(read_run(tmp_path)).summary
+    summary = analyze_pipeline(read_run(tmp_path)).summary
     assert summary.waterfall_ms.small_batches is None and summary.waterfall_ms.interference is None
     for entry in summary.ranks:
         true = step["ranks"][str(entry.rank)]["parts_ns"]

@@ -19,7 +19,7 @@ import json
 import polars as pl
 import pytest
 
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.traces.load import load_trace
 from runners.schedules import build, lower
@@ -78,7 +78,7 @@ def analysed(request, tmp_path_factory):
         directory, schedule, durations_us=DURATIONS, transport=EAGER_HOP, host=host, shape="gpu"
     )
     truth = json.loads((directory / "truth.json").read_text())
-    return run, truth, analyze_run(read_run(directory))
+    return run, truth, analyze_pipeline(read_run(directory))
 
 
 def test_the_analysis_replays_the_gpu_truth(analysed):
@@ -123,7 +123,7 @@ def test_unlabelled_gpu_runs_are_inferred_with_their_parts_recovered(tmp_path, n
         shape="gpu",
         labels=False,
     )
-    result = analyze_run(read_run(tmp_path))
+    result = analyze_pipeline(read_run(tmp_path))
     assert result.summary.inferred_cells == result.cells.height
     assert result.schedule.orders == schedule.orders
     _assert_parts_are_the_truths(json.loads((tmp_path / "truth.json").read_text()), result.summary)
@@ -141,7 +141,7 @@ def test_gpu_sends_overlapping_compute_leave_compute_whole_and_count_the_hop_on_
         steps=2,
         shape="gpu",
     )
-    result = analyze_run(read_run(tmp_path))
+    result = analyze_pipeline(read_run(tmp_path))
     kernels = pl.concat(
         [load_trace(tmp_path / f"rank{r}.json.gz").filter(pl.col("cat") == "kernel") for r in (0, 1)]
     )
@@ -178,7 +178,7 @@ def test_batched_gpu_runs_are_inferred_with_their_parts_recovered(tmp_path, name
         small_gemm=1.1,
         slowdown=1.25,
     )
-    result = analyze_run(read_run(tmp_path))
+    result = analyze_pipeline(read_run(tmp_path))
     assert result.summary.inferred_cells == result.cells.height
     assert result.schedule.orders == schedule.orders
     truth = json.loads((tmp_path / "truth.json").read_text())

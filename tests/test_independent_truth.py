@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from runners.schedules import build, lower
 from synthetic.executor_sim import EAGER, RENDEZVOUS, DeadlockError, HostTime, Transport, simulate_step
@@ -97,7 +97,7 @@ def analysed(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp("run")
     run = write_executor_run(directory, schedule, durations_us=DURATIONS, transport=transport, host=host)
     truth = json.loads((directory / "truth.json").read_text())
-    return request.param, run, truth, analyze_run(read_run(directory))
+    return request.param, run, truth, analyze_pipeline(read_run(directory))
 
 
 def test_the_analysis_replays_the_independent_truth_exactly(analysed):
@@ -149,7 +149,7 @@ def test_a_late_receivers_wait_is_p2p_wait_and_an_early_ones_is_bubble_until_the
         transport=Transport(RENDEZVOUS, TRANSFER),
         host=host,
     )
-    result = analyze_run(read_run(tmp_path))
+    result = analyze_pipeline(read_run(tmp_path))
     late = [d for d in run.actions[0] if d.action.kind.value == "RECV_B"]
     assert all(d.partner_posted < d.start and d.end - d.start == TRANSFER for d in late)
     ranks = {entry.rank: entry for entry in result.summary.ranks}
@@ -191,7 +191,7 @@ def test_a_late_receiver_lengthens_a_rendezvous_step_by_its_transfers(tmp_path):
     )
     assert eager.step_ns == 16_000 * US + STALL + 16 * 2000 * US + TAIL
     assert rendezvous.step_ns - eager.step_ns == 16 * TRANSFER
-    summary = analyze_run(read_run(tmp_path)).summary
+    summary = analyze_pipeline(read_run(tmp_path)).summary
     assert summary.step_time_ms == pytest.approx(rendezvous.step_ns / 1e6, abs=1e-6)
     assert summary.replayed_steps[0].residual_ms == pytest.approx(0, abs=1e-3)
 
@@ -208,7 +208,7 @@ def test_eager_receives_all_posted_late_on_a_stage_are_analysed(tmp_path):
         transport=Transport(EAGER, TRANSFER),
         host=host,
     )
-    summary = analyze_run(read_run(tmp_path)).summary
+    summary = analyze_pipeline(read_run(tmp_path)).summary
     assert summary.replayed_steps[0].residual_ms == pytest.approx(0, abs=1e-3)
 
 
@@ -231,7 +231,7 @@ def test_unlabelled_cpu_runs_are_inferred_with_their_parts_recovered(tmp_path, n
         host=host,
         labels=False,
     )
-    result = analyze_run(read_run(tmp_path))
+    result = analyze_pipeline(read_run(tmp_path))
     assert result.summary.inferred_cells == result.cells.height
     assert result.schedule.orders == schedule.orders
     assert all(step.residual_ms == pytest.approx(0, abs=1e-3) for step in result.summary.replayed_steps)

@@ -13,7 +13,7 @@ from conftest import REAL_TRACES, summary_of
 from test_cells import gpipe_m1_run
 
 from analysis.errors import TraceWarning
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.traces.load import read_trace
 from analysis.traces.memory import memory_events, run_memory, step_peaks, with_steps
@@ -133,14 +133,14 @@ def test_peaks_per_source_and_step(tmp_path):
 
 def test_summary_takes_the_stash_where_there_is_one_else_the_allocator(tmp_path):
     run = read_run(memory_run(tmp_path / "run"))
-    summary = analyze_run(run).summary
+    summary = analyze_pipeline(run).summary
     assert [entry.peak_activation_bytes for entry in summary.ranks] == [1000, 2500]
     samples = run.memory.stash
     assert samples["microbatches"].to_list() == [1, 0] and set(samples["step"]) == {1}
 
 
 def test_without_memory_events_the_peak_stays_unknown(tmp_path):
-    summary = analyze_run(read_run(gpipe_m1_run(tmp_path / "run"))).summary
+    summary = analyze_pipeline(read_run(gpipe_m1_run(tmp_path / "run"))).summary
     assert [entry.peak_activation_bytes for entry in summary.ranks] == [None, None]
 
 
@@ -160,7 +160,7 @@ def test_cuda_peak_counter_beats_the_allocator_events(tmp_path):
             1: [allocation(5, 64, 64, device_type=1)],
         },
     )
-    summary = analyze_run(read_run(directory)).summary
+    summary = analyze_pipeline(read_run(directory)).summary
     assert [entry.peak_activation_bytes for entry in summary.ranks] == [123_456, 64]
 
 

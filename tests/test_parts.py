@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 from test_cells import cpu_action, span, trace, write_trace
 
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.schema import RANK_PARTS
 from analysis.timeline.classify import shortfall
@@ -48,7 +48,7 @@ def seed_loop_without_barrier(directory):
 
 
 def test_the_tail_of_a_rank_that_ended_its_step_early_is_drain_bubble(tmp_path):
-    summary = analyze_run(read_run(seed_loop_without_barrier(tmp_path))).summary
+    summary = analyze_pipeline(read_run(seed_loop_without_barrier(tmp_path))).summary
     assert summary.step_time_ms == pytest.approx(97 * US)
     ranks = {entry.rank: entry for entry in summary.ranks}
     # rank 1: its optimizer is its only work outside the schedule; idle before its first action (the

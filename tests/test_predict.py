@@ -16,7 +16,7 @@ from analysis.attribution.predict import Unpredictable, calibration_drift, concu
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference, reference
 from analysis.attribution.replay import Inputs, Replayed, Tail
 from analysis.cli import main
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import analysis_of, read_run
 from analysis.report import build_report
 from analysis.report.sweeps import predicted_steps
@@ -56,7 +56,7 @@ def test_a_prediction_at_another_m_is_that_m_s_step(tmp_path, name, p, v):
         truth_ms = _independent(tmp_path / f"m{m}", build(name, p, m, v)).step_ns / 1e6
         assert predicted[m]["step_time_ms"] == pytest.approx(truth_ms, abs=1e-3), m
         assert predicted[m]["bubble_formula"] == bubble_formula(build(name, p, m, v))
-        measured = analyze_run(read_run(tmp_path / f"m{m}")).summary.bubble_measured
+        measured = analyze_pipeline(read_run(tmp_path / f"m{m}")).summary.bubble_measured
         assert predicted[m]["bubble_predicted"] == pytest.approx(measured, abs=1e-4), m
 
 
@@ -262,7 +262,7 @@ def test_an_order_that_deadlocks_with_the_run_s_blocking_sends_is_unpredictable_
     """A run whose sends block (as a c10d::send that waits for its receiver does) cannot run 1f1b's lowered
     order, whose two ranks each send before they receive: that candidate is skipped with its reason."""
     write_run(tmp_path, build("gpipe", 2, 4), **WORK)
-    analysis = analyze_run(read_run(tmp_path))
+    analysis = analyze_pipeline(read_run(tmp_path))
     config = json.loads((tmp_path / "run.json").read_text())
     ref = reference(analysis.cells, config, 4)
     blocking = replace(analysis.model, blocking_sends=True)

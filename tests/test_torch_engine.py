@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from conftest import REPO, trace_command, trace_run
 
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from runners.schedules import build
 
@@ -41,7 +41,7 @@ def test_v_schedules_every_compute_action_of_every_stage_is_found(tmp_path, sche
     # optimizer and the step-end barrier stay a small share of them; on tiny's they left too much unexplained.
     run = trace(tmp_path, "torch", schedule, 1, preset="cpu", steps=RESIDUAL_STEPS)
     assert json.loads((run / "run.json").read_text())["v"] == 2
-    result = analyze_run(read_run(run))
+    result = analyze_pipeline(read_run(run))
     expected = build(schedule, 2, M, 2)  # dualpipev: B for some microbatches, I and W for others
     compute = result.cells.filter(pl.col("kind").is_in(["F", "B", "I", "W"]))
     for (rank, step), found in compute.group_by("rank", "step"):
@@ -70,7 +70,7 @@ def test_v_schedules_every_compute_action_of_every_stage_is_found(tmp_path, sche
 def test_every_microbatch_forward_and_backward_is_found(tmp_path, engine, schedule, v):
     run = trace(tmp_path, engine, schedule, v)
     assert json.loads((run / "run.json").read_text())["engine"] == engine
-    result = analyze_run(read_run(run))
+    result = analyze_pipeline(read_run(run))
     expected = build(schedule, 2, M, v)
     compute = result.cells.filter(pl.col("kind").is_in(["F", "B", "I", "W"]))
     for (rank, step), found in compute.group_by("rank", "step"):

@@ -14,7 +14,7 @@ import pytest
 
 from analysis.cells.virtual_ranks import RECEIVE, split, virtual_ranks
 from analysis.errors import InputError
-from analysis.job.measure import analyze_run
+from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import read_run
 from analysis.traces.run import load_run
 from runners.schedules import build
@@ -66,7 +66,7 @@ def test_one_process_of_p_streams_is_analysed_as_p_ranks_with_their_parts(tmp_pa
     )
     assert sorted(path.name for path in tmp_path.glob("rank*")) == ["rank0.json.gz"]
     truth = json.loads((tmp_path / "truth.json").read_text())["steps"][0]
-    summary = analyze_run(read_run(tmp_path)).summary
+    summary = analyze_pipeline(read_run(tmp_path)).summary
     assert (summary.p, summary.schedule, summary.device) == (schedule.p, schedule.name, "cuda")
     assert summary.step_time_ms * 1e6 == pytest.approx(truth["step_ns"], abs=1)
     assert [rank.rank for rank in summary.ranks] == list(range(schedule.p))
@@ -89,7 +89,7 @@ def test_the_backward_is_launched_from_autograd_s_thread_and_still_is_its_labels
     events = json.loads(gzip.decompress((tmp_path / "rank0.json.gz").read_bytes()))["traceEvents"]
     launch_threads = {e["tid"] for e in events if e.get("name") == "cudaLaunchKernel"}
     assert launch_threads == {PID, PID + 1}
-    cells = analyze_run(read_run(tmp_path)).cells
+    cells = analyze_pipeline(read_run(tmp_path)).cells
     backward = cells.filter(pl.col("kind") == "B")
     assert (
         backward.height == 2 * 2 * 3

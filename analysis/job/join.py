@@ -1,7 +1,7 @@
 """A job of one or more pipelines (PP x DP): each pipeline analysed as a run of its own, then joined.
 
 The pipelines come from analysis.job.layout; each one's ranks are renumbered 0..p-1 (their stage order)
-and measured by analysis.job.measure.measure_run, with the collectives of its ranks, their groups' scopes
+and measured by analysis.job.measure.measure_pipeline, with the collectives of its ranks, their groups' scopes
 and their waits across the groups (analysis.timeline.dp_sync), and the results are mapped back to global
 ranks. The job's summary is the slowest pipeline's, with every rank's entry (closing on its pipeline's
 step_time_ms), `dp`, `pipelines` and the `straggler` (analysis.schema.Summary). Every pipeline reports
@@ -24,7 +24,7 @@ import polars as pl
 from analysis.attribution.parts import median_step
 from analysis.errors import InputError
 from analysis.job.layout import DP, find_pipelines, to_global, to_local
-from analysis.job.measure import RunInput, measure_run
+from analysis.job.measure import RunInput, measure_pipeline
 from analysis.ranks.tables import RankInput
 from analysis.results import Analysis
 from analysis.schema import ClockEstimate, PipelineEntry, RankIntegrity, Rules, Straggler
@@ -45,7 +45,7 @@ def analyze_job(
         raise InputError(run.path / "run.json", f"says dp={said!r:.20} but lists {len(pipelines)} pipelines")
     instances = _instances(run, pipelines) if len(pipelines) > 1 else None
     inputs = [_pipeline_input(run, ranks, instances) for ranks in pipelines]
-    measured = [measure_run(one, schedule, m, rules) for one in inputs]
+    measured = [measure_pipeline(one, schedule, m, rules) for one in inputs]
     step = _job_step([one.parts for one in measured])
     joined = _joined([one.analysis(step) for one in measured], pipelines, _unsynced(run, instances))
     summary = msgspec.structs.replace(joined.summary, integrity=integrity(run))

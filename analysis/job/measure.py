@@ -1,8 +1,8 @@
 """One pipeline's measurement from its ranks' tables: cells -> clock -> gaps and classes -> parts -> waterfall.
 
-`analyze_run` is pure: a run's loaded traces in, an `analysis.results.Analysis` out; `measure_run` is
-its work over every analysed step, before the summary's step is chosen (a job's pipelines report the
-job's step: analysis.job.join). Reading a run directory and writing its analysis are
+`analyze_pipeline` is pure: one pipeline's loaded traces in, an `analysis.results.Analysis` out;
+`measure_pipeline` is its work over every analysed step, before the summary's step is chosen (a job's
+pipelines report the job's step: analysis.job.join). Reading a run directory and writing its analysis are
 analysis.job.run_dir's. The summary is the median step's (the lower median when the count is even, so
 it is a step that happened and its parts close exactly).
 """
@@ -52,6 +52,9 @@ from runners.schedules.trace_names import LABEL_PREFIX
 
 @dataclass(frozen=True)
 class RunInput:
+    """A run directory's loaded traces: the whole job's ranks as read, or one pipeline's ranks of it (cut
+    by analysis.job.join, whose pipelines are each measured here)."""
+
     path: Path
     ranks: dict[int, RankInput]  # rank -> what the analysis reads of its trace (analysis.ranks.tables)
     run_json: dict | None
@@ -129,11 +132,11 @@ def _warn_overlaps(cells: pl.DataFrame, sources: dict[int, Path]) -> None:
         )
 
 
-def analyze_run(
+def analyze_pipeline(
     run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
 ) -> Analysis:
-    """The run's analysis; its summary is the step of median length's."""
-    return measure_run(run, schedule, m, rules).analysis()
+    """The pipeline's analysis; its summary is the step of median length's."""
+    return measure_pipeline(run, schedule, m, rules).analysis()
 
 
 @dataclass(frozen=True)
@@ -245,10 +248,10 @@ class Measured:
         ]
 
 
-def measure_run(
+def measure_pipeline(
     run: RunInput, schedule: str | None = None, m: int | None = None, rules: Rules = Rules()
 ) -> Measured:
-    """The run measured over every step all its ranks have cells for."""
+    """The pipeline measured over every step all its ranks have cells for."""
     ranks = [run.ranks[r] for r in sorted(run.ranks)]
     empty = next((r.source for r in ranks if r.cells.cells.height == 0), None)
     if empty is not None:

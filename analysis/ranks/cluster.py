@@ -8,7 +8,7 @@ this machine; any other value is a running scheduler's address (`tcp://HOST:PORT
 the files by the same paths (shared storage) and import this package. Only the per-rank tables and each
 file's warnings and errors come back, a few MB a rank.
 
-A command sets the engine for its duration (`applied`); the cluster is started (or connected to) when a
+A command sets the cluster for its duration (`applied`); the cluster is started (or connected to) when a
 run is first read and closed when the command ends, so `report` uses one cluster for all its runs. Dask
 is the `[cluster]` extra, imported only here and only when a cluster is used.
 """
@@ -41,7 +41,7 @@ WAIT_S = 1.0
 WORKERLESS_S = 20.0
 _INSTALL = "pip install 'pipeline-bubbles[cluster]'"
 _PACKAGE = __name__.partition(".")[0]  # what the workers import to run the per-rank function
-_CURRENT: ContextVar[Engine | None] = ContextVar("cluster", default=None)
+_CURRENT: ContextVar[Cluster | None] = ContextVar("cluster", default=None)
 
 
 def address(text: str) -> str:
@@ -66,7 +66,7 @@ def add_argument(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGr
     )
 
 
-class Engine:
+class Cluster:
     """One command's cluster: started or connected to on first use, closed with the command."""
 
     def __init__(self, spec: str) -> None:
@@ -238,18 +238,18 @@ def _started(loop: Any, make: Callable[[], Any], late: str) -> Any:
         raise InputError(None, late) from None
 
 
-def current() -> Engine | None:
+def current() -> Cluster | None:
     """The command's cluster, None where the ranks are read on this machine."""
     return _CURRENT.get()
 
 
 @contextmanager
 def applied(spec: str | None) -> Iterator[None]:
-    engine = None if spec is None else Engine(spec)
-    token = _CURRENT.set(engine)
+    chosen = None if spec is None else Cluster(spec)
+    token = _CURRENT.set(chosen)
     try:
         yield
     finally:
         _CURRENT.reset(token)
-        if engine is not None:
-            engine.close()
+        if chosen is not None:
+            chosen.close()

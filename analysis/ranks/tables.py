@@ -9,7 +9,7 @@ say which ranks form the pipelines, its p2p peers (analysis.traces.comms), and h
 (analysis.traces.integrity: what a viewer or the analysis cannot take as written, counted). The event
 frame is not kept: it is the bulk of a trace's memory, and nothing across ranks needs it, so a run's
 ranks can be read one at a time or in separate processes (analysis.ranks.pool) and only these tables
-meet in analysis.job.measure.analyze_run.
+meet in analysis.job.measure.analyze_pipeline.
 
 Every table carries its rank in a `rank` column; `renumbered` moves all of them to another rank number
 (a pipeline of a bigger job read as ranks 0..p-1). Groups and peers name global ranks and stay so.
