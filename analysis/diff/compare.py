@@ -1,0 +1,141 @@
+"""Two analysed runs' figures matched and compared (docs/numbers.md#diff): whole-step figures always,
+rank to rank where the layouts match (the same ranks holding the same stages), stage to stage where
+only p matches (one stage per rank: the summary's pipeline's rank of each stage), the critical path per
+stage where p and v match and as totals otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from analysis.diff import figures
+from analysis.diff.figures import FRACTION, MS, Figure
+from analysis.diff.significance import compare
+from analysis.results import Analysis
+
+UNIT_ORDER = (MS, FRACTION, figures.BYTES)  # ms first: the step's time is what a change costs
+
+
+@dataclass(frozen=True)
+class Change:
+    """One figure of A against B (docs/numbers.md#diff)."""
+
+    name: str
+    rank: int | None
+    stage: int | None
+    unit: str
+    a: float
+    b: float
+    low: float | None  # the interval of delta; None: untested (`why`)
+    high: float | None
+    significant: bool
+    why: str | None  # why it cannot be called significant, where it cannot
+    expected: float | None = None  # the formula's change, where A and B differ in schedule, m, v or p
+
+    @property
+    def delta(self) -> float:
+        return self.b - self.a
+
+    @property
+    def supported(self) -> float:
+        """The least change the interval supports: its bound nearest 0 (0 when not significant)."""
+        if not self.significant or self.low is None or self.high is None:
+            return 0.0
+        return min(abs(self.low), abs(self.high))
+
+
+@dataclass(frozen=True)
+class Diff:
+    a: Analysis
+    b: Analysis
+    changes: list[Change]  # significant first, largest first
+    notes: list[str]  # what could not be matched, and why
+
+
+def _layout(analysis: Analysis) -> dict[int, tuple[int, ...]]:
+    return {entry.rank: tuple(entry.stage_ids) for entry in analysis.summary.ranks}
+
+
+def _rank_figures(a: Analysis, b: Analysis, notes: list[str]) -> list[tuple[Figure, Figure]]:
+    """Each rank's figures paired: by rank, or by stage (rank None), or none."""
+    found_a, found_b = figures.per_rank(a), figures.per_rank(b)
+    layout = _layout(a)
+    if layout == _layout(b):
+        keys = {rank: (rank, stages[0] if len(stages) == 1 else None) for rank, stages in layout.items()}
+        pairs = {rank: (rank, rank) for rank in layout}
+    elif a.summary.p == b.summary.p and a.summary.v == b.summary.v == 1:
+        notes.append("the layouts differ: ranks matched by stage in each run's slowest pipeline")
+        ranks_a, ranks_b = figures.pipeline_ranks(a.summary), figures.pipeline_ranks(b.summary)
+        keys = {stage: (None, stage) for stage in range(a.summary.p)}
+        pairs = {stage: (ranks_a[stage], ranks_b[stage]) for stage in range(a.summary.p)}
+    else:
+        notes.append("p or v differs: no rank or stage of A is one of B's, whole-step figures only")
+        return []
+    matched = []
+    for key, (rank_a, rank_b) in pairs.items():
+        rank, stage = keys[key]
+        of_b = {figure.name: figure for figure in found_b.get(rank_b, [])}
+        for figure in found_a.get(rank_a, []):
+            if figure.name in of_b:
+                matched.append((_at(figure, rank, stage), _at(of_b[figure.name], rank, stage)))
+    return matched
+
+
+def _at(figure: Figure, rank: int | None, stage: int | None) -> Figure:
+    return Figure(figure.name, rank, stage, figure.unit, figure.values, figure.per_step)
+
+
+def _by_key(found: list[Figure]) -> dict[tuple, Figure]:
+    return {(figure.name, figure.rank, figure.stage): figure for figure in found}
+
+
+def _pairs(a: Analysis, b: Analysis, notes: list[str]) -> list[tuple[Figure, Figure]]:
+    same_stages = (a.summary.p, a.summary.v) == (b.summary.p, b.summary.v)
+    whole_a = figures.whole_step(a) + figures.critical_path(a, same_stages)
+    whole_b = _by_key(figures.whole_step(b) + figures.critical_path(b, same_stages))
+    pairs = [(figure, whole_b[key]) for key, figure in _by_key(whole_a).items() if key in whole_b]
+    return pairs + _rank_figures(a, b, notes)
+
+
+def configuration(analysis: Analysis) -> tuple:
+    summary = analysis.summary
+    return summary.schedule, summary.p, summary.m, summary.v
+
+
+def _expected(a: Analysis, b: Analysis, name: str) -> float | None:
+    """The formula's change of the bubble where the configurations differ (docs/numbers.md#diff-expected)."""
+    if name != "bubble_measured" or configuration(a) == configuration(b):
+        return None
+    return b.summary.bubble_formula - a.summary.bubble_formula
+
+
+def order(change: Change) -> tuple:
+    """Significant first; then ms, fractions, bytes; the largest first: a significant change by the
+    least the interval supports, the others by their size."""
+    size = change.supported if change.significant else abs(change.delta)
+    return (not change.significant, UNIT_ORDER.index(change.unit), -size)
+
+
+def diff(a: Analysis, b: Analysis) -> Diff:
+    """Every figure A and B share, compared."""
+    notes: list[str] = []
+    changes = []
+    for first, second in _pairs(a, b, notes):
+        tested = compare(first.values, second.values, first.unit, first.per_step and second.per_step)
+        expected = _expected(a, b, first.name)
+        changes.append(
+            Change(
+                first.name,
+                first.rank,
+                first.stage,
+                first.unit,
+                tested.a,
+                tested.b,
+                tested.low,
+                tested.high,
+                tested.significant,
+                tested.why,
+                expected,
+            )
+        )
+    return Diff(a, b, sorted(changes, key=order), notes)
