@@ -121,7 +121,7 @@ def diff(a: Analysis, b: Analysis) -> Diff:
     notes: list[str] = []
     changes = []
     for first, second in _pairs(a, b, notes):
-        tested = compare(first.values, second.values, first.unit, first.per_step and second.per_step)
+        outcome = compare(first.values, second.values, first.unit, first.per_step and second.per_step)
         expected = _expected(a, b, first.name)
         changes.append(
             Change(
@@ -129,12 +129,12 @@ def diff(a: Analysis, b: Analysis) -> Diff:
                 first.rank,
                 first.stage,
                 first.unit,
-                tested.a,
-                tested.b,
-                tested.low,
-                tested.high,
-                tested.significant,
-                tested.why,
+                outcome.a,
+                outcome.b,
+                outcome.low,
+                outcome.high,
+                outcome.significant,
+                outcome.why,
                 expected,
             )
         )

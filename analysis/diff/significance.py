@@ -18,7 +18,7 @@ import numpy as np
 
 from analysis.diff.figures import BYTES, FRACTION, MS
 
-CONFIDENCE = 0.95
+CONFIDENCE = 0.99  # a diff tests some 40 figures at once: at 95% an A/A pair flags one or two by chance
 RESAMPLES = 2000
 SEED = 0
 MIN_STEPS = 2  # a bootstrap of one step is that step: no spread
@@ -33,7 +33,7 @@ TOO_FEW_STEPS = f"a run with fewer than {MIN_STEPS} analysed steps: its spread i
 
 
 @dataclass(frozen=True)
-class Tested:
+class Outcome:
     a: float  # A's median over its steps (its one value where it has one)
     b: float
     low: float | None  # the interval of b - a; None: untested (`why`)
@@ -47,17 +47,17 @@ def _medians(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.median(values[picks], axis=1)
 
 
-def compare(a: tuple[float, ...], b: tuple[float, ...], unit: str, per_step: bool) -> Tested:
+def compare(a: tuple[float, ...], b: tuple[float, ...], unit: str, per_step: bool) -> Outcome:
     """B's figure against A's, each given per step (or as its one value, `per_step` False)."""
     first, second = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     middle_a, middle_b = float(np.median(first)), float(np.median(second))
     if not per_step:
-        return Tested(middle_a, middle_b, None, None, False, ONE_VALUE)
+        return Outcome(middle_a, middle_b, None, None, False, ONE_VALUE)
     if min(len(first), len(second)) < MIN_STEPS:
-        return Tested(middle_a, middle_b, None, None, False, TOO_FEW_STEPS)
+        return Outcome(middle_a, middle_b, None, None, False, TOO_FEW_STEPS)
     rng = np.random.default_rng(SEED)
     differences = _medians(second, rng) - _medians(first, rng)
     tail = (1 - CONFIDENCE) / 2 * 100
     low, high = (float(x) for x in np.percentile(differences, [tail, 100 - tail]))
     resolution = RESOLUTION[unit]
-    return Tested(middle_a, middle_b, low, high, low > resolution or high < -resolution, None)
+    return Outcome(middle_a, middle_b, low, high, low > resolution or high < -resolution, None)

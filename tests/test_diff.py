@@ -1,0 +1,151 @@
+"""`diff`: pairs of synthetic runs whose steps vary as a machine's do (synthetic.noisy) decide whether it
+tells a change from noise: two seeds of one configuration (A/A), and a run whose rank 0 sleeps inside
+each forward (runners.inject's host stall) against its baseline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import analysis.diff.compare as compare_module
+from analysis.cli import main
+from analysis.diff.compare import diff
+from analysis.diff.figures import MS
+from analysis.diff.significance import ONE_VALUE, TOO_FEW_STEPS, Outcome, compare
+from analysis.job.run_dir import analysis_of
+from runners.schedules import Action, Kind, build
+from synthetic.executor_sim import HostTime
+from synthetic.noisy import write_noisy_run
+
+M = 4
+SLEEP_MS = 2.0  # rank 0, inside each forward: M x this a step
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Directories: two A/A pairs (seeds 1, 2 and 3, 4) and rank 0 sleeping (seed 5)."""
+    root = tmp_path_factory.mktemp("diff")
+    schedule = build("gpipe", 4, M)
+    found = {}
+    for seed in range(1, 5):
+        found[seed] = root / f"seed{seed}"
+        write_noisy_run(found[seed], schedule, seed=seed)
+    sleeps = {Action(0, Kind.F, i): round(SLEEP_MS * 1e6) for i in range(M)}
+    found["sleep"] = root / "sleep"
+    write_noisy_run(found["sleep"], schedule, seed=5, host=HostTime(sleeps=sleeps))
+    return found
+
+
+def _significant_share(changes) -> float:
+    tested = [change for change in changes if change.why is None]
+    return sum(change.significant for change in tested) / len(tested)
+
+
+def _naive(a, b, unit, per_step):
+    """The comparison without its test: every difference a change."""
+    found = compare(a, b, unit, per_step)
+    return Outcome(found.a, found.b, found.low, found.high, found.a != found.b, found.why)
+
+
+def test_an_a_a_pair_shows_no_significant_change_in_nearly_all_figures(runs):
+    for first, second in ((1, 2), (3, 4)):
+        changes = diff(analysis_of(runs[first]), analysis_of(runs[second])).changes
+        assert _significant_share(changes) <= 0.05, [c for c in changes if c.significant]
+
+
+def test_without_the_significance_test_an_a_a_pair_regresses(runs, monkeypatch):
+    """The A/A test above fails when every difference is called a change: the test is what passes it."""
+    monkeypatch.setattr(compare_module, "compare", _naive)
+    changes = diff(analysis_of(runs[1]), analysis_of(runs[2])).changes
+    assert _significant_share(changes) > 0.05
+
+
+def test_the_injected_host_time_is_the_largest_significant_change_and_compute_does_not_change(runs):
+    changes = diff(analysis_of(runs[1]), analysis_of(runs["sleep"])).changes
+    first = changes[0]
+    assert (first.name, first.rank, first.significant) == ("launch_overhead", 0, True)
+    assert first.delta == pytest.approx(M * SLEEP_MS, rel=0.15)
+    assert not any(change.significant for change in changes if change.name == "compute")
+    step = next(change for change in changes if change.name == "step_time")
+    assert step.significant and step.delta == pytest.approx(M * SLEEP_MS, rel=0.15)
+
+
+def test_a_figure_with_one_value_per_run_or_runs_of_one_step_is_never_significant():
+    assert compare((1.0,), (5.0,), MS, per_step=False) == Outcome(1.0, 5.0, None, None, False, ONE_VALUE)
+    assert compare((1.0,), (5.0,), MS, per_step=True).why == TOO_FEW_STEPS
+    steady = compare((1.0, 1.0, 1.0), (1.0, 1.0, 1.0), MS, per_step=True)
+    assert not steady.significant and (steady.low, steady.high) == (0.0, 0.0)
+    moved = compare((1.0, 1.1, 0.9), (3.0, 3.1, 2.9), MS, per_step=True)
+    assert moved.significant and (moved.low, moved.high) == pytest.approx((1.8, 2.2))  # the extremes
+    assert compare((1.0, 1.1, 0.9), (3.0, 3.1, 2.9), MS, True) == moved  # seeded: the same interval
+
+
+def test_fail_on_exits_1_on_the_injected_pair_naming_the_rule_and_0_on_an_a_a_pair(runs, tmp_path, capsys):
+    rules = tmp_path / "rules.txt"
+    rules.write_text("# the CI's gate\nlaunch_overhead:+2ms\n\nstep_time:+5%\n")
+    assert main(["diff", str(runs[1]), str(runs["sleep"]), "--fail-on", f"@{rules}"]) == 1
+    failed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fail:")]
+    assert [line.split(":")[1].strip() for line in failed] == ["launch_overhead", "step_time"]
+    assert main(["diff", str(runs[1]), str(runs[2]), "--fail-on", "launch_overhead:+2ms,step_time:+5%"]) == 0
+    assert main(["diff", str(runs[1]), str(runs["sleep"]), "--fail-on", "launch_overhead:-2ms"]) == 0
+
+
+def test_diff_json_holds_the_changes_significant_and_largest_first(runs, tmp_path):
+    target = tmp_path / "diff.json"
+    assert main(["diff", str(runs[1]), str(runs["sleep"]), "--json", str(target)]) == 0
+    found = json.loads(target.read_text())
+    assert (found["a"], found["b"]) == (str(runs[1]), str(runs["sleep"]))
+    assert "bootstrap" in found["test"]
+    ms_keys = {"name", "rank", "stage", "a_ms", "b_ms", "delta_ms", "low_ms", "high_ms", "significant"}
+    first = found["changes"][0]
+    assert ms_keys <= set(first) and (first["name"], first["rank"], first["stage"]) == (
+        "launch_overhead",
+        0,
+        0,
+    )
+    bubble = next(c for c in found["changes"] if c["name"] == "bubble_measured")
+    assert {"a", "b", "delta", "low", "high"} <= set(bubble) and "a_ms" not in bubble
+    flags = [change["significant"] for change in found["changes"]]
+    assert flags == sorted(flags, reverse=True)
+    untested = next(c for c in found["changes"] if c["name"] == "host_time")
+    assert untested["low_ms"] is None and untested["why"] == ONE_VALUE and not untested["significant"]
+
+
+def test_the_formula_s_bubble_change_is_shown_beside_the_measured_one(runs, tmp_path, capsys):
+    more = tmp_path / "m8"
+    write_noisy_run(more, build("gpipe", 4, 2 * M), seed=6)
+    found = diff(analysis_of(runs[1]), analysis_of(more))
+    measured = next(change for change in found.changes if change.name == "bubble_measured")
+    formula = (3 / (2 * M + 3)) - (3 / (M + 3))
+    assert measured.expected == pytest.approx(formula)
+    assert measured.significant and measured.delta == pytest.approx(formula, abs=0.02)
+    assert main(["diff", str(runs[1]), str(more), "--markdown"]) == 0
+    assert f"(formula {formula:+.4f})" in capsys.readouterr().out
+
+
+def test_runs_of_another_p_are_compared_by_their_whole_step_only(runs, tmp_path):
+    other = tmp_path / "p2"
+    write_noisy_run(other, build("gpipe", 2, M), seed=7)
+    found = diff(analysis_of(runs[1]), analysis_of(other))
+    assert all(change.rank is None for change in found.changes)
+    assert found.notes == ["p or v differs: no rank or stage of A is one of B's, whole-step figures only"]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["MISSING", "A"],
+        ["A", "A", "--fail-on", "step:+5%"],
+        ["A", "A", "--fail-on", "p2p_wait:+0.02"],
+        ["A", "A", "--fail-on", "step_time:5%"],
+        ["A", "A", "--fail-on", "@MISSING"],
+    ],
+    ids=["no-run", "unknown-figure", "unit", "no-sign", "no-rules-file"],
+)
+def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys, arguments):
+    places = {"A": str(runs[1]), "MISSING": str(tmp_path / "missing")}
+    argv = ["diff", *(places.get(a, a.replace("MISSING", places["MISSING"])) for a in arguments)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
