@@ -18,7 +18,7 @@ import numpy as np
 
 from analysis.diff.figures import BYTES, FRACTION, MS
 
-CONFIDENCE = 0.99  # a diff tests some 40 figures at once: at 95% an A/A pair flags one or two by chance
+CONFIDENCE = 0.99  # a diff tests some 40 figures at once: at 95% a third of A/A pairs flagged one
 RESAMPLES = 2000
 SEED = 0
 MIN_STEPS = 2  # a bootstrap of one step is that step: no spread
