@@ -67,6 +67,8 @@ def test_the_injected_host_time_is_the_largest_significant_change_and_compute_do
     assert (first.name, first.rank, first.significant) == ("launch_overhead", 0, True)
     assert first.delta == pytest.approx(M * SLEEP_MS, rel=0.15)
     assert not any(change.significant for change in changes if change.name == "compute")
+    on_path = next(change for change in changes if change.name == "critical_path.launch_overhead")
+    assert on_path.significant and on_path.delta == pytest.approx(M * SLEEP_MS, rel=0.15)  # none in A
     step = next(change for change in changes if change.name == "step_time")
     assert step.significant and step.delta == pytest.approx(M * SLEEP_MS, rel=0.15)
 

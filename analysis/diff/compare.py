@@ -89,12 +89,29 @@ def _by_key(found: list[Figure]) -> dict[tuple, Figure]:
     return {(figure.name, figure.rank, figure.stage): figure for figure in found}
 
 
+def _critical_pairs(a: Analysis, b: Analysis) -> list[tuple[Figure, Figure]]:
+    """The critical path's parts (per stage where p and v match) in either run: 0 in the other."""
+    by_stage = (a.summary.p, a.summary.v) == (b.summary.p, b.summary.v)
+    found_a, found_b = (
+        _by_key(figures.critical_path(a, by_stage)),
+        _by_key(figures.critical_path(b, by_stage)),
+    )
+    steps_a, steps_b = (analysis.critical["step"].n_unique() for analysis in (a, b))
+    return [
+        (
+            found_a[key] if key in found_a else figures.none_of(found_b[key], steps_a),
+            found_b[key] if key in found_b else figures.none_of(found_a[key], steps_b),
+        )
+        for key in found_a | found_b
+    ]
+
+
 def _pairs(a: Analysis, b: Analysis, notes: list[str]) -> list[tuple[Figure, Figure]]:
-    same_stages = (a.summary.p, a.summary.v) == (b.summary.p, b.summary.v)
-    whole_a = figures.whole_step(a) + figures.critical_path(a, same_stages)
-    whole_b = _by_key(figures.whole_step(b) + figures.critical_path(b, same_stages))
-    pairs = [(figure, whole_b[key]) for key, figure in _by_key(whole_a).items() if key in whole_b]
-    return pairs + _rank_figures(a, b, notes)
+    whole_b = _by_key(figures.whole_step(b))
+    pairs = [
+        (figure, whole_b[key]) for key, figure in _by_key(figures.whole_step(a)).items() if key in whole_b
+    ]
+    return pairs + _critical_pairs(a, b) + _rank_figures(a, b, notes)
 
 
 def configuration(analysis: Analysis) -> tuple:
@@ -111,9 +128,10 @@ def _expected(a: Analysis, b: Analysis, name: str) -> float | None:
 
 def order(change: Change) -> tuple:
     """Significant first; then ms, fractions, bytes; the largest first: a significant change by the
-    least the interval supports, the others by their size."""
+    least the interval supports, the others by their size; at one size, a rank's figure first (it says
+    where the time went)."""
     size = change.supported if change.significant else abs(change.delta)
-    return (not change.significant, UNIT_ORDER.index(change.unit), -size)
+    return (not change.significant, UNIT_ORDER.index(change.unit), -size, change.rank is None)
 
 
 def diff(a: Analysis, b: Analysis) -> Diff:

@@ -123,3 +123,8 @@ def critical_path(analysis: Analysis, by_stage: bool) -> list[Figure]:
         stage = key[1] if by_stage else None
         found.append(Figure(CRITICAL + str(key[0]), None, stage, MS, values, True))
     return sorted(found, key=lambda figure: (figure.name, -1 if figure.stage is None else figure.stage))
+
+
+def none_of(figure: Figure, steps: int) -> Figure:
+    """`figure` (a critical path's) in a run whose paths hold none of it: 0 in each of its `steps`."""
+    return Figure(figure.name, figure.rank, figure.stage, figure.unit, (0.0,) * steps, True)
