@@ -11,8 +11,8 @@ import pytest
 import analysis.diff.compare as compare_module
 from analysis.cli import main
 from analysis.diff.compare import diff
-from analysis.diff.figures import MS
-from analysis.diff.significance import ONE_VALUE, TOO_FEW_STEPS, Outcome, compare
+from analysis.diff.figures import CALIBRATED, MS, ONE_VALUE
+from analysis.diff.significance import TOO_FEW_STEPS, Outcome, compare
 from analysis.job.run_dir import analysis_of
 from runners.schedules import Action, Kind, build
 from synthetic.executor_sim import HostTime
@@ -42,9 +42,9 @@ def _significant_share(changes) -> float:
     return sum(change.significant for change in tested) / len(tested)
 
 
-def _naive(a, b, unit, per_step):
+def _naive(a, b, unit, once):
     """The comparison without its test: every difference a change."""
-    found = compare(a, b, unit, per_step)
+    found = compare(a, b, unit, once)
     return Outcome(found.a, found.b, found.low, found.high, found.a != found.b, found.why)
 
 
@@ -66,7 +66,8 @@ def test_the_injected_host_time_is_the_largest_significant_change_and_compute_do
     first = changes[0]
     assert (first.name, first.rank, first.significant) == ("launch_overhead", 0, True)
     assert first.delta == pytest.approx(M * SLEEP_MS, rel=0.15)
-    assert not any(change.significant for change in changes if change.name == "compute")
+    assert not any(change.significant for change in changes if change.name in ("compute", "slowdown"))
+    assert {change.why for change in changes if change.name == "compute"} == {CALIBRATED}
     on_path = next(change for change in changes if change.name == "critical_path.launch_overhead")
     assert on_path.significant and on_path.delta == pytest.approx(M * SLEEP_MS, rel=0.15)  # none in A
     step = next(change for change in changes if change.name == "step_time")
@@ -74,13 +75,13 @@ def test_the_injected_host_time_is_the_largest_significant_change_and_compute_do
 
 
 def test_a_figure_with_one_value_per_run_or_runs_of_one_step_is_never_significant():
-    assert compare((1.0,), (5.0,), MS, per_step=False) == Outcome(1.0, 5.0, None, None, False, ONE_VALUE)
-    assert compare((1.0,), (5.0,), MS, per_step=True).why == TOO_FEW_STEPS
-    steady = compare((1.0, 1.0, 1.0), (1.0, 1.0, 1.0), MS, per_step=True)
+    assert compare((1.0,), (5.0,), MS, ONE_VALUE) == Outcome(1.0, 5.0, None, None, False, ONE_VALUE)
+    assert compare((1.0,), (5.0,), MS).why == TOO_FEW_STEPS
+    steady = compare((1.0, 1.0, 1.0), (1.0, 1.0, 1.0), MS)
     assert not steady.significant and (steady.low, steady.high) == (0.0, 0.0)
-    moved = compare((1.0, 1.1, 0.9), (3.0, 3.1, 2.9), MS, per_step=True)
+    moved = compare((1.0, 1.1, 0.9), (3.0, 3.1, 2.9), MS)
     assert moved.significant and (moved.low, moved.high) == pytest.approx((1.8, 2.2))  # the extremes
-    assert compare((1.0, 1.1, 0.9), (3.0, 3.1, 2.9), MS, True) == moved  # seeded: the same interval
+    assert compare((1.0, 1.1, 0.9), (3.0, 3.1, 2.9), MS) == moved  # seeded: the same interval
 
 
 def test_fail_on_exits_1_on_the_injected_pair_naming_the_rule_and_0_on_an_a_a_pair(runs, tmp_path, capsys):

@@ -82,7 +82,7 @@ def _rank_figures(a: Analysis, b: Analysis, notes: list[str]) -> list[tuple[Figu
 
 
 def _at(figure: Figure, rank: int | None, stage: int | None) -> Figure:
-    return Figure(figure.name, rank, stage, figure.unit, figure.values, figure.per_step)
+    return Figure(figure.name, rank, stage, figure.unit, figure.values, figure.once)
 
 
 def _by_key(found: list[Figure]) -> dict[tuple, Figure]:
@@ -139,7 +139,7 @@ def diff(a: Analysis, b: Analysis) -> Diff:
     notes: list[str] = []
     changes = []
     for first, second in _pairs(a, b, notes):
-        outcome = compare(first.values, second.values, first.unit, first.per_step and second.per_step)
+        outcome = compare(first.values, second.values, first.unit, first.once or second.once)
         expected = _expected(a, b, first.name)
         changes.append(
             Change(

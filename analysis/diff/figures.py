@@ -28,6 +28,9 @@ SHAPLEY = "shapley."  # + a rung: waterfall_shapley_ms's
 CRITICAL = "critical_path."  # + a part or "hop": the critical path's ms of it
 HOP = "hop"  # the critical path's transfers (summary.json critical_path)
 PART_NAMES = tuple(part.value for part in Part)
+# Why a figure has one value per run, not one per step: nothing to measure its spread with.
+ONE_VALUE = "one value per run, no steps to measure its spread"
+CALIBRATED = "the run's calibration times it once per run: no steps to measure its spread"
 # Every name a diff can show, for the rules that pick figures by name.
 NAMES = (
     STEP_TIME,
@@ -53,7 +56,7 @@ class Figure:
     stage: int | None
     unit: str
     values: tuple[float, ...]  # one per analysed step, in step order
-    per_step: bool  # False: the run has one value of it, not one per step
+    once: str | None = None  # why the run has one value of it, not one per step; None: per step
 
 
 def pipeline_ranks(summary: Summary) -> list[int]:
@@ -67,7 +70,7 @@ def whole_step(analysis: Analysis) -> list[Figure]:
     """The figures of the whole step (no rank, no stage)."""
     summary = analysis.summary
     steps = sorted(analysis.summary.replayed_steps, key=lambda replayed: replayed.step)
-    found = [Figure(STEP_TIME, None, None, MS, tuple(s.step_time_ms for s in steps), True)]
+    found = [Figure(STEP_TIME, None, None, MS, tuple(s.step_time_ms for s in steps))]
     chosen = analysis.parts.filter(pl.col("rank").is_in(pipeline_ranks(summary)))
     work = {
         "bubble_measured": pl.col("busy_ms"),
@@ -81,15 +84,15 @@ def whole_step(analysis: Analysis) -> list[Figure]:
         )
         if not per_step.is_empty() and not per_step["missing"].any():
             bubble = 1 - per_step["busy"] / (summary.p * per_step["step_ms"])
-            found.append(Figure(name, None, None, FRACTION, tuple(bubble.to_list()), True))
-    found.append(Figure(BUBBLE_FORMULA, None, None, FRACTION, (summary.bubble_formula,), False))
+            found.append(Figure(name, None, None, FRACTION, tuple(bubble.to_list())))
+    found.append(Figure(BUBBLE_FORMULA, None, None, FRACTION, (summary.bubble_formula,), ONE_VALUE))
     if summary.straggler is not None:
-        found.append(Figure(STRAGGLER, None, None, MS, (summary.straggler.slower_ms,), False))
+        found.append(Figure(STRAGGLER, None, None, MS, (summary.straggler.slower_ms,), ONE_VALUE))
     for prefix, ladder in (("", summary.waterfall_ms), (SHAPLEY, summary.waterfall_shapley_ms)):
         for rung in RUNGS:
             value = getattr(ladder, rung)
             if value is not None:  # unknown without the isolated calibration
-                found.append(Figure(prefix + rung, None, None, MS, (value,), False))
+                found.append(Figure(prefix + rung, None, None, MS, (value,), ONE_VALUE))
     return found
 
 
@@ -97,16 +100,20 @@ def per_rank(analysis: Analysis) -> dict[int, list[Figure]]:
     """Rank -> its parts and its peak activations, per step; `stage` left for the matching to set."""
     found: dict[int, list[Figure]] = {}
     parts = analysis.parts.sort("rank", "step")
+    # With the isolated calibration, compute and small_gemm are its times of the rank's cells: the same
+    # in every step (without it, compute is all the busy time, measured per step).
+    calibrated = not parts["small_gemm_ms"].is_null().any()
     for (rank,), rows in parts.group_by("rank", maintain_order=True):
         figures = found.setdefault(rank, [])
         for part in PART_NAMES:
             column = rows[f"{part}_ms"]
+            once = CALIBRATED if calibrated and part in (Part.COMPUTE, Part.SMALL_GEMM) else None
             if not column.is_null().any():  # small_gemm, slowdown: unknown without the calibration
-                figures.append(Figure(part, rank, None, MS, tuple(column.to_list()), True))
+                figures.append(Figure(part, rank, None, MS, tuple(column.to_list()), once))
     if analysis.memory is not None and not analysis.memory.peaks.is_empty():
         for (rank,), rows in best_peaks(analysis.memory.peaks).group_by("rank", maintain_order=True):
             values = tuple(float(v) for v in rows.sort("step")["peak_bytes"])
-            found.setdefault(rank, []).append(Figure(PEAK, rank, None, BYTES, values, True))
+            found.setdefault(rank, []).append(Figure(PEAK, rank, None, BYTES, values))
     return found
 
 
@@ -121,10 +128,10 @@ def critical_path(analysis: Analysis, by_stage: bool) -> list[Figure]:
         per_step = steps.join(rows.group_by("step").agg(pl.col("ms").sum()), on="step", how="left")
         values = tuple(per_step["ms"].fill_null(0.0).to_list())
         stage = key[1] if by_stage else None
-        found.append(Figure(CRITICAL + str(key[0]), None, stage, MS, values, True))
+        found.append(Figure(CRITICAL + str(key[0]), None, stage, MS, values))
     return sorted(found, key=lambda figure: (figure.name, -1 if figure.stage is None else figure.stage))
 
 
 def none_of(figure: Figure, steps: int) -> Figure:
     """`figure` (a critical path's) in a run whose paths hold none of it: 0 in each of its `steps`."""
-    return Figure(figure.name, figure.rank, figure.stage, figure.unit, (0.0,) * steps, True)
+    return Figure(figure.name, figure.rank, figure.stage, figure.unit, (0.0,) * steps)

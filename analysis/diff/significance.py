@@ -28,7 +28,6 @@ TEST = (
     f"bootstrap {CONFIDENCE:.0%} percentile interval of the difference of medians over the analysed steps "
     f"({RESAMPLES} resamples, seed {SEED}); significant when it excludes 0"
 )
-ONE_VALUE = "one value per run, no steps to measure its spread"
 TOO_FEW_STEPS = f"a run with fewer than {MIN_STEPS} analysed steps: its spread is unknown"
 
 
@@ -47,12 +46,13 @@ def _medians(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.median(values[picks], axis=1)
 
 
-def compare(a: tuple[float, ...], b: tuple[float, ...], unit: str, per_step: bool) -> Outcome:
-    """B's figure against A's, each given per step (or as its one value, `per_step` False)."""
+def compare(a: tuple[float, ...], b: tuple[float, ...], unit: str, once: str | None = None) -> Outcome:
+    """B's figure against A's, each given per step; `once`: why either run has one value of it (then
+    untested)."""
     first, second = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     middle_a, middle_b = float(np.median(first)), float(np.median(second))
-    if not per_step:
-        return Outcome(middle_a, middle_b, None, None, False, ONE_VALUE)
+    if once is not None:
+        return Outcome(middle_a, middle_b, None, None, False, once)
     if min(len(first), len(second)) < MIN_STEPS:
         return Outcome(middle_a, middle_b, None, None, False, TOO_FEW_STEPS)
     rng = np.random.default_rng(SEED)
