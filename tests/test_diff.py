@@ -5,13 +5,16 @@ each forward (runners.inject's host stall) against its baseline."""
 from __future__ import annotations
 
 import json
+import shutil
+import warnings
 
 import pytest
+from conftest import DATA
 
 import analysis.diff.compare as compare_module
 from analysis.cli import main
 from analysis.diff.compare import diff
-from analysis.diff.figures import CALIBRATED, MS, ONE_VALUE
+from analysis.diff.figures import CALIBRATED, MS, ONE_VALUE, whole_step
 from analysis.diff.significance import TOO_FEW_STEPS, Outcome, compare
 from analysis.job.run_dir import analysis_of
 from runners.schedules import Action, Kind, build
@@ -152,3 +155,33 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys, arguments):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ")
+
+
+def test_each_step_s_bubble_is_the_summary_s_formula_on_that_step(runs):
+    """bubble_measured per step, read from ranks.parquet, is summary.json's on the median step."""
+    analysis = analysis_of(runs[1])
+    bubble = next(figure for figure in whole_step(analysis) if figure.name == "bubble_measured")
+    steps = sorted(replayed.step for replayed in analysis.summary.replayed_steps)
+    at_median = bubble.values[steps.index(analysis.summary.median_step)]
+    assert at_median == pytest.approx(analysis.summary.bubble_measured, abs=1e-9)
+
+
+def test_runs_of_one_step_say_that_nothing_can_be_called_significant(runs, tmp_path, capsys):
+    one = tmp_path / "one"
+    write_noisy_run(one, build("gpipe", 4, M), seed=8, steps=1)
+    assert main(["diff", str(one), str(runs["sleep"]), "--fail-on", "launch_overhead:+2ms"]) == 0
+    out = capsys.readouterr().out
+    assert TOO_FEW_STEPS in out and "0 of " in out.splitlines()[-1]
+
+
+def test_an_op_level_job_of_two_pipelines_against_itself_changes_nothing(tmp_path):
+    """ByteDance StragglerAnalysis's job ST (PP4 x DP2, 32 steps): matched rank to rank, the straggler
+    compared, nothing significant."""
+    run = tmp_path / "ST"
+    shutil.copytree(DATA / "stragglers", run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the job's own overlapping slices, said by analyze
+        found = diff(analysis_of(run), analysis_of(run))
+    assert {change.rank for change in found.changes} == {None, *range(8)}
+    assert any(change.name == "straggler" for change in found.changes)
+    assert not any(change.significant for change in found.changes)
