@@ -118,7 +118,9 @@ def test_diff_json_holds_the_changes_significant_and_largest_first(runs, tmp_pat
     assert untested["low_ms"] is None and untested["why"] == ONE_VALUE and not untested["significant"]
 
 
-def test_the_formula_s_bubble_change_is_shown_beside_the_measured_one(runs, tmp_path, capsys):
+def test_the_formula_s_bubble_change_and_the_model_s_step_change_are_shown_beside_the_measured(
+    runs, tmp_path, capsys
+):
     more = tmp_path / "m8"
     write_noisy_run(more, build("gpipe", 4, 2 * M), seed=6)
     found = diff(analysis_of(runs[1]), analysis_of(more))
@@ -126,8 +128,13 @@ def test_the_formula_s_bubble_change_is_shown_beside_the_measured_one(runs, tmp_
     formula = (3 / (2 * M + 3)) - (3 / (M + 3))
     assert measured.expected == pytest.approx(formula)
     assert measured.significant and measured.delta == pytest.approx(formula, abs=0.02)
+    step = next(change for change in found.changes if change.name == "step_time")
+    predicted = {prediction.m: prediction.step_time_ms for prediction in analysis_of(runs[1]).predictions}
+    assert step.expected == pytest.approx(predicted[2 * M] - predicted[M])
+    assert step.delta == pytest.approx(step.expected, rel=0.05)  # the same work per microbatch at any m
     assert main(["diff", str(runs[1]), str(more), "--markdown"]) == 0
-    assert f"(formula {formula:+.4f})" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"(formula {formula:+.4f})" in out and f"(model {step.expected:+.3f} ms)" in out
 
 
 def test_runs_of_another_p_are_compared_by_their_whole_step_only(runs, tmp_path):

@@ -30,7 +30,8 @@ class Change:
     high: float | None
     significant: bool
     why: str | None  # why it cannot be called significant, where it cannot
-    expected: float | None = None  # the formula's change, where A and B differ in schedule, m, v or p
+    # the change the theory expects (EXPECTED_FROM), where A and B differ in schedule, m, v or p
+    expected: float | None = None
 
     @property
     def delta(self) -> float:
@@ -119,11 +120,27 @@ def configuration(analysis: Analysis) -> tuple:
     return summary.schedule, summary.p, summary.m, summary.v
 
 
-def _expected(a: Analysis, b: Analysis, name: str) -> float | None:
-    """The formula's change of the bubble where the configurations differ (docs/numbers.md#diff-expected)."""
-    if name != "bubble_measured" or configuration(a) == configuration(b):
+# Where an expected change comes from, by the figure it goes with (docs/numbers.md#diff-expected).
+EXPECTED_FROM = {"bubble_measured": "formula", figures.STEP_TIME: "model"}
+
+
+def _predicted_step(a: Analysis, b: Analysis) -> float | None:
+    """The step's change A's model predicts at B's m (A's predictions.json), where only m differs."""
+    first, second = a.summary, b.summary
+    if (first.schedule, first.p, first.v) != (second.schedule, second.p, second.v) or a.predictions is None:
         return None
-    return b.summary.bubble_formula - a.summary.bubble_formula
+    by_m = {prediction.m: prediction.step_time_ms for prediction in a.predictions}
+    return by_m[second.m] - by_m[first.m] if first.m in by_m and second.m in by_m else None
+
+
+def _expected(a: Analysis, b: Analysis, name: str) -> float | None:
+    """The change the theory expects where the configurations differ: the formula's of the bubble, the
+    model's of the step (docs/numbers.md#diff-expected)."""
+    if configuration(a) == configuration(b):
+        return None
+    if name == "bubble_measured":
+        return b.summary.bubble_formula - a.summary.bubble_formula
+    return _predicted_step(a, b) if name == figures.STEP_TIME else None
 
 
 def order(change: Change) -> tuple:

@@ -3,8 +3,9 @@
 diff.json: {"a": DIR, "b": DIR, "test": str, "notes": [str], "changes": [{"name", "rank", "stage",
 "a_ms", "b_ms", "delta_ms", "low_ms", "high_ms", "significant", "why", "expected_ms"}, ...]} in the
 order of analysis.diff.compare.order; a figure not in ms (a fraction, bytes) has the same keys without
-`_ms`. low and high are null where the change is untested, and `why` says why; `expected` is the
-formula's change where there is one, else null.
+`_ms`. low and high are null where the change is untested, and `why` says why; `expected` is the change
+the formula (the bubble) or the model (the step) expects where the runs' configurations differ, else
+null.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from analysis.diff.compare import Change, Diff
+from analysis.diff.compare import EXPECTED_FROM, Change, Diff
 from analysis.diff.figures import BYTES, MS
 from analysis.diff.significance import TEST
 from analysis.files import write_atomically
@@ -62,7 +63,11 @@ def describe(change: Change) -> str:
 
 
 def _row(change: Change) -> list[str]:
-    expected = "" if change.expected is None else f" (formula {_number(change.expected, change.unit, True)})"
+    expected = (
+        ""
+        if change.expected is None
+        else f" ({EXPECTED_FROM[change.name]} {_number(change.expected, change.unit, True)})"
+    )
     return [
         change.name,
         _where(change),
