@@ -12,6 +12,7 @@ from analysis.diff import figures
 from analysis.diff.figures import FRACTION, MS, Figure
 from analysis.diff.significance import compare
 from analysis.results import Analysis
+from analysis.vocabulary import Level
 
 UNIT_ORDER = (MS, FRACTION, figures.BYTES)  # ms first: the step's time is what a change costs
 
@@ -151,9 +152,21 @@ def order(change: Change) -> tuple:
     return (not change.significant, UNIT_ORDER.index(change.unit), -size, change.rank is None)
 
 
+def _caveats(a: Analysis, b: Analysis) -> list[str]:
+    """What a reader of the changes must know of each run: its low trust, its flags (analysis.caveats)."""
+    notes = []
+    for side, analysis in (("A", a), ("B", b)):
+        trust, flags = analysis.summary.trust, analysis.summary.flags
+        if trust is not None and trust.level == Level.LOW:
+            notes.append(f"{side}'s trust is low: {'; '.join(trust.reasons)}")
+        if flags:
+            notes.append(f"{side} is flagged {', '.join(flags)}: its steps may not be a steady sample")
+    return notes
+
+
 def diff(a: Analysis, b: Analysis) -> Diff:
     """Every figure A and B share, compared."""
-    notes: list[str] = []
+    notes = _caveats(a, b)
     changes = []
     for first, second in _pairs(a, b, notes):
         outcome = compare(first.values, second.values, first.unit, first.once or second.once)

@@ -4,7 +4,8 @@ the stored tables hold one (docs/numbers.md#diff).
 Per step: the step time (summary.json `replayed_steps`), bubble_measured and bubble_seed (ranks.parquet,
 over the summary's pipeline), each part per rank (ranks.parquet), the critical path's ms per part and
 stage (critical.parquet) and the peak activations per rank (memory_peaks.parquet). One value per run:
-bubble_formula, the waterfall's rungs (fixed and Shapley) and the straggler.
+bubble_formula, the waterfall's rungs (fixed and Shapley), the straggler, and with the isolated
+calibration each rank's compute and small_gemm (the calibration's times of its cells).
 """
 
 from __future__ import annotations
@@ -60,10 +61,11 @@ class Figure:
 
 
 def pipeline_ranks(summary: Summary) -> list[int]:
-    """The ranks of the pipeline whose figures summary.json holds (the slowest), in stage order."""
+    """The ranks of the pipeline whose figures summary.json holds (the slowest: its step alone is the
+    longest, analysis.job.join), in stage order."""
     if not summary.pipelines:
         return [entry.rank for entry in sorted(summary.ranks, key=lambda entry: min(entry.stage_ids))]
-    return max(summary.pipelines, key=lambda pipeline: pipeline.step_time_ms).ranks
+    return max(summary.pipelines, key=lambda pipeline: pipeline.step_time_alone_ms).ranks
 
 
 def whole_step(analysis: Analysis) -> list[Figure]:
@@ -127,9 +129,8 @@ def critical_path(analysis: Analysis, by_stage: bool) -> list[Figure]:
     for key, rows in critical.group_by(keys, maintain_order=True):
         per_step = steps.join(rows.group_by("step").agg(pl.col("ms").sum()), on="step", how="left")
         values = tuple(per_step["ms"].fill_null(0.0).to_list())
-        stage = key[1] if by_stage else None
-        found.append(Figure(CRITICAL + str(key[0]), None, stage, MS, values))
-    return sorted(found, key=lambda figure: (figure.name, -1 if figure.stage is None else figure.stage))
+        found.append(Figure(CRITICAL + str(key[0]), None, key[1] if by_stage else None, MS, values))
+    return found
 
 
 def none_of(figure: Figure, steps: int) -> Figure:
