@@ -14,10 +14,12 @@ from conftest import DATA
 import analysis.diff.compare as compare_module
 from analysis.cli import main
 from analysis.diff.compare import diff
-from analysis.diff.figures import CALIBRATED, MS, ONE_VALUE, whole_step
+from analysis.diff.figures import CALIBRATED, MS, ONE_VALUE, pipeline_ranks, whole_step
 from analysis.diff.significance import TOO_FEW_STEPS, Outcome, compare
 from analysis.job.run_dir import analysis_of
 from runners.schedules import Action, Kind, build
+from synthetic import write_run
+from synthetic.data_parallel import write_job
 from synthetic.executor_sim import HostTime
 from synthetic.noisy import write_noisy_run
 
@@ -192,3 +194,19 @@ def test_an_op_level_job_of_two_pipelines_against_itself_changes_nothing(tmp_pat
     assert {change.rank for change in found.changes} == {None, *range(8)}
     assert any(change.name == "straggler" for change in found.changes)
     assert not any(change.significant for change in found.changes)
+
+
+def test_runs_of_one_p_and_other_layouts_are_matched_stage_to_stage(tmp_path):
+    """A PP x DP job against one pipeline: each stage's rank in the job's slowest pipeline against the
+    pipeline's."""
+    write_job(tmp_path / "job", build("1f1b", 2, M), 2, slow_pipeline=1, slow_factor=1.2)
+    write_run(tmp_path / "one", build("1f1b", 2, M))
+    job, one = analysis_of(tmp_path / "job"), analysis_of(tmp_path / "one")
+    found = diff(job, one)
+    assert "the layouts differ: ranks matched by stage in each run's slowest pipeline" in found.notes
+    staged = {(change.rank, change.stage) for change in found.changes if change.name == "bubble"}
+    assert staged == {(None, 0), (None, 1)}
+    slowest = pipeline_ranks(job.summary)
+    assert slowest == job.summary.pipelines[1].ranks
+    bubble = next(c for c in found.changes if c.name == "bubble" and c.stage == 0)
+    assert bubble.a == pytest.approx(job.parts.filter(rank=slowest[0])["bubble_ms"].median())
