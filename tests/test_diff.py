@@ -210,3 +210,15 @@ def test_runs_of_one_p_and_other_layouts_are_matched_stage_to_stage(tmp_path):
     assert slowest == job.summary.pipelines[1].ranks
     bubble = next(c for c in found.changes if c.name == "bubble" and c.stage == 0)
     assert bubble.a == pytest.approx(job.parts.filter(rank=slowest[0])["bubble_ms"].median())
+
+
+def test_traces_without_run_json_are_compared_with_compute_measured_per_step(runs, tmp_path):
+    """Anyone's traces (no run.json, no calibration): compute is the busy time of each step, tested."""
+    for name in (1, "sleep"):
+        (tmp_path / str(name)).mkdir()
+        for trace in runs[name].glob("rank*.json.gz"):
+            shutil.copy(trace, tmp_path / str(name))
+    changes = diff(analysis_of(tmp_path / "1"), analysis_of(tmp_path / "sleep")).changes
+    assert (changes[0].name, changes[0].rank) == ("launch_overhead", 0)
+    compute = [change for change in changes if change.name == "compute"]
+    assert compute and all(change.why is None and not change.significant for change in compute)
