@@ -18,6 +18,9 @@ MODEL  ?=              # your stages: package.module:factory (runners/stage_fact
 MS     ?= 1 2 4 8 16 32  # the m values of `make sweep`, `make predict` and `make advise`
 MEMORY_MB ?=           # `make advise`: the activation memory per rank a candidate may hold, MiB
 RUN    ?= traces/latest
+A      ?=              # `make diff`: the run before (a run directory)
+B      ?=              # `make diff`: the run after
+FAIL_ON ?=             # `make diff`: exit 1 when a significant change breaks a rule, e.g. step_time:+5% or @FILE
 TRACES ?= traces        # the folder of run directories `make report` reads
 BENCH_ARGS ?=          # e.g. --only throughput --sizes-mb '50 1000' (see python -m bench --help)
 # On a CPU-only machine torch==2.13.0 resolves to the CPU build on disk; on a GPU machine to PyPI's
@@ -37,7 +40,7 @@ RUN_ARGS = --sched $(call quote,$(SCHED)) $(if $(strip $(P)),--p $(call quote,$(
            $(if $(strip $(INJECT)),--inject $(call quote,$(INJECT))) $(if $(strip $(MODEL)),--model $(call quote,$(MODEL))) \
            --dp $(call quote,$(DP)) --dp-overlap $(call quote,$(DP_OVERLAP)) --calibrate-advice $(call quote,$(CALIBRATE_ADVICE))
 
-.PHONY: setup setup-dev trace sweep analyze merge predict advise hta report bench lint test fuzz browser clean
+.PHONY: setup setup-dev trace sweep analyze merge predict advise diff hta report bench lint test fuzz browser clean
 .DEFAULT_GOAL := trace
 
 # The runtime (what `make trace` needs) first; the test, lint and benchmark tools on top, only for the
@@ -82,6 +85,9 @@ predict: setup
 advise: setup
 	$(PY) -m analysis advise $(call quote,$(RUN)) --ms $(call quote,$(subst $(space),$(comma),$(strip $(MS)))) \
 	  $(if $(strip $(MEMORY_MB)),--memory-mb $(call quote,$(MEMORY_MB)))
+
+diff: setup
+	$(PY) -m analysis diff $(call quote,$(A)) $(call quote,$(B)) $(if $(strip $(FAIL_ON)),--fail-on $(call quote,$(FAIL_ON)))
 
 hta: .venv/.installed-hta
 	$(PY) -m analysis hta $(call quote,$(RUN))

@@ -9,7 +9,8 @@ CPU- or GPU-shaped Kineto traces with the per-rank truth (`truth`: what the inje
 and the calibration the run.json carries); `shapes` holds the Kineto event shapes (labelled and
 unlabelled), `batched` the replay of batch_isend_irecv's coalesced SEND and RECV, `orders` orders no
 generator writes, `single_gpu` one process's trace of P ranks as streams of one GPU, `phase_labels` one
-rank of a big job in the shape of DeepSeek's DualPipe trace (a framework's phase labels, no `PP:` label).
+rank of a big job in the shape of DeepSeek's DualPipe trace (a framework's phase labels, no `PP:` label),
+`noisy` a run whose work varies from step to step, seeded (the pairs of runs `diff` is tested on).
 """
 
 from synthetic.generate import OptionError, Synthetic, check_options, synthesize, write_run

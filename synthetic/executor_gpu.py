@@ -111,7 +111,7 @@ class Replay:
         times, free = [], 0
         for action in order:
             opens = free + self.host.lead_ns(action)
-            free = opens + self.host.inside_ns + LAUNCH_NS
+            free = opens + self.host.within_ns(action) + LAUNCH_NS
             times.append((opens, free))
         return times
 

@@ -5,7 +5,7 @@ replay graded against itself.
 Each rank runs its lowered order on one thread, one action at a time. An action begins `host.lead_ns`
 after the rank is free (host time between actions, on the thread, outside every span), then:
 
-- compute (F, B, I, W): `host.inside_ns` of host time inside its span, then its work;
+- compute (F, B, I, W): `host.within_ns(action)` of host time inside its span, then its work;
 - SEND, asynchronous (isend, the native executor's): the send is posted the moment its call begins, the
   call holds the thread for `transport.send_call_ns` and returns; the transfer goes on without the thread;
 - SEND, blocking (`transport.blocking_sends`): the thread is held from the call until the sender's part
@@ -76,15 +76,20 @@ class Transport:
 @dataclass(frozen=True)
 class HostTime:
     """Host time on each rank's thread, ns: before every action (`before_ns`, plus `stalls` before the
-    chosen actions), inside every compute action before its work, and the tail after the sends."""
+    chosen actions), inside every compute action before its work (`inside_ns`, plus `sleeps` in the
+    chosen ones: runners.inject's host stall), and the tail after the sends."""
 
     before_ns: int = 0
     inside_ns: int = 0
     tail_ns: int = 0
     stalls: Mapping[Action, int] = field(default_factory=dict)
+    sleeps: Mapping[Action, int] = field(default_factory=dict)
 
     def lead_ns(self, action: Action) -> int:
         return self.before_ns + self.stalls.get(action, 0)
+
+    def within_ns(self, action: Action) -> int:
+        return self.inside_ns + self.sleeps.get(action, 0)
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,7 @@ class _Simulation:
         """The rank begins its next action at `time`."""
         action = self.orders[rank][self.position[rank]]
         if action.kind.is_compute:
-            work_start = time + self.host.inside_ns
+            work_start = time + self.host.within_ns(action)
             self._finish(rank, Executed(rank, action, time, work_start + self.work_ns(action), work_start))
         elif action.kind in SENDS:
             message = self.messages.setdefault(matching_recv(action), _Message())

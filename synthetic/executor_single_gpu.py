@@ -79,7 +79,7 @@ class _OneGpu(Replay):
         free, plan = 0, issue_plan(schedule)
         for issued in plan:
             opens = free + host.lead_ns(issued.action)
-            free = opens + host.inside_ns + LAUNCH_NS
+            free = opens + host.within_ns(issued.action) + LAUNCH_NS
             self.labels[schedule.rank_of(issued.action.stage)].append((opens, free))
         self.opens = self.labels[schedule.rank_of(plan[0].action.stage)][0][1]  # the step's first kernel
 

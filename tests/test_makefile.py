@@ -110,6 +110,16 @@ def test_memory_mb_reaches_advise():
     assert analysis_args("advise").memory_mb is None
 
 
+def test_a_b_and_fail_on_reach_diff():
+    found = analysis_args("diff", "A=traces/a", "B=traces/b c", "FAIL_ON=step_time:+5%")
+    assert (found.a.as_posix(), found.b.as_posix(), found.fail_on) == (
+        "traces/a",
+        "traces/b c",
+        "step_time:+5%",
+    )
+    assert analysis_args("diff", "A=traces/a", "B=traces/b").fail_on is None
+
+
 def test_values_with_spaces_quotes_or_shell_syntax_reach_their_command_as_one_word():
     """`MODEL='a:b;touch X;#'` ran `touch X`; `RUN="a b"` was two paths."""
     assert make_request("MODEL=a:b;touch X;#").model == "a:b;touch X;#"

@@ -41,10 +41,11 @@ COMMANDS = {
     "report": ("analysis.cli.report", "build reports/index.html from every run under traces/"),
     "hta": ("analysis.cli.hta", "Holistic Trace Analysis's figures beside ours: RUN/hta.json"),
     "whatif": ("analysis.cli.whatif", "an op-level run's straggler what-if figures: RUN/whatif.json"),
+    "diff": ("analysis.cli.diff", "two analysed runs compared: what changed beyond their noise"),
 }
 # The commands that analyse runs from their files, so take --jobs or --cluster; the merge analyses
 # the traces it has loaded already, in its own process.
-ANALYSING = frozenset({"analyze", "predict", "advise", "report", "hta"})
+ANALYSING = frozenset({"analyze", "predict", "advise", "report", "hta", "diff"})
 
 
 # What `--help` tells a user (the module's docstring above is for whoever works on it).

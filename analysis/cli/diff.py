@@ -1,0 +1,43 @@
+"""`python -m analysis diff A B [--json FILE] [--markdown] [--fail-on RULES]`: two analysed runs compared
+(analysis.diff), either analysed first where it has no current analysis.
+
+Prints every figure's change, significant first and largest first (or, `--markdown`, a pull-request
+comment); `--json FILE` writes diff.json (analysis.diff.output). `--fail-on` (analysis.diff.rules)
+exits 1 when a significant change breaks a rule, naming each; bad input exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from analysis.diff import output, rules
+from analysis.diff.compare import diff
+from analysis.job.run_dir import analysis_of
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", type=Path, metavar="A", help="the run before (a run directory)")
+    parser.add_argument("b", type=Path, metavar="B", help="the run after")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write diff.json here")
+    parser.add_argument("--markdown", action="store_true", help="print a pull-request comment, not the table")
+    parser.add_argument(
+        rules.FLAG,
+        dest="fail_on",
+        metavar="RULES",
+        help="exit 1 when a significant change breaks one: e.g. step_time:+5%%,p2p_wait:+2ms,"
+        "bubble_measured:+0.02, or @FILE with one a line",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    gate = rules.read_rules(args.fail_on) if args.fail_on is not None else []  # refused before analysing
+    found = diff(analysis_of(args.a), analysis_of(args.b))
+    print(output.markdown(found, args.a, args.b) if args.markdown else output.table(found, args.a, args.b))
+    if args.json is not None:
+        print(f"written: {output.write_json(args.json, found, args.a, args.b)}", file=sys.stderr)
+    breaking = rules.broken(found.changes, gate)
+    for rule, change in breaking:
+        print(f"fail: {rule.text}: {output.describe(change)}", file=sys.stderr)
+    return 1 if breaking else 0
