@@ -34,6 +34,22 @@ COLUMNS = {
     "gmc": pl.Int32,
 }
 SIZES = ("dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size", "world_size")
+# The optypes the analysis reads by name (analysis.whatif.graph models how they depend on each other).
+COMPUTE = ("forward-compute", "backward-compute")
+# p2p optype -> the compute of its direction
+P2P = {
+    "forward-send": "forward-compute",
+    "forward-recv": "forward-compute",
+    "backward-send": "backward-compute",
+    "backward-recv": "backward-compute",
+}
+PARAMS_GATHER = "params-all-gather"
+DP_COLLECTIVES = (PARAMS_GATHER, "grads-reduce-scatter", "separate-grads-all-reduce")
+EMBEDDING = "embedding-grads-all-reduce"
+CLIP = "optimizer-clip-main-grad"
+# Communication by kind (the typical value of its time is the median, not the mean): the collectives and
+# p2p ops, and the tensor-parallel all-reduce that is replayed as an op of its own.
+COMMUNICATION = frozenset({*P2P, *DP_COLLECTIVES, EMBEDDING, CLIP, "layernorm-grads-all-reduce"})
 
 
 @dataclass(frozen=True)

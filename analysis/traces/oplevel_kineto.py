@@ -33,7 +33,7 @@ from analysis.files import write_atomically
 from analysis.traces import kineto
 from analysis.traces.kineto import RECORD_PARAM_COMMS
 from analysis.traces.oplevel import OpTimeline, read_timeline
-from analysis.whatif.graph import COMPUTE, DP_COLLECTIVES, EMBEDDING, P2P
+from analysis.traces.oplevel import COMPUTE, DP_COLLECTIVES, EMBEDDING, P2P
 
 # summary.json's note on an op-level run: what its analysis cannot measure
 LIMITS = (

@@ -2,7 +2,7 @@
 
 t_ori    the mean step replayed with every op's measured time
 t_ideal  the mean step with every op at its optype's typical time: compute by the mean, communication
-         (graph.COMMUNICATION) by the median, over every stage, replica and step (Eq. 1)
+         (traces.oplevel.COMMUNICATION) by the median, over every stage, replica and step (Eq. 1)
 S        t_ori / t_ideal
 S_X      the mean step with the ops of X (one stage, one replica, one op type) at their measured times
          and the rest typical, over t_ideal; op types in the paper's names, a direction's
@@ -22,10 +22,9 @@ import msgspec
 import numpy as np
 
 from analysis.schema import Summary, WhatIf
-from analysis.traces.oplevel import read_timeline
+from analysis.traces.oplevel import COMMUNICATION, read_timeline
 from analysis.traces.oplevel_kineto import LIMITS
 from analysis.traces.run_files import oplevel_files
-from analysis.whatif.graph import COMMUNICATION
 from analysis.whatif.replay import Measured, measure, replay
 
 # The paper's op type names where they differ from the recorded ones.

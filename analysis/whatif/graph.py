@@ -31,24 +31,10 @@ import numpy as np
 import polars as pl
 
 from analysis.errors import InputError
+from analysis.traces.oplevel import CLIP, COMPUTE, DP_COLLECTIVES, EMBEDDING, P2P, PARAMS_GATHER
 
-COMPUTE = ("forward-compute", "backward-compute")
-# p2p optype -> the compute of its direction
-P2P = {
-    "forward-send": "forward-compute",
-    "forward-recv": "forward-compute",
-    "backward-send": "backward-compute",
-    "backward-recv": "backward-compute",
-}
 # send -> (the stage of its receiver, relative to its own; the receiver's optype)
 RECEIVER = {"forward-send": (1, "forward-recv"), "backward-send": (-1, "backward-recv")}
-PARAMS_GATHER = "params-all-gather"
-DP_COLLECTIVES = (PARAMS_GATHER, "grads-reduce-scatter", "separate-grads-all-reduce")
-EMBEDDING = "embedding-grads-all-reduce"
-CLIP = "optimizer-clip-main-grad"
-# Communication by kind (the typical value of its time is the median, not the mean): the collectives and
-# p2p ops, and the tensor-parallel all-reduce that is replayed as an op of its own.
-COMMUNICATION = frozenset({*P2P, *DP_COLLECTIVES, EMBEDDING, CLIP, "layernorm-grads-all-reduce"})
 
 
 @dataclass(frozen=True)
