@@ -1,4 +1,4 @@
-"""analysis.job.layout: a job's pipelines from run.json, the traces' process groups or p2p peers, or refused."""
+"""analysis.traces.layout: a job's pipelines from run.json, the traces' process groups or p2p peers, or refused."""
 
 from __future__ import annotations
 
@@ -7,7 +7,16 @@ from types import SimpleNamespace
 import pytest
 
 from analysis.errors import InputError
-from analysis.job.layout import DP, STAGE, STAGES, Group, find_pipelines, group_scope, groups_of, named_scope
+from analysis.traces.layout import (
+    DP,
+    STAGE,
+    STAGES,
+    Group,
+    find_pipelines,
+    group_scope,
+    groups_of,
+    named_scope,
+)
 
 # P=2 x DP=2 laid out with pp outermost: pipeline j holds [j, j + 2]; the DP group of stage s [2s, 2s + 1].
 PIPELINES = [[0, 2], [1, 3]]

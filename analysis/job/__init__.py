@@ -1,4 +1,4 @@
-"""A job of one or more pipelines (PP x DP), analysed: its layout (layout: which ranks form each pipeline,
-the process groups and what each spans), one pipeline's measurement (measure), the job joined from its
-pipelines with its straggler (join), and the run directory in and out (run_dir).
+"""A job of one or more pipelines (PP x DP), analysed: one pipeline's measurement (measure), the job
+joined from its pipelines with its straggler (join), and the run directory in and out (run_dir); which
+ranks form each pipeline is read with the traces (analysis.traces.layout).
 """

@@ -1,6 +1,6 @@
 """A job of one or more pipelines (PP x DP): each pipeline analysed as a run of its own, then joined.
 
-The pipelines come from analysis.job.layout; each one's ranks are renumbered 0..p-1 (their stage order)
+The pipelines come from analysis.traces.layout; each one's ranks are renumbered 0..p-1 (their stage order)
 and measured by analysis.job.measure.measure_pipeline, with the collectives of its ranks, their groups' scopes
 and their waits across the groups (analysis.timeline.dp_sync), and the results are mapped back to global
 ranks. The job's summary is the slowest pipeline's, with every rank's entry (closing on its pipeline's
@@ -23,12 +23,12 @@ import polars as pl
 
 from analysis.attribution.parts import median_step
 from analysis.errors import InputError
-from analysis.job.layout import DP, find_pipelines, to_global, to_local
 from analysis.job.measure import RunInput, measure_pipeline
 from analysis.ranks.tables import RankInput
 from analysis.results import Analysis
 from analysis.schema import ClockEstimate, PipelineEntry, RankIntegrity, Rules, Straggler
 from analysis.timeline.dp_sync import with_skew
+from analysis.traces.layout import DP, find_pipelines, to_global, to_local
 from analysis.traces.memory import Memory
 from analysis.trust.gate import pipeline_evidence
 from analysis.verdict.verdict import assessed

@@ -34,7 +34,6 @@ from analysis.caveats import flags, noise
 from analysis.cells.executed import as_executed, check_causality, from_run_json, infer
 from analysis.cells.labelled import RankCells
 from analysis.errors import InputError, TraceWarning
-from analysis.job.layout import Group
 from analysis.ranks.tables import RankInput
 from analysis.results import Analysis
 from analysis.schema import RANK_PARTS, ClockEstimate, Rules, StepReplay, Summary
@@ -44,6 +43,7 @@ from analysis.timeline.dp_sync import skew_ns
 from analysis.timeline.gaps import aligned_starts, timeline, windows
 from analysis.timeline.pairing import paired_steps
 from analysis.timeline.waits import split_waits
+from analysis.traces.layout import Group
 from analysis.traces.memory import Memory, memory_of
 from analysis.vocabulary import Part
 from runners.schedules import COMPUTE_KINDS, Schedule, bubble_formula
@@ -84,7 +84,7 @@ class RunInput:
 
     @property
     def groups(self) -> dict[int, tuple[Group, ...]]:
-        """rank -> its process groups (analysis.job.layout)."""
+        """rank -> its process groups (analysis.traces.layout)."""
         return {rank: one.groups for rank, one in self.ranks.items()}
 
     @property

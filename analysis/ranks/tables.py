@@ -4,7 +4,7 @@
 waits and the device timeline inside them (analysis.cells), the collective events the clock alignment
 reads (analysis.timeline.clock), its memory events placed in its steps (analysis.traces.memory), its
 run-queue samples (analysis.traces.runqueue), its process groups and data-parallel collectives (for a
-job of several pipelines: analysis.job.layout, analysis.timeline.dp_sync), where nothing else will
+job of several pipelines: analysis.traces.layout, analysis.timeline.dp_sync), where nothing else will
 say which ranks form the pipelines, its p2p peers (analysis.traces.comms), and how sound its trace is
 (analysis.traces.integrity: what a viewer or the analysis cannot take as written, counted). The event
 frame is not kept: it is the bulk of a trace's memory, and nothing across ranks needs it, so a run's
@@ -25,12 +25,12 @@ import polars as pl
 
 from analysis.cells.inferred import cells_of
 from analysis.cells.labelled import RankCells, rank_events
-from analysis.job.layout import Group, groups_of, is_dp_group, is_pipeline_group
 from analysis.timeline.clock import collective_events
 from analysis.timeline.dp_sync import collectives, is_collective
 from analysis.traces.comms import comm_groups, p2p_peers
 from analysis.traces.integrity import Integrity, integrity_of
 from analysis.traces.kineto import RECORD_PARAM_COMMS
+from analysis.traces.layout import Group, groups_of, is_dp_group, is_pipeline_group
 from analysis.traces.load import RawTrace
 from analysis.traces.memory import memory_events, with_steps
 from analysis.traces.runqueue import run_queue_samples

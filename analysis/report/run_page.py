@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import polars as pl
 
-from analysis.job.layout import to_local
 from analysis.report import advice_section, hta_section, job_view, run_charts, verdict_section, whatif_section
 from analysis.report.frames import (
     coarsen,
@@ -39,6 +38,7 @@ from analysis.report.run_tables import (
 from analysis.report.runs import Run
 from analysis.results import Analysis
 from analysis.schema import Summary
+from analysis.traces.layout import to_local
 from analysis.traces.memory import Memory
 
 IDEAL_CAPTION = (

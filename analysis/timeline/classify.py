@@ -25,10 +25,10 @@ import functools
 import polars as pl
 
 from analysis.cells.labelled import device_events
-from analysis.job.layout import DP, STAGES
 from analysis.schema import GAP_CLASSES, Rules
 from analysis.timeline.dp_sync import cut
 from analysis.timeline.gaps import queued, runs, segments
+from analysis.traces.layout import DP, STAGES
 from analysis.vocabulary import DeviceIdle, GapClass
 
 GAP_SCHEMA = {"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "class": pl.Utf8}

@@ -21,9 +21,9 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.cells.labelled import cat_in, rows
-from analysis.job.layout import DP, Group, group_scope
 from analysis.traces.comms import GROUP_SCHEMA
 from analysis.traces.kineto import DEVICE_WORK_CATS, RECORD_PARAM_COMMS
+from analysis.traces.layout import DP, Group, group_scope
 from analysis.vocabulary import GapClass
 
 # CPU: the dispatcher's collective ops, and the span of each on gloo's worker thread.
@@ -105,7 +105,7 @@ def _grouped(
 
 def with_skew(found: pl.DataFrame, pipelines: list[list[int]], cells: pl.DataFrame) -> pl.DataFrame:
     """INSTANCES, ready_ns and skew_end_ns: every rank's `collectives` numbered k within their group,
-    with the group's scope (analysis.job.layout.group_scope), when the rank was ready for it (_ready) and
+    with the group's scope (analysis.traces.layout.group_scope), when the rank was ready for it (_ready) and
     the end of its wait for the group's other members: their latest readiness, at most its end (null
     where a member lacks its k-th collective: nothing to compare). A collective whose trace names no
     members is taken to be on the rank's DP group (every pipeline's rank of its stage) where it is DP.

@@ -7,7 +7,7 @@ Name") and description ("Process Group Description"); without the list the peer 
 (the default group's). Gloo traces record no record_param_comms; NCCL ones do. The loader keeps those
 args as it decodes the events (analysis.traces.events: `RawTrace.comms`), so the text is not held for
 them, and only its pieces that hold such ops are decoded twice: the peers are wanted only where nothing else says which ranks form the pipelines
-(analysis.job.layout), the groups only where the trace has collectives.
+(analysis.traces.layout), the groups only where the trace has collectives.
 """
 
 from __future__ import annotations

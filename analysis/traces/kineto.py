@@ -114,7 +114,7 @@ class DistributedInfo(msgspec.Struct):
     rank: int | None = None
     world_size: int | None = None
     backend: str | None = None
-    pg_config: Any = None  # the rank's process groups (pg_desc, ranks, ...): analysis.job.layout reads them
+    pg_config: Any = None  # the rank's process groups (pg_desc, ranks, ...): analysis.traces.layout reads them
 
 
 # Top-level keys besides traceEvents that the analysis reads, with their types (the rest stay raw).
