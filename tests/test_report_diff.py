@@ -1,0 +1,108 @@
+"""Diff pages: a diff is stored in its B's run directory (by `diff`, or by `report` for a sweep's
+neighbours), and the report draws a page for each stored pair and lists it on the index, computing
+nothing itself."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import msgspec
+import pytest
+from test_report import write_contract_run
+
+from analysis import results
+from analysis.cli import main
+from analysis.diff.neighbours import sweep_neighbours
+from analysis.diff.stored import DIFFS_DIR, STORED_FORMAT, read_diff
+from analysis.errors import InputError
+from analysis.report import build_report
+from analysis.schema import Summary
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> Path:
+    """A gpipe sweep over m = 1, 2, 4 and a 1f1b run at m = 4."""
+    found = tmp_path_factory.mktemp("diffpage") / "traces"
+    for m in (1, 2, 4):
+        write_contract_run(found, f"gpipe-m{m}", m=m, forward_ms=(1 + 0.2 * m) / m)
+    write_contract_run(found, "1f1b-m4", schedule="1f1b", m=4, forward_ms=0.3)
+    return found
+
+
+def _stored(traces: Path) -> set[tuple[str, str]]:
+    return {(path.stem, path.parent.parent.name) for path in traces.glob(f"*/{DIFFS_DIR}/*.json")}
+
+
+def test_a_diff_the_user_asked_for_gets_a_page_linked_from_the_index(traces, tmp_path, capsys):
+    assert main(["diff", str(traces / "gpipe-m4"), str(traces / "1f1b-m4")]) == 0
+    kept = traces / "1f1b-m4" / DIFFS_DIR / "gpipe-m4.json"
+    assert f"stored for the report: {kept}" in capsys.readouterr().err
+    stored = read_diff(kept)
+    assert (stored.format, stored.a_run, stored.b_run) == (STORED_FORMAT, "gpipe-m4", "1f1b-m4")
+    assert any(change.significant for change in stored.changes)
+    index = build_report(traces, tmp_path / "reports")
+    page = index.parent / "diffs" / "1f1b-m4" / "gpipe-m4.html"
+    text = page.read_text()
+    assert "gpipe-m4 → 1f1b-m4" in text and "../../runs/gpipe-m4.html" in text
+    significant = re.findall(r'<tr class="significant">', text)
+    assert len(significant) == sum(change.significant for change in stored.changes)
+    assert {"waterfalls", "parts", "timelines"} <= set(re.findall(r'<div class="chart" id="(\w+)">', text))
+    listed = index.read_text()
+    assert 'href="diffs/1f1b-m4/gpipe-m4.html"' in listed
+    picker = re.search(r'<form class="diff-picker" data-pages="([^"]*)"', listed)
+    pages = json.loads(picker.group(1).replace("&quot;", '"'))
+    assert pages["gpipe-m4\n1f1b-m4"] == "diffs/1f1b-m4/gpipe-m4.html"
+
+
+def test_the_report_command_compares_each_sweeps_neighbours(traces, tmp_path):
+    assert main(["report", "--traces", str(traces), "--out", str(tmp_path / "reports")]) == 0
+    assert {("gpipe-m1", "gpipe-m2"), ("gpipe-m2", "gpipe-m4")} <= _stored(traces)
+    assert ("gpipe-m1", "gpipe-m4") not in _stored(traces)
+    for a, b in (("gpipe-m1", "gpipe-m2"), ("gpipe-m2", "gpipe-m4")):
+        assert (tmp_path / "reports" / "diffs" / b / f"{a}.html").is_file()
+        assert read_diff(traces / b / DIFFS_DIR / f"{a}.json").changes
+
+
+def test_a_stored_diff_that_cannot_be_read_is_a_warning_and_its_page_is_gone(traces, tmp_path):
+    reports = tmp_path / "reports"
+    assert main(["diff", str(traces / "gpipe-m1"), str(traces / "1f1b-m4")]) == 0
+    build_report(traces, reports)
+    page = reports / "diffs" / "1f1b-m4" / "gpipe-m1.html"
+    assert page.is_file()
+    kept = traces / "1f1b-m4" / DIFFS_DIR / "gpipe-m1.json"
+    kept.write_text("{")
+    try:
+        with pytest.warns(UserWarning, match="not a stored diff"):
+            build_report(traces, reports)
+        assert not page.exists() and "diffs/1f1b-m4/gpipe-m1.html" not in (reports / "index.html").read_text()
+        with pytest.raises(InputError, match="not a stored diff"):
+            read_diff(kept)
+    finally:
+        kept.unlink()
+
+
+def test_without_a_stored_diff_the_index_says_how_to_make_one(tmp_path):
+    traces = tmp_path / "traces"
+    write_contract_run(traces, "alone")
+    index = build_report(traces, tmp_path / "reports")
+    assert "No two runs compared yet" in index.read_text()
+    assert not (tmp_path / "reports" / "diffs").exists()
+
+
+def test_neighbours_are_consecutive_m_of_one_family_with_the_median_run_for_a_repeated_m(traces):
+    summary = results.read_stored(traces / "gpipe-m1").summary
+
+    def run(run_id: str, schedule: str, m: int, step_ms: float) -> tuple[str, Summary]:
+        return run_id, msgspec.structs.replace(summary, schedule=schedule, m=m, step_time_ms=step_ms)
+
+    runs = [
+        run("m1", "gpipe", 1, 9.0),
+        run("m2-fast", "gpipe", 2, 7.0),
+        run("m2-median", "gpipe", 2, 8.0),
+        run("m2-slow", "gpipe", 2, 9.5),
+        run("m8", "gpipe", 8, 6.0),
+        run("1f1b-m2", "1f1b", 2, 7.0),  # a family of one m: no neighbour
+    ]
+    assert sorted(sweep_neighbours(runs)) == [("m1", "m2-median"), ("m2-median", "m8")]
