@@ -91,8 +91,7 @@ def build_report(traces: Path, out: Path, runs: list[Run] | None = None) -> Path
             _write_run_page(site, run, stems[run.run_id])
     diff_pages = _write_diff_pages(site, runs, stems)
     pages = {run_id: f"{RUNS_DIR}/{stem}.html" for run_id, stem in stems.items()}
-    body, figures = index_page.body(runs, pages)
-    body += "\n" + diff_index.section(diff_pages)
+    body, figures = index_page.body(runs, pages, diff_index.section(diff_pages))
     _write_page(site, out / "index.html", "Pipeline runs", body, figures, 0)
     site.finish()
     return out / "index.html"
