@@ -5,6 +5,7 @@ nothing itself."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -65,6 +66,20 @@ def test_the_report_command_compares_each_sweeps_neighbours(traces, tmp_path):
         assert read_diff(traces / b / DIFFS_DIR / f"{a}.json").changes
 
 
+def test_the_report_makes_a_kept_diff_again_only_where_a_run_was_analysed_since(traces, tmp_path):
+    reports = tmp_path / "reports"
+    kept = traces / "gpipe-m2" / DIFFS_DIR / "gpipe-m1.json"
+    assert main(["report", "--traces", str(traces), "--out", str(reports)]) == 0
+    made = kept.stat().st_mtime_ns
+    assert main(["report", "--traces", str(traces), "--out", str(reports)]) == 0
+    assert kept.stat().st_mtime_ns == made
+    summary = traces / "gpipe-m1" / results.ANALYSIS_DIR / "summary.json"
+    later = made + 10**9
+    os.utime(summary, ns=(later, later))  # as if analysed again after the diff was made
+    assert main(["report", "--traces", str(traces), "--out", str(reports)]) == 0
+    assert kept.stat().st_mtime_ns > made
+
+
 def test_a_stored_diff_that_cannot_be_read_is_a_warning_and_its_page_is_gone(traces, tmp_path):
     reports = tmp_path / "reports"
     assert main(["diff", str(traces / "gpipe-m1"), str(traces / "1f1b-m4")]) == 0
@@ -106,3 +121,14 @@ def test_neighbours_are_consecutive_m_of_one_family_with_the_median_run_for_a_re
         run("1f1b-m2", "1f1b", 2, 7.0),  # a family of one m: no neighbour
     ]
     assert sorted(sweep_neighbours(runs)) == [("m1", "m2-median"), ("m2-median", "m8")]
+
+
+def test_an_out_the_report_may_not_write_is_refused_before_any_pair_is_compared(tmp_path, capsys):
+    traces = tmp_path / "traces"
+    for m in (1, 2):
+        write_contract_run(traces, f"gpipe-m{m}", m=m)
+    taken = tmp_path / "mine.html"
+    taken.write_text("mine")
+    assert main(["report", "--traces", str(traces), "--out", str(taken)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert _stored(traces) == set()

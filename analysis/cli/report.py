@@ -3,7 +3,8 @@ compared pair of runs.
 
 The report draws diffs, it does not make them: here, before it is built, each sweep's neighbours
 (analysis.diff.neighbours) are compared and every diff already stored under traces/ (`make diff`) is
-made again from the runs' current analyses, each kept in its B's run directory (analysis.diff.stored).
+made again where either run was analysed since, each kept in its B's run directory
+(analysis.diff.stored). A diff still current is left as it is: a report after every run stays quick.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from pathlib import Path
 from analysis.diff import output
 from analysis.diff.compare import diff
 from analysis.diff.neighbours import sweep_neighbours
-from analysis.diff.stored import stored_diffs, write_diff
+from analysis.diff.stored import diff_path, read_diff, stored_diffs, write_diff
 from analysis.errors import InputError, TraceWarning
 from analysis.report import build_report
 from analysis.report.runs import Run, load_run, run_directories
-from analysis.results import Analysis
+from analysis.report.site import Site
+from analysis.results import ANALYSIS_DIR, Analysis
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,12 +36,25 @@ def _pairs(whole: dict[str, Run]) -> set[tuple[str, str]]:
     return {(a, b) for a, b in asked | set(neighbours) if a in whole and b in whole}
 
 
+def _current(a: Run, b: Run) -> bool:
+    """A's diff is kept in B, readable, and made since both runs' analyses were written."""
+    kept = diff_path(b.path, a.run_id)
+    try:
+        read_diff(kept)
+        made = kept.stat().st_mtime_ns
+        return all(made >= (run.path / ANALYSIS_DIR / "summary.json").stat().st_mtime_ns for run in (a, b))
+    except (InputError, OSError):
+        return False
+
+
 def store_diffs(runs: list[Run]) -> None:
     """Compare each pair (_pairs) and store it in B's run directory; a pair that cannot be compared or
     stored is a warning, and the report goes on without its page."""
     whole = {run.run_id: run for run in runs if run.error is None and isinstance(run.analysis, Analysis)}
     for a, b in sorted(_pairs(whole)):
         first, second = whole[a], whole[b]
+        if _current(first, second):
+            continue
         try:
             found = diff(first.analysis, second.analysis)
             write_diff(second.path, output.stored(found, first.path, second.path))
@@ -48,6 +63,7 @@ def store_diffs(runs: list[Run]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    Site(args.out)  # an --out the report may not write is refused before any run is read or compared
     runs = [load_run(path) for path in run_directories(args.traces)]
     store_diffs(runs)
     print(build_report(args.traces, args.out, runs))
