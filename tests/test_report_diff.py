@@ -132,3 +132,18 @@ def test_an_out_the_report_may_not_write_is_refused_before_any_pair_is_compared(
     assert main(["report", "--traces", str(traces), "--out", str(taken)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert _stored(traces) == set()
+
+
+def test_run_ids_from_traces_cannot_inject_markup_into_a_diff_page_or_the_picker(tmp_path):
+    name = "x<img src=x onerror=alert(1)>"
+    traces = tmp_path / "traces"
+    write_contract_run(traces, name, m=2)
+    write_contract_run(traces, "plain", m=4)
+    assert main(["report", "--traces", str(traces), "--out", str(tmp_path / "reports")]) == 0
+    pages = sorted((tmp_path / "reports" / "diffs").rglob("*.html"))
+    assert len(pages) == 1
+    for page in [*pages, tmp_path / "reports" / "index.html"]:
+        text = page.read_text()
+        assert "<img" not in text and "x&lt;img" in text, page
+    for script in (tmp_path / "reports" / "diffs").rglob("*.charts.js"):
+        assert "<" not in script.read_text(), script
