@@ -20,6 +20,9 @@ from analysis.diff.stored import DIFFS_DIR, STORED_FORMAT, read_diff
 from analysis.errors import InputError
 from analysis.report import build_report
 from analysis.schema import Summary
+from runners.schedules import build
+from synthetic import write_run
+from synthetic.data_parallel import write_job
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +150,20 @@ def test_run_ids_from_traces_cannot_inject_markup_into_a_diff_page_or_the_picker
         assert "<img" not in text and "x&lt;img" in text, page
     for script in (tmp_path / "reports" / "diffs").rglob("*.charts.js"):
         assert "<" not in script.read_text(), script
+
+
+def test_a_job_of_several_pipelines_is_drawn_against_one_pipeline_by_its_slowest(tmp_path):
+    traces = tmp_path / "traces"
+    write_job(traces / "job", build("1f1b", 2, 4), 2, slow_pipeline=1, slow_factor=1.2)
+    write_run(traces / "one", build("1f1b", 2, 4))
+    assert main(["diff", str(traces / "job"), str(traces / "one")]) == 0
+    index = build_report(traces, tmp_path / "reports")
+    page = (index.parent / "diffs" / "one" / "job.html").read_text()
+    assert "the layouts differ" in page
+    script = (index.parent / "diffs" / "one" / "job.charts.js").read_text()
+    charts = json.loads(script.removeprefix("window.REPORT_CHARTS = ").rstrip().rstrip(";"))
+    timelines = next(chart for chart in charts if chart["id"] == "timelines")["spec"]["datasets"]
+    summary = results.read_stored(traces / "job").summary
+    slowest = summary.pipelines[summary.straggler.pipeline].ranks
+    assert {row["rank"] for row in timelines["timeline_a"]} == set(slowest)
+    assert {row["rank"] for row in timelines["timeline_b"]} == {0, 1}
