@@ -7,18 +7,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import msgspec
 import pytest
 from test_report import write_contract_run
 
+import analysis.cli.report as report_command
 from analysis import results
 from analysis.cli import main
 from analysis.diff.neighbours import sweep_neighbours
 from analysis.diff.stored import DIFFS_DIR, STORED_FORMAT, read_diff
 from analysis.errors import InputError
 from analysis.report import build_report
+from analysis.report.runs import load_run, run_directories
 from analysis.schema import Summary
 from runners.schedules import build
 from synthetic import write_run
@@ -167,3 +170,17 @@ def test_a_job_of_several_pipelines_is_drawn_against_one_pipeline_by_its_slowest
     slowest = summary.pipelines[summary.straggler.pipeline].ranks
     assert {row["rank"] for row in timelines["timeline_a"]} == set(slowest)
     assert {row["rank"] for row in timelines["timeline_b"]} == {0, 1}
+
+
+def test_a_pair_that_cannot_be_compared_is_a_warning_and_the_report_is_built(traces, tmp_path, monkeypatch):
+    def broken(a, b):
+        raise ZeroDivisionError("float division by zero")
+
+    for kept in traces.glob(f"*/{DIFFS_DIR}"):
+        shutil.rmtree(kept)
+    monkeypatch.setattr(report_command, "diff", broken)
+    with pytest.warns(UserWarning, match="no diff page \\(ZeroDivisionError: float division by zero\\)"):
+        report_command.store_diffs([load_run(path) for path in run_directories(traces)])
+    assert _stored(traces) == set()
+    index = build_report(traces, tmp_path / "reports")
+    assert "No two runs compared yet" in index.read_text()

@@ -60,6 +60,13 @@ def store_diffs(runs: list[Run]) -> None:
             write_diff(second.path, output.stored(found, first.path, second.path))
         except InputError as error:  # an output error too: the run directory is read-only
             warnings.warn(f"{a} against {b}: no diff page ({error})", TraceWarning, stacklevel=2)
+        except Exception as error:  # one pair must not stop the report, as one bad run does not
+            message = str(error).splitlines()[0] if str(error) else ""
+            warnings.warn(
+                f"{a} against {b}: no diff page ({type(error).__name__}: {message})",
+                TraceWarning,
+                stacklevel=2,
+            )
 
 
 def run(args: argparse.Namespace) -> int:
