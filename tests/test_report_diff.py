@@ -184,3 +184,12 @@ def test_a_pair_that_cannot_be_compared_is_a_warning_and_the_report_is_built(tra
     assert _stored(traces) == set()
     index = build_report(traces, tmp_path / "reports")
     assert "No two runs compared yet" in index.read_text()
+
+
+def test_a_diff_that_cannot_be_kept_is_a_warning_and_the_gate_still_decides(traces, tmp_path, capsys):
+    b = tmp_path / "b"
+    shutil.copytree(traces / "1f1b-m4", b, ignore=shutil.ignore_patterns(DIFFS_DIR))
+    (b / DIFFS_DIR).write_text("a file where the folder of diffs would go")
+    assert main(["diff", str(traces / "gpipe-m4"), str(b), "--fail-on", "step_time:-1%"]) == 1
+    err = capsys.readouterr().err
+    assert f"warning: {b / DIFFS_DIR}: cannot write here" in err and "fail: step_time:-1%" in err

@@ -19,7 +19,7 @@ from pathlib import Path
 import msgspec
 
 from analysis.errors import InputError
-from analysis.files import write_atomically
+from analysis.files import unwritable, write_atomically
 
 DIFFS_DIR = "diffs"
 STORED_FORMAT = 1  # bump with any change to the keys below: a diff of another format is made again
@@ -59,9 +59,13 @@ def diff_path(b_dir: Path, a_run: str) -> Path:
 
 
 def write_diff(b_dir: Path, stored: StoredDiff) -> Path:
-    """RUN/diffs/<A>.json in B's run directory, written whole or not at all."""
+    """RUN/diffs/<A>.json in B's run directory, written whole or not at all; OutputError where it cannot
+    be (a read-only run directory)."""
     target = diff_path(b_dir, stored.a_run)
-    target.parent.mkdir(exist_ok=True)
+    try:
+        target.parent.mkdir(exist_ok=True)
+    except OSError as error:
+        raise unwritable(target.parent, error) from None
     write_atomically(target, msgspec.json.format(msgspec.json.encode(stored)) + b"\n")
     return target
 
