@@ -10,6 +10,7 @@ import pytest
 from test_report import write_contract_run
 from test_report_many_ranks import DP, SLOW, P, write_job_run
 
+from analysis.cli import main
 from analysis.report import build_report, job_view
 from analysis.report.frames import TIMELINE_BINS
 from bench.report_page import ARGS, CHROMIUM
@@ -153,3 +154,25 @@ def test_a_job_of_many_ranks_draws_the_pipeline_the_reader_picks_offline(browser
     seen = open_page(browser, page_path, tmp_path / "other.png", pick={"timeline": other})
     assert_clean(seen)
     assert seen["shown"]["timeline"] == f"job.timeline-{other}.js"
+
+
+def test_a_diff_page_renders_offline_and_the_index_opens_it(browser, tmp_path):
+    """A sweep's neighbours, compared by `report` itself: their page draws every chart within the width,
+    and the index's picker opens it from file://."""
+    traces, reports = tmp_path / "traces", tmp_path / "reports"
+    for m in (2, 4):
+        write_contract_run(traces, f"gpipe-m{m}", m=m, forward_ms=(1 + 0.2 * m) / m)
+    assert main(["report", "--traces", str(traces), "--out", str(reports)]) == 0
+    page = reports / "diffs" / "gpipe-m4" / "gpipe-m2.html"
+    seen = open_page(browser, page, tmp_path / "diff.png")
+    assert_clean(seen)
+    assert {slot for slot, _ in seen["charts"]} == {"waterfalls", "parts", "timelines"}
+    assert_clean(open_page(browser, reports / "index.html", tmp_path / "index.png"))
+    context = browser.new_context(viewport={"width": VIEWPORT_WIDTH, "height": 1000})
+    index = context.new_page()
+    index.goto((reports / "index.html").as_uri())
+    index.select_option("form.diff-picker select[name=a]", "gpipe-m2")
+    index.select_option("form.diff-picker select[name=b]", "gpipe-m4")
+    index.click("form.diff-picker button")
+    index.wait_for_url(page.as_uri(), timeout=60_000)
+    context.close()

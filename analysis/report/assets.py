@@ -54,6 +54,22 @@ EMBED_JS = """\
 })();
 """
 
+# The index's picker of two runs (analysis.report.diff_index): opens the pair's diff page, where there is one.
+DIFF_PICKER_JS = """\
+(function () {
+  var form = document.querySelector("form.diff-picker");
+  if (!form) return;
+  var pages = JSON.parse(form.dataset.pages);
+  form.addEventListener("submit", function (event) {
+    event.preventDefault();
+    var page = pages[form.elements.a.value + "\\n" + form.elements.b.value];
+    if (page) window.location.href = page;
+    else form.querySelector("output").textContent = "These two runs were never compared: " +
+      "make diff A=traces/" + form.elements.a.value + " B=traces/" + form.elements.b.value + ", then make report.";
+  });
+})();
+"""
+
 STYLE_CSS = """\
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em 2em; color: #222; max-width: 1400px; }
 h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
@@ -63,7 +79,7 @@ th, td { padding: 3px 10px; border-bottom: 1px solid #ddd; text-align: right; }
 td { white-space: nowrap; } td.text { white-space: normal; } /* numbers stay whole, words and headers wrap */
 th { background: #f4f4f4; cursor: help; } td.text, th.text { text-align: left; }
 tr.error td { background: #fff0f0; } td.error { text-align: left; white-space: normal; color: #a00; }
-tr.flagged td { background: #fff8e0; }
+tr.flagged td { background: #fff8e0; } tr.significant td { background: #eef5ff; font-weight: bold; }
 tr.not-pipeline td { background: #f0f4ff; } td.trust-low { color: #a00; font-weight: bold; }
 .low-trust-banner { border-left: 4px solid #c00; background: #fff0f0; padding: 0.3em 1em; margin: 0.5em 0; }
 .verdict { border-left: 4px solid #2a6; background: #f2fbf5; padding: 0.3em 1em; max-width: 70em; }
@@ -88,4 +104,4 @@ def write_assets(site: Site) -> None:
         site.keep(bundle)
     else:
         site.write({bundle: vl_convert.javascript_bundle()})
-    site.write({assets / "embed.js": EMBED_JS, assets / "report.css": STYLE_CSS})
+    site.write({assets / "embed.js": EMBED_JS + DIFF_PICKER_JS, assets / "report.css": STYLE_CSS})

@@ -1,4 +1,5 @@
-"""The index: every run (newest first, errors included), native against torch, and the sweep views."""
+"""The index: every run (newest first, errors included), the pairs compared, native against torch, and the
+sweep views."""
 
 from __future__ import annotations
 
@@ -271,7 +272,8 @@ def sweep_figures(runs: pl.DataFrame, by_id: dict[str, Run]) -> list[Figure]:
     return figures
 
 
-def body(runs: list[Run], pages: dict[str, str]) -> tuple[str, list[Figure]]:
+def body(runs: list[Run], pages: dict[str, str], comparisons: str) -> tuple[str, list[Figure]]:
+    """The index; `comparisons`: its section of diff pages (analysis.report.diff_index), below the runs."""
     analysed = sweeps.runs_frame([sweeps.run_row(r.run_id, r.summary, r.config) for r in runs if _whole(r)])
     figures = sweep_figures(analysed, {r.run_id: r for r in runs if _whole(r)})
     others = sum(r.not_a_pipeline for r in runs)
@@ -284,6 +286,7 @@ def body(runs: list[Run], pages: dict[str, str]) -> tuple[str, list[Figure]]:
         f'<p class="note">{", ".join(counts)}. '
         "Bubbles are fractions of the step; hover a column header for what each number is.</p>",
         runs_table(runs, pages),
+        comparisons,
         "<h2>Native executor against torch.distributed.pipelining</h2>",
         engines_table(analysed),
         "<h2>Sweeps</h2>",
