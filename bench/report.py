@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from analysis.vocabulary import RUNGS
+from analysis.vocabulary import ASSUMED, RUNGS, Assumption
 from bench.stats import Stats
 from runners.results import markdown_table
 
@@ -367,6 +367,13 @@ def _advice(part: dict) -> list[str]:
             for c in configs
         ),
         "",
+        *sorted(
+            {
+                f"Assumed {name}: {ASSUMED[Assumption(name)]}"
+                for c in configs
+                for name in c.get("assumptions", [])
+            }
+        ),
         *sorted({f"Assumed: {why}" for c in configs for why in c["caveats"]}),
         "",
         *([*(f"Failed: {reason}" for reason in part["failed"]), ""] if part["failed"] else []),
