@@ -21,7 +21,7 @@ for the merge, the report and the benchmarks), so every page and track shows wha
                           `predict` resamples for its intervals
     memory.parquet, memory_peaks.parquet
                           where the traces carry memory events (analysis.traces.memory)
-    predictions.json      the step at every m runs calibrate, where the run can predict
+    predictions.json      the step at every m runs calibrate, where the run can predict without assuming
                           (analysis.attribution.predict.standard_predictions): the verdict's best m, the
                           sweep page's curve
     format.json           {"format": ANALYSIS_FORMAT}: which layout of these files this is

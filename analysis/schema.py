@@ -381,11 +381,12 @@ class Prediction:
     step_time_high_ms: float
     bubble_formula: float
     bubble_predicted: float  # 1 - busy / (p * step), the busy-time bubble of the predicted step
+    assumptions: list[str] = field(default_factory=list)  # vocabulary.Assumption names its figures rest on
 
 
 @dataclass(frozen=True)
 class Candidate:
-    engine: str  # native | torch: `make trace ENGINE=... SCHED=... M=... V=...` runs it
+    engine: str | None  # native | torch: `make trace ENGINE=...` runs it; None: the run's own, unnamed
     schedule: str
     m: int
     v: int
@@ -395,8 +396,9 @@ class Candidate:
     bubble_formula: float
     peak_activation_bytes: int | None  # the largest rank's; None: the run measured no stash
     fits: bool  # within the memory limit (true without one)
-    extrapolated: bool  # needs what the run did not measure: `caveats` say what was assumed
-    caveats: list[str] = field(default_factory=list)  # what was assumed; an interval wider than promised
+    extrapolated: bool  # needs what the run did not measure: `assumptions` and `caveats` say what
+    caveats: list[str] = field(default_factory=list)  # another engine's run; an interval wider than promised
+    assumptions: list[str] = field(default_factory=list)  # vocabulary.Assumption names its figures rest on
 
 
 @dataclass(frozen=True)
@@ -406,3 +408,4 @@ class Advice:
     memory_limit_bytes: int | None
     source: dict  # the run advised from: engine, schedule, p, m, v, step_time_ms
     candidates: list[Candidate]  # best first: those that fit by predicted step time, then the others
+    assumptions: list[str] = field(default_factory=list)  # the ranking's own (memory_unknown)

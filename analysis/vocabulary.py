@@ -8,6 +8,7 @@
   median step: they are different time, and no effect shares a name with a part.
 - RUNGS: the waterfall's terms in order, from the ideal to the measured step.
 - Level: the trust's two levels.
+- Assumption: what a forecast takes without the run measuring it (ASSUMED says each in a sentence).
 
 Every member is also its own string (`str`, and `str(member)` its value), so it serves as a polars
 column name, a JSON key stem or a value in a table.
@@ -75,3 +76,34 @@ class Level(Word):
 
 # The verdict's findings are of the effects, and of these.
 STRAGGLER = "straggler"  # a replica every other waits for in the gradient sync
+
+
+class Assumption(Word):
+    """What a forecast (`predict`, `advise`) takes without the run measuring it: named beside each figure
+    that rests on it (Prediction.assumptions, Candidate.assumptions, Advice.assumptions; ASSUMED says each)."""
+
+    ROWS_EVEN = "rows_split_evenly"
+    TIME_PER_ROW = "time_per_row_constant"
+    CELLS_AS_MEASURED = "cells_as_measured"
+    LAYERS_SPLIT = "layers_split_evenly"
+    BACKWARD_SPLIT = "backward_split_1_1"
+    MEMORY_UNKNOWN = "memory_unknown"
+
+
+ASSUMED = {
+    Assumption.ROWS_EVEN: "no microbatch rows in run.json: the run's batch at every m, split evenly",
+    Assumption.TIME_PER_ROW: (
+        "no isolated calibration: a cell's time per row as measured at every microbatch size; the interval "
+        "is widened by the size-efficiency band"
+    ),
+    Assumption.CELLS_AS_MEASURED: (
+        "no isolated calibration: each cell takes its measured busy time in any order, whatever runs beside "
+        "it (the slowdown from ranks computing together is not carried)"
+    ),
+    Assumption.LAYERS_SPLIT: (
+        "stage times at another v taken as shares of the layers of the run's stages, host time and stash "
+        "per microbatch likewise"
+    ),
+    Assumption.BACKWARD_SPLIT: "B split into I and W in their unit-time ratio 1:1; the run measured no I or W",
+    Assumption.MEMORY_UNKNOWN: "the traces have no memory events: activation memory unknown, the ranking ignores it",
+}

@@ -65,6 +65,7 @@ def _config(candidate: Candidate, rank: int, steps: list[float], peaks: list[int
         "peak_error": _relative(candidate.peak_activation_bytes, peak),
         "extrapolated": candidate.extrapolated,
         "caveats": candidate.caveats,
+        "assumptions": candidate.assumptions,
     }
 
 

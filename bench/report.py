@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from analysis.vocabulary import RUNGS
+from analysis.vocabulary import ASSUMED, RUNGS, Assumption
 from bench.stats import Stats
 from runners.results import markdown_table
 
@@ -367,7 +367,72 @@ def _advice(part: dict) -> list[str]:
             for c in configs
         ),
         "",
+        *sorted(
+            {
+                f"Assumed {name}: {ASSUMED[Assumption(name)]}"
+                for c in configs
+                for name in c.get("assumptions", [])
+            }
+        ),
         *sorted({f"Assumed: {why}" for c in configs for why in c["caveats"]}),
+        "",
+        *([*(f"Failed: {reason}" for reason in part["failed"]), ""] if part["failed"] else []),
+    ]
+
+
+def _error(guess: float, truth: float) -> str:
+    return f"{guess:.1f} ({guess / truth - 1:+.1%})"
+
+
+def _foreign(part: dict) -> list[str]:
+    synthetic = part["synthetic"]
+    runs = [r for r in part["runs"] if not r["same"]]
+    own = [r for r in runs if r["own_m"]]
+    other = [r for r in runs if not r["own_m"]]
+    close = sum(abs(r["alone_ms"] / r["measured_ms"] - 1) <= part["targets"]["own_m"] for r in own)
+    held = sum(r["interval_ms"][0] <= r["measured_ms"] <= r["interval_ms"][1] for r in other)
+    same_pick = sum(p["calibrated"][:2] == p["alone"][:2] for p in part["picks"])
+    rows = [
+        f"| own m, other schedule: trace-alone within {part['targets']['own_m']:.0%} of the measured median "
+        f"| {close} of {len(own)} | all | {'meets' if own and close == len(own) else 'misses'} |",
+        f"| other m: measured median inside the trace-alone interval | {held} of {len(other)} "
+        f"| {part['targets']['coverage']:.0%} | "
+        f"{'meets' if other and held >= part['targets']['coverage'] * len(other) else 'misses'} |",
+        f"| top pick the same as the calibrated advice's | {same_pick} of {len(part['picks'])} | all | "
+        f"{'meets' if same_pick == len(part['picks']) else 'misses'} |",
+    ]
+    return [
+        *_verdicts(rows),
+        "Synthetic (the generator's step is the truth; slowdown 1.3 in every order; at 2 x m the run.json "
+        "keeps only the microbatch's rows, the rest of the rows from the traces alone):",
+        "",
+        "| shape | p | source | target | generator ms | calibrated ms | trace-alone ms | interval ms | assumes |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {r['shape']} | {r['p']} | {r['source']} | {r['target']} | {r['truth_ms']:.2f} "
+            f"| {_error(r['calibrated_ms'], r['truth_ms'])} | {_error(r['alone_ms'], r['truth_ms'])} "
+            f"| {r['interval_ms'][0]:.1f}-{r['interval_ms'][1]:.1f} | {', '.join(r['assumptions']) or '-'} |"
+            for r in synthetic
+        ),
+        "",
+        f"Runs (p=2, CPU, {part['repeats']} repeats of each; measured: the median profiled step): each run "
+        "advised from its run directory (calibrated) and from a copy holding its rank traces alone.",
+        "",
+        "| source | target | measured ms | calibrated ms | trace-alone ms | interval ms | assumes |",
+        "|---|---|---|---|---|---|---|",
+        *(
+            f"| {r['source']} | {r['target']} | {r['measured_ms']:.1f} "
+            f"| {_error(r['calibrated_ms'], r['measured_ms'])} | {_error(r['alone_ms'], r['measured_ms'])} "
+            f"| {r['interval_ms'][0]:.1f}-{r['interval_ms'][1]:.1f} "
+            f"| {', '.join(r['assumptions']) or '-'} |"
+            for r in runs
+        ),
+        "",
+        "Top picks (schedule, m, ranked), calibrated / trace-alone: "
+        + "; ".join(f"{p['source']}: {p['calibrated']} / {p['alone']}" for p in part["picks"])
+        + ". 1-minute load average at each repeat's start: "
+        + ", ".join(f"{load:.1f}" for load in part["load_average"])
+        + ".",
         "",
         *([*(f"Failed: {reason}" for reason in part["failed"]), ""] if part["failed"] else []),
     ]
@@ -569,6 +634,11 @@ SECTIONS: tuple[tuple[str, str, Callable[[dict, dict], list[str]]], ...] = (
         "advice",
         "## 9. advise: one run's ranked candidates, run (p=2, CPU)",
         lambda r, _: _advice(r["advice"]),
+    ),
+    (
+        "foreign",
+        "## 9b. advise from the trace alone: no run.json, against calibrated advice and measured steps",
+        lambda r, _: _foreign(r["foreign"]),
     ),
     (
         "dp",

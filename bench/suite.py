@@ -6,10 +6,11 @@ step), seed (the seed's m sweep at p=2 and p=4), bubble (gpipe p=2 m=1 against t
 repeated, with each rank's slowdown, whole and less its cpu_contention, and what the idle before a
 pass costs it: bench/cold.py), inject (injected delays against what the analysis recovers, A/B pairs),
 predict (one m=4 run's predicted step at other m against runs there), advice (one gpipe m=4 run's
-advice, its top 3 candidates and the start run 3 times each), dp (a synthetic PP x DP job of --dp-mesh
-ranks analysed, CPU- and GPU-shaped: time, peak RSS, recovery), ranks (synthetic PP x DP jobs of 8 x
---ranks-dp ranks analysed by --jobs 1, --jobs and --cluster local:N: time and driver memory per rank,
-same output). profiler, sim and seed read the same p=2 sweep.
+advice, its top 3 candidates and the start run 3 times each), foreign (advise from the rank traces
+alone against the same runs' calibrated advice, measured runs and the synthetic generator's steps), dp
+(a synthetic PP x DP job of --dp-mesh ranks analysed, CPU- and GPU-shaped: time, peak RSS, recovery),
+ranks (synthetic PP x DP jobs of 8 x --ranks-dp ranks analysed by --jobs 1, --jobs and --cluster
+local:N: time and driver memory per rank, same output). profiler, sim and seed read the same p=2 sweep.
 A run of some parts replaces their sections of results.json and RESULTS.md and keeps the others'.
 Generated traces and runs live in a temporary directory that is deleted at the end (--keep keeps it).
 """
@@ -33,6 +34,7 @@ from analysis.files import write_atomically
 from analysis.traces.run_files import trace_files
 from bench.advice import advice_check
 from bench.dp_scale import dp_scale
+from bench.foreign import foreign_accuracy
 from bench.inject import inject_recovery
 from bench.predict import prediction_accuracy
 from bench.rank_scale import rank_scale
@@ -61,6 +63,7 @@ PARTS = (
     "inject",
     "predict",
     "advice",
+    "foreign",
     "dp",
     "ranks",
 )
@@ -134,6 +137,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--advice-repeats", type=int, default=3, help="runs of each configuration the advice part checks"
+    )
+    parser.add_argument(
+        "--foreign-repeats",
+        type=int,
+        default=3,
+        help="runs of each configuration the foreign part advises from",
     )
     parser.add_argument(
         "--preset",
@@ -228,6 +237,7 @@ def _command(args: argparse.Namespace) -> str:
         "predict-ms": args.predict_ms,
         "predict-repeats": args.predict_repeats,
         "advice-repeats": args.advice_repeats,
+        "foreign-repeats": args.foreign_repeats,
         "preset": args.preset,
     }
     command = "python -m bench " + " ".join(
@@ -340,6 +350,10 @@ def measure(args: argparse.Namespace, parts: list[str], workdir: Path, say, reco
                 f"advice: gpipe p=2 m=4 advised, the top 3 and the start run {args.advice_repeats} times each"
             )
             results["advice"] = advice_check(plan, args.advice_repeats, say)
+    if "foreign" in parts:
+        with record.section("foreign") as results:
+            say(f"foreign: gpipe and 1f1b p=2 m=4,8 advised without run.json, {args.foreign_repeats} repeats")
+            results["foreign"] = foreign_accuracy(plan, args.foreign_repeats, workdir, say)
     if "dp" in parts:
         with record.section("dp") as results:
             p, dp = args.dp_mesh

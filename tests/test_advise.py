@@ -10,7 +10,6 @@ import pytest
 
 from analysis import results
 from analysis.attribution.advice import (
-    UNCALIBRATED,
     output_row_bytes,
     peak_bytes,
     spread_caveat,
@@ -107,15 +106,21 @@ def test_the_advice_is_best_first_and_ranked_on_a_calibrated_run(tmp_path):
         read_run(tmp_path)
 
 
-def test_without_calibration_every_candidate_is_listed_unranked(tmp_path):
+def test_without_calibration_each_candidate_names_what_it_assumes(tmp_path):
+    """No calibration is no reason to distrust the run's level: the candidates are ranked, each naming the
+    assumptions that stand in for it (tests/test_predict_foreign.py has the trace-alone cases)."""
     write_run(tmp_path, build("gpipe", 2, 4), durations_us=US, **WORK)
     config = json.loads((tmp_path / "run.json").read_text())
-    for key in ("calibration", "calibration_by_rows"):
+    for key in ("calibration", "calibration_by_rows", "rows_per_microbatch"):  # m splits the same batch
         del config[key]
     (tmp_path / "run.json").write_text(json.dumps(config))
     found = _advice(tmp_path, "--ms", "2,4,8")
-    assert not found["ranked"] and UNCALIBRATED in found["caveats"]
-    assert found["candidates"] and all(c["extrapolated"] for c in found["candidates"])
+    assert found["ranked"] and found["candidates"]
+    for c in found["candidates"]:
+        executed = (c["schedule"], c["m"], c["v"]) == ("gpipe", 4, 1)
+        assert ("cells_as_measured" in c["assumptions"]) == (not executed)
+        assert ("time_per_row_constant" in c["assumptions"]) == (c["m"] != 4)
+        assert c["extrapolated"] == bool(c["assumptions"] or c["caveats"])
 
 
 def test_the_stash_is_carried_by_rows_and_in_flight_count():

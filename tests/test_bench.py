@@ -580,7 +580,7 @@ def test_advice_section_judges_each_checked_candidate_by_its_error():
             "engine": "native", "schedule": "zb", "m": rank, "v": 1, "rank": rank, "predicted_ms": 10.0,
             "interval_ms": [9.0, 11.0], "measured_ms": stats([9.5]).to_json(), "step_error": step_error,
             "predicted_peak_bytes": 2**20, "measured_peak_bytes": None, "peak_error": peak_error,
-            "extrapolated": True, "caveats": ["assumed this"],
+            "extrapolated": True, "caveats": ["assumed this"], "assumptions": ["layers_split_evenly"],
         }  # fmt: skip
 
     part = {
@@ -594,6 +594,36 @@ def test_advice_section_judges_each_checked_candidate_by_its_error():
     assert "#2 zb m=2 v=1 (native) | 0.200 | 0.1 | misses |" in text
     assert "#1 zb m=1 v=1 | - | 0.1 | unmeasured |" in text and "ranked: False; noisy" in text
     assert "Assumed: assumed this" in text
+    assert "Assumed layers_split_evenly: stage times at another v taken as shares" in text
+
+
+def test_foreign_section_counts_each_target_and_names_the_assumptions():
+    """Trace-alone at the run's own m 5% off meets 10%; at another m a measured step outside its interval
+    misses the coverage; a top pick unlike the calibrated one misses; every row names its assumptions."""
+    from bench.report import _foreign
+
+    def row(target, own_m, alone, interval):
+        return {
+            "source": "gpipe m=4", "target": target, "own_m": own_m, "same": False, "measured_ms": 100.0,
+            "calibrated_ms": 101.0, "alone_ms": alone, "interval_ms": interval,
+            "assumptions": ["cells_as_measured"] + ([] if own_m else ["time_per_row_constant"]),
+        }  # fmt: skip
+
+    part = {
+        "synthetic": [
+            {"shape": "gpu", "p": 2, "source": "gpipe m=4", "target": "1f1b m=4", "truth_ms": 20.0,
+             "calibrated_ms": 21.0, "alone_ms": 20.0, "interval_ms": [19.0, 20.0], "assumptions": ["cells_as_measured"]}
+        ],
+        "runs": [row("1f1b m=4", True, 105.0, [95.0, 110.0]), row("1f1b m=8", False, 80.0, [70.0, 90.0])],
+        "picks": [{"source": "gpipe m=4", "calibrated": ["1f1b", 4, False], "alone": ["1f1b", 8, True]}],
+        "targets": {"own_m": 0.1, "coverage": 0.8}, "repeats": 1, "load_average": [1.0], "failed": [],
+    }  # fmt: skip
+    text = "\n".join(_foreign(part))
+    assert "trace-alone within 10% of the measured median | 1 of 1 | all | meets |" in text
+    assert "inside the trace-alone interval | 0 of 1 | 80% | misses |" in text
+    assert "the same as the calibrated advice's | 0 of 1 | all | misses |" in text
+    assert "| 80.0 (-20.0%) | 70.0-90.0 | cells_as_measured, time_per_row_constant |" in text
+    assert "| 20.0 (+0.0%) | 19.0-20.0 | cells_as_measured |" in text
 
 
 @pytest.mark.slow

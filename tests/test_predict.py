@@ -16,6 +16,7 @@ from analysis.attribution.predict import Unpredictable, calibration_drift, concu
 from analysis.attribution.reference import REFERENCE_SCHEMA, Reference, reference
 from analysis.attribution.replay import Inputs, Replayed, Tail
 from analysis.cli import main
+from analysis.errors import InputError
 from analysis.job.measure import analyze_pipeline
 from analysis.job.run_dir import analysis_of, read_run
 from analysis.report import build_report
@@ -216,14 +217,24 @@ def test_the_interval_carries_the_calibration_s_spread():
     assert spread.step_time_low_ms < spread.step_time_ms < spread.step_time_high_ms
 
 
-def test_without_the_isolated_calibration_predict_says_so(tmp_path, capsys):
+def test_without_the_isolated_calibration_predict_names_what_it_assumes(tmp_path, capsys):
     write_run(tmp_path, build("gpipe", 2, 4), **WORK)
     config = json.loads((tmp_path / "run.json").read_text())
-    del config["calibration_by_rows"]
+    del config["calibration_by_rows"], config["rows_per_microbatch"]  # m=8 splits the same batch
     (tmp_path / "run.json").write_text(json.dumps(config))
-    assert main(["predict", str(tmp_path)]) == 2
-    assert "predict needs the isolated calibration" in capsys.readouterr().err
-    assert not (tmp_path / "predict.json").exists()
+    assert main(["predict", str(tmp_path), "--ms", "4,8"]) == 0
+    found = {row["m"]: row for row in json.loads((tmp_path / "predict.json").read_text())}
+    assert found[4]["assumptions"] == []
+    assert found[8]["assumptions"] == ["time_per_row_constant", "cells_as_measured"]
+    assert "assumed time_per_row_constant: " in capsys.readouterr().out
+
+
+def test_a_direct_call_without_the_isolated_calibration_says_so():
+    """The API's predict takes a run.json as from_trace leaves it: handed none, it names what is missing."""
+    schedule, model, own, _, config = _one_rank_run()
+    unknown = Reference(pl.DataFrame([], schema=REFERENCE_SCHEMA), calibrated=False)
+    with pytest.raises(InputError, match="predict needs the isolated calibration"):
+        predict(schedule, model, own, unknown, config, 4, "run.json")
 
 
 def test_the_sweep_page_draws_the_prediction_from_its_middle_run(tmp_path):

@@ -4,10 +4,13 @@ Each candidate (a schedule an engine runs, at an m and v it admits) is `predict`
 (analysis.attribution.predict) from the run's measurements carried to its stages and kinds
 (analysis.attribution.project), so one model answers both. Its peak activation memory per rank replays
 its order's stash (runners.schedules.held): each forward holds its microbatch's rows times the bytes
-per row that the run's stash peak on that stage implies. A candidate that needs what the run did not
-measure says what was assumed (`caveats`) and is `extrapolated`; one whose interval reaches beyond
-PROMISED_STEP_ERROR of its step says that too. A run whose levels cannot be trusted (contended, noisy,
-no calibration) still lists every candidate, with `ranked` false and why. A run
+per row that the run's stash peak on that stage implies (unknown where the traces have no memory
+events: the advice then names MEMORY_UNKNOWN, and its ranking ignores memory). A candidate that needs
+what the run did not measure names what was assumed (`assumptions`, vocabulary.Assumption; `caveats`
+for another engine) and is `extrapolated`; one whose interval reaches beyond PROMISED_STEP_ERROR of its
+step says that too. A run without the runner's calibration or rows is advised from the trace alone
+(analysis.attribution.predict.from_trace), each candidate naming what that assumes. A run whose levels
+cannot be trusted (contended, noisy, low trust) still lists every candidate, with `ranked` false and why. A run
 made with --calibrate-advice (run.json advice_calibration) has its chunks, I and W timed and its stash
 per row measured at every advised v: those replace the layer shares and the unit-time split.
 """
@@ -15,24 +18,28 @@ per row measured at every advised v: those replace the layer shares and the unit
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import replace
 from itertools import accumulate
 
-from analysis.attribution.predict import Unpredictable, predict, rows_at, run_concurrency, run_levels
+from analysis.attribution.predict import (
+    Unpredictable,
+    from_trace,
+    predict,
+    rows_at,
+    run_concurrency,
+    run_levels,
+)
 from analysis.attribution.project import projection, stage_shares
 from analysis.attribution.reference import reference
 from analysis.results import Analysis
 from analysis.schema import Advice, Candidate
+from analysis.vocabulary import Assumption, Level
 from runners.engines.torch_classes import TORCH_CLASSES, TORCH_ONLY
-from runners.presets import PRESETS, calibration_rows, preset_problem
+from runners.presets import PRESETS, preset_problem
 from runners.schedules import Kind, Schedule, ScheduleError, build, held
 from runners.schedules.generate import check_request
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}  # run.json dtype -> bytes an element
-UNCALIBRATED = (
-    "no calibration in run.json: every stage's time taken as its measured busy time, linear in rows"
-)
 # The step error a prediction is offered within (the bench checks it: bench/advice.py); a candidate whose
 # interval, from the run's own spread, reaches further says so in its caveats
 PROMISED_STEP_ERROR = 0.10
@@ -56,29 +63,6 @@ def admitted(engine: str, p: int, config: dict, schedules, ms, vs) -> list[tuple
                     continue
                 found.append(("torch" if name in TORCH_ONLY else engine, name, m, v))
     return found
-
-
-def linear_calibration(analysis: Analysis, config: dict) -> dict:
-    """run.json given a calibration from the run's measured busy times, each taken as linear in rows
-    (for a run that has none: no small-GEMM effect, no slowdown; UNCALIBRATED says so)."""
-    own_rows = statistics.mean(rows_at(config, analysis.schedule.m))
-    total = sum(rows_at(config, analysis.schedule.m))
-    per_stage: dict[str, dict[str, float]] = {}
-    for (stage, kind), ns in analysis.model.busy.items():
-        per_stage.setdefault(str(stage), {})[f"{kind}_ms"] = ns / 1e6 / own_rows
-    by_rows = {
-        stage: {
-            str(r): {k: ms * r for k, ms in kinds.items()}
-            for r in calibration_rows(total, analysis.schedule.m)
-        }
-        for stage, kinds in per_stage.items()
-    }
-    whole = {stage: {k: ms * total for k, ms in kinds.items()} for stage, kinds in per_stage.items()}
-    return config | {
-        "calibration": whole,
-        "calibration_by_rows": by_rows,
-        "calibration_by_rows_samples_ms": {},
-    }
 
 
 def stash_bytes_per_row(schedule: Schedule, config: dict, peaks: list[int | None]) -> dict[int, float] | None:
@@ -134,10 +118,13 @@ def output_row_bytes(config: dict) -> float:
     return math.prod(dims.get("sample_shape") or [0]) * DTYPE_BYTES.get(config.get("dtype") or "", 0)
 
 
-def run_caveats(analysis: Analysis, calibrated: bool) -> list[str]:
-    """Why the run's level cannot be trusted: its flags' notes, and no calibration."""
-    notes = list(analysis.summary.notes) or [f"run flagged {flag}" for flag in analysis.summary.flags]
-    return notes + ([] if calibrated else [UNCALIBRATED])
+def run_caveats(analysis: Analysis) -> list[str]:
+    """Why the run's level cannot be trusted: its flags' notes, and its trust where low (the assumptions
+    of a run without calibration are named on each candidate instead)."""
+    summary = analysis.summary
+    notes = list(summary.notes) or [f"run flagged {flag}" for flag in summary.flags]
+    low = summary.trust is not None and summary.trust.level != Level.HIGH
+    return notes + (["the trust is low (" + "; ".join(summary.trust.reasons) + ")"] if low else [])
 
 
 def spread_caveat(step_ms: float, low_ms: float, high_ms: float) -> list[str]:
@@ -159,45 +146,40 @@ def timed_pair(config: dict, source: Schedule, v: int) -> tuple[dict, dict] | No
     return None if None in pair else pair
 
 
-def candidate_caveats(
-    analysis: Analysis, engine: str, target: Schedule, calibrated: bool, timed: bool
-) -> list[str]:
-    """What a candidate assumes beyond the run's measurements (`timed`: its stages', I's and W's times
-    and stash per row calibrated by the runner)."""
+def candidate_assumptions(analysis: Analysis, target: Schedule, timed: bool) -> list[str]:
+    """What a candidate's stages assume beyond the run's measurements (`timed`: its stages', I's and W's
+    times and stash per row calibrated by the runner)."""
     source = analysis.schedule
     measured_kinds = {kind for _, kind in analysis.model.kinds}
-    caveats = []
+    assumed = []
     if target.n_stages != source.n_stages and not timed:
-        caveats.append(
-            f"stage times at v={target.v} taken as shares of the layers of the run's stages at v={source.v}, "
-            "host time per stage likewise; its stash per microbatch too"
-        )
+        assumed.append(Assumption.LAYERS_SPLIT)
     if target.split_backward and Kind.I.value not in measured_kinds and not timed:
-        caveats.append(
-            "B split into I and W in their unit-time ratio 1:1; the run measured no I or W "
-            "(a run with --calibrate-advice times them)"
-        )
+        assumed.append(Assumption.BACKWARD_SPLIT)
+    return [str(a) for a in assumed]
+
+
+def candidate_caveats(analysis: Analysis, engine: str, target: Schedule) -> list[str]:
+    """What a candidate's engine changes beyond the run's measurements."""
+    caveats = []
     if engine != analysis.summary.engine:
         caveats.append(
             f"runs on the {engine} engine; predicted from the {analysis.summary.engine} run's host times and stash"
         )
     if engine == "torch" and target.name == "zb":
         caveats.append(TORCH_ZB)
-    if not calibrated:
-        caveats.append(UNCALIBRATED)
     return caveats
 
 
 def advise(
-    analysis: Analysis, config: dict, requests, memory_limit_bytes: int | None, where
+    analysis: Analysis, config: dict | None, requests, memory_limit_bytes: int | None, where
 ) -> tuple[Advice, dict]:
-    """Every requested (engine, schedule, m, v) predicted, best first, and why each skipped one could not be."""
+    """Every requested (engine, schedule, m, v) predicted, best first, and why each skipped one could not be;
+    from the trace alone where `config` (run.json) lacks the runner's calibration or rows (from_trace)."""
     source = analysis.schedule
-    calibrated = bool(config.get("calibration_by_rows"))
-    config = config if calibrated else linear_calibration(analysis, config)
+    config, assumed = from_trace(analysis, config, sorted({m for _, _, m, _ in requests}))
     ref = reference(analysis.cells, config, source.m)
-    levels, drift = run_levels(analysis, config)
-    drift = drift if calibrated else 1.0  # a calibration made of the busy times themselves drifted with them
+    levels, drift = run_levels(analysis, config, assumed)
     per_row = stash_bytes_per_row(source, config, [r.peak_activation_bytes for r in analysis.summary.ranks])
     own_rows = rows_at(config, source.m)[0]
     share = run_concurrency(source, analysis.model)  # what its slowdown was measured at
@@ -216,7 +198,9 @@ def advise(
     for engine, name, m, v in requests:
         model, own, moved_config = carried[v]
         try:
-            guess = predict(source, model, own, ref, moved_config, m, where, levels, name, v, share, drift)
+            guess = predict(
+                source, model, own, ref, moved_config, m, where, levels, name, v, share, drift, assumed
+            )
         except Unpredictable as why:
             skipped[(engine, name, m, v)] = str(why)
             continue
@@ -224,13 +208,16 @@ def advise(
         timed = timed_pair(config, source, v)
         kept = output_row_bytes(config) if engine == "torch" != analysis.summary.engine else 0.0
         peak = peak_bytes(target, config, per_row, source.n_stages, timed, kept)
-        assumed = candidate_caveats(analysis, engine, target, calibrated, timed is not None)
+        names = guess.assumptions + candidate_assumptions(analysis, target, timed is not None)
+        engine_caveats = candidate_caveats(analysis, engine, target)
         fits = memory_limit_bytes is None or peak is None or peak <= memory_limit_bytes
         times = (guess.step_time_ms, guess.step_time_low_ms, guess.step_time_high_ms, guess.bubble_formula)
-        caveats = assumed + spread_caveat(*times[:3])
-        found.append(Candidate(engine, name, m, v, *times, peak, fits, bool(assumed), caveats))
+        caveats = engine_caveats + spread_caveat(*times[:3])
+        extrapolated = bool(names or engine_caveats)
+        found.append(Candidate(engine, name, m, v, *times, peak, fits, extrapolated, caveats, names))
     found.sort(key=lambda c: (not c.fits, c.step_time_ms))
-    caveats = run_caveats(analysis, calibrated)
     s = analysis.summary
     origin = {key: getattr(s, key) for key in ("engine", "schedule", "p", "m", "v", "step_time_ms")}
-    return Advice(not caveats, caveats, memory_limit_bytes, origin, found), skipped
+    memory = [] if per_row is not None else [str(Assumption.MEMORY_UNKNOWN)]
+    caveats = run_caveats(analysis)
+    return Advice(not caveats, caveats, memory_limit_bytes, origin, found, memory), skipped

@@ -37,10 +37,21 @@ prediction from m=4 comes out 13-15% short at m=16 (bench section 8). The excess
 either: carried as one (or as its run-queue share by ratio and the rest per cell), the same five pairs of
 runs still came out 8-14% short at m=16, and under a competing load at least 5 of the 7 sizes missed by more
 than 10% where the ratio misses 3, so the ratio stays.
+
+From the trace alone (no run.json, or one without the runner's calibration: torchtitan's, Megatron's, a
+synthetic GPU run) `from_trace` fills in what is missing and names what that assumes
+(vocabulary.Assumption, each figure carrying the names it rests on): without microbatch rows the batch is
+split evenly at every m (ROWS_EVEN); without the isolated calibration each (stage, kind)'s measured busy
+time per row stands for its time at every size (TIME_PER_ROW), so no slowdown is separated and none is
+carried with concurrency (CELLS_AS_MEASURED). At the run's own m on its own orders neither moves the
+replay; another schedule or v at the run's m reorders the same cells (CELLS_AS_MEASURED only); at another
+m the rows change, and the interval is widened by SIZE_BAND_PER_HALVING per halving or doubling of a
+cell's rows, a band whose only source is the seed experiment's published efficiency loss.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from dataclasses import replace
@@ -54,13 +65,21 @@ from analysis.attribution.replay import Deadlock, Inputs, Replayed, Step, Tail, 
 from analysis.errors import InputError
 from analysis.results import Analysis
 from analysis.schema import Prediction
-from runners.presets import CALIBRATED_MS, microbatch_rows
+from analysis.vocabulary import Assumption
+from runners.presets import CALIBRATED_MS, calibration_rows, microbatch_rows
 from runners.schedules import Action, Kind, Schedule, ScheduleError, bubble_formula, build, lower
 
 NS_PER_MS = 1e6
 SAMPLES = 64  # resampled replays per m
 COVERAGE = 0.9  # of them, the middle share the interval holds
 CONCURRENCY_ROUNDS = 3  # replays that settle the slowdown at m' on the concurrency it implies
+# The size-efficiency band around TIME_PER_ROW. Its source: the seed experiment's published point, its
+# GEMMs at 256 rows a microbatch ran about 35% less efficiently than at 8192 (five halvings), taken as a
+# factor on a cell's time per row for each halving of its rows, and its inverse for each doubling (the
+# band is two-sided: on CPUs smaller microbatches can run faster per row, from cache).
+SEED_EFFICIENCY_LOSS, SEED_HALVINGS = 0.35, 5
+SIZE_BAND_PER_HALVING = (1 / (1 - SEED_EFFICIENCY_LOSS)) ** (1 / SEED_HALVINGS)  # 1.090
+NOMINAL_ROWS = 2**20  # a microbatch's rows at the run's own m where run.json gives none: ratios alone matter
 
 
 class Unpredictable(Exception):
@@ -133,6 +152,53 @@ def calibration_drift(replayed_ms: list[float], config: dict) -> float:
     return statistics.median(replayed_ms) / statistics.median(unprofiled)
 
 
+def linear_calibration(analysis: Analysis, config: dict, ms) -> dict:
+    """run.json given an isolated calibration made of the run's measured busy times, each linear in rows,
+    at the rows of every m of `ms` and the run's own (TIME_PER_ROW, CELLS_AS_MEASURED: no small-GEMM
+    effect, no slowdown)."""
+    own_m = analysis.schedule.m
+    own_rows = statistics.mean(rows_at(config, own_m))
+    total = sum(rows_at(config, own_m))
+    sizes = {*calibration_rows(total, own_m), *(r for m in ms for r in rows_at(config, m))}
+    per_stage: dict[str, dict[str, float]] = {}
+    for (stage, kind), ns in analysis.model.busy.items():
+        per_stage.setdefault(str(stage), {})[f"{kind}_ms"] = ns / NS_PER_MS / own_rows
+    by_rows = {
+        stage: {str(r): {k: ms * r for k, ms in kinds.items()} for r in sorted(sizes, reverse=True)}
+        for stage, kinds in per_stage.items()
+    }
+    whole = {stage: {k: ms * total for k, ms in kinds.items()} for stage, kinds in per_stage.items()}
+    return config | {
+        "calibration": whole,
+        "calibration_by_rows": by_rows,
+        "calibration_by_rows_samples_ms": {},
+    }
+
+
+def from_trace(analysis: Analysis, config: dict | None, ms) -> tuple[dict, tuple[Assumption, ...]]:
+    """run.json (None: there is none) with what the trace alone cannot give filled in, for predictions at
+    each of `ms`, and the assumptions that fill it: NOMINAL_ROWS a microbatch at the run's m where it
+    names no rows (ROWS_EVEN), linear_calibration where it has no isolated calibration (TIME_PER_ROW,
+    CELLS_AS_MEASURED)."""
+    config = dict(config or {})
+    assumed: list[Assumption] = []
+    dims = config.get("dims") or {}
+    if not dims.get("microbatch_rows"):  # the run's own: its fixed microbatch size, else NOMINAL_ROWS
+        fixed = config.get("rows_per_microbatch")
+        config["dims"] = dims | {"microbatch_rows": [fixed or NOMINAL_ROWS] * analysis.schedule.m}
+        assumed += [] if fixed else [Assumption.ROWS_EVEN]
+    if not config.get("calibration_by_rows"):
+        config = linear_calibration(analysis, config, ms)
+        assumed += [Assumption.TIME_PER_ROW, Assumption.CELLS_AS_MEASURED]
+    return config, tuple(assumed)
+
+
+def size_band(factor: float) -> float:
+    """A cell's time per row at the far end of the size-efficiency band, over its time per row as
+    measured, where its rows change by `factor`: SIZE_BAND_PER_HALVING per halving or doubling."""
+    return SIZE_BAND_PER_HALVING ** abs(math.log2(factor)) if factor > 0 else 1.0
+
+
 def _carried(slowdowns: dict, ratio: float, drift: float) -> dict:
     """(stage, kind) -> the factor on its measured busy time that carries its slowdown s (busy / drift /
     isolated) to `ratio` times the run's concurrency: (1 + (s - 1) * ratio) / (s * drift)."""
@@ -170,10 +236,12 @@ def step_levels(replayed_ms: list[float], config: dict) -> list[float]:
     return [time / statistics.median(times) for times in (replayed_ms, unprofiled) if times for time in times]
 
 
-def run_levels(analysis: Analysis, config: dict) -> tuple[list[float], float]:
-    """The analysed run's step_levels and calibration_drift, from its replayed steps and run.json."""
+def run_levels(analysis: Analysis, config: dict, assumed=()) -> tuple[list[float], float]:
+    """The analysed run's step_levels and calibration_drift, from its replayed steps and run.json (no drift
+    where from_trace `assumed` TIME_PER_ROW: a calibration made of the busy times drifted with them)."""
     replayed_ms = [s.step_time_ms for s in analysis.summary.replayed_steps]
-    return step_levels(replayed_ms, config), calibration_drift(replayed_ms, config)
+    drift = 1.0 if Assumption.TIME_PER_ROW in assumed else calibration_drift(replayed_ms, config)
+    return step_levels(replayed_ms, config), drift
 
 
 class _Pools:
@@ -200,6 +268,28 @@ class _Pools:
         return Step(orders, inputs, tails, *self.transport)
 
 
+def _replayed(target: Schedule, typical: Step, work: dict) -> tuple[Replayed, dict]:
+    """`typical` replayed on `target` with each action's work times its factor in `work`, and its inputs."""
+    scaled = {a: replace(i, work=i.work * work.get(a, 1.0)) for a, i in typical.inputs.items()}
+    try:
+        return replay(target, replace(typical, inputs=scaled)), scaled
+    except Deadlock:  # the run's sends block (as measured), and this order needs them not to
+        raise Unpredictable(
+            f"{target.name} m={target.m} v={target.v} deadlocks with the run's blocking sends"
+        ) from None
+
+
+def rests_on(assumed, executed: bool, own_m: bool, resized: bool) -> list[str]:
+    """The names of `assumed` (from_trace's) that a prediction's figures rest on: ROWS_EVEN at another m,
+    TIME_PER_ROW where a cell's rows change, CELLS_AS_MEASURED on any order but the executed one."""
+    needed = {
+        Assumption.ROWS_EVEN: not own_m,
+        Assumption.TIME_PER_ROW: resized,
+        Assumption.CELLS_AS_MEASURED: not executed,
+    }
+    return [str(a) for a in assumed if needed.get(a, True)]
+
+
 def predict(
     schedule: Schedule,
     model: StepModel,
@@ -213,12 +303,14 @@ def predict(
     v: int | None = None,
     source_concurrency: float | None = None,
     drift: float = 1.0,
+    assumed: tuple[Assumption, ...] = (),
 ) -> Prediction:
     """The step of `schedule` rebuilt at m microbatches (as schedule `name` with v chunks per rank where
     given: `model`, `own` and `config` then carried to its stages by analysis.attribution.project, and
     `source_concurrency` the run's own, run_concurrency of its unprojected model); `ref` is the run's
     own (isolated times at its m), `config` its run.json, `levels` its steps' levels (step_levels;
-    none: the interval leaves the level out), `drift` its calibration_drift; InputError naming `where`
+    none: the interval leaves the level out), `drift` its calibration_drift, `assumed` what from_trace
+    filled `config` with (with TIME_PER_ROW the interval takes in size_band); InputError naming `where`
     when the run cannot predict at all, Unpredictable when this m cannot be."""
     if not ref.isolated:
         raise InputError(where, "predict needs the isolated calibration (run.json calibration_by_rows)")
@@ -242,11 +334,7 @@ def predict(
 
     for _ in range(CONCURRENCY_ROUNDS + 1):
         work = with_carried(scale)
-        scaled = {a: replace(i, work=i.work * work.get(a, 1.0)) for a, i in typical.inputs.items()}
-        try:
-            replayed = replay(target, replace(typical, inputs=scaled))
-        except Deadlock:  # the run's sends block (as measured), and this order needs them not to
-            raise Unpredictable(f"{name} m={m} v={v} deadlocks with the run's blocking sends") from None
+        replayed, scaled = _replayed(target, typical, work)
         if own_share:
             carried = _carried(slowdowns, concurrency(replayed, orders) / own_share, drift)
     step_ns = replayed.makespan
@@ -258,38 +346,52 @@ def predict(
     ]
     samples = sorted(r.makespan * rng.choice(levels or [1.0]) for r in replay_all(target, drawn))
     cut = round(SAMPLES * (1 - COVERAGE) / 2)
+    low_ns, high_ns = min(samples[cut], step_ns), max(samples[-1 - cut], step_ns)
+    resized = any(not math.isclose(f, 1.0) for f in scale.values())
+    names = rests_on(assumed, executed, m == schedule.m, resized)
+    if str(Assumption.TIME_PER_ROW) in names:  # each cell at the band's ends: the interval widened by as much
+        band = {a: size_band(scale.get(a, 1.0)) for a in work}
+        low_ns *= _replayed(target, typical, {a: f / band[a] for a, f in work.items()})[0].makespan / step_ns
+        high_ns *= _replayed(target, typical, {a: f * band[a] for a, f in work.items()})[0].makespan / step_ns
     busy_ns = sum(i.work for a, i in scaled.items() if a.kind.is_compute)
     return Prediction(
         m=m,
         step_time_ms=step_ns / NS_PER_MS,
-        step_time_low_ms=min(samples[cut], step_ns) / NS_PER_MS,
-        step_time_high_ms=max(samples[-1 - cut], step_ns) / NS_PER_MS,
+        step_time_low_ms=low_ns / NS_PER_MS,
+        step_time_high_ms=high_ns / NS_PER_MS,
         bubble_formula=bubble_formula(target),
         bubble_predicted=1 - busy_ns / (target.p * step_ns),
+        assumptions=names,
     )
 
 
 def standard_predictions(analysis: Analysis, config: dict, where) -> list[Prediction] | None:
     """The run's step at every m runs calibrate (and its own): what `analyze` keeps beside its analysis
-    (the verdict's m, the sweep page's curve); None where it cannot predict (no isolated calibration)."""
+    (the verdict's m, the sweep page's curve); None where it cannot predict without assuming
+    (from_trace: no calibration or no microbatch rows), which `predict` then names."""
+    ms = sorted({*CALIBRATED_MS, analysis.schedule.m})
+    if config is None or from_trace(analysis, config, ms)[1]:
+        return None
     try:
-        found, _ = predict_each(analysis, config, sorted({*CALIBRATED_MS, analysis.schedule.m}), where)
+        found, _ = predict_each(analysis, config, ms, where)
     except InputError:
         return None
     return found
 
 
 def predict_each(
-    analysis: Analysis, config: dict, ms: list[int], where
+    analysis: Analysis, config: dict | None, ms: list[int], where
 ) -> tuple[list[Prediction], dict[int, str]]:
-    """The analysed run's step predicted at each of `ms` that can be, and why each other cannot."""
+    """The analysed run's step predicted at each of `ms` that can be, and why each other cannot; from the
+    trace alone where `config` (run.json) lacks the runner's calibration or rows (from_trace)."""
+    config, assumed = from_trace(analysis, config, ms)
     ref = reference(analysis.cells, config, analysis.schedule.m)
-    levels, drift = run_levels(analysis, config)
+    levels, drift = run_levels(analysis, config, assumed)
     found, skipped = [], {}
     for m in ms:
         try:
             model = (analysis.schedule, analysis.model, analysis.own, ref, config)
-            found.append(predict(*model, m, where, levels, drift=drift))
+            found.append(predict(*model, m, where, levels, drift=drift, assumed=assumed))
         except Unpredictable as why:
             skipped[m] = str(why)
     return found, skipped

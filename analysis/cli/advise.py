@@ -3,7 +3,9 @@ m and v to run at the run's p, predicted from the run (analysis.attribution.advi
 
 Prints the candidates best first and writes RUN/advice.json: {ranked, caveats, memory_limit_bytes,
 source, candidates: [{engine, schedule, m, v, step_time_ms, step_time_low_ms, step_time_high_ms,
-bubble_formula, peak_activation_bytes, fits, extrapolated, caveats}]}.
+bubble_formula, peak_activation_bytes, fits, extrapolated, caveats, assumptions}], assumptions}. Each
+candidate's row names the assumptions its figures rest on (what each means below the table). Without
+run.json, or without its calibration or rows, it advises from the trace alone (predict.from_trace).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from analysis import results
 from analysis.attribution.advice import admitted, advise
-from analysis.cli.predict import check_limit, microbatch_counts
+from analysis.cli.predict import check_limit, legend, microbatch_counts
 from analysis.errors import InputError, LimitExceeded, TraceWarning
 from analysis.job.run_dir import analysis_of
 from analysis.schema import MIB, Advice
@@ -43,7 +45,7 @@ def _megabytes(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, metavar="RUN", help="a run directory our runner wrote")
+    parser.add_argument("run_dir", type=Path, metavar="RUN", help="an analysed run directory")
     parser.add_argument(
         "--memory-mb", type=_megabytes, help="activation memory per rank a candidate may hold, MiB"
     )
@@ -73,10 +75,8 @@ def advice(
     if vs[-1] > limits.current().stages:  # each v's schedules are built: v=10**8 ran for minutes
         raise LimitExceeded("--vs", f"v={vs[-1]:,} is past {limits.current().describe('stages')}")
     config = read_run_config(path)
-    if config is None or not (config.get("dims") or {}).get("microbatch_rows"):
-        raise InputError(path, "advise needs run.json with the microbatch rows (dims.microbatch_rows)")
     analysis = analysis_of(run_dir)
-    requests = admitted(analysis.summary.engine, analysis.schedule.p, config, schedules, ms, vs)
+    requests = admitted(analysis.summary.engine, analysis.schedule.p, config or {}, schedules, ms, vs)
     limit = None if memory_mb is None else round(memory_mb * MIB)
     found, skipped = advise(analysis, config, requests, limit, path)
     for (engine, name, m, v), why in skipped.items():
@@ -89,21 +89,24 @@ def advice(
 def run(args: argparse.Namespace) -> int:
     found = advice(args.run_dir, args.schedules, args.ms, args.vs, args.memory_mb)
     s = found.source
+    engine = s["engine"] or "an unnamed engine"
     print(
-        f"from {s['engine']} {s['schedule']} p={s['p']} m={s['m']} v={s['v']}: {s['step_time_ms']:.3f} ms a step"
+        f"from {engine}: {s['schedule']} p={s['p']} m={s['m']} v={s['v']}: {s['step_time_ms']:.3f} ms a step"
     )
     head = f"  {'#':>3}  {'engine':<6}  {'schedule':<10}  {'m':>3}  {'v':>2}  {'step ms':>9}  {'interval ms':>17}"
-    print(f"{head}  {'bubble':>6}  {'peak MiB':>8}  fits  extrapolated")
+    print(f"{head}  {'bubble':>6}  {'peak MiB':>8}  fits  assumes")
     for i, c in enumerate(found.candidates, 1):
         peak = "-" if c.peak_activation_bytes is None else f"{c.peak_activation_bytes / MIB:.1f}"
         interval = f"{c.step_time_low_ms:.1f} - {c.step_time_high_ms:.1f}"
+        engine = c.engine or "-"
         print(
-            f"  {i:>3}  {c.engine!s:<6}  {c.schedule:<10}  {c.m:>3}  {c.v:>2}  {c.step_time_ms:>9.1f}  {interval:>17}"
-            f"  {c.bubble_formula:>6.3f}  {peak:>8}  {'yes' if c.fits else 'no':<4}  {'yes' if c.extrapolated else ''}"
+            f"  {i:>3}  {engine:<6}  {c.schedule:<10}  {c.m:>3}  {c.v:>2}  {c.step_time_ms:>9.1f}  {interval:>17}"
+            f"  {c.bubble_formula:>6.3f}  {peak:>8}  {'yes' if c.fits else 'no':<4}  {', '.join(c.assumptions) or '-'}"
         )
-    assumed = sorted({why for c in found.candidates for why in c.caveats})
-    for why in assumed:
-        print(f"  assumed: {why}")
+    for line in legend([*found.assumptions, *(name for c in found.candidates for name in c.assumptions)]):
+        print(line)
+    for why in sorted({why for c in found.candidates for why in c.caveats}):
+        print(f"  caveat: {why}")
     if not found.ranked:
         print("  not ranked: " + "; ".join(found.caveats))
     print(f"written: {results.write_advice(args.run_dir, found)}")

@@ -1,9 +1,10 @@
 """`python -m analysis predict RUN --ms 1,2,4,8,16,32`: the profiled step time and the bubble at other m.
 
 Replays the run's step model at each m (analysis.attribution.predict), prints a table beside the run's
-own measured step, and writes RUN/predict.json: a list of {m, step_time_ms, step_time_low_ms,
-step_time_high_ms, bubble_formula, bubble_predicted} (beside analysis/, which `analyze` replaces as a
-whole).
+own measured step, each row with the assumptions its figures rest on (what each means below the table),
+and writes RUN/predict.json: a list of {m, step_time_ms, step_time_low_ms, step_time_high_ms,
+bubble_formula, bubble_predicted, assumptions} (beside analysis/, which `analyze` replaces as a whole).
+Without run.json, or without its calibration, it predicts from the trace alone (predict.from_trace).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from analysis.job.run_dir import analysis_of
 from analysis.schema import Prediction, Summary
 from analysis.traces import limits
 from analysis.traces.run_config import read_run_config
+from analysis.vocabulary import ASSUMED, Assumption
 from runners.arguments import whole_number
 from runners.presets import CALIBRATED_MS
 
@@ -34,7 +36,7 @@ def microbatch_counts(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, metavar="RUN", help="a run directory our runner wrote")
+    parser.add_argument("run_dir", type=Path, metavar="RUN", help="an analysed run directory")
     parser.add_argument(
         "--ms",
         type=microbatch_counts,
@@ -54,8 +56,6 @@ def predictions(run_dir: Path, ms: list[int]) -> tuple[Summary, list[Prediction]
     path = Path(run_dir) / "run.json"
     check_limit(ms)
     config = read_run_config(path)
-    if config is None:
-        raise InputError(path, "predict needs run.json with the runner's calibration")
     analysis = analysis_of(run_dir)
     found, skipped = predict_each(analysis, config, ms, path)
     for m, why in skipped.items():
@@ -63,6 +63,12 @@ def predictions(run_dir: Path, ms: list[int]) -> tuple[Summary, list[Prediction]
     if not found:
         raise InputError(path, f"none of m={','.join(map(str, ms))} can be predicted from this run")
     return analysis.summary, found
+
+
+def legend(names) -> list[str]:
+    """One line per assumption among `names`, in the vocabulary's order: its name and what it means."""
+    named = set(names)
+    return [f"  assumed {a}: {ASSUMED[a]}" for a in Assumption if str(a) in named]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,15 +79,19 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"  {'m':>4}  {'step ms':>10}  {'interval ms':>19}  {'bubble formula':>14}  {'bubble predicted':>16}"
+        "  assumes"
     )
     for p in found:
         own = "   <- measured run" if p.m == summary.m else ""
         interval = f"{p.step_time_low_ms:.1f} - {p.step_time_high_ms:.1f}"
         print(
             f"  {p.m:>4}  {p.step_time_ms:>10.3f}  {interval:>19}  {p.bubble_formula:>14.3f}"
-            f"  {p.bubble_predicted:>16.3f}{own}"
+            f"  {p.bubble_predicted:>16.3f}  {', '.join(p.assumptions) or '-'}{own}"
         )
     best = min(found, key=lambda p: p.step_time_ms)
-    print(f"  predicted best m: {best.m} ({best.step_time_ms:.3f} ms)")
+    assumes = f", assuming {', '.join(best.assumptions)}" if best.assumptions else ""
+    print(f"  predicted best m: {best.m} ({best.step_time_ms:.3f} ms{assumes})")
+    for line in legend(name for p in found for name in p.assumptions):
+        print(line)
     print(f"written: {results.write_predictions(args.run_dir, found)}")
     return 0

@@ -14,9 +14,11 @@ from analysis.report import advice_chart
 from analysis.report.pages import Column, Figure, number, table
 from analysis.report.runs import Run
 from analysis.schema import MIB, Advice
+from analysis.vocabulary import ASSUMED, Assumption
 
 HEADING = "<h2>Advice: schedule, m and v at this p</h2>"
 SHOWN = 10  # rows of the table; the chart draws every candidate
+UNKNOWN_ENGINE = "unknown engine"  # a foreign trace's run, whose engine no run.json names
 CANDIDATE_SCHEMA = {
     "label": pl.String,
     "m": pl.Int64,
@@ -38,13 +40,13 @@ COLUMNS = [
     Column("bubble formula", "the order's unit-time bubble", number(3)),
     Column("peak MiB", "predicted peak activation memory, largest rank", number(2)),
     Column("fits", "within the memory limit", text=True),
-    Column("assumed", "what the prediction assumed beyond this run's measurements", text=True),
+    Column("assumed", "what the prediction assumed beyond this run's measurements: named below", text=True),
 ]
 
 
-def label(schedule: str, v: int, engine: str) -> str:
+def label(schedule: str, v: int, engine: str | None) -> str:
     """One curve of the chart: a schedule at its v on its engine (the same for a candidate and a run)."""
-    return f"{schedule} v={v} ({engine})"
+    return f"{schedule} v={v} ({engine or UNKNOWN_ENGINE})"
 
 
 def candidates_frame(advice: Advice) -> pl.DataFrame:
@@ -87,7 +89,7 @@ def section(run: Run) -> tuple[str, Figure | None]:
     rows = [
         [
             i,
-            c.engine,
+            c.engine or UNKNOWN_ENGINE,
             c.schedule,
             c.m,
             c.v,
@@ -96,7 +98,7 @@ def section(run: Run) -> tuple[str, Figure | None]:
             c.bubble_formula,
             None if c.peak_activation_bytes is None else c.peak_activation_bytes / MIB,
             "yes" if c.fits else "no",
-            "; ".join(c.caveats),
+            "; ".join([*c.assumptions, *c.caveats]),
         ]
         for i, c in enumerate(advice.candidates[:SHOWN], 1)
     ]
@@ -114,7 +116,16 @@ def section(run: Run) -> tuple[str, Figure | None]:
         + (f"; the red rule is the memory limit, {limit:.1f} MiB" if limit is not None else "")
         + ". Hollow points do not fit the limit.",
     )
-    return HEADING + ranked + table(COLUMNS, rows) + figure.html(), figure
+    return HEADING + ranked + table(COLUMNS, rows) + _assumed(advice) + figure.html(), figure
+
+
+def _assumed(advice: Advice) -> str:
+    """What each assumption named in the table (and the ranking's own) means."""
+    named = {*advice.assumptions, *(name for c in advice.candidates[:SHOWN] for name in c.assumptions)}
+    items = "".join(
+        f"<li><code>{a}</code>: {html.escape(ASSUMED[a])}</li>" for a in Assumption if str(a) in named
+    )
+    return f"<p>Assumed:</p><ul>{items}</ul>" if items else ""
 
 
 def sweep_figure(source: Run, runs: pl.DataFrame, name: str) -> Figure | None:
@@ -126,7 +137,7 @@ def sweep_figure(source: Run, runs: pl.DataFrame, name: str) -> Figure | None:
     s = source.summary
     at_p = runs.filter((pl.col("p") == s.p) & (pl.col("device") == s.device))
     measured = at_p.select(
-        label=pl.format("{} v={} ({})", "schedule", "v", pl.col("engine").fill_null("unknown engine")),
+        label=pl.format("{} v={} ({})", "schedule", "v", pl.col("engine").fill_null(UNKNOWN_ENGINE)),
         m="m",
         step_time_ms="step_time_ms",
         peak_mib=pl.col("peak_activation_bytes") / MIB,
