@@ -12,7 +12,7 @@ import shutil
 import pytest
 from test_memory import memory_run
 
-from analysis.attribution.predict import SIZE_BAND_PER_HALVING, size_band
+from analysis.attribution.from_trace import SIZE_BAND_PER_HALVING, size_band
 from analysis.cli import main
 from analysis.report import advice_section
 from analysis.report.runs import load_run

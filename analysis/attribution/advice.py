@@ -9,7 +9,7 @@ events: the advice then names MEMORY_UNKNOWN, and its ranking ignores memory). A
 what the run did not measure names what was assumed (`assumptions`, vocabulary.Assumption; `caveats`
 for another engine) and is `extrapolated`; one whose interval reaches beyond PROMISED_STEP_ERROR of its
 step says that too. A run without the runner's calibration or rows is advised from the trace alone
-(analysis.attribution.predict.from_trace), each candidate naming what that assumes. A run whose levels
+(analysis.attribution.from_trace), each candidate naming what that assumes. A run whose levels
 cannot be trusted (contended, noisy, low trust) still lists every candidate, with `ranked` false and why. A run
 made with --calibrate-advice (run.json advice_calibration) has its chunks, I and W timed and its stash
 per row measured at every advised v: those replace the layer shares and the unit-time split.
@@ -21,14 +21,8 @@ import math
 from dataclasses import replace
 from itertools import accumulate
 
-from analysis.attribution.predict import (
-    Unpredictable,
-    from_trace,
-    predict,
-    rows_at,
-    run_concurrency,
-    run_levels,
-)
+from analysis.attribution.from_trace import from_trace, rows_at
+from analysis.attribution.predict import Unpredictable, predict, run_concurrency, run_levels
 from analysis.attribution.project import projection, stage_shares
 from analysis.attribution.reference import reference
 from analysis.results import Analysis

@@ -38,15 +38,8 @@ either: carried as one (or as its run-queue share by ratio and the rest per cell
 runs still came out 8-14% short at m=16, and under a competing load at least 5 of the 7 sizes missed by more
 than 10% where the ratio misses 3, so the ratio stays.
 
-From the trace alone (no run.json, or one without the runner's calibration: torchtitan's, Megatron's, a
-synthetic GPU run) `from_trace` fills in what is missing and names what that assumes
-(vocabulary.Assumption, each figure carrying the names it rests on): without microbatch rows the batch is
-split evenly at every m (ROWS_EVEN); without the isolated calibration each (stage, kind)'s measured busy
-time per row stands for its time at every size (TIME_PER_ROW), so no slowdown is separated and none is
-carried with concurrency (CELLS_AS_MEASURED). At the run's own m on its own orders neither moves the
-replay; another schedule or v at the run's m reorders the same cells (CELLS_AS_MEASURED only); at another
-m the rows change, and the interval is widened by SIZE_BAND_PER_HALVING per halving or doubling of a
-cell's rows, a band whose only source is the seed experiment's published efficiency loss.
+From the trace alone (no run.json, or one without the runner's calibration) `from_trace` fills in
+what is missing and names what that assumes (analysis.attribution.from_trace).
 """
 
 from __future__ import annotations
@@ -58,6 +51,7 @@ from dataclasses import replace
 
 import polars as pl
 
+from analysis.attribution.from_trace import NS_PER_MS, from_trace, rests_on, rows_at, size_band
 from analysis.attribution.model import StepModel
 from analysis.attribution.own_step import INPUT_COLUMNS, TAIL_COLUMNS, OwnSteps
 from analysis.attribution.reference import Reference, reference, reference_at
@@ -66,33 +60,16 @@ from analysis.errors import InputError
 from analysis.results import Analysis
 from analysis.schema import Prediction
 from analysis.vocabulary import Assumption
-from runners.presets import CALIBRATED_MS, calibration_rows, microbatch_rows
+from runners.presets import CALIBRATED_MS
 from runners.schedules import Action, Kind, Schedule, ScheduleError, bubble_formula, build, lower
 
-NS_PER_MS = 1e6
 SAMPLES = 64  # resampled replays per m
 COVERAGE = 0.9  # of them, the middle share the interval holds
 CONCURRENCY_ROUNDS = 3  # replays that settle the slowdown at m' on the concurrency it implies
-# The size-efficiency band around TIME_PER_ROW. Its source: the seed experiment's published point, its
-# GEMMs at 256 rows a microbatch ran about 35% less efficiently than at 8192 (five halvings), taken as a
-# factor on a cell's time per row for each halving of its rows, and its inverse for each doubling (the
-# band is two-sided: on CPUs smaller microbatches can run faster per row, from cache).
-SEED_EFFICIENCY_LOSS, SEED_HALVINGS = 0.35, 5
-SIZE_BAND_PER_HALVING = (1 / (1 - SEED_EFFICIENCY_LOSS)) ** (1 / SEED_HALVINGS)  # 1.090
-NOMINAL_ROWS = 2**20  # a microbatch's rows at the run's own m where run.json gives none: ratios alone matter
 
 
 class Unpredictable(Exception):
     """This m cannot be predicted from the run (the schedule cannot run it, or no calibration at its rows)."""
-
-
-def rows_at(config: dict, m: int) -> list[int]:
-    """The rows of each of m microbatches: the run's batch split m ways, or its fixed microbatch size."""
-    dims = config.get("dims") or {}
-    fixed = config.get("rows_per_microbatch")
-    if fixed:
-        return [int(fixed)] * m
-    return microbatch_rows(sum(dims["microbatch_rows"]), m)
 
 
 def _own_isolated(model: StepModel, config: dict, own_m: int) -> dict:
@@ -150,53 +127,6 @@ def calibration_drift(replayed_ms: list[float], config: dict) -> float:
     if not replayed_ms or not unprofiled:
         return 1.0
     return statistics.median(replayed_ms) / statistics.median(unprofiled)
-
-
-def linear_calibration(analysis: Analysis, config: dict, ms) -> dict:
-    """run.json given an isolated calibration made of the run's measured busy times, each linear in rows,
-    at the rows of every m of `ms` and the run's own (TIME_PER_ROW, CELLS_AS_MEASURED: no small-GEMM
-    effect, no slowdown)."""
-    own_m = analysis.schedule.m
-    own_rows = statistics.mean(rows_at(config, own_m))
-    total = sum(rows_at(config, own_m))
-    sizes = {*calibration_rows(total, own_m), *(r for m in ms for r in rows_at(config, m))}
-    per_stage: dict[str, dict[str, float]] = {}
-    for (stage, kind), ns in analysis.model.busy.items():
-        per_stage.setdefault(str(stage), {})[f"{kind}_ms"] = ns / NS_PER_MS / own_rows
-    by_rows = {
-        stage: {str(r): {k: ms * r for k, ms in kinds.items()} for r in sorted(sizes, reverse=True)}
-        for stage, kinds in per_stage.items()
-    }
-    whole = {stage: {k: ms * total for k, ms in kinds.items()} for stage, kinds in per_stage.items()}
-    return config | {
-        "calibration": whole,
-        "calibration_by_rows": by_rows,
-        "calibration_by_rows_samples_ms": {},
-    }
-
-
-def from_trace(analysis: Analysis, config: dict | None, ms) -> tuple[dict, tuple[Assumption, ...]]:
-    """run.json (None: there is none) with what the trace alone cannot give filled in, for predictions at
-    each of `ms`, and the assumptions that fill it: NOMINAL_ROWS a microbatch at the run's m where it
-    names no rows (ROWS_EVEN), linear_calibration where it has no isolated calibration (TIME_PER_ROW,
-    CELLS_AS_MEASURED)."""
-    config = dict(config or {})
-    assumed: list[Assumption] = []
-    dims = config.get("dims") or {}
-    if not dims.get("microbatch_rows"):  # the run's own: its fixed microbatch size, else NOMINAL_ROWS
-        fixed = config.get("rows_per_microbatch")
-        config["dims"] = dims | {"microbatch_rows": [fixed or NOMINAL_ROWS] * analysis.schedule.m}
-        assumed += [] if fixed else [Assumption.ROWS_EVEN]
-    if not config.get("calibration_by_rows"):
-        config = linear_calibration(analysis, config, ms)
-        assumed += [Assumption.TIME_PER_ROW, Assumption.CELLS_AS_MEASURED]
-    return config, tuple(assumed)
-
-
-def size_band(factor: float) -> float:
-    """A cell's time per row at the far end of the size-efficiency band, over its time per row as
-    measured, where its rows change by `factor`: SIZE_BAND_PER_HALVING per halving or doubling."""
-    return SIZE_BAND_PER_HALVING ** abs(math.log2(factor)) if factor > 0 else 1.0
 
 
 def _carried(slowdowns: dict, ratio: float, drift: float) -> dict:
@@ -277,17 +207,6 @@ def _replayed(target: Schedule, typical: Step, work: dict) -> tuple[Replayed, di
         raise Unpredictable(
             f"{target.name} m={target.m} v={target.v} deadlocks with the run's blocking sends"
         ) from None
-
-
-def rests_on(assumed, executed: bool, own_m: bool, resized: bool) -> list[str]:
-    """The names of `assumed` (from_trace's) that a prediction's figures rest on: ROWS_EVEN at another m,
-    TIME_PER_ROW where a cell's rows change, CELLS_AS_MEASURED on any order but the executed one."""
-    needed = {
-        Assumption.ROWS_EVEN: not own_m,
-        Assumption.TIME_PER_ROW: resized,
-        Assumption.CELLS_AS_MEASURED: not executed,
-    }
-    return [str(a) for a in assumed if needed.get(a, True)]
 
 
 def predict(

@@ -5,7 +5,7 @@ Prints the candidates best first and writes RUN/advice.json: {ranked, caveats, m
 source, candidates: [{engine, schedule, m, v, step_time_ms, step_time_low_ms, step_time_high_ms,
 bubble_formula, peak_activation_bytes, fits, extrapolated, caveats, assumptions}], assumptions}. Each
 candidate's row names the assumptions its figures rest on (what each means below the table). Without
-run.json, or without its calibration or rows, it advises from the trace alone (predict.from_trace).
+run.json, or without its calibration or rows, it advises from the trace alone (analysis.attribution.from_trace).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Replays the run's step model at each m (analysis.attribution.predict), prints a 
 own measured step, each row with the assumptions its figures rest on (what each means below the table),
 and writes RUN/predict.json: a list of {m, step_time_ms, step_time_low_ms, step_time_high_ms,
 bubble_formula, bubble_predicted, assumptions} (beside analysis/, which `analyze` replaces as a whole).
-Without run.json, or without its calibration, it predicts from the trace alone (predict.from_trace).
+Without run.json, or without its calibration, it predicts from the trace alone (analysis.attribution.from_trace).
 """
 
 from __future__ import annotations
