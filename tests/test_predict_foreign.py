@@ -113,6 +113,7 @@ def test_every_figure_that_rests_on_an_assumption_is_shown_beside_its_name(tmp_p
         assert all(name in line for name in row["assumptions"]), line
     advice = _advised(tmp_path / "bare", "--ms", "4,8", "--vs", "1,2")
     out = capsys.readouterr().out
+    assert "None" not in out  # a run no run.json names the engine of
     for line, c in zip(_rows(out), advice["candidates"], strict=True):
         assert all(name in line for name in c["assumptions"]), line
     named = {n for c in advice["candidates"] for n in c["assumptions"]} | set(advice["assumptions"])

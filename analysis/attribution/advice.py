@@ -156,10 +156,10 @@ def candidate_assumptions(analysis: Analysis, target: Schedule, timed: bool) -> 
 def candidate_caveats(analysis: Analysis, engine: str, target: Schedule) -> list[str]:
     """What a candidate's engine changes beyond the run's measurements."""
     caveats = []
-    if engine != analysis.summary.engine:
-        caveats.append(
-            f"runs on the {engine} engine; predicted from the {analysis.summary.engine} run's host times and stash"
-        )
+    own = analysis.summary.engine
+    if engine != own:
+        ran = f"the {own} run's" if own else "this run's (its engine unnamed)"
+        caveats.append(f"runs on the {engine} engine; predicted from {ran} host times and stash")
     if engine == "torch" and target.name == "zb":
         caveats.append(TORCH_ZB)
     return caveats
