@@ -53,19 +53,21 @@ def test_an_orphan_is_adopted_and_stopped_and_the_callers_own_children_are_left_
 
 def test_a_stop_signal_raises_once_and_one_after_the_run_is_whole_is_the_callers():
     """The first signal stops the run; another while it is being stopped changes nothing (a hang-up's
-    shell sends SIGTERM too); once the caller says the run is whole, a signal gets the caller's handling."""
+    shell sends SIGTERM too); once the caller says the run is whole, a signal gets the caller's handling.
+    Signals are raised in this thread: one sent to the process may land in another of its threads, and
+    the handler then runs some lines later."""
     with stopping():
         with pytest.raises(Stopped) as stopped:
-            os.kill(os.getpid(), signal.SIGHUP)
+            signal.raise_signal(signal.SIGHUP)
             raise AssertionError("the signal raised nothing")
-        os.kill(os.getpid(), signal.SIGTERM)  # while the run is being stopped: nothing more
+        signal.raise_signal(signal.SIGTERM)  # while the run is being stopped: nothing more
     assert stopped.value.exit_code == 129
     seen = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
     try:
         with stopping() as whole:
             whole()
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
             assert seen == []  # held until the caller's handling is back
         assert seen == [signal.SIGTERM]
     finally:
