@@ -14,8 +14,9 @@ from analysis.cells.labelled import CELL_KEY, rank_cells
 from analysis.cli import main
 from analysis.errors import InputError
 from analysis.job.run_dir import analyze_dir
-from analysis.merge.merged import merge, read_ranks
+from analysis.merge.merged import merge
 from analysis.merge.perfetto_check import problems
+from analysis.merge.sources import read_ranks
 from analysis.schema import ClockEstimate
 from analysis.traces.load import read_trace
 from analysis.traces.run import load_run

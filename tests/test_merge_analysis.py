@@ -12,8 +12,9 @@ from analysis import results
 from analysis.cli import main
 from analysis.job.run_dir import analyze_dir
 from analysis.merge.analysis_tracks import CRITICAL_TRACK, IDEAL_TRACK, SMALL_GEMM_TRACK
-from analysis.merge.merged import merge, read_ranks
+from analysis.merge.merged import merge
 from analysis.merge.perfetto_check import problems
+from analysis.merge.sources import read_ranks
 from runners.schedules import build
 from synthetic import generate as synthetic
 from synthetic.executor_sim import EAGER, RENDEZVOUS, HostTime, Transport

@@ -16,8 +16,9 @@ import pytest
 from conftest import REAL_FILES, REAL_TRACES, REPO, gunzipped, real_id
 
 from analysis.errors import InputError
-from analysis.merge.merged import merge, read_ranks
+from analysis.merge.merged import merge
 from analysis.merge.perfetto_check import problems
+from analysis.merge.sources import read_ranks
 
 # Real files the merge must refuse, by test id, with the one-line reason it gives. None today: every
 # copied trace, GPU or CPU, Kineto or legacy, merges. A file added here must really be refused.

@@ -1,9 +1,11 @@
 """`python -m analysis merge RUN`: one Perfetto-loadable trace of every rank (analysis.merge).
 
-A run directory's traces are loaded once: where its analysis/ is missing (or unreadable), the run is
-analysed from those same traces, so the merge holds one copy of them, as `analyze` does, and streams
-the merged trace to disk (analysis.merge.merged.write_merged). Where the analysis is on disk and
---pipelines or --ranks keeps some ranks, only their files are read (analysis.merge.merged.read_named_ranks).
+Where a run directory's analysis/ is on disk, the merge reads each rank's trace twice, one rank at a
+time: once for what the whole trace's first bytes depend on, once to write it
+(analysis.merge.sources), so it holds one rank's trace, not the run's; where --pipelines or --ranks
+keeps some ranks, only their files are read. Where the analysis is missing (or unreadable), the run
+is first loaded without its text (each rank's events in columns, as `analyze` reads them) and analysed,
+then each rank is read again to be written (analysis.merge.merged.write_merged).
 Any of a job's ranks merge (one rank of a big job, a run with a rank's file lost): the summary line says
 which are missing, and where the analysis does not cover the ranks merged (a run lacking ranks is not
 analysed), they merge without it.
@@ -15,17 +17,26 @@ import argparse
 import sys
 import time
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 from analysis import results
 from analysis.errors import InputError, LimitExceeded, TraceWarning, printable
 from analysis.job.join import analyze_job
 from analysis.job.run_dir import run_input
-from analysis.merge.merged import kept_ranks, read_named_ranks, read_run, write_merged
+from analysis.merge.merged import write_merged
 from analysis.merge.output import MERGED_FILE, check_out
+from analysis.merge.sources import (
+    FramesRead,
+    held_ranks,
+    kept_ranks,
+    read_again,
+    read_run,
+    skimmed_named_ranks,
+    skimmed_run,
+)
 from analysis.results import Analysis
 from analysis.traces import limits
-from analysis.traces.load import RawTrace
 from analysis.traces.run import RunTraces, listed, load_run
 from analysis.traces.run_files import run_in
 from runners.arguments import whole_number
@@ -62,31 +73,37 @@ def run(args: argparse.Namespace) -> int:
     source: Path = run_in(args.source)
     out = args.out or (source if source.is_dir() else source.parent) / MERGED_FILE
     check_out(out)
-    analysis, without, job = None, None, None
+    analysis, without = None, None
     pipelines = _selection(args.pipelines, "--pipelines", "ranks")
     if source.is_dir():
         stored = _stored_analysis(source.resolve())
-        loaded = None if stored is not None else load_run(source.resolve())
+        read = FramesRead()
+        loaded = None if stored is not None else load_run(source.resolve(), read)
         analysis, without = (stored, None) if loaded is None else _analysed(source.resolve(), loaded)
         ranks = _of_pipelines(source, analysis, without, pipelines, ranks)
-        # A selection read alone where the stored analysis already holds what the other ranks gave it.
-        traces = read_named_ranks(source, ranks) if loaded is None and ranks is not None else None
-        if traces is None:
-            job = loaded or load_run(source.resolve())
+        if loaded is not None:
+            chosen, missing = read_again(source, loaded, read, ranks, steps), _missing(loaded, ranks)
+            del loaded  # every rank's frame, before the first rank is read again to be written
+        else:
+            # A selection read alone where the stored analysis already holds what the other ranks gave it.
+            named = skimmed_named_ranks(source, ranks, steps) if ranks is not None else None
+            chosen = named or skimmed_run(source, ranks, steps)
+            missing = _missing(chosen.job, ranks)
     elif pipelines is not None:
         raise InputError(
             source, "--pipelines needs a run directory (its analysis says which ranks form each)"
         )
     else:
         job = read_run(source)
-    if job is not None:
-        traces = kept_ranks(source, {t.rank: t for t in job.traces}, ranks)
+        chosen = held_ranks(kept_ranks(source, {trace.rank: trace for trace in job.traces}, ranks), steps)
+        missing = _missing(job, ranks)
+        del job  # its one trace is handed over
     if analysis is not None:
-        analysis, without = _covering(source, analysis, traces)
-    size, notes = write_merged(out, traces, steps, analysis, align=not args.no_align)
+        analysis, without = _covering(source, analysis, chosen.skims)
+    size, notes = write_merged(out, chosen, steps, analysis, align=not args.no_align)
     print(
-        f"{printable(out)}: {len(traces)} rank(s), {notes['events']} events, {size / 1e6:.1f} MB of JSON, "
-        f"{time.perf_counter() - began:.2f} s; {notes['limited']}{_missing(job, ranks)}"
+        f"{printable(out)}: {len(chosen.skims)} rank(s), {notes['events']} events, {size / 1e6:.1f} MB of "
+        f"JSON, {time.perf_counter() - began:.2f} s; {notes['limited']}{missing}"
     )
     if without is not None:
         print(f"note: merged without the analysis: {without}", file=sys.stderr)
@@ -121,11 +138,11 @@ def _analysed(run_dir: Path, loaded: RunTraces) -> tuple[Analysis | None, InputE
 
 
 def _covering(
-    source: Path, analysis: Analysis, traces: dict[int, RawTrace]
+    source: Path, analysis: Analysis, ranks: Iterable[int]
 ) -> tuple[Analysis | None, InputError | None]:
     """The analysis where it has every rank merged; else none, and why (RUN/analysis written before
     another rank's trace was added)."""
-    uncovered = sorted(set(traces) - {entry.rank for entry in analysis.summary.ranks})
+    uncovered = sorted(set(ranks) - {entry.rank for entry in analysis.summary.ranks})
     if not uncovered:
         return analysis, None
     return None, InputError(source, f"its analysis has no rank {listed(uncovered)} (analyse the run again)")
