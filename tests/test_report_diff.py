@@ -27,14 +27,16 @@ from runners.schedules import build
 from synthetic import write_run
 from synthetic.data_parallel import write_job
 
+STEPS = 5  # the fewest a side whose changes can be significant (analysis.diff.significance)
+
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory) -> Path:
-    """A gpipe sweep over m = 1, 2, 4 and a 1f1b run at m = 4."""
+    """A gpipe sweep over m = 1, 2, 4 and a 1f1b run at m = 4, of STEPS steps each."""
     found = tmp_path_factory.mktemp("diffpage") / "traces"
     for m in (1, 2, 4):
-        write_contract_run(found, f"gpipe-m{m}", m=m, forward_ms=(1 + 0.2 * m) / m)
-    write_contract_run(found, "1f1b-m4", schedule="1f1b", m=4, forward_ms=0.3)
+        write_contract_run(found, f"gpipe-m{m}", m=m, forward_ms=(1 + 0.2 * m) / m, steps=STEPS)
+    write_contract_run(found, "1f1b-m4", schedule="1f1b", m=4, forward_ms=0.3, steps=STEPS)
     return found
 
 
