@@ -27,6 +27,12 @@ from runners.rundir import is_complete
 pytestmark = pytest.mark.slow
 
 
+def _hang_up_default() -> None:
+    """In the launcher before it starts: SIGHUP as a terminal's process has it (under nohup, a CI
+    script's, it is ignored, and the launcher rightly leaves an ignored signal ignored)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def start(traces: Path, timed_steps: int = 1, **popen) -> subprocess.Popen:
     """The tiny gpipe run started in the background, its output piped; `popen`: Popen's further options."""
     options = f"--sched gpipe --p 2 --m 2 --preset tiny --device cpu --steps 1 --timed-steps {timed_steps}"
@@ -36,6 +42,7 @@ def start(traces: Path, timed_steps: int = 1, **popen) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_hang_up_default,
         **popen,
     )
 

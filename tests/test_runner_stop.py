@@ -51,7 +51,16 @@ def test_an_orphan_is_adopted_and_stopped_and_the_callers_own_children_are_left_
         own.wait()
 
 
-def test_a_stop_signal_raises_once_and_one_after_the_run_is_whole_is_the_callers():
+@pytest.fixture
+def hang_up_default():
+    """SIGHUP as a terminal's process has it: under nohup (a CI script's) it is ignored, and stopping
+    leaves an ignored signal ignored, as the caller asked."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_stop_signal_raises_once_and_one_after_the_run_is_whole_is_the_callers(hang_up_default):
     """The first signal stops the run; another while it is being stopped changes nothing (a hang-up's
     shell sends SIGTERM too); once the caller says the run is whole, a signal gets the caller's handling.
     Signals are raised in this thread: one sent to the process may land in another of its threads, and
