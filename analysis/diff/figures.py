@@ -15,11 +15,31 @@ from dataclasses import dataclass
 import polars as pl
 
 from analysis.results import Analysis
-from analysis.schema import Summary
+from analysis.schema import MIB, Summary
 from analysis.traces.memory import best_peaks
 from analysis.vocabulary import RUNGS, Part
 
 MS, FRACTION, BYTES = "ms", "fraction", "bytes"  # a figure's unit
+
+
+def shown(value: float | None, unit: str, signed: bool = False, missing: str = "-") -> str:
+    """A figure's value in its unit, as the CLI, the markdown and the diff page print it."""
+    if value is None:
+        return missing
+    sign = "+" if signed else ""
+    if unit == MS:
+        return f"{value:{sign}.3f} ms"
+    if unit == BYTES:
+        return f"{value / MIB:{sign}.2f} MiB"
+    return f"{value:{sign}.4f}"
+
+
+def place(rank: int | None, stage: int | None) -> str:
+    """Where a figure belongs: its rank and stage, or the whole step."""
+    places = [f"rank {rank}" if rank is not None else "", f"stage {stage}" if stage is not None else ""]
+    return ", ".join(p for p in places if p) or "step"
+
+
 STEP_TIME = "step_time"  # summary.json's step_time_ms: the names drop the unit, as a part's do
 BUBBLES = ("bubble_measured", "bubble_seed")
 BUBBLE_FORMULA = "bubble_formula"

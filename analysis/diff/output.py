@@ -15,32 +15,12 @@ from pathlib import Path
 import msgspec
 
 from analysis.diff.compare import EXPECTED_FROM, Change, Diff
-from analysis.diff.figures import BYTES, MS
+from analysis.diff.figures import MS, place, shown
 from analysis.diff.significance import TEST
 from analysis.diff.stored import STORED_FORMAT, StoredChange, StoredDiff
 from analysis.files import write_atomically
-from analysis.schema import MIB
 
 MARKDOWN_ROWS = 15  # a pull-request comment shows the largest changes, then says how many more
-
-
-def _number(value: float | None, unit: str, signed: bool = False) -> str:
-    if value is None:
-        return "-"
-    sign = "+" if signed else ""
-    if unit == MS:
-        return f"{value:{sign}.3f} ms"
-    if unit == BYTES:
-        return f"{value / MIB:{sign}.2f} MiB"
-    return f"{value:{sign}.4f}"
-
-
-def _where(change: Change) -> str:
-    parts = [
-        f"rank {change.rank}" if change.rank is not None else "",
-        f"stage {change.stage}" if change.stage is not None else "",
-    ]
-    return ", ".join(part for part in parts if part) or "step"
 
 
 def _verdict(change: Change) -> str:
@@ -52,14 +32,14 @@ def _verdict(change: Change) -> str:
 def _interval(change: Change) -> str:
     if change.low is None:
         return "-"
-    return f"{_number(change.low, change.unit, True)} .. {_number(change.high, change.unit, True)}"
+    return f"{shown(change.low, change.unit, True)} .. {shown(change.high, change.unit, True)}"
 
 
 def describe(change: Change) -> str:
     """One change in a line: `--fail-on`'s."""
     return (
-        f"{change.name} ({_where(change)}) {_number(change.delta, change.unit, True)}, "
-        f"{_number(change.a, change.unit)} -> {_number(change.b, change.unit)}, interval {_interval(change)}"
+        f"{change.name} ({place(change.rank, change.stage)}) {shown(change.delta, change.unit, True)}, "
+        f"{shown(change.a, change.unit)} -> {shown(change.b, change.unit)}, interval {_interval(change)}"
     )
 
 
@@ -67,14 +47,14 @@ def _row(change: Change) -> list[str]:
     expected = (
         ""
         if change.expected is None
-        else f" ({EXPECTED_FROM[change.name]} {_number(change.expected, change.unit, True)})"
+        else f" ({EXPECTED_FROM[change.name]} {shown(change.expected, change.unit, True)})"
     )
     return [
         change.name,
-        _where(change),
-        _number(change.a, change.unit),
-        _number(change.b, change.unit),
-        _number(change.delta, change.unit, True) + expected,
+        place(change.rank, change.stage),
+        shown(change.a, change.unit),
+        shown(change.b, change.unit),
+        shown(change.delta, change.unit, True) + expected,
         _interval(change),
         _verdict(change),
     ]

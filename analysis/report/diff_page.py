@@ -8,14 +8,14 @@ import html
 
 import polars as pl
 
-from analysis.diff.figures import BYTES, MS
+from analysis.diff.figures import place, shown
 from analysis.diff.stored import StoredChange, StoredDiff
 from analysis.report import diff_charts, job_view
 from analysis.report.frames import coarsen, rank_parts_frame, step_origin, timeline_frame, waterfall_frame
 from analysis.report.pages import Column, Figure, link, table
 from analysis.report.runs import Run
-from analysis.schema import MIB
 
+NONE = "—"  # a figure a run lacks, as the report shows it everywhere
 CHANGE_COLUMNS = [
     Column("figure", "the part, rung or figure as summary.json names it (docs/numbers.md#diff)", text=True),
     Column("where", "the rank and stage it is of, or the whole step", text=True),
@@ -29,43 +29,28 @@ CHANGE_COLUMNS = [
         "or v differ; — where they do not",
     ),
     Column(
-        "verdict", "significant: the interval excludes 0; otherwise why it is not called a change", text=True
+        "verdict",
+        "significant: the permutation test's p is at most 0.01; otherwise why it is not called a change",
+        text=True,
     ),
 ]
-
-
-def _number(value: float | None, unit: str, signed: bool = False) -> str:
-    if value is None:
-        return "—"
-    sign = "+" if signed else ""
-    if unit == MS:
-        return f"{value:{sign}.3f} ms"
-    if unit == BYTES:
-        return f"{value / MIB:{sign}.2f} MiB"
-    return f"{value:{sign}.4f}"
-
-
-def _where(change: StoredChange) -> str:
-    places = [f"rank {change.rank}" if change.rank is not None else ""]
-    places += [f"stage {change.stage}" if change.stage is not None else ""]
-    return ", ".join(place for place in places if place) or "step"
 
 
 def _row(change: StoredChange) -> list[str]:
     interval = (
         "—"
         if change.low is None or change.high is None
-        else f"{_number(change.low, change.unit, True)} .. {_number(change.high, change.unit, True)}"
+        else f"{shown(change.low, change.unit, True)} .. {shown(change.high, change.unit, True)}"
     )
     verdict = "significant" if change.significant else change.why or "within noise"
     return [
         change.name,
-        _where(change),
-        _number(change.a, change.unit),
-        _number(change.b, change.unit),
-        _number(change.delta, change.unit, True),
+        place(change.rank, change.stage),
+        shown(change.a, change.unit, missing=NONE),
+        shown(change.b, change.unit, missing=NONE),
+        shown(change.delta, change.unit, True, missing=NONE),
         interval,
-        _number(change.expected, change.unit, True),
+        shown(change.expected, change.unit, True, missing=NONE),
         verdict,
     ]
 
