@@ -11,32 +11,16 @@ from dataclasses import dataclass
 from analysis.diff import figures
 from analysis.diff.figures import FRACTION, MS, Figure
 from analysis.diff.significance import compare
+from analysis.diff.stored import StoredChange
 from analysis.results import Analysis
 from analysis.vocabulary import Level
 
 UNIT_ORDER = (MS, FRACTION, figures.BYTES)  # ms first: the step's time is what a change costs
 
 
-@dataclass(frozen=True)
-class Change:
-    """One figure of A against B (docs/numbers.md#diff)."""
-
-    name: str
-    rank: int | None
-    stage: int | None
-    unit: str
-    a: float
-    b: float
-    low: float | None  # the interval of delta; None: untested (`why`)
-    high: float | None
-    significant: bool
-    why: str | None  # why it cannot be called significant, where it cannot
-    # the change the theory expects (EXPECTED_FROM), where A and B differ in schedule, m, v or p
-    expected: float | None = None
-
-    @property
-    def delta(self) -> float:
-        return self.b - self.a
+class Change(StoredChange, frozen=True):
+    """One figure of A against B (docs/numbers.md#diff): what B's run directory keeps of it, ordered by
+    the change it supports."""
 
     @property
     def supported(self) -> float:

@@ -17,7 +17,7 @@ import msgspec
 from analysis.diff.compare import EXPECTED_FROM, Change, Diff
 from analysis.diff.figures import MS, place, shown
 from analysis.diff.significance import TEST
-from analysis.diff.stored import STORED_FORMAT, StoredChange, StoredDiff
+from analysis.diff.stored import STORED_FORMAT, StoredDiff
 from analysis.files import write_atomically
 
 MARKDOWN_ROWS = 15  # a pull-request comment shows the largest changes, then says how many more
@@ -139,23 +139,7 @@ def stored(found: Diff, a: Path, b: Path) -> StoredDiff:
     """The diff as B's run directory keeps it for the report (analysis.diff.stored); `a` and `b` are the
     run directories as the report lists them (a link's name, where traces/ holds a link), whose names are
     the run ids."""
-    changes = [
-        StoredChange(
-            change.name,
-            change.rank,
-            change.stage,
-            change.unit,
-            change.a,
-            change.b,
-            change.low,
-            change.high,
-            change.significant,
-            change.why,
-            change.expected,
-        )
-        for change in found.changes
-    ]
-    return StoredDiff(STORED_FORMAT, a.name, b.name, str(a), str(b), TEST, found.notes, changes)
+    return StoredDiff(STORED_FORMAT, a.name, b.name, str(a), str(b), TEST, found.notes, list(found.changes))
 
 
 def write_json(path: Path, found: Diff, a: Path, b: Path) -> Path:

@@ -25,7 +25,7 @@ DIFFS_DIR = "diffs"
 STORED_FORMAT = 1  # bump with any change to the keys below: a diff of another format is made again
 
 
-class StoredChange(msgspec.Struct):
+class StoredChange(msgspec.Struct, frozen=True):
     name: str
     rank: int | None
     stage: int | None
